@@ -1,0 +1,5 @@
+"""Allow ``python -m proxy``."""
+
+from proxy.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,82 @@
+"""Wiring: build the aiohttp application from settings and its collaborators."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+import structlog
+from aiohttp import web
+
+from proxy import __version__
+from proxy.audit import ScoringAuditor
+from proxy.catalog import Catalog, catalog_context
+from proxy.logs import configure_logging
+from proxy.relay import Relay
+from proxy.settings import Settings
+from proxy.shapes import AUDITED_PATHS
+from proxy.tokenizer import TokenizerPool
+from proxy.upstream import error_response, session_context
+
+log = structlog.get_logger("proxy.app")
+
+POOL = web.AppKey("tokenizer_pool", TokenizerPool)
+
+
+def pool_context(pool: TokenizerPool) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        app[POOL] = pool
+        yield
+        pool.shutdown()
+
+    return ctx
+
+
+@web.middleware
+async def oversized_bodies(
+    request: web.Request, handler: Callable[[web.Request], object]
+) -> web.StreamResponse:
+    """Turn aiohttp's 413 for an audited body above --max-body-bytes into vLLM's shape."""
+    try:
+        return await handler(request)  # type: ignore[misc,no-any-return]
+    except web.HTTPRequestEntityTooLarge as exc:
+        return error_response(413, exc.text or "request body too large")
+
+
+def create_app(
+    settings: Settings,
+    *,
+    catalog: Catalog | None = None,
+    pool: TokenizerPool | None = None,
+) -> web.Application:
+    """The proxy application; tests pass their own catalog (e.g. a tokenizer loader)."""
+    catalog = catalog or Catalog(settings)
+    pool = pool or TokenizerPool(settings.tokenizer_threads)
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[oversized_bodies])
+    app.cleanup_ctx.append(session_context(settings))
+    app.cleanup_ctx.append(catalog_context(catalog))
+    app.cleanup_ctx.append(pool_context(pool))
+    auditor = ScoringAuditor(settings, catalog, pool)
+    for path in sorted(AUDITED_PATHS):
+        app.router.add_post(path, auditor.handle)
+    app.router.add_route("*", "/{tail:.*}", Relay(settings.upstream_base).handle)
+    return app
+
+
+def run(settings: Settings) -> None:
+    """Serve until SIGINT/SIGTERM."""
+    configure_logging(settings.log_level)
+    log.info(
+        "starting",
+        version=__version__,
+        upstream=settings.upstream_base,
+        listen=f"{settings.host}:{settings.port}",
+        mode=settings.mode.value,
+    )
+    web.run_app(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        print=None,
+        access_log=None,
+        shutdown_timeout=30,
+    )

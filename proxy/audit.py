@@ -1,0 +1,181 @@
+"""The audited scoring path: read body, forward, count, reconcile, respond, log.
+
+Counting starts as soon as the body is read and runs in the tokenizer pool while the
+upstream works. Any failure in auditing leaves vLLM's answer untouched (``unaudited``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass, replace
+
+import structlog
+from aiohttp import web
+
+from proxy.accounting import Counted, count_request
+from proxy.catalog import Catalog, ServedModel
+from proxy.reconcile import Audit, judge, unaudited
+from proxy.settings import Mode, Settings
+from proxy.shapes import ScoringRequest, endpoint_for_path, parse_scoring_request
+from proxy.tokenizer import TokenizerPool
+from proxy.upstream import SESSION, UpstreamError, exchange, response_headers
+from proxy.usage import UsageView, annotate_usage, find_usage, rewrite_usage
+
+log = structlog.get_logger("proxy.audit")
+
+HEADER_ENGINE = "x-usage-engine-prompt-tokens"
+HEADER_UPSTREAM = "x-usage-upstream-prompt-tokens"
+HEADER_VERDICT = "x-usage-verdict"
+
+
+@dataclass(frozen=True, slots=True)
+class Analysis:
+    """The request as the proxy understood it, before the upstream answered."""
+
+    request: ScoringRequest | None
+    model: ServedModel | None
+    counted: Counted | None
+    problem: str | None = None
+    accounting_ms: float = 0.0
+
+
+def analyse(body: bytes, path: str, catalog: Catalog, pool: TokenizerPool) -> Analysis:
+    """Parse and count one request body (runs in a tokenizer thread), timed."""
+    started = time.perf_counter()
+    analysis = _analyse(body, path, catalog, pool)
+    return replace(analysis, accounting_ms=(time.perf_counter() - started) * 1000)
+
+
+def _analyse(body: bytes, path: str, catalog: Catalog, pool: TokenizerPool) -> Analysis:
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return Analysis(None, None, None, "body is not JSON")
+    request = parse_scoring_request(endpoint_for_path(path) or "", payload)
+    if request is None:
+        return Analysis(None, None, None, "not a score or rerank request")
+    model = catalog.lookup(request.model)
+    if model is None:
+        return Analysis(request, None, None, f"unknown model {request.model!r}")
+    if model.profile is None or model.tokenizer is None:
+        return Analysis(request, model, None, model.problem)
+    if request.pairing is None:
+        return Analysis(request, model, None, "invalid pairing")
+    tok = pool.local_copy(model.tokenizer)
+    counted = count_request(
+        tok, request.queries, request.documents, request.truncation, model.profile
+    )
+    return Analysis(request, model, counted)
+
+
+def decide(analysis: Analysis, reported: int | None) -> Audit:
+    """Verdict for a successful response that reported ``reported`` prompt tokens."""
+    if reported is None:
+        return unaudited("usage has no integer prompt_tokens")
+    request, model, counted = analysis.request, analysis.model, analysis.counted
+    if request is None or model is None or model.profile is None or counted is None:
+        return unaudited(analysis.problem or "not counted", reported)
+    assert request.pairing is not None
+    return judge(reported, counted, model.profile, request.pairing, len(request.documents))
+
+
+def render(mode: Mode, view: UsageView, audit: Audit, raw: bytes) -> bytes:
+    """The body the client receives in each output mode."""
+    if mode is Mode.REWRITE and audit.verdict.value == "corrected" and audit.engine is not None:
+        return rewrite_usage(view, audit.engine)
+    if mode is Mode.ANNOTATE:
+        return annotate_usage(view, audit.engine, audit.verdict.value)
+    return raw
+
+
+def usage_headers(audit: Audit) -> dict[str, str]:
+    headers = {HEADER_VERDICT: audit.verdict.value}
+    if audit.reported is not None:
+        headers[HEADER_UPSTREAM] = str(audit.reported)
+    if audit.engine is not None:
+        headers[HEADER_ENGINE] = str(audit.engine)
+    return headers
+
+
+class ScoringAuditor:
+    """aiohttp handler for /score, /rerank (all aliases) and /invocations."""
+
+    def __init__(self, settings: Settings, catalog: Catalog, pool: TokenizerPool) -> None:
+        self._settings = settings
+        self._catalog = catalog
+        self._pool = pool
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        body = await request.read()
+        loop = asyncio.get_running_loop()
+        counting = loop.run_in_executor(
+            self._pool.executor, analyse, body, request.path, self._catalog, self._pool
+        )
+        try:
+            async with exchange(
+                request.app[SESSION], self._settings.upstream_base, request, body
+            ) as upstream:
+                payload = await upstream.read()
+                status, headers = upstream.status, upstream.headers
+        except UpstreamError as exc:
+            counting.cancel()
+            return exc.response()
+        upstream_ms = (time.perf_counter() - started) * 1000
+        view = find_usage(payload) if 200 <= status < 300 else None
+        if view is None or "content-encoding" in headers:
+            return web.Response(
+                body=payload, status=status, headers=response_headers(headers, keep_length=False)
+            )
+        audit = await self._audit(counting, view)
+        out = render(self._settings.mode, view, audit, payload)
+        reply = web.Response(
+            body=out, status=status, headers=response_headers(headers, keep_length=False)
+        )
+        reply.headers.update(usage_headers(audit))
+        self._log(request, audit, counting, upstream_ms, started)
+        return reply
+
+    async def _audit(self, counting: asyncio.Future[Analysis], view: UsageView) -> Audit:
+        try:
+            analysis = await asyncio.wait_for(
+                asyncio.shield(counting), self._settings.accounting_timeout
+            )
+            return decide(analysis, view.reported)
+        except TimeoutError:
+            return unaudited("accounting timed out", view.reported)
+        except Exception as exc:  # auditing must never break serving
+            log.exception("accounting_failed")
+            return unaudited(f"accounting failed: {type(exc).__name__}", view.reported)
+
+    def _log(
+        self,
+        request: web.Request,
+        audit: Audit,
+        counting: asyncio.Future[Analysis],
+        upstream_ms: float,
+        started: float,
+    ) -> None:
+        finished = counting.done() and not counting.cancelled() and counting.exception() is None
+        analysis = counting.result() if finished else None
+        scoring = analysis.request if analysis else None
+        log.info(
+            "audited",
+            request_id=request.headers.get("X-Request-Id") or uuid.uuid4().hex,
+            model=analysis.model.name if analysis and analysis.model else None,
+            endpoint=request.path,
+            m=len(scoring.queries) if scoring else None,
+            n=len(scoring.documents) if scoring else None,
+            reported=audit.reported,
+            engine=audit.engine,
+            billed=audit.billed,
+            verdict=audit.verdict.value,
+            method=audit.method.value,
+            reason=audit.reason,
+            upstream_ms=round(upstream_ms, 2),
+            accounting_ms=round(analysis.accounting_ms, 2) if analysis else None,
+            total_ms=round((time.perf_counter() - started) * 1000, 2),
+        )

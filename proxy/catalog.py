@@ -1,0 +1,178 @@
+"""Model knowledge, discovered: upstream version and served models, tokenizers and families.
+
+Owns its AppKey and a cleanup_ctx with the background refresh task. The sidecar may start
+before vLLM is ready, so discovery retries quickly until it first succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+from proxy.family import detect_family
+from proxy.settings import ModelOverride, Settings
+from proxy.tokenizer import HFTokenizer, load_tokenizer
+from proxy.types import EngineProfile, Family, Release
+from proxy.upstream import SESSION, UpstreamError, get_json
+
+log = structlog.get_logger("proxy.catalog")
+
+TokenizerLoader = Callable[[str], HFTokenizer]
+_RETRY_SECONDS = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    """One model the upstream serves, with what auditing needs or why it cannot audit."""
+
+    name: str
+    root: str
+    max_model_len: int
+    profile: EngineProfile | None
+    tokenizer: HFTokenizer | None
+    problem: str | None = None
+
+
+def read_model_config(source: str) -> dict[str, Any] | None:
+    """``config.json`` of a local model directory, or None."""
+    path = Path(source) / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def build_model(
+    entry: dict[str, Any],
+    release: Release,
+    override: ModelOverride | None,
+    loader: TokenizerLoader,
+) -> ServedModel:
+    """Resolve the tokenizer and family of one ``/v1/models`` entry (blocking: files)."""
+    name = str(entry.get("id"))
+    root = str(entry.get("root") or name)
+    max_model_len = int(entry.get("max_model_len") or 0)
+    source = (override.tokenizer if override else None) or root
+
+    def broken(problem: str) -> ServedModel:
+        return ServedModel(name, root, max_model_len, None, None, problem)
+
+    if max_model_len <= 0:
+        return broken("upstream did not report max_model_len")
+    family: Family | None = override.family if override else None
+    if family is None:
+        config = read_model_config(source)
+        if config is None:
+            return broken(f"no readable config.json at {source}; set models.{name}.family")
+        family = detect_family(config)
+        if family is None:
+            return broken("model has no score API (classifier with more than one label)")
+    try:
+        tokenizer = loader(source)
+    except Exception as exc:  # any loader failure leaves the model unaudited, never down
+        return broken(f"tokenizer not loadable from {source}: {type(exc).__name__}: {exc}")
+    profile = EngineProfile(family, max_model_len, tokenizer.pad_token_id is not None, release)
+    return ServedModel(name, root, max_model_len, profile, tokenizer)
+
+
+class Catalog:
+    """The upstream's version and models; refreshed in the background."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        loader: TokenizerLoader = load_tokenizer,
+    ) -> None:
+        self._settings = settings
+        self._loader = loader
+        self.release = Release(None)
+        self.models: dict[str, ServedModel] = {}
+        self.last_success: float | None = None
+        self._lock = asyncio.Lock()
+
+    def lookup(self, name: str | None) -> ServedModel | None:
+        """The served model a request names; vLLM's default when it names none."""
+        if name is None:
+            return next(iter(self.models.values())) if len(self.models) == 1 else None
+        return self.models.get(name)
+
+    async def refresh(self, session: aiohttp.ClientSession) -> None:
+        """Read /version and /v1/models; (re)load models that are new or changed."""
+        async with self._lock:
+            base = self._settings.upstream_base
+            version = await get_json(session, f"{base}/version")
+            listing = await get_json(session, f"{base}/v1/models")
+            release = Release(str(version.get("version")) if isinstance(version, dict) else None)
+            entries = listing.get("data", []) if isinstance(listing, dict) else []
+            models: dict[str, ServedModel] = {}
+            for entry in entries:
+                if isinstance(entry, dict) and entry.get("id"):
+                    models[str(entry["id"])] = await self._resolve(entry, release)
+            self.release, self.models = release, models
+            self.last_success = time.monotonic()
+
+    async def _resolve(self, entry: dict[str, Any], release: Release) -> ServedModel:
+        name = str(entry["id"])
+        known = self.models.get(name)
+        if (
+            known is not None
+            and known.root == str(entry.get("root") or name)
+            and known.max_model_len == entry.get("max_model_len")
+            and known.profile is not None
+            and known.profile.release == release
+        ):
+            return known
+        override = self._settings.models.get(name)
+        loop = asyncio.get_running_loop()
+        model = await loop.run_in_executor(
+            None, build_model, entry, release, override, self._loader
+        )
+        log.info(
+            "model_discovered",
+            model=name,
+            root=model.root,
+            family=model.profile.family.value if model.profile else None,
+            max_model_len=model.max_model_len,
+            upstream_version=release.version,
+            problem=model.problem,
+        )
+        return model
+
+    async def run(self, session: aiohttp.ClientSession) -> None:
+        """Refresh forever: every few seconds until the first success, then periodically."""
+        while True:
+            try:
+                await self.refresh(session)
+            except UpstreamError as exc:
+                log.warning("discovery_failed", error=exc.message)
+            delay = self._settings.refresh_interval if self.last_success else _RETRY_SECONDS
+            await asyncio.sleep(delay)
+
+
+CATALOG = web.AppKey("catalog", Catalog)
+
+
+def catalog_context(catalog: Catalog) -> Callable[[web.Application], AsyncIterator[None]]:
+    """cleanup_ctx: publish the catalog and own its refresh task (cancelled on shutdown)."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        app[CATALOG] = catalog
+        task = asyncio.create_task(catalog.run(app[SESSION]), name="catalog-refresh")
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    return ctx

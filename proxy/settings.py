@@ -1,0 +1,146 @@
+"""Configuration: one pydantic model fed by CLI flags, environment variables and a file.
+
+Precedence: command-line flag > ``USAGE_PROXY_*`` environment variable > config file
+(YAML or TOML, ``--config`` / ``USAGE_PROXY_CONFIG``) > default.
+"""
+
+from __future__ import annotations
+
+import enum
+import tomllib
+from pathlib import Path
+from typing import Any, ClassVar
+
+import yaml
+from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from proxy.types import Family
+
+ENV_PREFIX = "USAGE_PROXY_"
+
+
+class Mode(enum.StrEnum):
+    REWRITE = "rewrite"
+    ANNOTATE = "annotate"
+    SHADOW = "shadow"
+
+
+class ModelOverride(BaseModel):
+    """Per-model knowledge that discovery cannot get from the upstream."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokenizer: str | None = Field(
+        None, description="Tokenizer directory or HF id in the local cache (default: root)."
+    )
+    family: Family | None = Field(None, description="Scoring family (default: config.json).")
+
+
+class Settings(BaseSettings):
+    """Every option of ``usage-proxy serve``."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
+    config_file: ClassVar[Path | None] = None
+
+    upstream: AnyHttpUrl = Field(
+        description="Base URL of the vLLM server, e.g. http://127.0.0.1:8000."
+    )
+    host: str = Field("0.0.0.0", description="Address to listen on.")
+    port: int = Field(8080, ge=1, le=65535, description="Port to listen on.")
+    mode: Mode = Field(
+        Mode.REWRITE,
+        description="rewrite: usage as a fixed vLLM reports it; annotate: keep the reported "
+        "usage and add engine_prompt_tokens/usage_verdict; shadow: body untouched. "
+        "All modes add x-usage-* headers.",
+    )
+    connect_timeout: float = Field(10.0, gt=0, description="Seconds to connect to the upstream.")
+    read_timeout: float = Field(
+        600.0, gt=0, description="Seconds to wait for upstream headers or the next body chunk."
+    )
+    accounting_timeout: float = Field(
+        5.0,
+        gt=0,
+        description="Seconds to wait for a recount after the upstream answered; "
+        "past it the response is sent unaudited.",
+    )
+    max_body_bytes: int = Field(
+        64 * 1024 * 1024, gt=0, description="Largest audited request body read into memory."
+    )
+    tokenizer_threads: int = Field(2, ge=1, description="Threads that run tokenization.")
+    refresh_interval: float = Field(
+        60.0, gt=0, description="Seconds between reads of upstream /version and /v1/models."
+    )
+    log_level: str = Field("info", description="debug, info, warning or error.")
+    models: dict[str, ModelOverride] = Field(
+        default_factory=dict,
+        description="Per served-model overrides (config file or JSON in the environment).",
+    )
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        if value.lower() not in {"debug", "info", "warning", "error"}:
+            raise ValueError("must be one of debug, info, warning, error")
+        return value.lower()
+
+    @property
+    def upstream_base(self) -> str:
+        return str(self.upstream).rstrip("/")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, env_settings, _FileSource(settings_cls, cls.config_file)
+
+
+class _FileSource(PydanticBaseSettingsSource):
+    """Values from a YAML or TOML file (by extension); keys are the option names."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path | None) -> None:
+        super().__init__(settings_cls)
+        self._values = read_config_file(path) if path else {}
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self._values.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._values)
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """Parse a config file; errors name the file."""
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"cannot read config file {path}: {exc.strerror}") from exc
+    try:
+        data = tomllib.loads(raw) if path.suffix == ".toml" else yaml.safe_load(raw)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        raise ValueError(f"config file {path} is not valid: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {path} must hold a mapping of option names to values")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def load_settings(cli: dict[str, Any], config_file: Path | None) -> Settings:
+    """Build settings from CLI values (None means 'not given') and an optional file."""
+    given = {k: v for k, v in cli.items() if v is not None}
+
+    class _Bound(Settings):
+        config_file: ClassVar[Path | None] = None
+
+    _Bound.config_file = config_file
+    return _Bound(**given)

@@ -1,0 +1,141 @@
+"""The upstream connection: one reused ClientSession, header hygiene, and the one place
+where transport failures become HTTP answers (502 unreachable, 504 timeout)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from proxy.settings import Settings
+
+SESSION = web.AppKey("upstream_session", aiohttp.ClientSession)
+
+# RFC 9110 section 7.6.1 hop-by-hop fields, plus the ones the transport sets itself.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+
+
+class UpstreamError(Exception):
+    """The upstream could not be reached or did not answer in time."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+    def response(self) -> web.Response:
+        return error_response(self.status, self.message)
+
+
+def error_response(status: int, message: str) -> web.Response:
+    """An error in vLLM's shape: ``{"error": {"message", "type", "param", "code"}}``."""
+    kind = {502: "BadGatewayError", 504: "GatewayTimeoutError", 413: "RequestEntityTooLarge"}
+    body = {
+        "error": {
+            "message": message,
+            "type": kind.get(status, "ProxyError"),
+            "param": None,
+            "code": status,
+        }
+    }
+    return web.json_response(body, status=status)
+
+
+def request_headers(headers: Any) -> CIMultiDict[str]:
+    """Client headers to send upstream: all but hop-by-hop ones and Host."""
+    drop = _connection_tokens(headers) | HOP_BY_HOP | {"host"}
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in drop)
+
+
+def response_headers(headers: Any, *, keep_length: bool) -> CIMultiDict[str]:
+    """Upstream headers to send back: all but hop-by-hop (and the length when re-framed)."""
+    drop = _connection_tokens(headers) | HOP_BY_HOP
+    if not keep_length:
+        drop = drop | {"content-length"}
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in drop)
+
+
+def _connection_tokens(headers: Any) -> set[str]:
+    tokens: set[str] = set()
+    for value in headers.getall("Connection", []):
+        tokens.update(t.strip().lower() for t in value.split(",") if t.strip())
+    return tokens
+
+
+@asynccontextmanager
+async def exchange(
+    session: aiohttp.ClientSession,
+    base: str,
+    request: web.Request,
+    data: Any,
+) -> AsyncIterator[aiohttp.ClientResponse]:
+    """Send ``request`` (with ``data`` as its body) to the upstream; translate failures.
+
+    Only failures before the response headers arrive are translated here; once a body is
+    being streamed the caller owns what happens to the client connection.
+    """
+    url = base + request.rel_url.raw_path_qs
+    try:
+        async with session.request(
+            request.method,
+            url,
+            headers=request_headers(request.headers),
+            data=data,
+            allow_redirects=False,
+        ) as response:
+            yield response
+    except TimeoutError as exc:
+        raise UpstreamError(504, "upstream did not answer in time") from exc
+    except aiohttp.ClientResponseError as exc:
+        raise UpstreamError(502, f"upstream sent an invalid response: {exc.message}") from exc
+    except aiohttp.ClientError as exc:
+        raise UpstreamError(502, f"upstream unreachable: {type(exc).__name__}") from exc
+
+
+async def get_json(session: aiohttp.ClientSession, url: str) -> Any:
+    """GET a JSON document from the upstream (discovery); raises UpstreamError."""
+    try:
+        async with session.get(url, allow_redirects=False) as response:
+            response.raise_for_status()
+            return json.loads(await response.read())
+    except TimeoutError as exc:
+        raise UpstreamError(504, f"{url}: timeout") from exc
+    except (aiohttp.ClientError, ValueError) as exc:
+        raise UpstreamError(502, f"{url}: {type(exc).__name__}: {exc}") from exc
+
+
+def session_context(settings: Settings) -> Any:
+    """cleanup_ctx: the one ClientSession, with explicit timeouts and no decompression."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=settings.connect_timeout, sock_read=settings.read_timeout
+        )
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+        async with aiohttp.ClientSession(
+            timeout=timeout,
+            connector=connector,
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
+        ) as session:
+            app[SESSION] = session
+            yield
+
+    return ctx

