@@ -111,6 +111,7 @@ class ScoringAuditor:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
         body = await request.read()
+        await self._catalog.wait_ready(self._settings.accounting_timeout)
         loop = asyncio.get_running_loop()
         counting = loop.run_in_executor(
             self._pool.executor, analyse, body, request.path, self._catalog, self._pool

@@ -100,7 +100,15 @@ class Catalog:
         self.release = Release(None)
         self.models: dict[str, ServedModel] = {}
         self.last_success: float | None = None
+        self.ready = asyncio.Event()
         self._lock = asyncio.Lock()
+
+    async def wait_ready(self, within: float) -> bool:
+        """Wait (bounded) for the first successful discovery; True once it has happened."""
+        if not self.ready.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.ready.wait(), within)
+        return self.ready.is_set()
 
     def lookup(self, name: str | None) -> ServedModel | None:
         """The served model a request names; vLLM's default when it names none."""
@@ -122,6 +130,7 @@ class Catalog:
                     models[str(entry["id"])] = await self._resolve(entry, release)
             self.release, self.models = release, models
             self.last_success = time.monotonic()
+            self.ready.set()
 
     async def _resolve(self, entry: dict[str, Any], release: Release) -> ServedModel:
         name = str(entry["id"])

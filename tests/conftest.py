@@ -10,8 +10,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from proxy.tokenizer import HFTokenizer, load_tokenizer  # noqa: E402
-from proxy.types import EngineProfile, Family, Release  # noqa: E402
+from proxy.tokenizer import HFTokenizer, load_tokenizer
+from proxy.types import EngineProfile, Family, Release
 
 
 @pytest.fixture(scope="session")

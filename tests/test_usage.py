@@ -1,0 +1,113 @@
+"""Surgical edits of the usage object: only the numbers move."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from proxy.usage import annotate_usage, find_usage, rewrite_usage
+
+RERANK = (
+    b'{"id":"score-1","model":"m","usage":{"prompt_tokens":57,"total_tokens":57},'
+    b'"results":[{"index":0,"document":{"text":"\\"usage\\":{\\"prompt_tokens\\":1}",'
+    b'"multi_modal":null},"relevance_score":0.8560696840286255}]}'
+)
+SCORE = (
+    b'{"id":"score-2","object":"list","created":1,"model":"m","data":[{"index":0,'
+    b'"object":"score","score":1e-05}],"usage":{"prompt_tokens":19,"total_tokens":19,'
+    b'"completion_tokens":0,"prompt_tokens_details":null,"completion_tokens_details":null}}'
+)
+
+
+def test_rewrite_changes_only_the_numbers() -> None:
+    """A document that contains the text "usage" is not mistaken for the usage object."""
+    view = find_usage(RERANK)
+    assert view is not None
+    assert view.reported == 57
+    out = rewrite_usage(view, 36)
+    assert out == RERANK.replace(
+        b'"prompt_tokens":57,"total_tokens":57', b'"prompt_tokens":36,"total_tokens":36'
+    )
+
+
+def test_rewrite_keeps_float_formatting_and_order() -> None:
+    """1e-05 stays 1e-05; key order and the other usage members are untouched."""
+    view = find_usage(SCORE)
+    assert view is not None
+    out = rewrite_usage(view, 18)
+    assert b'"score":1e-05' in out
+    assert list(json.loads(out)["usage"]) == list(json.loads(SCORE)["usage"])
+    assert json.loads(out)["usage"]["prompt_tokens"] == 18
+
+
+def test_old_rerank_usage_has_only_total_tokens() -> None:
+    """Before 0.13 rerank usage was {"total_tokens"} only."""
+    body = b'{"id":"x","usage":{"total_tokens":57},"results":[]}'
+    view = find_usage(body)
+    assert view is not None
+    assert view.reported == 57
+    assert rewrite_usage(view, 36) == b'{"id":"x","usage":{"total_tokens":36},"results":[]}'
+
+
+def test_annotate_appends_members() -> None:
+    """annotate keeps R and appends engine_prompt_tokens and usage_verdict."""
+    view = find_usage(SCORE)
+    assert view is not None
+    usage = json.loads(annotate_usage(view, 18, "corrected"))["usage"]
+    assert usage["prompt_tokens"] == 19
+    assert usage["engine_prompt_tokens"] == 18
+    assert usage["usage_verdict"] == "corrected"
+
+
+def test_whitespace_bodies_are_edited_in_place() -> None:
+    """Pretty-printed bodies keep their layout."""
+    body = json.dumps({"usage": {"prompt_tokens": 7, "total_tokens": 7}, "x": [1]}, indent=2)
+    view = find_usage(body.encode())
+    assert view is not None
+    assert rewrite_usage(view, 5).decode() == body.replace("7", "5")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"not json",
+        b"[1, 2]",
+        b'{"object":"error","message":"no"}',
+        b'{"usage": null}',
+        b'{"usage": {"prompt_tokens": "12"}}',
+        b'{"usage": {"prompt_tokens": true}}',
+        b'{"usage": {"prompt_tokens": 3}} trailing',
+        b'\xff\xfe{"usage": {}}',
+    ],
+)
+def test_bodies_without_usable_usage(body: bytes) -> None:
+    """Errors and malformed bodies are never audited."""
+    view = find_usage(body)
+    assert view is None or view.reported is None
+
+
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.floats(allow_nan=False) | st.text(),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+        max_leaves=10,
+    ),
+    st.integers(min_value=0, max_value=10**6),
+    st.integers(min_value=0, max_value=10**6),
+)
+def test_rewrite_roundtrip_property(extra: object, reported: int, engine: int) -> None:
+    """Property: rewriting parses to the original with only the two numbers changed."""
+    original = {
+        "id": "x",
+        "extra": extra,
+        "usage": {"prompt_tokens": reported, "total_tokens": reported},
+    }
+    view = find_usage(json.dumps(original, ensure_ascii=False).encode())
+    assert view is not None
+    assert view.reported == reported
+    rewritten = json.loads(rewrite_usage(view, engine))
+    assert rewritten == {**original, "usage": {"prompt_tokens": engine, "total_tokens": engine}}
