@@ -22,8 +22,8 @@ run: install  ## demo: real vLLM 0.29.0 (CPU) + the proxy in front of it
 	$(BIN)/python scripts/demo.py
 
 lint: install
-	$(BIN)/ruff check proxy tests bench scripts
-	$(BIN)/ruff format --check proxy tests bench scripts
+	$(BIN)/ruff check proxy tests scripts
+	$(BIN)/ruff format --check proxy tests scripts
 	$(BIN)/mypy
 
 test: install lint  ## everything, including the real-vLLM end-to-end suite
