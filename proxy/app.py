@@ -11,9 +11,12 @@ from proxy import __version__, health
 from proxy.audit import ScoringAuditor
 from proxy.catalog import Catalog, catalog_context
 from proxy.logs import configure_logging
+from proxy.metered import METERED_PATHS, MeteredRelay
+from proxy.metering import meter_context
 from proxy.relay import Relay
 from proxy.settings import Settings
 from proxy.shapes import AUDITED_PATHS
+from proxy.sinks import Sink
 from proxy.tokenizer import TokenizerPool
 from proxy.upstream import error_response, session_context
 
@@ -47,6 +50,7 @@ def create_app(
     *,
     catalog: Catalog | None = None,
     pool: TokenizerPool | None = None,
+    sinks: list[Sink] | None = None,
 ) -> web.Application:
     """The proxy application; tests pass their own catalog (e.g. a tokenizer loader)."""
     catalog = catalog or Catalog(settings)
@@ -55,10 +59,14 @@ def create_app(
     app.cleanup_ctx.append(session_context(settings))
     app.cleanup_ctx.append(catalog_context(catalog))
     app.cleanup_ctx.append(pool_context(pool))
+    app.cleanup_ctx.append(meter_context(settings, sinks))
     health.add_routes(app)
     auditor = ScoringAuditor(settings, catalog, pool)
     for path in sorted(AUDITED_PATHS):
         app.router.add_post(path, auditor.handle)
+    metered = MeteredRelay(settings.upstream_base, lambda: catalog.release.version)
+    for path in sorted(METERED_PATHS):
+        app.router.add_post(path, metered.handle)
     app.router.add_route("*", "/{tail:.*}", Relay(settings.upstream_base).handle)
     return app
 

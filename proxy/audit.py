@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from dataclasses import dataclass, replace
 
 import structlog
@@ -17,6 +16,7 @@ from aiohttp import web
 
 from proxy.accounting import Counted, count_request
 from proxy.catalog import Catalog, ServedModel
+from proxy.metering import METER, Meter
 from proxy.reconcile import Audit, judge, unaudited
 from proxy.settings import Mode, Settings
 from proxy.shapes import ScoringRequest, endpoint_for_path, parse_scoring_request
@@ -29,6 +29,7 @@ log = structlog.get_logger("proxy.audit")
 HEADER_ENGINE = "x-usage-engine-prompt-tokens"
 HEADER_UPSTREAM = "x-usage-upstream-prompt-tokens"
 HEADER_VERDICT = "x-usage-verdict"
+REQUEST_ID = web.RequestKey("request_id", str)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +92,13 @@ def render(mode: Mode, view: UsageView, audit: Audit, raw: bytes) -> bytes:
     return raw
 
 
+def _finished(counting: asyncio.Future[Analysis]) -> Analysis | None:
+    """The analysis, if counting completed successfully."""
+    if counting.done() and not counting.cancelled() and counting.exception() is None:
+        return counting.result()
+    return None
+
+
 def usage_headers(audit: Audit) -> dict[str, str]:
     headers = {HEADER_VERDICT: audit.verdict.value}
     if audit.reported is not None:
@@ -110,6 +118,7 @@ class ScoringAuditor:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
+        request[REQUEST_ID] = Meter.request_id(request.headers)
         body = await request.read()
         await self._catalog.wait_ready(self._settings.accounting_timeout)
         loop = asyncio.get_running_loop()
@@ -137,8 +146,39 @@ class ScoringAuditor:
             body=out, status=status, headers=response_headers(headers, keep_length=False)
         )
         reply.headers.update(usage_headers(audit))
-        self._log(request, audit, counting, upstream_ms, started)
+        analysis = _finished(counting)
+        journaled = await self._record(request, audit, analysis, status, started)
+        reply.headers.update(request.app[METER].headers(journaled, audit.billed))
+        self._log(request, audit, analysis, upstream_ms, started)
         return reply
+
+    async def _record(
+        self,
+        request: web.Request,
+        audit: Audit,
+        analysis: Analysis | None,
+        status: int,
+        started: float,
+    ) -> bool:
+        meter = request.app[METER]
+        scoring = analysis.request if analysis else None
+        record = meter.new_record(
+            request[REQUEST_ID],
+            meter.attribute(request.headers),
+            request.path,
+            model=analysis.model.name if analysis and analysis.model else None,
+            upstream_version=self._catalog.release.version,
+            prompt_tokens_reported=audit.reported,
+            prompt_tokens_billed=audit.billed,
+            completion_tokens_reported=0,
+            completion_tokens_billed=0,
+            verdict=audit.verdict.value,
+            m=len(scoring.queries) if scoring else None,
+            n=len(scoring.documents) if scoring else None,
+            status=status,
+            latency_ms=round((time.perf_counter() - started) * 1000, 3),
+        )
+        return await meter.record(record)
 
     async def _audit(self, counting: asyncio.Future[Analysis], view: UsageView) -> Audit:
         try:
@@ -156,16 +196,14 @@ class ScoringAuditor:
         self,
         request: web.Request,
         audit: Audit,
-        counting: asyncio.Future[Analysis],
+        analysis: Analysis | None,
         upstream_ms: float,
         started: float,
     ) -> None:
-        finished = counting.done() and not counting.cancelled() and counting.exception() is None
-        analysis = counting.result() if finished else None
         scoring = analysis.request if analysis else None
         log.info(
             "audited",
-            request_id=request.headers.get("X-Request-Id") or uuid.uuid4().hex,
+            request_id=request[REQUEST_ID],
             model=analysis.model.name if analysis and analysis.model else None,
             endpoint=request.path,
             m=len(scoring.queries) if scoring else None,

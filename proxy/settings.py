@@ -7,6 +7,8 @@ Precedence: command-line flag > ``USAGE_PROXY_*`` environment variable > config 
 from __future__ import annotations
 
 import enum
+import os
+import socket
 import tomllib
 from pathlib import Path
 from typing import Any, ClassVar
@@ -28,6 +30,16 @@ class Mode(enum.StrEnum):
     REWRITE = "rewrite"
     ANNOTATE = "annotate"
     SHADOW = "shadow"
+
+
+class Durability(enum.StrEnum):
+    SYNC = "sync"
+    ASYNC = "async"
+
+
+def default_journal_path() -> Path:
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "vllm-usage-proxy" / "journal.sqlite"
 
 
 class ModelOverride(BaseModel):
@@ -76,6 +88,42 @@ class Settings(BaseSettings):
         60.0, gt=0, description="Seconds between reads of upstream /version and /v1/models."
     )
     log_level: str = Field("info", description="debug, info, warning or error.")
+    instance: str = Field(
+        default_factory=socket.gethostname,
+        description="Name of this proxy instance in usage records (default: host name).",
+    )
+    tenant_header: str | None = Field(
+        None, description="Trusted request header naming the tenant (ignored unless set)."
+    )
+    api_keys: Path | None = Field(
+        None, description="YAML/JSON file mapping tenant to SHA-256 hex digests of bearer keys."
+    )
+    tenant_order: str = Field(
+        "header,api-key", description="Order of tenant sources to try, comma-separated."
+    )
+    journal: str = Field(
+        default_factory=lambda: str(default_journal_path()),
+        description="SQLite usage journal path; 'off' disables metering.",
+    )
+    durability: Durability = Field(
+        Durability.SYNC,
+        description="sync: a record is committed before the response is released; async: "
+        "released at once, committed by the next group commit (lower latency, a crash "
+        "can lose the last records).",
+    )
+    ledger_dsn: str | None = Field(
+        None, description="PostgreSQL DSN of the usage ledger (postgresql://user@host/db)."
+    )
+    cloudevents_url: str | None = Field(
+        None, description="HTTP endpoint for CloudEvents batches (e.g. OpenMeter /api/v1/events)."
+    )
+    jsonl: str | None = Field(None, description="Also export JSON lines to this file, or '-'.")
+    drain_timeout: float = Field(
+        10.0, ge=0, description="Seconds to keep delivering records on shutdown."
+    )
+    litellm_header: bool = Field(
+        False, description="Add x-litellm-total-tokens (billed tokens) to metered responses."
+    )
     models: dict[str, ModelOverride] = Field(
         default_factory=dict,
         description="Per served-model overrides (config file or JSON in the environment).",
@@ -87,6 +135,19 @@ class Settings(BaseSettings):
         if value.lower() not in {"debug", "info", "warning", "error"}:
             raise ValueError("must be one of debug, info, warning, error")
         return value.lower()
+
+    @field_validator("tenant_order")
+    @classmethod
+    def _known_sources(cls, value: str) -> str:
+        sources = [s.strip() for s in value.split(",") if s.strip()]
+        unknown = set(sources) - {"header", "api-key"}
+        if unknown or not sources:
+            raise ValueError("must list 'header' and/or 'api-key', comma-separated")
+        return ",".join(sources)
+
+    @property
+    def metering(self) -> bool:
+        return self.journal.lower() != "off"
 
     @property
     def upstream_base(self) -> str:

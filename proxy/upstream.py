@@ -92,11 +92,14 @@ async def exchange(
     being streamed the caller owns what happens to the client connection.
     """
     url = base + request.rel_url.raw_path_qs
+    headers = request_headers(request.headers)
+    if isinstance(data, bytes):
+        headers.popall("Content-Length", None)  # recomputed from the bytes we send
     try:
         async with session.request(
             request.method,
             url,
-            headers=request_headers(request.headers),
+            headers=headers,
             data=data,
             allow_redirects=False,
         ) as response:

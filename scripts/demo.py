@@ -63,10 +63,12 @@ def main() -> int:
         say("[4/4] sample 1:N rerank through the proxy:")
         status, headers, raw = post(proxy.url + "/rerank", SAMPLE)
         usage = json.loads(raw).get("usage")
-        say(f"      status {status}; upstream reported "
+        say(
+            f"      status {status}; upstream reported "
             f"{headers.get('x-usage-upstream-prompt-tokens')} prompt tokens, "
             f"engine processed {headers.get('x-usage-engine-prompt-tokens')}, "
-            f"verdict {headers.get('x-usage-verdict')}; client sees usage {usage}")
+            f"verdict {headers.get('x-usage-verdict')}; client sees usage {usage}"
+        )
         say("Running. Press Ctrl-C to stop both servers.")
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         while vllm.popen.poll() is None and proxy.popen.poll() is None:

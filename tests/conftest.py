@@ -36,3 +36,11 @@ def profile(
 ) -> EngineProfile:
     """An engine profile for tests (MiniLM has a pad token, id 0)."""
     return EngineProfile(family, max_model_len, pad, Release(version))
+
+
+@pytest.fixture(autouse=True)
+def _journal_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own journal file; nothing is written to the home directory."""
+    path = tmp_path / "journal.sqlite"
+    monkeypatch.setenv("USAGE_PROXY_JOURNAL", str(path))
+    return path

@@ -1,0 +1,207 @@
+"""The durable local usage journal: SQLite in WAL mode, group commit, and an outbox.
+
+All SQLite work runs on one dedicated thread. Concurrent ``append`` calls are committed
+together in one transaction (group commit); in ``sync`` durability each caller returns
+only after its record is on disk. Exporters read batches past their own cursor and
+advance it after delivery (at-least-once; record ids make redelivery idempotent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import structlog
+
+from proxy.records import UsageRecord
+
+log = structlog.get_logger("proxy.journal")
+T = TypeVar("T")
+_GROUP_MAX = 512
+_Item = tuple[str, UsageRecord, "asyncio.Future[None]"]
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS records (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    record_id TEXT NOT NULL UNIQUE,
+    time TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS records_time ON records(time);
+CREATE TABLE IF NOT EXISTS cursors (sink TEXT PRIMARY KEY, seq INTEGER NOT NULL);
+"""
+
+
+class JournalError(Exception):
+    """A record could not be journaled (disk full, I/O error, closed journal)."""
+
+
+class Journal:
+    """SQLite journal with group commit; owns its thread and its writer task."""
+
+    def __init__(self, path: Path, *, sync: bool = True) -> None:
+        self.path = path
+        self.sync = sync
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="journal")
+        self._db: sqlite3.Connection | None = None
+        self._queue: asyncio.Queue[_Item | None] = asyncio.Queue()
+        self._writer: asyncio.Task[None] | None = None
+        self.committed = asyncio.Event()
+        self.appended = 0
+        self.failed = 0
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    async def open(self) -> None:
+        await self._run(self._open)
+        self._writer = asyncio.create_task(self._write_loop(), name="journal-writer")
+
+    def _open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.executescript(SCHEMA)
+        self._db = db
+
+    async def append(self, record: UsageRecord) -> None:
+        """Journal one record; in sync durability, return once it is committed."""
+        if self._writer is None or self._writer.done():
+            raise JournalError("journal is not open")
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait((record.to_json(), record, future))
+        if self.sync:
+            await future
+        else:
+            future.add_done_callback(_consume)
+
+    async def _write_loop(self) -> None:
+        """Commit whatever is queued as one transaction; stop at the close sentinel."""
+        stopping = False
+        while not stopping:
+            group: list[_Item] = []
+            item = await self._queue.get()
+            while item is not None:
+                group.append(item)
+                if len(group) >= _GROUP_MAX or self._queue.empty():
+                    break
+                item = self._queue.get_nowait()
+            stopping = item is None
+            if not group:
+                continue
+            rows = [(r.record_id, r.time.isoformat(), r.tenant, body) for body, r, _ in group]
+            try:
+                await self._run(self._insert, rows)
+            except Exception as exc:
+                self.failed += len(group)
+                log.error("journal_write_failed", error=str(exc), records=len(group))
+                for _, _, future in group:
+                    if not future.done():
+                        future.set_exception(JournalError(str(exc)))
+                continue
+            self.appended += len(group)
+            for _, _, future in group:
+                if not future.done():
+                    future.set_result(None)
+            self.committed.set()
+
+    def _insert(self, rows: list[tuple[str, str, str, str]]) -> None:
+        assert self._db is not None
+        with _transaction(self._db):
+            self._db.executemany(
+                "INSERT OR IGNORE INTO records(record_id, time, tenant, body) VALUES (?,?,?,?)",
+                rows,
+            )
+
+    async def batch(self, sink: str, limit: int) -> list[tuple[int, UsageRecord]]:
+        """Up to ``limit`` records the sink has not acknowledged, oldest first."""
+        rows = await self._run(self._batch, sink, limit)
+        return [(seq, UsageRecord.from_json(body)) for seq, body in rows]
+
+    def _batch(self, sink: str, limit: int) -> list[tuple[int, str]]:
+        assert self._db is not None
+        cursor = self._cursor(sink)
+        query = "SELECT seq, body FROM records WHERE seq > ? ORDER BY seq LIMIT ?"
+        return list(self._db.execute(query, (cursor, limit)))
+
+    def _cursor(self, sink: str) -> int:
+        assert self._db is not None
+        row = self._db.execute("SELECT seq FROM cursors WHERE sink = ?", (sink,)).fetchone()
+        return int(row[0]) if row else 0
+
+    async def ack(self, sink: str, seq: int) -> None:
+        """The sink has every record up to ``seq``."""
+        await self._run(self._ack, sink, seq)
+
+    def _ack(self, sink: str, seq: int) -> None:
+        assert self._db is not None
+        with _transaction(self._db):
+            self._db.execute(
+                "INSERT INTO cursors(sink, seq) VALUES (?, ?) "
+                "ON CONFLICT(sink) DO UPDATE SET seq = max(seq, excluded.seq)",
+                (sink, seq),
+            )
+
+    async def backlog(self, sink: str) -> int:
+        return await self._run(self._backlog, sink)
+
+    def _backlog(self, sink: str) -> int:
+        assert self._db is not None
+        cursor = self._cursor(sink)
+        row = self._db.execute("SELECT count(*) FROM records WHERE seq > ?", (cursor,))
+        return int(row.fetchone()[0])
+
+    async def records(self, since: str | None = None, until: str | None = None) -> list[str]:
+        """Record bodies in a time range (ISO strings), for reports."""
+        return await self._run(self._records, since, until)
+
+    def _records(self, since: str | None, until: str | None) -> list[str]:
+        assert self._db is not None
+        query = "SELECT body FROM records WHERE time >= ? AND time < ? ORDER BY seq"
+        rows = self._db.execute(query, (since or "", until or "\uffff"))
+        return [str(body) for (body,) in rows]
+
+    async def close(self) -> None:
+        """Commit what is queued, stop the writer, close the database."""
+        if self._writer and not self._writer.done():
+            self._queue.put_nowait(None)
+            await self._writer
+        if self._db is not None:
+            await self._run(self._db.close)
+        self._thread.shutdown(wait=True)
+
+
+@contextlib.contextmanager
+def _transaction(db: sqlite3.Connection) -> Any:
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
+
+
+def _consume(future: asyncio.Future[None]) -> None:
+    """Async durability: failures are already logged by the writer; mark them retrieved."""
+    if not future.cancelled():
+        future.exception()
+
+
+def read_journal(path: Path, since: str | None = None, until: str | None = None) -> list[str]:
+    """Record bodies straight from a journal file (for ``usage-proxy report``)."""
+    if not path.exists():
+        raise FileNotFoundError(f"no journal at {path}")
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        query = "SELECT body FROM records WHERE time >= ? AND time < ? ORDER BY seq"
+        return [str(b) for (b,) in db.execute(query, (since or "", until or "\uffff"))]
+    finally:
+        db.close()

@@ -1,0 +1,123 @@
+"""Delivery from the journal to every sink: at least once, in order, with capped backoff.
+
+Each sink has its own task and cursor in the journal. A failure only delays that sink;
+it never touches client traffic. On shutdown the outbox drains for a bounded time and
+leaves anything undelivered in the journal for the next start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import structlog
+
+from proxy.journal import Journal
+from proxy.sinks import Sink
+
+log = structlog.get_logger("proxy.outbox")
+
+
+@dataclass
+class SinkState:
+    delivered: int = 0
+    failures: int = 0
+    last_error: str | None = None
+    backoff: float = 0.0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Outbox:
+    def __init__(
+        self,
+        journal: Journal,
+        sinks: Sequence[Sink],
+        *,
+        batch_size: int = 500,
+        min_backoff: float = 0.2,
+        max_backoff: float = 30.0,
+        poll_interval: float = 1.0,
+    ) -> None:
+        self.journal = journal
+        self.sinks = list(sinks)
+        self.state = {s.name: SinkState() for s in self.sinks}
+        self._batch_size = batch_size
+        self._min_backoff = min_backoff
+        self._max_backoff = max_backoff
+        self._poll = poll_interval
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+
+    async def start(self) -> None:
+        for sink in self.sinks:
+            await sink.start()
+            self._tasks.append(asyncio.create_task(self._run(sink), name=f"outbox-{sink.name}"))
+
+    async def _run(self, sink: Sink) -> None:
+        state = self.state[sink.name]
+        while True:
+            sent = await self._attempt(sink, state)
+            if sent == 0 and state.backoff == 0:
+                state.idle.set()
+                if self._stopping:
+                    return
+                self.journal.committed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.journal.committed.wait(), self._poll)
+            elif state.backoff:
+                await asyncio.sleep(state.backoff)
+
+    async def _attempt(self, sink: Sink, state: SinkState) -> int:
+        """Deliver one batch; returns how many records went out (0 when none or failed)."""
+        batch = await self.journal.batch(sink.name, self._batch_size)
+        if not batch:
+            return 0
+        state.idle.clear()
+        try:
+            await sink.deliver([record for _, record in batch])
+        except Exception as exc:  # any sink failure is retried, never raised to clients
+            state.failures += 1
+            state.last_error = f"{type(exc).__name__}: {exc}"
+            state.backoff = _next_backoff(state.backoff, self._min_backoff, self._max_backoff)
+            log.warning(
+                "export_failed",
+                sink=sink.name,
+                error=state.last_error,
+                retry_in=round(state.backoff, 2),
+                records=len(batch),
+            )
+            return 0
+        await self.journal.ack(sink.name, batch[-1][0])
+        state.delivered += len(batch)
+        state.backoff = 0.0
+        return len(batch)
+
+    async def drain(self, timeout: float) -> dict[str, int]:
+        """Stop after delivering what is journaled, within ``timeout``; returns backlogs."""
+        self._stopping = True
+        self.journal.committed.set()
+        deadline = time.monotonic() + timeout
+        for task in self._tasks:
+            remaining = max(deadline - time.monotonic(), 0)
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(task), remaining)
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        backlog = {s.name: await self.journal.backlog(s.name) for s in self.sinks}
+        for sink in self.sinks:
+            await sink.close()
+        if any(backlog.values()):
+            log.warning("drain_incomplete", backlog=backlog)
+        return backlog
+
+
+def _next_backoff(current: float, low: float, high: float) -> float:
+    """Capped exponential backoff with full jitter on top of the floor."""
+    base = min(high, max(low, current * 2))
+    return min(high, base * (0.5 + random.random() / 2))

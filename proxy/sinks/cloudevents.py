@@ -1,0 +1,65 @@
+"""CloudEvents 1.0 over HTTP in batch mode, as OpenMeter ingests them.
+
+One event per record: ``id`` = record id (deterministic), ``subject`` = tenant, ``type``
+``vllm-usage-proxy.usage``; ``data`` holds tokens, model, endpoint and verdict.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+
+from proxy.records import UsageRecord
+
+EVENT_TYPE = "vllm-usage-proxy.usage"
+BATCH_CONTENT_TYPE = "application/cloudevents-batch+json"
+
+
+def to_event(record: UsageRecord) -> dict[str, Any]:
+    return {
+        "specversion": "1.0",
+        "type": EVENT_TYPE,
+        "id": record.record_id,
+        "source": f"vllm-usage-proxy/{record.instance}",
+        "subject": record.tenant,
+        "time": record.time.isoformat().replace("+00:00", "Z"),
+        "datacontenttype": "application/json",
+        "data": {
+            "prompt_tokens": record.prompt_tokens_billed,
+            "completion_tokens": record.completion_tokens_billed,
+            "prompt_tokens_reported": record.prompt_tokens_reported,
+            "model": record.model,
+            "endpoint": record.endpoint,
+            "operation": record.operation,
+            "verdict": record.verdict,
+            "key_hash": record.key_hash,
+            "status": record.status,
+        },
+    }
+
+
+class CloudEventsSink:
+    def __init__(self, url: str, *, timeout: float = 10.0, headers: dict[str, str] | None = None):
+        self.url = url
+        self.name = "cloudevents"
+        self._timeout = aiohttp.ClientTimeout(total=timeout)
+        self._headers = headers or {}
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(timeout=self._timeout)
+
+    async def deliver(self, records: Sequence[UsageRecord]) -> None:
+        assert self._session is not None
+        body = json.dumps([to_event(r) for r in records])
+        headers = {"Content-Type": BATCH_CONTENT_TYPE, **self._headers}
+        async with self._session.post(self.url, data=body, headers=headers) as response:
+            if response.status >= 300:
+                raise RuntimeError(f"cloudevents receiver answered {response.status}")
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
