@@ -17,6 +17,7 @@ $(BIN)/usage-proxy: pyproject.toml
 	touch $@
 
 install: $(BIN)/usage-proxy  ## create .venv with the proxy and its test tools
+	@bash scripts/system-deps
 
 run: install  ## demo: real vLLM 0.29.0 (CPU) + the proxy in front of it
 	$(BIN)/python scripts/demo.py

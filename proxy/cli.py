@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
 from proxy import __version__
-from proxy.settings import ENV_PREFIX, Mode, Settings, load_settings
+from proxy.journal import read_journal
+from proxy.records import UsageRecord
+from proxy.report import FORMATS, aggregate
+from proxy.settings import ENV_PREFIX, Mode, Settings, default_journal_path, load_settings
+from proxy.sinks.postgres import read_ledger
 
 _FILE_ONLY = {"models"}
 
@@ -52,7 +58,54 @@ def build_parser() -> argparse.ArgumentParser:
         flag = "--" + name.replace("_", "-")
         choices = [m.value for m in Mode] if name == "mode" else None
         serve.add_argument(flag, dest=name, default=None, choices=choices, help=_flag_help(name))
+    _add_report(commands)
     return parser
+
+
+def _add_report(commands: Any) -> None:
+    report = commands.add_parser(
+        "report",
+        help="usage per tenant and model from the journal or the PostgreSQL ledger",
+        description="Requests, reported and billed tokens, over-report (tokens and %% of "
+        "billed) and verdict counts per tenant and model over a time range.",
+    )
+    source = report.add_mutually_exclusive_group()
+    source.add_argument(
+        "--journal",
+        type=Path,
+        default=None,
+        help=f"journal file [env {ENV_PREFIX}JOURNAL; default: {default_journal_path()}]",
+    )
+    source.add_argument("--ledger-dsn", help="read the PostgreSQL ledger instead")
+    report.add_argument("--since", help="start of the range, ISO 8601 (inclusive)")
+    report.add_argument("--until", help="end of the range, ISO 8601 (exclusive)")
+    report.add_argument("--format", choices=sorted(FORMATS), default="table")
+    report.add_argument("--output", type=Path, help="write here instead of stdout")
+
+
+def run_report(args: argparse.Namespace) -> int:
+    since, until = _iso(args.since), _iso(args.until)
+    if args.ledger_dsn:
+        records = asyncio.run(read_ledger(args.ledger_dsn, since, until))
+    else:
+        path = args.journal or Path(
+            os.environ.get(f"{ENV_PREFIX}JOURNAL") or default_journal_path()
+        )
+        records = [UsageRecord.from_json(b) for b in read_journal(path, since, until)]
+    text = FORMATS[args.format](aggregate(records))
+    if args.output:
+        args.output.write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _iso(value: str | None) -> str | None:
+    """Normalise a user-given time to the journal's ISO form (UTC when no zone is given)."""
+    if not value:
+        return None
+    moment = datetime.fromisoformat(value)
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).isoformat()
 
 
 def _format_errors(exc: ValidationError) -> str:
@@ -66,6 +119,12 @@ def _format_errors(exc: ValidationError) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "report":
+        try:
+            return run_report(args)
+        except (OSError, ValueError) as exc:
+            print(f"usage-proxy report: {exc}", file=sys.stderr)
+            return 2
     cli: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in {"command", "config"}}
     try:
         settings = load_settings(cli, args.config)

@@ -44,3 +44,6 @@ def _journal_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "journal.sqlite"
     monkeypatch.setenv("USAGE_PROXY_JOURNAL", str(path))
     return path
+
+
+from tests.postgres import postgres  # noqa: E402,F401  (session fixture)

@@ -115,6 +115,11 @@ class FakeVLLM:
             if self.gate is not None:
                 await self.gate.wait()
             await asyncio.sleep(self.delay)
+        options = body.get("stream_options") or {}
+        if options.get("include_usage"):
+            usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+            chunk = {"id": "chat-1", "choices": [], "usage": usage}
+            await reply.write(b"data: " + dumps(chunk) + b"\n\n")
         await reply.write(b"data: [DONE]\n\n")
         await reply.write_eof()
         return reply
@@ -285,3 +290,22 @@ class FakeVLLM:
             "usage": {"prompt_tokens": reported, "total_tokens": reported},
             "results": results,
         }
+
+
+def main() -> None:
+    """Run the fake as a process: ``python -m tests.fakevllm --port P --root DIR``."""
+    import argparse
+
+    from transformers import AutoTokenizer
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--root", type=Path, required=True)
+    parser.add_argument("--version", default="0.29.0")
+    args = parser.parse_args()
+    fake = FakeVLLM(AutoTokenizer.from_pretrained(str(args.root)), args.root, version=args.version)
+    web.run_app(fake.app(), host="127.0.0.1", port=args.port, print=None)
+
+
+if __name__ == "__main__":
+    main()

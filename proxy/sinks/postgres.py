@@ -120,3 +120,28 @@ class PostgresLedger:
     async def close(self) -> None:
         if self._pool is not None:
             await self._pool.close()
+
+
+async def read_ledger(dsn: str, since: str | None, until: str | None) -> list[UsageRecord]:
+    """Records from the ledger in [since, until) (ISO 8601), for reports."""
+    from datetime import datetime
+
+    low = datetime.fromisoformat(since) if since else datetime.min
+    high = datetime.fromisoformat(until) if until else datetime.max
+    conn = await asyncpg.connect(dsn, timeout=10)
+    try:
+        rows = await conn.fetch(
+            f"SELECT {', '.join(COLUMNS)} FROM usage_records "
+            "WHERE time >= $1 AND time < $2 ORDER BY time",
+            _aware(low),
+            _aware(high),
+        )
+    finally:
+        await conn.close()
+    return [UsageRecord(**{**dict(r), "record_id": str(r["record_id"])}) for r in rows]
+
+
+def _aware(moment: Any) -> Any:
+    from datetime import UTC
+
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)

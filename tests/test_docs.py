@@ -1,0 +1,22 @@
+"""Docs that must not drift from the code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from proxy.records import UsageRecord
+from proxy.sinks.postgres import LEDGER_DDL
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_ledger_sql_matches_the_code() -> None:
+    """docs/ledger.sql is the DDL the proxy runs."""
+    assert LEDGER_DDL.strip() in (ROOT / "docs" / "ledger.sql").read_text()
+
+
+def test_record_schema_documented() -> None:
+    """Every record field appears in docs/metering.md."""
+    text = (ROOT / "docs" / "metering.md").read_text()
+    missing = [name for name in UsageRecord.model_fields if f"`{name}`" not in text]
+    assert missing == []

@@ -1,0 +1,171 @@
+"""Records through the proxy: scoring, embeddings, chat (streamed or not), attribution."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from proxy.app import create_app
+from proxy.catalog import CATALOG
+from proxy.journal import read_journal
+from proxy.records import UsageRecord, record_id_for
+from proxy.settings import Settings
+from proxy.tenancy import key_digest
+from tests.fakevllm import FakeVLLM
+
+QUERY = "What is the capital of France?"
+DOCS = ["Paris is the capital of France.", "The Eiffel Tower is in Paris.", "Berlin is in Germany."]
+
+
+def journal_records(path: Path) -> list[UsageRecord]:
+    return [UsageRecord.from_json(b) for b in read_journal(path)]
+
+
+@pytest.fixture
+async def metered(
+    aiohttp_server: Any,
+    aiohttp_client: Any,
+    minilm_path: Path,
+    tmp_path: Path,
+    _journal_in_tmp: Path,
+) -> Any:
+    from transformers import AutoTokenizer
+
+    fake = FakeVLLM(AutoTokenizer.from_pretrained(str(minilm_path)), minilm_path)
+    server = await aiohttp_server(fake.app())
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"acme: {key_digest('sk-acme')}\n")
+    settings = Settings(
+        upstream=str(server.make_url("")),
+        api_keys=keys,
+        tenant_header="X-Tenant-Id",
+        instance="test-1",
+        litellm_header=True,
+        jsonl=str(tmp_path / "out.jsonl"),
+    )
+    client = await aiohttp_client(create_app(settings))
+    assert await client.app[CATALOG].wait_ready(10)
+    return fake, client, _journal_in_tmp, tmp_path / "out.jsonl"
+
+
+async def test_scoring_record_is_committed_before_the_response(metered: Any) -> None:
+    """When the client has the answer, the journal already holds R, E and the verdict."""
+    _, client, journal, _ = metered
+    resp = await client.post(
+        "/rerank",
+        json={"query": QUERY, "documents": DOCS},
+        headers={"Authorization": "Bearer sk-acme", "X-Request-Id": "req-1"},
+    )
+    assert resp.status == 200
+    assert resp.headers["x-litellm-total-tokens"] == "36"
+    (record,) = journal_records(journal)
+    assert record.record_id == record_id_for("req-1")
+    assert (record.tenant, record.key_hash) == ("acme", key_digest("sk-acme")[:12])
+    assert (record.prompt_tokens_reported, record.prompt_tokens_billed) == (57, 36)
+    assert (record.verdict, record.m, record.n, record.status) == ("corrected", 1, 3, 200)
+    assert record.upstream_version == "0.29.0"
+    assert record.model == "minilm"
+    assert record.instance == "test-1"
+
+
+async def test_errors_are_not_recorded(metered: Any) -> None:
+    """A 400 from vLLM reports no usage and produces no record."""
+    _, client, journal, _ = metered
+    resp = await client.post("/score", json={"text_1": [QUERY, "b"], "text_2": DOCS})
+    assert resp.status == 400
+    assert journal_records(journal) == []
+
+
+async def test_trusted_header_and_anonymous(metered: Any) -> None:
+    """The configured tenant header wins; no header and no key means anonymous."""
+    _, client, journal, _ = metered
+    await client.post(
+        "/score", json={"text_1": QUERY, "text_2": DOCS[0]}, headers={"X-Tenant-Id": "team-b"}
+    )
+    await client.post("/score", json={"text_1": QUERY, "text_2": DOCS[0]})
+    assert [r.tenant for r in journal_records(journal)] == ["team-b", "anonymous"]
+
+
+async def test_chat_stream_usage_recorded_and_hidden(metered: Any, aiohttp_server: Any) -> None:
+    """A stream without include_usage: the proxy asks for it, records it, strips it."""
+    _, client, journal, _ = metered
+    resp = await client.post(
+        "/v1/chat/completions", json={"model": "minilm", "stream": True, "messages": []}
+    )
+    text = await resp.text()
+    assert "usage" not in text
+    assert text.endswith("data: [DONE]\n\n")
+    (record,) = journal_records(journal)
+    assert (record.operation, record.prompt_tokens_billed, record.completion_tokens_billed) == (
+        "chat",
+        5,
+        3,
+    )
+
+
+async def test_chat_stream_usage_kept_when_asked(metered: Any) -> None:
+    """A client that asked for include_usage still gets its usage chunk."""
+    _, client, journal, _ = metered
+    resp = await client.post(
+        "/v1/chat/completions",
+        json={"stream": True, "stream_options": {"include_usage": True}, "messages": []},
+    )
+    assert '"usage"' in await resp.text()
+    assert len(journal_records(journal)) == 1
+
+
+async def test_non_stream_chat_and_jsonl_export(metered: Any) -> None:
+    """Non-streamed usage is recorded and exported to JSON lines."""
+    _, client, journal, jsonl = metered
+    resp = await client.post("/v1/chat/completions", json={"messages": []})
+    assert (await resp.json())["usage"]["total_tokens"] == 8
+    assert resp.headers["x-litellm-total-tokens"] == "8"
+    (record,) = journal_records(journal)
+    for _ in range(100):
+        if jsonl.exists() and jsonl.read_text():
+            break
+        await asyncio.sleep(0.05)
+    assert json.loads(jsonl.read_text().splitlines()[0])["record_id"] == record.record_id
+
+
+async def test_journal_failure_never_fails_the_request(metered: Any) -> None:
+    """A broken journal: the client still gets vLLM's answer, flagged x-usage-record."""
+    from proxy.metering import METER
+
+    _, client, _, _ = metered
+    meter = client.app[METER]
+    assert meter.journal is not None
+
+    def broken(rows: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    meter.journal._insert = broken
+    resp = await client.post("/rerank", json={"query": QUERY, "documents": DOCS})
+    assert resp.status == 200
+    assert resp.headers["x-usage-record"] == "failed"
+    assert (await resp.json())["usage"]["prompt_tokens"] == 36
+    assert meter.failed == 1
+
+
+async def test_stream_from_non_metered_path_is_untouched(
+    aiohttp_server: Any, aiohttp_client: Any
+) -> None:
+    """Unknown paths are relayed, not metered."""
+
+    async def other(request: web.Request) -> web.Response:
+        return web.json_response({"usage": {"prompt_tokens": 1}})
+
+    app = web.Application()
+    app.router.add_post("/v1/other", other)
+    server = await aiohttp_server(app)
+    client = await aiohttp_client(
+        create_app(Settings(upstream=str(server.make_url("")), accounting_timeout=0.1))
+    )
+    resp = await client.post("/v1/other", json={})
+    assert "x-usage-record" not in resp.headers
+    assert (await resp.json()) == {"usage": {"prompt_tokens": 1}}
