@@ -13,6 +13,7 @@ from proxy.catalog import Catalog, catalog_context
 from proxy.logs import configure_logging
 from proxy.metered import METERED_PATHS, MeteredRelay
 from proxy.metering import meter_context
+from proxy.metrics import METRICS, Metrics, admin_context, serve_metrics
 from proxy.relay import Relay
 from proxy.settings import Settings
 from proxy.shapes import AUDITED_PATHS
@@ -45,6 +46,11 @@ async def oversized_bodies(
         return error_response(413, exc.text or "request body too large")
 
 
+def _admin_routes(admin: web.Application) -> None:
+    health.add_routes(admin)
+    admin.router.add_get("/metrics", serve_metrics)
+
+
 def create_app(
     settings: Settings,
     *,
@@ -60,7 +66,12 @@ def create_app(
     app.cleanup_ctx.append(catalog_context(catalog))
     app.cleanup_ctx.append(pool_context(pool))
     app.cleanup_ctx.append(meter_context(settings, sinks))
+    metrics = Metrics(settings)
+    app[METRICS] = metrics
     health.add_routes(app)
+    if settings.admin_port is None:
+        app.router.add_get("/metrics", serve_metrics)
+    app.cleanup_ctx.append(admin_context(settings, _admin_routes))
     auditor = ScoringAuditor(settings, catalog, pool)
     for path in sorted(AUDITED_PATHS):
         app.router.add_post(path, auditor.handle)

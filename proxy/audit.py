@@ -17,7 +17,9 @@ from aiohttp import web
 from proxy.accounting import Counted, count_request
 from proxy.catalog import Catalog, ServedModel
 from proxy.metering import METER, Meter
+from proxy.metrics import METRICS, upstream_failure
 from proxy.reconcile import Audit, judge, unaudited
+from proxy.records import OPERATIONS
 from proxy.settings import Mode, Settings
 from proxy.shapes import ScoringRequest, endpoint_for_path, parse_scoring_request
 from proxy.tokenizer import TokenizerPool
@@ -122,6 +124,7 @@ class ScoringAuditor:
         body = await request.read()
         await self._catalog.wait_ready(self._settings.accounting_timeout)
         loop = asyncio.get_running_loop()
+        sent = time.perf_counter()
         counting = loop.run_in_executor(
             self._pool.executor, analyse, body, request.path, self._catalog, self._pool
         )
@@ -133,8 +136,8 @@ class ScoringAuditor:
                 status, headers = upstream.status, upstream.headers
         except UpstreamError as exc:
             counting.cancel()
-            return exc.response()
-        upstream_ms = (time.perf_counter() - started) * 1000
+            return upstream_failure(request, exc)
+        upstream_ms = (time.perf_counter() - sent) * 1000
         view = find_usage(payload) if 200 <= status < 300 else None
         if view is None or "content-encoding" in headers:
             return web.Response(
@@ -150,7 +153,35 @@ class ScoringAuditor:
         journaled = await self._record(request, audit, analysis, status, started)
         reply.headers.update(request.app[METER].headers(journaled, audit.billed))
         self._log(request, audit, analysis, upstream_ms, started)
+        self._observe(request, audit, analysis, upstream_ms, started)
         return reply
+
+    def _observe(
+        self,
+        request: web.Request,
+        audit: Audit,
+        analysis: Analysis | None,
+        upstream_ms: float,
+        started: float,
+    ) -> None:
+        metrics = request.app[METRICS]
+        model = analysis.model.name if analysis and analysis.model else "unknown"
+        tenant = request.app[METER].attribute(request.headers).tenant
+        metrics.audited(
+            request.path,
+            model,
+            audit.verdict.value,
+            tenant,
+            audit.reported,
+            audit.billed,
+            audit.over_reported,
+        )
+        operation = OPERATIONS.get(request.path, "score")
+        metrics.token_usage(operation, model, audit.billed, None)
+        if analysis:
+            metrics.tokenization.observe(analysis.accounting_ms / 1000)
+        total = time.perf_counter() - started
+        metrics.added.observe(max(total - upstream_ms / 1000, 0.0))
 
     async def _record(
         self,

@@ -11,6 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from proxy.metering import METER, Meter
+from proxy.metrics import METRICS, upstream_failure
 from proxy.records import OPERATIONS
 from proxy.sse import UsageScanner
 from proxy.upstream import SESSION, UpstreamError, exchange, response_headers
@@ -66,7 +67,7 @@ class MeteredRelay:
                 payload = await upstream.read()
                 status, headers = upstream.status, upstream.headers
         except UpstreamError as exc:
-            return exc.response()
+            return upstream_failure(request, exc)
         reply = web.Response(
             body=payload, status=status, headers=response_headers(headers, keep_length=False)
         )
@@ -133,6 +134,7 @@ class MeteredRelay:
             status=status,
             latency_ms=round((time.perf_counter() - started) * 1000, 3),
         )
+        request.app[METRICS].token_usage(record.operation, model or "unknown", prompt, completion)
         return await meter.record(record)
 
 

@@ -16,6 +16,7 @@ import structlog
 from aiohttp import web
 
 from proxy.journal import Journal, JournalError
+from proxy.metrics import METRICS, Metrics
 from proxy.outbox import Outbox
 from proxy.records import OPERATIONS, UsageRecord, record_id_for
 from proxy.settings import Durability, Settings
@@ -37,11 +38,14 @@ class Meter:
         journal: Journal | None,
         resolver: TenantResolver,
         outbox: Outbox | None = None,
+        *,
+        metrics: Metrics | None = None,
     ) -> None:
         self.settings = settings
         self.journal = journal
         self.resolver = resolver
         self.outbox = outbox
+        self.metrics = metrics
         self.failed = 0
 
     def attribute(self, headers: Mapping[str, str]) -> Attribution:
@@ -73,6 +77,8 @@ class Meter:
             await self.journal.append(record)
         except JournalError as exc:
             self.failed += 1
+            if self.metrics:
+                self.metrics.journal_failures.inc()
             log.error(
                 "record_not_journaled",
                 record_id=record.record_id,
@@ -122,14 +128,15 @@ def meter_context(
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         resolver = build_resolver(settings)
         if not settings.metering:
-            app[METER] = Meter(settings, None, resolver)
+            app[METER] = Meter(settings, None, resolver, metrics=app[METRICS])
             yield
             return
         journal = Journal(Path(settings.journal), sync=settings.durability is Durability.SYNC)
         await journal.open()
-        outbox = Outbox(journal, build_sinks(settings) if sinks is None else sinks)
+        metrics = app[METRICS]
+        outbox = Outbox(journal, build_sinks(settings) if sinks is None else sinks, metrics=metrics)
         await outbox.start()
-        app[METER] = Meter(settings, journal, resolver, outbox)
+        app[METER] = Meter(settings, journal, resolver, outbox, metrics=metrics)
         log.info(
             "metering",
             journal=settings.journal,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from proxy.journal import Journal
+from proxy.metrics import Metrics
 from proxy.sinks import Sink
 
 log = structlog.get_logger("proxy.outbox")
@@ -41,6 +42,7 @@ class Outbox:
         min_backoff: float = 0.2,
         max_backoff: float = 30.0,
         poll_interval: float = 1.0,
+        metrics: Metrics | None = None,
     ) -> None:
         self.journal = journal
         self.sinks = list(sinks)
@@ -51,6 +53,7 @@ class Outbox:
         self._poll = poll_interval
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
+        self._metrics = metrics
 
     async def start(self) -> None:
         for sink in self.sinks:
@@ -61,6 +64,9 @@ class Outbox:
         state = self.state[sink.name]
         while True:
             sent = await self._attempt(sink, state)
+            if self._metrics:
+                backlog = await self.journal.backlog(sink.name)
+                self._metrics.backlog.labels(sink.name).set(backlog)
             if sent == 0 and state.backoff == 0:
                 state.idle.set()
                 if self._stopping:
@@ -81,6 +87,8 @@ class Outbox:
             await sink.deliver([record for _, record in batch])
         except Exception as exc:  # any sink failure is retried, never raised to clients
             state.failures += 1
+            if self._metrics:
+                self._metrics.export_failures.labels(sink.name).inc()
             state.last_error = f"{type(exc).__name__}: {exc}"
             state.backoff = _next_backoff(state.backoff, self._min_backoff, self._max_backoff)
             log.warning(
@@ -93,6 +101,8 @@ class Outbox:
             return 0
         await self.journal.ack(sink.name, batch[-1][0])
         state.delivered += len(batch)
+        if self._metrics:
+            self._metrics.exported.labels(sink.name).inc(len(batch))
         state.backoff = 0.0
         return len(batch)
 

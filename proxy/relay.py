@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from proxy.metrics import upstream_failure
 from proxy.upstream import SESSION, UpstreamError, exchange, response_headers
 
 
@@ -31,4 +32,4 @@ class Relay:
                 await reply.write_eof()
                 return reply
         except UpstreamError as exc:
-            return exc.response()
+            return upstream_failure(request, exc)

@@ -124,6 +124,19 @@ class Settings(BaseSettings):
     litellm_header: bool = Field(
         False, description="Add x-litellm-total-tokens (billed tokens) to metered responses."
     )
+    admin_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Serve /metrics, /healthz, /readyz on this port instead of the main one.",
+    )
+    admin_host: str = Field("0.0.0.0", description="Address for --admin-port.")
+    metrics_tenant_label: bool = Field(
+        False, description="Label token metrics by tenant (capped by --metrics-max-tenants)."
+    )
+    metrics_max_tenants: int = Field(
+        100, ge=1, description="Distinct tenant label values before folding into 'other'."
+    )
     models: dict[str, ModelOverride] = Field(
         default_factory=dict,
         description="Per served-model overrides (config file or JSON in the environment).",

@@ -1,0 +1,215 @@
+"""Prometheus metrics (prometheus_client), including the OpenTelemetry GenAI token histogram.
+
+One registry per application. Tenant is a label only when enabled, and then capped: tenants
+past ``--metrics-max-tenants`` are folded into ``other``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from proxy.catalog import CATALOG
+from proxy.settings import Settings
+from proxy.upstream import UpstreamError
+
+OTHER = "other"
+# OpenTelemetry GenAI semantic conventions: gen_ai.client.token.usage bucket boundaries.
+TOKEN_BUCKETS = (
+    1,
+    4,
+    16,
+    64,
+    256,
+    1024,
+    4096,
+    16384,
+    65536,
+    262144,
+    1048576,
+    4194304,
+    16777216,
+    67108864,
+)
+LATENCY_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+)
+
+
+class Metrics:
+    def __init__(self, settings: Settings) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._tenants = settings.metrics_tenant_label
+        self._max_tenants = settings.metrics_max_tenants
+        self._seen: set[str] = set()
+        tenant = ("tenant",) if self._tenants else ()
+        r = self.registry
+        self.requests = Counter(
+            "usage_proxy_audited_requests",
+            "Audited scoring responses by verdict.",
+            ("endpoint", "model", "verdict", *tenant),
+            registry=r,
+        )
+        self.reported = Counter(
+            "usage_proxy_reported_prompt_tokens",
+            "Prompt tokens the upstream reported.",
+            ("endpoint", "model", *tenant),
+            registry=r,
+        )
+        self.billed = Counter(
+            "usage_proxy_billed_prompt_tokens",
+            "Prompt tokens billed (engine-level when proven, else reported).",
+            ("endpoint", "model", *tenant),
+            registry=r,
+        )
+        self.over = Counter(
+            "usage_proxy_over_reported_prompt_tokens",
+            "Prompt tokens the upstream over-reported (corrected verdicts).",
+            ("endpoint", "model", *tenant),
+            registry=r,
+        )
+        self.tokenization = Histogram(
+            "usage_proxy_accounting_seconds",
+            "CPU time spent parsing and recounting a request.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.added = Histogram(
+            "usage_proxy_added_latency_seconds",
+            "Time the proxy added on top of the upstream call (audited requests).",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "usage_proxy_upstream_errors",
+            "Upstream unreachable (502) or timed out (504).",
+            ("status",),
+            registry=r,
+        )
+        self.journal_failures = Counter(
+            "usage_proxy_journal_failures", "Usage records that could not be journaled.", registry=r
+        )
+        self.exported = Counter(
+            "usage_proxy_export_delivered_records",
+            "Records delivered, by sink.",
+            ("sink",),
+            registry=r,
+        )
+        self.export_failures = Counter(
+            "usage_proxy_export_failures",
+            "Failed delivery attempts, by sink.",
+            ("sink",),
+            registry=r,
+        )
+        self.backlog = Gauge(
+            "usage_proxy_export_backlog_records",
+            "Journaled records a sink has not acknowledged.",
+            ("sink",),
+            registry=r,
+        )
+        self.genai = Histogram(
+            "gen_ai_client_token_usage",
+            "Tokens per request (OpenTelemetry GenAI semantics).",
+            ("gen_ai_operation_name", "gen_ai_token_type", "gen_ai_request_model"),
+            buckets=TOKEN_BUCKETS,
+            unit="token",
+            registry=r,
+        )
+
+    def tenant(self, name: str) -> tuple[str, ...]:
+        """The tenant label values, capped for cardinality (empty when disabled)."""
+        if not self._tenants:
+            return ()
+        if name in self._seen:
+            return (name,)
+        if len(self._seen) < self._max_tenants:
+            self._seen.add(name)
+            return (name,)
+        return (OTHER,)
+
+    def audited(
+        self,
+        endpoint: str,
+        model: str,
+        verdict: str,
+        tenant: str,
+        reported: int | None,
+        billed: int | None,
+        over: int,
+    ) -> None:
+        t = self.tenant(tenant)
+        self.requests.labels(endpoint, model, verdict, *t).inc()
+        if reported is not None:
+            self.reported.labels(endpoint, model, *t).inc(reported)
+        if billed is not None:
+            self.billed.labels(endpoint, model, *t).inc(billed)
+        if over:
+            self.over.labels(endpoint, model, *t).inc(over)
+
+    def token_usage(
+        self, operation: str, model: str, prompt: int | None, completion: int | None
+    ) -> None:
+        if prompt is not None:
+            self.genai.labels(operation, "input", model).observe(prompt)
+        if completion:
+            self.genai.labels(operation, "output", model).observe(completion)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+METRICS = web.AppKey("metrics", Metrics)
+
+
+def upstream_failure(request: web.Request, exc: UpstreamError) -> web.Response:
+    """Count a 502/504 the proxy produced, and return its vLLM-shaped answer."""
+    request.app[METRICS].upstream_errors.labels(str(exc.status)).inc()
+    return exc.response()
+
+
+async def serve_metrics(request: web.Request) -> web.Response:
+    body = request.app[METRICS].render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def admin_context(
+    settings: Settings, routes: Callable[[web.Application], None]
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    """cleanup_ctx: serve /metrics, /healthz and /readyz on ``--admin-port`` when set."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        if settings.admin_port is None:
+            yield
+            return
+        admin = web.Application()
+        admin[METRICS] = app[METRICS]
+        admin[CATALOG] = app[CATALOG]
+        routes(admin)
+        runner = web.AppRunner(admin, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, settings.admin_host, settings.admin_port).start()
+        yield
+        await runner.cleanup()
+
+    return ctx
