@@ -23,8 +23,8 @@ run: install  ## demo: real vLLM 0.29.0 (CPU) + the proxy in front of it
 	$(BIN)/python scripts/demo.py
 
 lint: install
-	$(BIN)/ruff check proxy tests scripts
-	$(BIN)/ruff format --check proxy tests scripts
+	$(BIN)/ruff check proxy tests scripts bench
+	$(BIN)/ruff format --check proxy tests scripts bench
 	$(BIN)/mypy
 
 test: install lint  ## everything, including the real-vLLM end-to-end suite
@@ -35,6 +35,9 @@ test-fast: install  ## unit and integration tests only (no real vLLM)
 
 test-e2e: install
 	$(BIN)/python -m pytest -m e2e
+
+bench: install  ## side-by-side benchmark; writes docs/performance.md
+	$(BIN)/python bench/run.py
 
 docs: install  ## regenerate the README's configuration reference
 	$(BIN)/python scripts/gen_docs.py

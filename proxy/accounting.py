@@ -210,18 +210,21 @@ def count_request(
     documents: Sequence[object],
     trunc: Truncation,
     profile: EngineProfile,
+    *,
+    full: bool = True,
 ) -> Counted:
     """Full recount when every input is text; else the single query's length, if text.
 
-    The query length alone is what the derivation path needs (images as documents).
+    The query length alone is what the derivation path needs (images as documents, or
+    ``full=False`` when only a sample of requests is recounted).
     """
-    if all(isinstance(x, str) for x in (*queries, *documents)):
+    if full and all(isinstance(x, str) for x in (*queries, *documents)):
         texts_q = [str(x) for x in queries]
         texts_d = [str(x) for x in documents]
-        full = recount(tok, texts_q, texts_d, trunc, profile)
-        if full is not None:
-            query = full.query_lengths[0] if len(full.query_lengths) == 1 else None
-            return Counted(full, query)
+        counted = recount(tok, texts_q, texts_d, trunc, profile)
+        if counted is not None:
+            query = counted.query_lengths[0] if len(counted.query_lengths) == 1 else None
+            return Counted(counted, query)
     separate = profile.family in (Family.BI_ENCODER, Family.LATE_INTERACTION)
     if separate and len(queries) == 1 and isinstance(queries[0], str):
         cut = _cut_all(

@@ -59,8 +59,8 @@ def create_app(
     sinks: list[Sink] | None = None,
 ) -> web.Application:
     """The proxy application; tests pass their own catalog (e.g. a tokenizer loader)."""
-    catalog = catalog or Catalog(settings)
     pool = pool or TokenizerPool(settings.tokenizer_threads)
+    catalog = catalog or Catalog(settings, pool=pool)
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[oversized_bodies])
     app.cleanup_ctx.append(session_context(settings))
     app.cleanup_ctx.append(catalog_context(catalog))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 from dataclasses import dataclass, replace
 
@@ -45,14 +46,21 @@ class Analysis:
     accounting_ms: float = 0.0
 
 
-def analyse(body: bytes, path: str, catalog: Catalog, pool: TokenizerPool) -> Analysis:
-    """Parse and count one request body (runs in a tokenizer thread), timed."""
+def analyse(
+    body: bytes, path: str, catalog: Catalog, pool: TokenizerPool, recount_fraction: float = 1.0
+) -> Analysis:
+    """Parse and count one request body (runs in a tokenizer thread), timed.
+
+    With ``recount_fraction`` < 1, other requests only count the query (derivation path).
+    """
     started = time.perf_counter()
-    analysis = _analyse(body, path, catalog, pool)
+    analysis = _analyse(body, path, catalog, pool, recount_fraction)
     return replace(analysis, accounting_ms=(time.perf_counter() - started) * 1000)
 
 
-def _analyse(body: bytes, path: str, catalog: Catalog, pool: TokenizerPool) -> Analysis:
+def _analyse(
+    body: bytes, path: str, catalog: Catalog, pool: TokenizerPool, recount_fraction: float
+) -> Analysis:
     try:
         payload = json.loads(body)
     except (ValueError, UnicodeDecodeError):
@@ -69,7 +77,12 @@ def _analyse(body: bytes, path: str, catalog: Catalog, pool: TokenizerPool) -> A
         return Analysis(request, model, None, "invalid pairing")
     tok = pool.local_copy(model.tokenizer)
     counted = count_request(
-        tok, request.queries, request.documents, request.truncation, model.profile
+        tok,
+        request.queries,
+        request.documents,
+        request.truncation,
+        model.profile,
+        full=recount_fraction >= 1.0 or random.random() < recount_fraction,
     )
     return Analysis(request, model, counted)
 
@@ -126,7 +139,13 @@ class ScoringAuditor:
         loop = asyncio.get_running_loop()
         sent = time.perf_counter()
         counting = loop.run_in_executor(
-            self._pool.executor, analyse, body, request.path, self._catalog, self._pool
+            self._pool.executor,
+            analyse,
+            body,
+            request.path,
+            self._catalog,
+            self._pool,
+            self._settings.recount_fraction,
         )
         try:
             async with exchange(

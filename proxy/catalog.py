@@ -21,7 +21,7 @@ from aiohttp import web
 
 from proxy.family import detect_family
 from proxy.settings import ModelOverride, Settings
-from proxy.tokenizer import HFTokenizer, load_tokenizer
+from proxy.tokenizer import CountCache, HFTokenizer, TokenizerPool, load_tokenizer
 from proxy.types import EngineProfile, Family, Release
 from proxy.upstream import SESSION, UpstreamError, get_json
 
@@ -94,9 +94,13 @@ class Catalog:
         settings: Settings,
         *,
         loader: TokenizerLoader = load_tokenizer,
+        pool: TokenizerPool | None = None,
     ) -> None:
         self._settings = settings
         self._loader = loader
+        self._pool = pool
+        size = settings.count_cache_size
+        self.cache = CountCache(size) if size else None
         self.release = Release(None)
         self.models: dict[str, ServedModel] = {}
         self.last_success: float | None = None
@@ -148,6 +152,10 @@ class Catalog:
         model = await loop.run_in_executor(
             None, build_model, entry, release, override, self._loader
         )
+        if model.tokenizer is not None:
+            model.tokenizer.cache = self.cache
+            if self._pool is not None:
+                await loop.run_in_executor(None, self._pool.warm, model.tokenizer)
         log.info(
             "model_discovered",
             model=name,

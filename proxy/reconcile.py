@@ -89,16 +89,17 @@ def _judge_derived(
     n_documents: int,
 ) -> Audit:
     """Bi-encoder inputs we cannot all read (e.g. image documents): trust the release."""
-    if query_length is None:
+    if query_length is None and pairing is not Pairing.N_TO_N:
         return unaudited("query is not text", reported)
     fixed = profile.release.reports_engine_usage
     if fixed is None:
         return unaudited("upstream version unknown", reported)
     if fixed:
         return Audit(Verdict.EXACT, Method.FORMULA, reported, reported)
-    engine = derive_engine(reported, pairing, n_documents, query_length, profile.has_pad_token)
+    q = query_length or 0
+    engine = derive_engine(reported, pairing, n_documents, q, profile.has_pad_token)
     # Every document is at least one engine token; anything less disproves the derivation.
-    floor = (query_length if pairing is not Pairing.N_TO_N else 0) + n_documents
+    floor = (q if pairing is not Pairing.N_TO_N else 0) + n_documents
     if engine < floor:
         reason = f"derived {engine} below the floor {floor}"
         return Audit(Verdict.MISMATCH, Method.DERIVED, reported, engine, reason)

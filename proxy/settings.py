@@ -87,6 +87,16 @@ class Settings(BaseSettings):
     refresh_interval: float = Field(
         60.0, gt=0, description="Seconds between reads of upstream /version and /v1/models."
     )
+    recount_fraction: float = Field(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        description="Share of bi-encoder requests recounted in full; the rest use the "
+        "derivation from the reported count and the query length (release known).",
+    )
+    count_cache_size: int = Field(
+        50_000, ge=0, description="Cached per-text token counts (LRU; 0 disables)."
+    )
     log_level: str = Field("info", description="debug, info, warning or error.")
     instance: str = Field(
         default_factory=socket.gethostname,

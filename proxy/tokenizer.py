@@ -9,9 +9,11 @@ own copy (made on first use) and no shared instance is ever mutated.
 from __future__ import annotations
 
 import copy
+import hashlib
 import itertools
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -28,6 +30,7 @@ class HFTokenizer:
     def __init__(self, tokenizer: Any) -> None:
         self._tok = tokenizer
         self.key = next(_keys)
+        self.cache: CountCache | None = None
 
     @property
     def pad_token_id(self) -> int | None:
@@ -39,6 +42,11 @@ class HFTokenizer:
         return str(self._tok.truncation_side)
 
     def lengths(self, texts: Sequence[str], *, max_length: int | None) -> list[int]:
+        if self.cache is not None:
+            return self.cache.lengths(self, texts, max_length)
+        return self.encode_lengths(texts, max_length=max_length)
+
+    def encode_lengths(self, texts: Sequence[str], *, max_length: int | None) -> list[int]:
         if not texts:
             return []
         out = self._tok(
@@ -74,6 +82,7 @@ class HFTokenizer:
     def copy(self) -> HFTokenizer:
         twin = HFTokenizer(copy.deepcopy(self._tok))
         twin.key = self.key
+        twin.cache = self.cache
         return twin
 
 
@@ -111,5 +120,56 @@ class TokenizerPool:
             mine = copies[base.key] = base.copy()
         return mine
 
+    def warm(self, base: HFTokenizer) -> None:
+        """Give every worker thread its copy now, not on a client's request (blocking)."""
+        threads = self._executor._max_workers
+        barrier = threading.Barrier(threads)
+
+        def job() -> None:
+            self.local_copy(base).lengths(["warm up"], max_length=None)
+            barrier.wait(timeout=30)
+
+        for future in [self._executor.submit(job) for _ in range(threads)]:
+            future.result(timeout=60)
+
     def shutdown(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+class CountCache:
+    """Shared LRU of single-text token counts, keyed by tokenizer, limit and text digest.
+
+    Rerankers see the same documents again and again; a hit skips tokenization. Keys hold a
+    16-byte digest, not the text, so memory stays bounded by ``size`` entries.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._data: OrderedDict[tuple[int, int | None, bytes], int] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def lengths(self, tok: HFTokenizer, texts: Sequence[str], max_length: int | None) -> list[int]:
+        keys = [
+            (tok.key, max_length, hashlib.blake2b(t.encode(), digest_size=16).digest())
+            for t in texts
+        ]
+        found: dict[int, int] = {}
+        with self._lock:
+            for i, key in enumerate(keys):
+                value = self._data.get(key)
+                if value is not None:
+                    self._data.move_to_end(key)
+                    found[i] = value
+        missing = [i for i in range(len(texts)) if i not in found]
+        counted = tok.encode_lengths([texts[i] for i in missing], max_length=max_length)
+        with self._lock:
+            self.hits += len(found)
+            self.misses += len(missing)
+            for i, n in zip(missing, counted, strict=True):
+                found[i] = n
+                self._data[keys[i]] = n
+            while len(self._data) > self._size:
+                self._data.popitem(last=False)
+        return [found[i] for i in range(len(texts))]

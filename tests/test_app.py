@@ -350,3 +350,18 @@ async def test_health_and_readiness(proxied: Factory, aiohttp_client: Any) -> No
     down = await aiohttp_client(create_app(settings))
     assert (await down.get("/healthz")).status == 200
     assert (await down.get("/readyz")).status == 503
+
+
+@pytest.mark.parametrize(
+    ("path", "body"), [s for s in SHAPES if "truncate_prompt_tokens" not in s[1]]
+)
+async def test_derivation_path_bills_the_same(
+    proxied: Factory, path: str, body: dict[str, Any]
+) -> None:
+    """--recount-fraction 0: only the query is counted; E = R - (N-1)Q - Np is still exact."""
+    fake, client = await proxied("0.29.0", recount_fraction=0.0)
+    before = fake.prompt_tokens_total
+    status, headers, raw = await post(client, path, body)
+    assert status == 200
+    assert json.loads(raw)["usage"]["prompt_tokens"] == fake.prompt_tokens_total - before
+    assert headers["x-usage-verdict"] == "corrected"

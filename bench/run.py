@@ -1,0 +1,464 @@
+"""Side-by-side benchmark: direct, minimal aiohttp relay, nginx, and the proxy in shadow,
+annotate and rewrite modes, on the same fake upstream (0 ms and 25 ms latency).
+
+    python bench/run.py                 # full run, writes docs/performance.md
+    python bench/run.py --smoke         # seconds; proves the harness works (CI)
+
+Figures: p50/p99 latency and added latency vs direct (sequential requests), throughput at
+saturation (concurrent clients), proxy CPU seconds and RSS, SSE first byte and chunk gaps,
+and accounting CPU against the raw batched tokenizer cost of the same texts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from scripts.vllm_cpu import Process, _spawn, free_port, minilm_dir  # noqa: E402
+
+WORDS = [
+    "the",
+    "capital",
+    "of",
+    "france",
+    "is",
+    "paris",
+    "and",
+    "the",
+    "eiffel",
+    "tower",
+    "stands",
+    "by",
+    "the",
+    "seine",
+    "river",
+    "while",
+    "berlin",
+    "lies",
+    "in",
+    "germany",
+    "near",
+    "the",
+    "spree",
+    "with",
+    "many",
+    "museums",
+    "and",
+    "parks",
+]
+
+
+def doc(i: int, tokens: int = 100) -> str:
+    """A deterministic English document of about ``tokens`` MiniLM tokens."""
+    return " ".join(WORDS[(i * 7 + k) % len(WORDS)] for k in range(tokens - 2))
+
+
+SCENARIOS: dict[str, tuple[str, dict[str, Any]]] = {
+    "rerank 1x64": (
+        "/rerank",
+        {"query": "Where is the Eiffel Tower?", "documents": [doc(i) for i in range(64)]},
+    ),
+    "rerank 1x256": (
+        "/rerank",
+        {"query": "Where is the Eiffel Tower?", "documents": [doc(i) for i in range(256)]},
+    ),
+    "score N:N 32": (
+        "/score",
+        {"text_1": [doc(i, 20) for i in range(32)], "text_2": [doc(i + 1) for i in range(32)]},
+    ),
+    "embeddings": ("/v1/embeddings", {"model": "minilm", "input": "hello world"}),
+}
+
+
+@dataclass
+class Target:
+    name: str
+    url: str
+    process: Process | None = None
+    cpu: dict[str, float] = field(default_factory=dict)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def latency(session: aiohttp.ClientSession, url: str, body: bytes, n: int) -> list[float]:
+    """Sequential requests; seconds each (after two warm-ups)."""
+    out = []
+    for i in range(n + 2):
+        started = time.perf_counter()
+        async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
+            await r.read()
+            if r.status != 200:
+                raise RuntimeError(f"{url}: HTTP {r.status}: {(await r.text())[:200]}")
+        if i >= 2:
+            out.append(time.perf_counter() - started)
+    return out
+
+
+async def throughput(url: str, body: bytes, seconds: float, clients: int) -> int:
+    """Requests completed by ``clients`` concurrent loops in ``seconds``."""
+    done = 0
+    deadline = time.perf_counter() + seconds
+    connector = aiohttp.TCPConnector(limit=clients)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def loop() -> None:
+            nonlocal done
+            while time.perf_counter() < deadline:
+                async with session.post(
+                    url, data=body, headers={"Content-Type": "application/json"}
+                ) as r:
+                    await r.read()
+                    done += 1
+
+        await asyncio.gather(*(loop() for _ in range(clients)))
+    return done
+
+
+async def sse(session: aiohttp.ClientSession, url: str, n: int) -> tuple[list[float], list[float]]:
+    """Time to first byte and gaps between chunks of a streamed chat completion."""
+    ttfb, gaps = [], []
+    body = json.dumps({"model": "minilm", "stream": True, "messages": []}).encode()
+    for _ in range(n):
+        started = time.perf_counter()
+        async with session.post(
+            url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+        ) as r:
+            last = None
+            async for _chunk in r.content.iter_any():
+                now = time.perf_counter()
+                if last is None:
+                    ttfb.append(now - started)
+                else:
+                    gaps.append(now - last)
+                last = now
+    return ttfb, gaps
+
+
+def start_nginx(upstream_port: int, workdir: Path) -> Process | None:
+    if shutil.which("nginx") is None:
+        return None
+    port = free_port()
+    conf = workdir / f"nginx-{port}.conf"
+    conf.write_text(f"""
+worker_processes 1; daemon off; pid {workdir}/nginx-{port}.pid; error_log stderr warn;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off; client_max_body_size 64m; client_body_buffer_size 64m;
+  client_body_temp_path {workdir}/cb; proxy_temp_path {workdir}/pt;
+  fastcgi_temp_path {workdir}/ft; uwsgi_temp_path {workdir}/ut; scgi_temp_path {workdir}/st;
+  upstream up {{ server 127.0.0.1:{upstream_port}; keepalive 64; }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{ proxy_pass http://up; proxy_http_version 1.1;
+                 proxy_set_header Connection ""; proxy_buffering off; }}
+  }}
+}}""")
+    return _spawn("nginx", ["nginx", "-c", str(conf)], {}, workdir / "nginx.log", port)
+
+
+def start_targets(upstream: Process, workdir: Path) -> list[Target]:
+    targets = [Target("direct", upstream.url)]
+    port = free_port()
+    relay = _spawn(
+        "relay",
+        [sys.executable, str(ROOT / "bench" / "minimal_relay.py"), upstream.url, str(port)],
+        {},
+        workdir / "relay.log",
+        port,
+    )
+    targets.append(Target("minimal aiohttp relay", relay.url, relay))
+    nginx = start_nginx(int(upstream.url.rsplit(":", 1)[1]), workdir)
+    if nginx:
+        targets.append(Target("nginx", nginx.url, nginx))
+    for mode in ("shadow", "annotate", "rewrite"):
+        port = free_port()
+        argv = [
+            sys.executable,
+            "-m",
+            "proxy",
+            "serve",
+            "--upstream",
+            upstream.url,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--mode",
+            mode,
+            "--journal",
+            str(workdir / f"journal-{mode}-{port}.sqlite"),
+            "--log-level",
+            "warning",
+        ]
+        proxy = _spawn(
+            f"proxy-{mode}", argv, {"HF_HUB_OFFLINE": "1"}, workdir / f"proxy-{mode}.log", port
+        )
+        targets.append(Target(f"proxy {mode}", proxy.url, proxy))
+    for t in targets[1:]:
+        assert t.process is not None
+        t.process.wait_ready("/readyz" if t.name.startswith("proxy") else "/health", 60)
+    return targets
+
+
+async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    results: dict[str, Any] = {"latency": [], "throughput": [], "sse": [], "resources": []}
+    for latency_ms in args.latencies:
+        port = free_port()
+        upstream = _spawn(
+            "upstream",
+            [
+                sys.executable,
+                str(ROOT / "bench" / "upstream.py"),
+                str(port),
+                str(latency_ms),
+                str(minilm_dir()),
+            ],
+            {"HF_HUB_OFFLINE": "1"},
+            workdir / f"upstream-{latency_ms}.log",
+            port,
+        )
+        upstream.wait_ready("/health", 60)
+        targets = start_targets(upstream, workdir)
+        try:
+            async with aiohttp.ClientSession() as session:
+                for scenario, (path, payload) in SCENARIOS.items():
+                    body = json.dumps(payload).encode()
+                    base = None
+                    for target in targets:
+                        values = await latency(session, target.url + path, body, args.requests)
+                        row = {
+                            "latency_ms": latency_ms,
+                            "scenario": scenario,
+                            "target": target.name,
+                            "p50": pct(values, 0.5),
+                            "p99": pct(values, 0.99),
+                            "body_kb": len(body) / 1024,
+                        }
+                        base = base or row
+                        row["added_p50"] = row["p50"] - base["p50"]
+                        row["added_p99"] = row["p99"] - base["p99"]
+                        results["latency"].append(row)
+                if latency_ms == 0:
+                    await saturate(args, targets, results)
+                    for target in targets:
+                        ttfb, gaps = await sse(session, target.url, args.sse)
+                        results["sse"].append(
+                            {
+                                "target": target.name,
+                                "ttfb_p50": pct(ttfb, 0.5),
+                                "gap_p50": pct(gaps, 0.5),
+                                "gap_p99": pct(gaps, 0.99),
+                            }
+                        )
+                    for target in targets:
+                        if target.process is not None:
+                            results["resources"].append(
+                                {
+                                    "target": target.name,
+                                    "rss_mb": rss_mb(target.process.popen.pid),
+                                    **target.cpu,
+                                }
+                            )
+        finally:
+            for target in targets:
+                if target.process is not None:
+                    target.process.stop()
+            upstream.stop()
+    return results
+
+
+async def saturate(
+    args: argparse.Namespace, targets: list[Target], results: dict[str, Any]
+) -> None:
+    for scenario in ("rerank 1x64", "embeddings"):
+        path, payload = SCENARIOS[scenario]
+        body = json.dumps(payload).encode()
+        for target in targets:
+            pid = target.process.popen.pid if target.process else None
+            before = cpu_seconds(pid) if pid else 0.0
+            done = await throughput(target.url + path, body, args.seconds, args.clients)
+            if pid:
+                target.cpu[f"cpu_ms_per_req {scenario}"] = (cpu_seconds(pid) - before) / done * 1000
+            results["throughput"].append(
+                {"scenario": scenario, "target": target.name, "rps": done / args.seconds}
+            )
+
+
+def accounting_cost(repeat: int) -> dict[str, float]:
+    """In-process CPU: full recount and query-only derivation vs one raw batched call."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from proxy.accounting import count_request
+    from proxy.tokenizer import load_tokenizer
+    from proxy.types import EngineProfile, Family, Release, Truncation
+
+    tok = load_tokenizer(minilm_dir())
+    raw = tok._tok
+    _, payload = SCENARIOS["rerank 1x64"]
+    query, docs = payload["query"], payload["documents"]
+    profile = EngineProfile(Family.BI_ENCODER, 256, True, Release("0.29.0"))
+
+    def timed(fn: Any) -> float:
+        fn()
+        started = time.process_time()
+        for _ in range(repeat):
+            fn()
+        return (time.process_time() - started) / repeat * 1000
+
+    raw_ms = timed(lambda: raw([query, *docs], add_special_tokens=True))
+    full_ms = timed(lambda: count_request(tok, [query], docs, Truncation(), profile))
+    query_ms = timed(lambda: tok.lengths([query], max_length=257))
+    return {
+        "raw_batch_ms": raw_ms,
+        "recount_ms": full_ms,
+        "derivation_ms": query_ms,
+        "recount_ratio": full_ms / raw_ms,
+        "derivation_ratio": query_ms / raw_ms,
+    }
+
+
+def machine() -> str:
+    cpu = "unknown"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    mem = Path("/proc/meminfo").read_text().splitlines()[0].split()[1]
+    return (
+        f"{os.cpu_count()} cores ({cpu}), {int(mem) // 1024 // 1024} GiB RAM, "
+        f"{platform.system()} {platform.release()}, Python {platform.python_version()}"
+    )
+
+
+def render(results: dict[str, Any], accounting: dict[str, float], args: argparse.Namespace) -> str:
+    ms = 1000
+    lines = [
+        "# Performance",
+        "",
+        f"Latest `make bench` run, {time.strftime('%Y-%m-%d')}, on {machine()}.",
+        "Client, upstream and the system under test share this machine; the upstream is "
+        "the fast fake (`bench/upstream.py`) returning correct pre-fix usage. Added "
+        "latency is against direct-to-upstream in the same run.",
+        "",
+        f"Sequential requests per cell: {args.requests}; saturation: {args.clients} "
+        f"clients for {args.seconds} s.",
+        "",
+        "## Latency (ms)",
+        "",
+        "| upstream | scenario | target | p50 | p99 | added p50 | added p99 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results["latency"]:
+        lines.append(
+            f"| {r['latency_ms']:g} ms | {r['scenario']} ({r['body_kb']:.0f} KB) | "
+            f"{r['target']} | {r['p50'] * ms:.2f} | {r['p99'] * ms:.2f} | "
+            f"{r['added_p50'] * ms:+.2f} | {r['added_p99'] * ms:+.2f} |"
+        )
+    lines += [
+        "",
+        "## Throughput at saturation (0 ms upstream)",
+        "",
+        "| scenario | target | requests/s |",
+        "|---|---|---|",
+    ]
+    lines += [
+        f"| {r['scenario']} | {r['target']} | {r['rps']:.0f} |" for r in results["throughput"]
+    ]
+    lines += [
+        "",
+        "## SSE streaming (20 chunks, 5 ms apart)",
+        "",
+        "| target | first byte p50 (ms) | chunk gap p50 (ms) | chunk gap p99 (ms) |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['target']} | {r['ttfb_p50'] * ms:.2f} | {r['gap_p50'] * ms:.2f} | "
+        f"{r['gap_p99'] * ms:.2f} |"
+        for r in results["sse"]
+    ]
+    lines += [
+        "",
+        "## Process resources (after the runs above)",
+        "",
+        "| target | RSS (MB) | CPU ms/request rerank 1x64 | CPU ms/request embeddings |",
+        "|---|---|---|---|",
+    ]
+    for r in results["resources"]:
+        lines.append(
+            f"| {r['target']} | {r['rss_mb']:.0f} | "
+            f"{r.get('cpu_ms_per_req rerank 1x64', 0):.2f} | "
+            f"{r.get('cpu_ms_per_req embeddings', 0):.2f} |"
+        )
+    a = accounting
+    lines += [
+        "",
+        "## Accounting CPU (rerank 1x64, in-process)",
+        "",
+        f"- raw batched tokenizer call on the same 65 texts: {a['raw_batch_ms']:.2f} ms",
+        f"- full recount (`count_request`): {a['recount_ms']:.2f} ms "
+        f"= {a['recount_ratio']:.2f}x raw",
+        f"- derivation path (query only): {a['derivation_ms']:.3f} ms "
+        f"= {a['derivation_ratio']:.3f}x raw",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny run, no output file")
+    parser.add_argument("--requests", type=int, default=150)
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--sse", type=int, default=30)
+    parser.add_argument("--latencies", type=float, nargs="+", default=[0.0, 25.0])
+    parser.add_argument("--output", type=Path, default=ROOT / "docs" / "performance.md")
+    args = parser.parse_args()
+    if args.smoke:
+        args.requests, args.seconds, args.clients, args.sse = 3, 0.3, 2, 2
+        args.latencies = [0.0]
+    with tempfile.TemporaryDirectory(prefix="usage-proxy-bench-") as tmp:
+        Path(tmp).chmod(0o755)  # nginx workers run unprivileged
+        results = asyncio.run(measure(args, Path(tmp)))
+    accounting = accounting_cost(3 if args.smoke else 50)
+    report = render(results, accounting, args)
+    if args.smoke:
+        print(report)
+    else:
+        args.output.write_text(report)
+        print(report)
+        print(f"written to {args.output}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

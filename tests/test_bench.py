@@ -1,0 +1,37 @@
+"""The benchmark harness runs end to end (tiny smoke run; no timing is asserted)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_bench_smoke() -> None:
+    """bench/run.py --smoke measures every target and prints every table."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        check=True,
+    ).stdout
+    for heading in (
+        "## Latency",
+        "## Throughput",
+        "## SSE",
+        "## Process resources",
+        "## Accounting CPU",
+    ):
+        assert heading in out
+    for target in (
+        "direct",
+        "minimal aiohttp relay",
+        "proxy shadow",
+        "proxy annotate",
+        "proxy rewrite",
+    ):
+        assert f"| {target} |" in out
