@@ -186,7 +186,7 @@ http {{
     return _spawn("nginx", ["nginx", "-c", str(conf)], {}, workdir / "nginx.log", port)
 
 
-def start_targets(upstream: Process, workdir: Path) -> list[Target]:
+def start_targets(upstream: Process, workdir: Path, args: argparse.Namespace) -> list[Target]:
     targets = [Target("direct", upstream.url)]
     port = free_port()
     relay = _spawn(
@@ -219,6 +219,7 @@ def start_targets(upstream: Process, workdir: Path) -> list[Target]:
             str(workdir / f"journal-{mode}-{port}.sqlite"),
             "--log-level",
             "warning",
+            *args.proxy_extra.split(),
         ]
         proxy = _spawn(
             f"proxy-{mode}", argv, {"HF_HUB_OFFLINE": "1"}, workdir / f"proxy-{mode}.log", port
@@ -248,10 +249,12 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             port,
         )
         upstream.wait_ready("/health", 60)
-        targets = start_targets(upstream, workdir)
+        targets = start_targets(upstream, workdir, args)
         try:
             async with aiohttp.ClientSession() as session:
                 for scenario, (path, payload) in SCENARIOS.items():
+                    if args.only and args.only not in scenario:
+                        continue
                     body = json.dumps(payload).encode()
                     base = None
                     for target in targets:
@@ -268,7 +271,7 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                         row["added_p50"] = row["p50"] - base["p50"]
                         row["added_p99"] = row["p99"] - base["p99"]
                         results["latency"].append(row)
-                if latency_ms == 0:
+                if latency_ms == 0 and not args.only:
                     await saturate(args, targets, results)
                     for target in targets:
                         ttfb, gaps = await sse(session, target.url, args.sse)
@@ -442,6 +445,8 @@ def main() -> int:
     parser.add_argument("--sse", type=int, default=30)
     parser.add_argument("--latencies", type=float, nargs="+", default=[0.0, 25.0])
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "performance.md")
+    parser.add_argument("--only", help="run only scenarios whose name contains this")
+    parser.add_argument("--proxy-extra", default="", help="extra usage-proxy serve options")
     args = parser.parse_args()
     if args.smoke:
         args.requests, args.seconds, args.clients, args.sse = 3, 0.3, 2, 2
@@ -451,7 +456,7 @@ def main() -> int:
         results = asyncio.run(measure(args, Path(tmp)))
     accounting = accounting_cost(3 if args.smoke else 50)
     report = render(results, accounting, args)
-    if args.smoke:
+    if args.smoke or args.only:
         print(report)
     else:
         args.output.write_text(report)

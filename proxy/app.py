@@ -36,6 +36,18 @@ def pool_context(pool: TokenizerPool) -> Callable[[web.Application], AsyncIterat
 
 
 @web.middleware
+async def origin_form_only(
+    request: web.Request, handler: Callable[[web.Request], object]
+) -> web.StreamResponse:
+    """The proxy only ever talks to its upstream: no CONNECT, no absolute-form targets."""
+    if request.method == "CONNECT":
+        return error_response(405, "CONNECT is not supported by this proxy")
+    if not request.raw_path.startswith("/"):
+        return error_response(400, "only origin-form request targets are accepted")
+    return await handler(request)  # type: ignore[misc,no-any-return]
+
+
+@web.middleware
 async def oversized_bodies(
     request: web.Request, handler: Callable[[web.Request], object]
 ) -> web.StreamResponse:
@@ -61,7 +73,9 @@ def create_app(
     """The proxy application; tests pass their own catalog (e.g. a tokenizer loader)."""
     pool = pool or TokenizerPool(settings.tokenizer_threads)
     catalog = catalog or Catalog(settings, pool=pool)
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[oversized_bodies])
+    app = web.Application(
+        client_max_size=settings.max_body_bytes, middlewares=[origin_form_only, oversized_bodies]
+    )
     app.cleanup_ctx.append(session_context(settings))
     app.cleanup_ctx.append(catalog_context(catalog))
     app.cleanup_ctx.append(pool_context(pool))

@@ -24,7 +24,7 @@ from proxy.records import OPERATIONS
 from proxy.settings import Mode, Settings
 from proxy.shapes import ScoringRequest, endpoint_for_path, parse_scoring_request
 from proxy.tokenizer import TokenizerPool
-from proxy.upstream import SESSION, UpstreamError, exchange, response_headers
+from proxy.upstream import SESSION, UpstreamError, error_response, exchange, response_headers
 from proxy.usage import UsageView, annotate_usage, find_usage, rewrite_usage
 
 log = structlog.get_logger("proxy.audit")
@@ -87,6 +87,28 @@ def _analyse(
     return Analysis(request, model, counted)
 
 
+# The shortest JSON list item is 3 bytes (`"",`): smaller bodies cannot pass the limit, so
+# only large bodies are parsed before forwarding.
+MIN_BYTES_PER_ITEM = 3
+
+
+def over_limit(body: bytes, path: str, limit: int) -> str | None:
+    """A refusal message when the request holds more than ``limit`` queries or documents."""
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    request = parse_scoring_request(endpoint_for_path(path) or "", payload)
+    if request is None:
+        return None
+    count = max(len(request.queries), len(request.documents))
+    if count > limit:
+        return (
+            f"{count} inputs in one request; this proxy accepts at most {limit} (--max-documents)"
+        )
+    return None
+
+
 def decide(analysis: Analysis, reported: int | None) -> Audit:
     """Verdict for a successful response that reported ``reported`` prompt tokens."""
     if reported is None:
@@ -137,6 +159,12 @@ class ScoringAuditor:
         body = await request.read()
         await self._catalog.wait_ready(self._settings.accounting_timeout)
         loop = asyncio.get_running_loop()
+        if len(body) >= MIN_BYTES_PER_ITEM * self._settings.max_documents:
+            refusal = await loop.run_in_executor(
+                self._pool.executor, over_limit, body, request.path, self._settings.max_documents
+            )
+            if refusal:
+                return error_response(400, refusal, param="documents")
         sent = time.perf_counter()
         counting = loop.run_in_executor(
             self._pool.executor,

@@ -8,11 +8,13 @@ import json
 import time
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from proxy.metering import METER, Meter
 from proxy.metrics import METRICS, upstream_failure
 from proxy.records import OPERATIONS
+from proxy.relay import abort
 from proxy.sse import UsageScanner
 from proxy.upstream import SESSION, UpstreamError, exchange, response_headers
 
@@ -96,10 +98,14 @@ class MeteredRelay:
         )
         await reply.prepare(request)
         scanner = UsageScanner(strip=strip)
-        async for chunk in upstream.content.iter_any():
-            out = scanner.feed(chunk)
-            if out:
-                await reply.write(out)
+        try:
+            async for chunk in upstream.content.iter_any():
+                out = scanner.feed(chunk)
+                if out:
+                    await reply.write(out)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            abort(request, exc)  # an interrupted stream is not billed
+            return reply
         tail = scanner.finish()
         if scanner.usage is not None:
             await self._record(

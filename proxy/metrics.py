@@ -6,6 +6,7 @@ past ``--metrics-max-tenants`` are folded into ``other``.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
@@ -128,6 +129,12 @@ class Metrics:
             ("sink",),
             registry=r,
         )
+        self.tasks = Gauge(
+            "usage_proxy_event_loop_tasks",
+            "Tasks alive on the event loop (leak canary).",
+            registry=r,
+        )
+        self.tasks.set_function(_task_count)
         self.genai = Histogram(
             "gen_ai_client_token_usage",
             "Tokens per request (OpenTelemetry GenAI semantics).",
@@ -177,6 +184,13 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _task_count() -> float:
+    try:
+        return float(len(asyncio.all_tasks()))
+    except RuntimeError:  # scraped outside a running loop
+        return 0.0
 
 
 METRICS = web.AppKey("metrics", Metrics)

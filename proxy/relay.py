@@ -5,10 +5,25 @@ Bodies stream both ways; server-sent events reach the client chunk by chunk.
 
 from __future__ import annotations
 
+import aiohttp
+import structlog
 from aiohttp import web
 
 from proxy.metrics import upstream_failure
 from proxy.upstream import SESSION, UpstreamError, exchange, response_headers
+
+log = structlog.get_logger("proxy.relay")
+
+
+def abort(request: web.Request, exc: BaseException) -> None:
+    """The upstream failed mid-body: cut the client connection so the truncation shows.
+
+    Headers are already sent, so no error status is possible; a clean end of stream would
+    pass a partial body off as complete.
+    """
+    log.warning("upstream_failed_mid_body", path=request.path, error=type(exc).__name__)
+    if request.transport is not None:
+        request.transport.close()
 
 
 class Relay:
@@ -27,8 +42,12 @@ class Relay:
                     headers=response_headers(upstream.headers, keep_length=True),
                 )
                 await reply.prepare(request)
-                async for chunk in upstream.content.iter_any():
-                    await reply.write(chunk)
+                try:
+                    async for chunk in upstream.content.iter_any():
+                        await reply.write(chunk)
+                except (aiohttp.ClientError, TimeoutError) as exc:
+                    abort(request, exc)
+                    return reply
                 await reply.write_eof()
                 return reply
         except UpstreamError as exc:

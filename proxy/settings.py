@@ -83,6 +83,12 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         64 * 1024 * 1024, gt=0, description="Largest audited request body read into memory."
     )
+    max_documents: int = Field(
+        100_000,
+        ge=1,
+        description="Most documents (or queries) in one score/rerank request; above it "
+        "the proxy answers 400 without forwarding.",
+    )
     tokenizer_threads: int = Field(2, ge=1, description="Threads that run tokenization.")
     refresh_interval: float = Field(
         60.0, gt=0, description="Seconds between reads of upstream /version and /v1/models."

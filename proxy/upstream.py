@@ -44,14 +44,20 @@ class UpstreamError(Exception):
         return error_response(self.status, self.message)
 
 
-def error_response(status: int, message: str) -> web.Response:
+def error_response(status: int, message: str, param: str | None = None) -> web.Response:
     """An error in vLLM's shape: ``{"error": {"message", "type", "param", "code"}}``."""
-    kind = {502: "BadGatewayError", 504: "GatewayTimeoutError", 413: "RequestEntityTooLarge"}
+    kind = {
+        400: "BadRequestError",
+        405: "MethodNotAllowed",
+        413: "RequestEntityTooLarge",
+        502: "BadGatewayError",
+        504: "GatewayTimeoutError",
+    }
     body = {
         "error": {
             "message": message,
             "type": kind.get(status, "ProxyError"),
-            "param": None,
+            "param": param,
             "code": status,
         }
     }

@@ -14,9 +14,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 SCORE_PATHS = ("/score", "/v1/score")
 RERANK_PATHS = ("/rerank", "/v1/rerank", "/v2/rerank")
@@ -30,6 +31,52 @@ def dumps(obj: Any) -> bytes:
 def error(status: int, message: str, kind: str, param: str | None = None) -> web.Response:
     body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
     return web.Response(body=dumps(body), status=status, content_type="application/json")
+
+
+class _Common(BaseModel):
+    """vLLM's ScoringRequestMixin fields (protocol.py), validated like vLLM does."""
+
+    model_config = ConfigDict(extra="allow")
+    model: str | None = None
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1)] | None = None
+    padding: Literal["max_length", "do_not_pad"] | None = None
+    truncation_side: Literal["left", "right"] | None = None
+    max_tokens_per_query: int = 0
+    max_tokens_per_doc: int = 0
+
+
+Input = str | dict[str, Any]
+
+
+class _Rerank(_Common):
+    query: Input
+    documents: Input | list[Input]
+    top_n: int = Field(default=0, ge=0)
+
+
+def _validate(body: Any, rerank: bool) -> None:
+    """Raise FakeError (400) where vLLM's pydantic request models would."""
+    try:
+        if rerank:
+            _Rerank.model_validate(body)
+            return
+        if not isinstance(body, dict):
+            raise FakeError("Input should be a valid dictionary")
+        for a, b in (
+            ("queries", "documents"),
+            ("queries", "items"),
+            ("data_1", "data_2"),
+            ("text_1", "text_2"),
+        ):
+            if a in body and b in body:
+                fields = {k: v for k, v in body.items() if k not in (a, b)}
+                _Common.model_validate(fields)
+                TypeAdapter(Input | list[Input]).validate_python(body[a])
+                TypeAdapter(Input | list[Input]).validate_python(body[b])
+                return
+        raise FakeError("Field required")
+    except ValidationError as exc:
+        raise FakeError(str(exc).splitlines()[0]) from exc
 
 
 class FakeError(Exception):
@@ -69,10 +116,15 @@ class FakeVLLM:
             app.router.add_post(path, self.handle_scoring)
         app.router.add_post("/v1/chat/completions", self.handle_chat)
         app.router.add_route("*", "/echo/{tail:.*}", self.handle_echo)
+        app.router.add_get("/fake/prompt_tokens_total", self.handle_counter)
         return app
 
     async def handle_version(self, request: web.Request) -> web.Response:
         return web.json_response({"version": self.version})
+
+    async def handle_counter(self, request: web.Request) -> web.Response:
+        """Engine-level tokens processed so far (what vllm:prompt_tokens_total tracks)."""
+        return web.json_response({"prompt_tokens_total": self.prompt_tokens_total})
 
     async def handle_health(self, request: web.Request) -> web.Response:
         return web.Response()
@@ -142,14 +194,15 @@ class FakeVLLM:
                 "code": 400,
             }
             return web.Response(body=dumps(message), content_type="application/json")
-        if body.get("model") not in (None, self.name):
+        if isinstance(body, dict) and body.get("model") not in (None, self.name):
             return error(
                 404, f"The model `{body['model']}` does not exist.", "NotFoundError", "model"
             )
         rerank = request.path in RERANK_PATHS or (
-            request.path == "/invocations" and "query" in body
+            request.path == "/invocations" and isinstance(body, dict) and "query" in body
         )
         try:
+            _validate(body, rerank)
             queries, docs = self._inputs(body, rerank)
             per_input, reported = self._usage(body, queries, docs)
         except FakeError as exc:

@@ -1,0 +1,143 @@
+"""Security: secrets never leak, tenants cannot be spoofed, the proxy only reaches its
+upstream, request smuggling is rejected."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.app import create_app
+from proxy.catalog import CATALOG
+from proxy.journal import read_journal
+from proxy.metering import METER
+from proxy.settings import Settings
+from proxy.tenancy import key_digest
+from scripts.vllm_cpu import free_port
+from tests.fakevllm import FakeVLLM
+
+KEY = "sk-live-SECRETKEY-0123456789"
+PASSWORD = "pw-SECRETPASSWORD"
+GOOD = {"query": "What is the capital of France?", "documents": ["Paris.", "Berlin."]}
+
+
+@pytest.fixture
+async def rig(
+    aiohttp_server: Any,
+    aiohttp_client: Any,
+    minilm_path: Path,
+    tmp_path: Path,
+    _journal_in_tmp: Path,
+) -> Any:
+    from transformers import AutoTokenizer
+
+    fake = FakeVLLM(AutoTokenizer.from_pretrained(str(minilm_path)), minilm_path)
+    server = await aiohttp_server(fake.app())
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"acme: {key_digest(KEY)}\n")
+    settings = Settings(
+        upstream=str(server.make_url("")),
+        api_keys=keys,
+        jsonl=str(tmp_path / "out.jsonl"),
+        ledger_dsn=f"postgresql://billing:{PASSWORD}@127.0.0.1:{free_port()}/usage",
+        log_level="debug",
+    )
+    client = await aiohttp_client(create_app(settings))
+    assert await client.app[CATALOG].wait_ready(10)
+    return fake, client, _journal_in_tmp, tmp_path / "out.jsonl"
+
+
+async def test_secrets_never_written_anywhere(
+    rig: Any, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bearer key and ledger password appear in no log, record, export, metric or error."""
+    _fake, client, journal, jsonl = rig
+    headers = {"Authorization": f"Bearer {KEY}"}
+    assert (await client.post("/rerank", json=GOOD, headers=headers)).status == 200
+    bad = await client.post("/rerank", json={"query": 1}, headers=headers)
+    await bad.read()
+    chat = await client.post("/v1/chat/completions", json={"messages": []}, headers=headers)
+    await chat.read()
+    metrics = await (await client.get("/metrics")).text()
+    await asyncio.sleep(0.6)  # let the failing ledger log its retries
+    outbox = client.app[METER].outbox
+    assert outbox is not None
+    assert outbox.state["postgres"].failures >= 1
+    written = "\n".join(
+        [
+            capsys.readouterr().out,
+            capsys.readouterr().err,
+            caplog.text,
+            metrics,
+            "\n".join(read_journal(journal)),
+            jsonl.read_text() if jsonl.exists() else "",
+            await bad.text(),
+            str(outbox.state["postgres"].last_error),
+        ]
+    )
+    assert KEY not in written
+    assert PASSWORD not in written
+    records = [json.loads(r) for r in read_journal(journal)]
+    assert {r["tenant"] for r in records} == {"acme"}
+    assert {r["key_hash"] for r in records} == {key_digest(KEY)[:12]}
+
+
+async def test_unconfigured_tenant_header_is_not_trusted(rig: Any) -> None:
+    """Without --tenant-header, a client's X-Tenant-Id cannot pick the tenant."""
+    _, client, journal, _ = rig
+    await client.post("/rerank", json=GOOD, headers={"X-Tenant-Id": "someone-else"})
+    assert [json.loads(r)["tenant"] for r in read_journal(journal)] == ["anonymous"]
+
+
+async def raw_exchange(port: int, request: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    await writer.drain()
+    data = await asyncio.wait_for(reader.read(65536), 10)
+    writer.close()
+    return data
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (
+            b"GET http://evil.example/v1/models HTTP/1.1\r\nHost: evil.example\r\n"
+            b"Connection: close\r\n\r\n",
+            b"400",
+        ),
+        (
+            b"CONNECT evil.example:443 HTTP/1.1\r\nHost: evil.example:443\r\n"
+            b"Connection: close\r\n\r\n",
+            b"40",
+        ),
+        (
+            b"POST /rerank HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n"
+            b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n0\r\n\r\nGET /v1/models "
+            b"HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"400",
+        ),
+    ],
+    ids=["absolute-form", "connect", "cl-te-smuggling"],
+)
+async def test_hostile_request_targets_never_reach_upstream(
+    rig: Any, request_bytes: bytes, status: bytes
+) -> None:
+    """Absolute-form, CONNECT and CL/TE conflicts are refused before anything is forwarded."""
+    fake, client, _, _ = rig
+    before = len(fake.raw_bodies)
+    answer = await raw_exchange(client.server.port, request_bytes)
+    assert answer.split(b" ", 2)[1].startswith(status)
+    assert len(fake.raw_bodies) == before
+
+
+async def test_host_header_cannot_redirect(rig: Any) -> None:
+    """A forged Host header still goes to the configured upstream, with its own Host."""
+    _, client, _, _ = rig
+    resp = await client.get("/echo/x", headers={"Host": "evil.example"})
+    echo = await resp.json()
+    assert resp.status == 200
+    assert echo["headers"]["host"] != "evil.example"
