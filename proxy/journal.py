@@ -184,7 +184,8 @@ def _transaction(db: sqlite3.Connection) -> Any:
     try:
         yield
     except BaseException:
-        db.execute("ROLLBACK")
+        if db.in_transaction:  # SQLite already rolled back on e.g. SQLITE_FULL
+            db.execute("ROLLBACK")
         raise
     db.execute("COMMIT")
 
