@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from proxy.tokenizer import HFTokenizer, load_tokenizer
 from proxy.types import EngineProfile, Family, Release
+from scripts.vllm_cpu import Process, _spawn, free_port
 
 
 @pytest.fixture(scope="session")
@@ -44,6 +47,17 @@ def _journal_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "journal.sqlite"
     monkeypatch.setenv("USAGE_PROXY_JOURNAL", str(path))
     return path
+
+
+@pytest.fixture
+def fake_upstream(minilm_path: Path, tmp_path: Path) -> Iterator[Process]:
+    """The fake vLLM (0.29.0) as its own process, for tests that kill or signal the proxy."""
+    port = free_port()
+    argv = [sys.executable, "-m", "tests.fakevllm", "--port", str(port), "--root", str(minilm_path)]
+    process = _spawn("fake-vllm", argv, {"HF_HUB_OFFLINE": "1"}, tmp_path / "fake.log", port)
+    process.wait_ready("/health", 60)
+    yield process
+    process.stop()
 
 
 from tests.postgres import postgres  # noqa: E402,F401  (session fixture)

@@ -6,16 +6,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 import uuid
 from pathlib import Path
 
 import aiohttp
 import asyncpg
-import pytest
 
 from proxy.records import record_id_for
-from scripts.vllm_cpu import Process, _spawn, free_port, start_proxy
+from scripts.vllm_cpu import Process, free_port, start_proxy
 from tests.postgres import Cluster
 from tests.test_postgres_ledger import fresh_database
 
@@ -23,16 +21,6 @@ BODY = {
     "query": "What is the capital of France?",
     "documents": ["Paris is the capital of France.", "Berlin is in Germany."],
 }
-
-
-@pytest.fixture
-def fake_upstream(minilm_path: Path, tmp_path: Path) -> Process:
-    port = free_port()
-    argv = [sys.executable, "-m", "tests.fakevllm", "--port", str(port), "--root", str(minilm_path)]
-    process = _spawn("fake-vllm", argv, {"HF_HUB_OFFLINE": "1"}, tmp_path / "fake.log", port)
-    process.wait_ready("/health", 60)
-    yield process
-    process.stop()
 
 
 async def fire(url: str, ids: list[str], received: list[str], concurrency: int) -> None:

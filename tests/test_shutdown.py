@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import pytest
 
 from proxy.app import create_app
 from proxy.catalog import CATALOG
@@ -20,16 +21,14 @@ from proxy.settings import Settings
 from scripts.vllm_cpu import Process, free_port, start_proxy
 from tests.fakevllm import FakeVLLM
 from tests.postgres import Cluster
-from tests.test_crash import fake_upstream, fire  # noqa: F401  (fixture)
+from tests.test_crash import fire
 from tests.test_postgres_ledger import fresh_database
 
 GOOD = {"query": "What is the capital of France?", "documents": ["Paris.", "Berlin."]}
 
 
 async def test_sigterm_under_load_drains_everything(
-    postgres: Cluster,
-    fake_upstream: Process,
-    tmp_path: Path,  # noqa: F811
+    postgres: Cluster, fake_upstream: Process, tmp_path: Path
 ) -> None:
     """SIGTERM mid-load: in-flight requests finish, every answered request is in the ledger."""
     dsn = await fresh_database(postgres)
@@ -66,8 +65,9 @@ async def test_sigterm_under_load_drains_everything(
     print(f"sigterm test: {len(received)} answered, {total} ledger rows, 0 lost")
 
 
+@pytest.mark.usefixtures("_journal_in_tmp")
 async def test_full_journal_keeps_serving(
-    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, _journal_in_tmp: Path
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path
 ) -> None:
     """SQLITE_FULL (a real one, via max_page_count): served, flagged, counted, recovers."""
     from transformers import AutoTokenizer
@@ -77,7 +77,8 @@ async def test_full_journal_keeps_serving(
     client = await aiohttp_client(create_app(Settings(upstream=str(server.make_url("")))))
     assert await client.app[CATALOG].wait_ready(10)
     journal = client.app[METER].journal
-    assert journal is not None and journal._db is not None
+    assert journal is not None
+    assert journal._db is not None
     db = journal._db
     pages = await journal._run(lambda: db.execute("PRAGMA page_count").fetchone()[0])
     await journal._run(db.execute, f"PRAGMA max_page_count = {pages}")
