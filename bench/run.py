@@ -68,6 +68,8 @@ def doc(i: int, tokens: int = 100) -> str:
     return " ".join(WORDS[(i * 7 + k) % len(WORDS)] for k in range(tokens - 2))
 
 
+# Every request carries documents nobody sent before: no count-cache hits in the proxy.
+UNIQUE = "rerank 1x64 unique docs"
 SCENARIOS: dict[str, tuple[str, dict[str, Any]]] = {
     "rerank 1x64": (
         "/rerank",
@@ -81,8 +83,24 @@ SCENARIOS: dict[str, tuple[str, dict[str, Any]]] = {
         "/score",
         {"text_1": [doc(i, 20) for i in range(32)], "text_2": [doc(i + 1) for i in range(32)]},
     ),
+    UNIQUE: (
+        "/rerank",
+        {"query": "Where is the Eiffel Tower?", "documents": [doc(i) for i in range(64)]},
+    ),
     "embeddings": ("/v1/embeddings", {"model": "minilm", "input": "hello world"}),
 }
+
+
+def unique_bodies(seed: int, n: int) -> list[bytes]:
+    return [
+        json.dumps(
+            {
+                "query": "Where is the Eiffel Tower?",
+                "documents": [f"{seed}-{i}-{k} " + doc(i * 64 + k, 95) for k in range(64)],
+            }
+        ).encode()
+        for i in range(n)
+    ]
 
 
 @dataclass
@@ -110,10 +128,13 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def latency(session: aiohttp.ClientSession, url: str, body: bytes, n: int) -> list[float]:
-    """Sequential requests; seconds each (after two warm-ups)."""
+async def latency(
+    session: aiohttp.ClientSession, url: str, bodies: list[bytes], n: int
+) -> list[float]:
+    """Sequential requests (cycling through ``bodies``); seconds each, after two warm-ups."""
     out = []
     for i in range(n + 2):
+        body = bodies[i % len(bodies)]
         started = time.perf_counter()
         async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
             await r.read()
@@ -257,8 +278,12 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                         continue
                     body = json.dumps(payload).encode()
                     base = None
-                    for target in targets:
-                        values = await latency(session, target.url + path, body, args.requests)
+                    for number, target in enumerate(targets):
+                        bodies = [body]
+                        if scenario == UNIQUE:
+                            seed = int(latency_ms * 1000) + number
+                            bodies = unique_bodies(seed, args.requests + 2)
+                        values = await latency(session, target.url + path, bodies, args.requests)
                         row = {
                             "latency_ms": latency_ms,
                             "scenario": scenario,

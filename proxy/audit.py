@@ -18,11 +18,12 @@ from aiohttp import web
 from proxy.accounting import Counted, count_request
 from proxy.catalog import Catalog, ServedModel
 from proxy.metering import METER, Meter
-from proxy.metrics import METRICS, upstream_failure
+from proxy.metrics import METRICS, Metrics, upstream_failure
 from proxy.reconcile import Audit, judge, unaudited
 from proxy.records import OPERATIONS
 from proxy.settings import Mode, Settings
 from proxy.shapes import ScoringRequest, endpoint_for_path, parse_scoring_request
+from proxy.tenancy import Attribution
 from proxy.tokenizer import TokenizerPool
 from proxy.upstream import SESSION, UpstreamError, error_response, exchange, response_headers
 from proxy.usage import UsageView, annotate_usage, find_usage, rewrite_usage
@@ -196,65 +197,39 @@ class ScoringAuditor:
             body=out, status=status, headers=response_headers(headers, keep_length=False)
         )
         reply.headers.update(usage_headers(audit))
-        analysis = _finished(counting)
-        journaled = await self._record(request, audit, analysis, status, started)
-        reply.headers.update(request.app[METER].headers(journaled, audit.billed))
-        self._log(request, audit, analysis, upstream_ms, started)
-        self._observe(request, audit, analysis, upstream_ms, started)
-        return reply
-
-    def _observe(
-        self,
-        request: web.Request,
-        audit: Audit,
-        analysis: Analysis | None,
-        upstream_ms: float,
-        started: float,
-    ) -> None:
-        metrics = request.app[METRICS]
-        model = analysis.model.name if analysis and analysis.model else "unknown"
-        tenant = request.app[METER].attribute(request.headers).tenant
-        metrics.audited(
-            request.path,
-            model,
-            audit.verdict.value,
-            tenant,
-            audit.reported,
-            audit.billed,
-            audit.over_reported,
-        )
-        operation = OPERATIONS.get(request.path, "score")
-        metrics.token_usage(operation, model, audit.billed, None)
-        if analysis:
-            metrics.tokenization.observe(analysis.accounting_ms / 1000)
-        total = time.perf_counter() - started
-        metrics.added.observe(max(total - upstream_ms / 1000, 0.0))
-
-    async def _record(
-        self,
-        request: web.Request,
-        audit: Audit,
-        analysis: Analysis | None,
-        status: int,
-        started: float,
-    ) -> bool:
         meter = request.app[METER]
-        scoring = analysis.request if analysis else None
-        record = meter.new_record(
+        outcome = Outcome(
+            request.path,
             request[REQUEST_ID],
             meter.attribute(request.headers),
-            request.path,
-            model=analysis.model.name if analysis and analysis.model else None,
+            audit,
+            _finished(counting),
+            status,
+            upstream_ms,
+            started,
+        )
+        journaled = await self._record(meter, outcome)
+        reply.headers.update(meter.headers(journaled, audit.billed))
+        _log(outcome)
+        _observe(request.app[METRICS], outcome)
+        return reply
+
+    async def _record(self, meter: Meter, o: Outcome) -> bool:
+        record = meter.new_record(
+            o.request_id,
+            o.who,
+            o.path,
+            model=o.model,
             upstream_version=self._catalog.release.version,
-            prompt_tokens_reported=audit.reported,
-            prompt_tokens_billed=audit.billed,
+            prompt_tokens_reported=o.audit.reported,
+            prompt_tokens_billed=o.audit.billed,
             completion_tokens_reported=0,
             completion_tokens_billed=0,
-            verdict=audit.verdict.value,
-            m=len(scoring.queries) if scoring else None,
-            n=len(scoring.documents) if scoring else None,
-            status=status,
-            latency_ms=round((time.perf_counter() - started) * 1000, 3),
+            verdict=o.audit.verdict.value,
+            m=o.m,
+            n=o.n,
+            status=o.status,
+            latency_ms=round(o.elapsed_ms, 3),
         )
         return await meter.record(record)
 
@@ -270,29 +245,66 @@ class ScoringAuditor:
             log.exception("accounting_failed")
             return unaudited(f"accounting failed: {type(exc).__name__}", view.reported)
 
-    def _log(
-        self,
-        request: web.Request,
-        audit: Audit,
-        analysis: Analysis | None,
-        upstream_ms: float,
-        started: float,
-    ) -> None:
-        scoring = analysis.request if analysis else None
-        log.info(
-            "audited",
-            request_id=request[REQUEST_ID],
-            model=analysis.model.name if analysis and analysis.model else None,
-            endpoint=request.path,
-            m=len(scoring.queries) if scoring else None,
-            n=len(scoring.documents) if scoring else None,
-            reported=audit.reported,
-            engine=audit.engine,
-            billed=audit.billed,
-            verdict=audit.verdict.value,
-            method=audit.method.value,
-            reason=audit.reason,
-            upstream_ms=round(upstream_ms, 2),
-            accounting_ms=round(analysis.accounting_ms, 2) if analysis else None,
-            total_ms=round((time.perf_counter() - started) * 1000, 2),
-        )
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One audited exchange, as recorded, logged and measured."""
+
+    path: str
+    request_id: str
+    who: Attribution
+    audit: Audit
+    analysis: Analysis | None
+    status: int
+    upstream_ms: float
+    started: float
+
+    @property
+    def model(self) -> str | None:
+        return self.analysis.model.name if self.analysis and self.analysis.model else None
+
+    @property
+    def m(self) -> int | None:
+        scoring = self.analysis.request if self.analysis else None
+        return len(scoring.queries) if scoring else None
+
+    @property
+    def n(self) -> int | None:
+        scoring = self.analysis.request if self.analysis else None
+        return len(scoring.documents) if scoring else None
+
+    @property
+    def elapsed_ms(self) -> float:
+        return (time.perf_counter() - self.started) * 1000
+
+
+def _log(o: Outcome) -> None:
+    log.info(
+        "audited",
+        request_id=o.request_id,
+        model=o.model,
+        endpoint=o.path,
+        m=o.m,
+        n=o.n,
+        reported=o.audit.reported,
+        engine=o.audit.engine,
+        billed=o.audit.billed,
+        verdict=o.audit.verdict.value,
+        method=o.audit.method.value,
+        reason=o.audit.reason,
+        upstream_ms=round(o.upstream_ms, 2),
+        accounting_ms=round(o.analysis.accounting_ms, 2) if o.analysis else None,
+        total_ms=round(o.elapsed_ms, 2),
+    )
+
+
+def _observe(metrics: Metrics, o: Outcome) -> None:
+    model = o.model or "unknown"
+    a = o.audit
+    metrics.audited(
+        o.path, model, a.verdict.value, o.who.tenant, a.reported, a.billed, a.over_reported
+    )
+    metrics.token_usage(OPERATIONS.get(o.path, "score"), model, a.billed, None)
+    if o.analysis:
+        metrics.tokenization.observe(o.analysis.accounting_ms / 1000)
+    metrics.added.observe(max(o.elapsed_ms - o.upstream_ms, 0.0) / 1000)

@@ -58,7 +58,8 @@ class Meter:
     def new_record(
         self, request_id: str, who: Attribution, endpoint: str, **fields: object
     ) -> UsageRecord:
-        return UsageRecord(
+        # Built from values the proxy itself produced: skip re-validation on the hot path.
+        return UsageRecord.model_construct(
             record_id=record_id_for(request_id),
             request_id=request_id,
             tenant=who.tenant,

@@ -25,10 +25,14 @@ def _skip_ws(text: str, i: int) -> int:
     return i
 
 
-def object_spans(text: str, start: int = 0) -> tuple[dict[str, Span], int]:
+def object_spans(
+    text: str, start: int = 0, stop_at: str | None = None
+) -> tuple[dict[str, Span], int]:
     """Top-level member value spans of the JSON object starting at ``start``, and its end.
 
-    Raises ValueError when the text at ``start`` is not a well-formed object.
+    With ``stop_at``, scanning ends right after that member (its end is then returned):
+    vLLM's rerank puts ``usage`` before the large ``results``, which need not be scanned.
+    Raises ValueError when the scanned part is not a well-formed object.
     """
     i = _skip_ws(text, start)
     if i >= len(text) or text[i] != "{":
@@ -47,6 +51,8 @@ def object_spans(text: str, start: int = 0) -> tuple[dict[str, Span], int]:
         value_start = _skip_ws(text, i + 1)
         _, value_end = _DECODER.raw_decode(text, value_start)
         spans[key] = Span(value_start, value_end)
+        if key == stop_at:
+            return spans, value_end
         i = _skip_ws(text, value_end)
         if i < len(text) and text[i] == ",":
             i = _skip_ws(text, i + 1)
@@ -81,8 +87,10 @@ def find_usage(body: bytes) -> UsageView | None:
     """The usage object of a JSON response body, or None when there is none to audit."""
     try:
         text = body.decode("utf-8")
-        spans, end = object_spans(text)
-        if _skip_ws(text, end) != len(text):
+        if not text.rstrip(_WS).endswith("}"):
+            return None  # truncated or trailing garbage: not a complete object
+        spans, end = object_spans(text, stop_at="usage")
+        if "usage" not in spans and _skip_ws(text, end) != len(text):
             return None
         usage = spans.get("usage")
         if usage is None or text[usage.start] != "{":

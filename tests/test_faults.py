@@ -12,11 +12,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from proxy.app import create_app
-from proxy.catalog import CATALOG
 from proxy.journal import read_journal
-from proxy.settings import Settings
 from proxy.upstream import SESSION
+from tests.conftest import fake_and_proxy
 from tests.fakevllm import FakeVLLM
 
 GOOD = {"query": "What is the capital of France?", "documents": ["Paris.", "Berlin."]}
@@ -95,15 +93,14 @@ class FaultyVLLM(FakeVLLM):
 async def rig(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, _journal_in_tmp: Path
 ) -> Any:
-    from transformers import AutoTokenizer
-
-    fake = FaultyVLLM(AutoTokenizer.from_pretrained(str(minilm_path)), minilm_path)
-    server = await aiohttp_server(fake.app())
-    settings = Settings(
-        upstream=str(server.make_url("")), read_timeout=0.5, max_body_bytes=64 * 1024 * 1024
+    fake, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        fake_class=FaultyVLLM,
+        read_timeout=0.5,
+        max_body_bytes=64 * 1024 * 1024,
     )
-    client = await aiohttp_client(create_app(settings))
-    assert await client.app[CATALOG].wait_ready(10)
     return fake, client, _journal_in_tmp
 
 
@@ -177,14 +174,9 @@ async def test_stalled_sse_is_cut_and_not_billed(rig: Any) -> None:
 
 async def test_documents_limit(aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path) -> None:
     """More documents than --max-documents: a clear 400 and nothing forwarded."""
-    from transformers import AutoTokenizer
-
-    fake = FakeVLLM(AutoTokenizer.from_pretrained(str(minilm_path)), minilm_path)
-    server = await aiohttp_server(fake.app())
-    client = await aiohttp_client(
-        create_app(Settings(upstream=str(server.make_url("")), max_documents=10))
+    fake, client = await fake_and_proxy(
+        aiohttp_server, aiohttp_client, minilm_path, max_documents=10
     )
-    assert await client.app[CATALOG].wait_ready(10)
     resp = await client.post("/rerank", json={"query": "q", "documents": ["d"] * 11})
     assert resp.status == 400
     error = (await resp.json())["error"]

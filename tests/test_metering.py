@@ -11,12 +11,11 @@ import pytest
 from aiohttp import web
 
 from proxy.app import create_app
-from proxy.catalog import CATALOG
 from proxy.journal import read_journal
 from proxy.records import UsageRecord, record_id_for
 from proxy.settings import Settings
 from proxy.tenancy import key_digest
-from tests.fakevllm import FakeVLLM
+from tests.conftest import fake_and_proxy
 
 QUERY = "What is the capital of France?"
 DOCS = ["Paris is the capital of France.", "The Eiffel Tower is in Paris.", "Berlin is in Germany."]
@@ -34,22 +33,18 @@ async def metered(
     tmp_path: Path,
     _journal_in_tmp: Path,
 ) -> Any:
-    from transformers import AutoTokenizer
-
-    fake = FakeVLLM(AutoTokenizer.from_pretrained(str(minilm_path)), minilm_path)
-    server = await aiohttp_server(fake.app())
     keys = tmp_path / "keys.yaml"
     keys.write_text(f"acme: {key_digest('sk-acme')}\n")
-    settings = Settings(
-        upstream=str(server.make_url("")),
+    fake, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
         api_keys=keys,
         tenant_header="X-Tenant-Id",
         instance="test-1",
         litellm_header=True,
         jsonl=str(tmp_path / "out.jsonl"),
     )
-    client = await aiohttp_client(create_app(settings))
-    assert await client.app[CATALOG].wait_ready(10)
     return fake, client, _journal_in_tmp, tmp_path / "out.jsonl"
 
 

@@ -10,10 +10,9 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.app import create_app
-from proxy.catalog import CATALOG
 from proxy.metrics import Metrics
 from proxy.settings import Settings
-from tests.fakevllm import FakeVLLM
+from tests.conftest import fake_and_proxy
 
 QUERY = "What is the capital of France?"
 DOCS = ["Paris is the capital of France.", "The Eiffel Tower is in Paris.", "Berlin is in Germany."]
@@ -28,13 +27,7 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 async def start(aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, **options: Any) -> Any:
-    from transformers import AutoTokenizer
-
-    fake = FakeVLLM(AutoTokenizer.from_pretrained(str(minilm_path)), minilm_path)
-    server = await aiohttp_server(fake.app())
-    settings = Settings(upstream=str(server.make_url("")), **options)
-    client = await aiohttp_client(create_app(settings))
-    assert await client.app[CATALOG].wait_ready(10)
+    _, client = await fake_and_proxy(aiohttp_server, aiohttp_client, minilm_path, **options)
     return client
 
 

@@ -10,14 +10,11 @@ from typing import Any
 
 import pytest
 
-from proxy.app import create_app
-from proxy.catalog import CATALOG
 from proxy.journal import read_journal
 from proxy.metering import METER
-from proxy.settings import Settings
 from proxy.tenancy import key_digest
 from scripts.vllm_cpu import free_port
-from tests.fakevllm import FakeVLLM
+from tests.conftest import fake_and_proxy
 
 KEY = "sk-live-SECRETKEY-0123456789"
 PASSWORD = "pw-SECRETPASSWORD"
@@ -32,21 +29,17 @@ async def rig(
     tmp_path: Path,
     _journal_in_tmp: Path,
 ) -> Any:
-    from transformers import AutoTokenizer
-
-    fake = FakeVLLM(AutoTokenizer.from_pretrained(str(minilm_path)), minilm_path)
-    server = await aiohttp_server(fake.app())
     keys = tmp_path / "keys.yaml"
     keys.write_text(f"acme: {key_digest(KEY)}\n")
-    settings = Settings(
-        upstream=str(server.make_url("")),
+    fake, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
         api_keys=keys,
         jsonl=str(tmp_path / "out.jsonl"),
-        ledger_dsn=f"postgresql://billing:{PASSWORD}@127.0.0.1:{free_port()}/usage",
         log_level="debug",
+        ledger_dsn=f"postgresql://billing:{PASSWORD}@127.0.0.1:{free_port()}/usage",
     )
-    client = await aiohttp_client(create_app(settings))
-    assert await client.app[CATALOG].wait_ready(10)
     return fake, client, _journal_in_tmp, tmp_path / "out.jsonl"
 
 
