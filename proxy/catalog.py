@@ -44,8 +44,15 @@ class ServedModel:
 
 
 def read_model_config(source: str) -> dict[str, Any] | None:
-    """``config.json`` of a local model directory, or None."""
+    """``config.json`` of a local model directory or of an HF id in the local cache."""
     path = Path(source) / "config.json"
+    if not path.is_file():
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(source, "config.json")
+        if not isinstance(cached, str):
+            return None
+        path = Path(cached)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

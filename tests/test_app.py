@@ -365,3 +365,22 @@ async def test_derivation_path_bills_the_same(
     assert status == 200
     assert json.loads(raw)["usage"]["prompt_tokens"] == fake.prompt_tokens_total - before
     assert headers["x-usage-verdict"] == "corrected"
+
+
+async def test_model_from_the_hf_cache(
+    proxied: Factory, minilm_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """root is an HF id: tokenizer and config.json come from the local HF cache, offline."""
+    snapshot = tmp_path / "hub" / "models--acme--minilm" / "snapshots" / ("0" * 40)
+    shutil.copytree(minilm_path, snapshot, ignore=shutil.ignore_patterns("*.safetensors"))
+    refs = tmp_path / "hub" / "models--acme--minilm" / "refs"
+    refs.mkdir()
+    (refs / "main").write_text("0" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    import huggingface_hub.constants as hub_constants
+
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    fake, client = await proxied("0.29.0", root=Path("acme/minilm"))
+    status, headers, _ = await post(client, "/rerank", {"query": QUERY, "documents": DOCS})
+    assert status == 200
+    assert headers["x-usage-verdict"] == "corrected"
