@@ -380,7 +380,7 @@ async def test_model_from_the_hf_cache(
     import huggingface_hub.constants as hub_constants
 
     monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    fake, client = await proxied("0.29.0", root=Path("acme/minilm"))
+    _fake, client = await proxied("0.29.0", root=Path("acme/minilm"))
     status, headers, _ = await post(client, "/rerank", {"query": QUERY, "documents": DOCS})
     assert status == 200
     assert headers["x-usage-verdict"] == "corrected"
