@@ -149,6 +149,24 @@ class Journal:
                 (sink, seq),
             )
 
+    async def prune(self, before: str, sinks: list[str]) -> int:
+        """Delete records older than ``before`` (ISO) that every sink has acknowledged.
+
+        Freed pages are reused by SQLite, so a journal with working exporters stays flat.
+        """
+        if not sinks:
+            return 0
+        return await self._run(self._prune, before, sinks)
+
+    def _prune(self, before: str, sinks: list[str]) -> int:
+        assert self._db is not None
+        delivered = min(self._cursor(s) for s in sinks)
+        with _transaction(self._db):
+            cursor = self._db.execute(
+                "DELETE FROM records WHERE seq <= ? AND time < ?", (delivered, before)
+            )
+        return int(cursor.rowcount)
+
     async def backlog(self, sink: str) -> int:
         return await self._run(self._backlog, sink)
 

@@ -135,7 +135,12 @@ def meter_context(
         journal = Journal(Path(settings.journal), sync=settings.durability is Durability.SYNC)
         await journal.open()
         metrics = app[METRICS]
-        outbox = Outbox(journal, build_sinks(settings) if sinks is None else sinks, metrics=metrics)
+        outbox = Outbox(
+            journal,
+            build_sinks(settings) if sinks is None else sinks,
+            metrics=metrics,
+            retention=settings.journal_retention * 3600,
+        )
         await outbox.start()
         app[METER] = Meter(settings, journal, resolver, outbox, metrics=metrics)
         log.info(

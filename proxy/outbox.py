@@ -13,6 +13,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 
 import structlog
 
@@ -43,6 +44,8 @@ class Outbox:
         max_backoff: float = 30.0,
         poll_interval: float = 1.0,
         metrics: Metrics | None = None,
+        retention: float = 0.0,
+        prune_interval: float = 60.0,
     ) -> None:
         self.journal = journal
         self.sinks = list(sinks)
@@ -54,11 +57,29 @@ class Outbox:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._metrics = metrics
+        self._retention = retention
+        self._prune_interval = prune_interval
 
     async def start(self) -> None:
         for sink in self.sinks:
             await sink.start()
             self._tasks.append(asyncio.create_task(self._run(sink), name=f"outbox-{sink.name}"))
+        if self._retention > 0 and self.sinks:
+            self._tasks.append(asyncio.create_task(self._prune_loop(), name="journal-prune"))
+
+    async def _prune_loop(self) -> None:
+        """Drop delivered records older than the retention, every prune interval."""
+        names = [s.name for s in self.sinks]
+        while not self._stopping:
+            before = datetime.now(UTC) - timedelta(seconds=self._retention)
+            try:
+                removed = await self.journal.prune(before.isoformat(), names)
+            except Exception as exc:  # pruning is housekeeping; never fatal
+                log.warning("journal_prune_failed", error=str(exc))
+            else:
+                if removed:
+                    log.debug("journal_pruned", records=removed)
+            await asyncio.sleep(self._prune_interval)
 
     async def _run(self, sink: Sink) -> None:
         state = self.state[sink.name]

@@ -127,6 +127,12 @@ class Settings(BaseSettings):
         "released at once, committed by the next group commit (lower latency, a crash "
         "can lose the last records).",
     )
+    journal_retention: float = Field(
+        168.0,
+        ge=0,
+        description="Hours to keep records every exporter has delivered (0: keep all). "
+        "Without exporters the journal keeps everything.",
+    )
     ledger_dsn: str | None = Field(
         None, description="PostgreSQL DSN of the usage ledger (postgresql://user@host/db)."
     )

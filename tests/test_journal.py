@@ -88,3 +88,23 @@ async def test_append_after_close_fails(tmp_path: Path) -> None:
     await journal.close()
     with pytest.raises(JournalError):
         await journal.append(make_record(1))
+
+
+async def test_prune_only_what_every_sink_has(tmp_path: Path) -> None:
+    """Retention deletes old records all sinks acknowledged, never undelivered ones."""
+    from datetime import UTC, datetime, timedelta
+
+    journal = Journal(tmp_path / "j.sqlite")
+    await journal.open()
+    old = datetime.now(UTC) - timedelta(days=10)
+    for i in range(10):
+        await journal.append(make_record(i).model_copy(update={"time": old}))
+    await journal.ack("a", 6)
+    await journal.ack("b", 4)
+    cutoff = (datetime.now(UTC) - timedelta(days=1)).isoformat()
+    assert await journal.prune(cutoff, ["a", "b"]) == 4
+    assert await journal.prune(cutoff, []) == 0
+    assert await journal.backlog("a") == 4
+    assert await journal.backlog("b") == 6
+    await journal.close()
+    assert len(read_journal(tmp_path / "j.sqlite")) == 6
