@@ -53,7 +53,15 @@ async def soak(args: argparse.Namespace, workdir: Path) -> list[dict[str, float]
     )
     upstream.wait_ready("/health", 60)
     journal = workdir / "journal.sqlite"
-    proxy = start_proxy(upstream.url, workdir, "--journal", str(journal), "--log-level", "warning")
+    proxy = start_proxy(
+        upstream.url,
+        workdir,
+        "--journal",
+        str(journal),
+        "--log-level",
+        "warning",
+        *args.proxy_extra.split(),
+    )
     proxy.wait_ready("/readyz", 60)
     path, payload = SCENARIOS["rerank 1x64"]
     body = json.dumps(payload).encode()
@@ -112,6 +120,7 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=50.0, help="requests per second")
     parser.add_argument("--latency", type=float, default=25.0, help="upstream ms")
     parser.add_argument("--sample", type=float, default=15.0, help="seconds between samples")
+    parser.add_argument("--proxy-extra", default="", help="extra usage-proxy serve options")
     parser.add_argument("--proxy-extra", default="", help="extra usage-proxy serve options")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="usage-proxy-soak-") as tmp:
