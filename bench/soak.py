@@ -121,7 +121,6 @@ def main() -> int:
     parser.add_argument("--latency", type=float, default=25.0, help="upstream ms")
     parser.add_argument("--sample", type=float, default=15.0, help="seconds between samples")
     parser.add_argument("--proxy-extra", default="", help="extra usage-proxy serve options")
-    parser.add_argument("--proxy-extra", default="", help="extra usage-proxy serve options")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="usage-proxy-soak-") as tmp:
         samples = asyncio.run(soak(args, Path(tmp)))
