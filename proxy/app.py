@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import structlog
@@ -97,15 +96,6 @@ def create_app(
     return app
 
 
-def _event_loop() -> asyncio.AbstractEventLoop:
-    """uvloop when installed (measured: see docs/performance.md), else asyncio's own."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    return uvloop.new_event_loop()
-
-
 def run(settings: Settings) -> None:
     """Serve until SIGINT/SIGTERM."""
     configure_logging(settings.log_level)
@@ -118,7 +108,6 @@ def run(settings: Settings) -> None:
     )
     web.run_app(
         create_app(settings),
-        loop=_event_loop(),
         host=settings.host,
         port=settings.port,
         print=None,
