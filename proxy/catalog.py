@@ -49,7 +49,10 @@ def read_model_config(source: str) -> dict[str, Any] | None:
     if not path.is_file():
         from huggingface_hub import try_to_load_from_cache
 
-        cached = try_to_load_from_cache(source, "config.json")
+        try:
+            cached = try_to_load_from_cache(source, "config.json")
+        except ValueError:  # not a valid HF id either (e.g. a missing absolute path)
+            return None
         if not isinstance(cached, str):
             return None
         path = Path(cached)
@@ -181,6 +184,8 @@ class Catalog:
                 await self.refresh(session)
             except UpstreamError as exc:
                 log.warning("discovery_failed", error=exc.message)
+            except Exception:  # discovery must outlive any surprise; requests go unaudited
+                log.exception("discovery_crashed")
             delay = self._settings.refresh_interval if self.last_success else _RETRY_SECONDS
             await asyncio.sleep(delay)
 
