@@ -58,6 +58,7 @@ class Outbox:
         self._stopping = False
         self._metrics = metrics
         self._retention = retention
+        self._pruner: asyncio.Task[None] | None = None
         self._prune_interval = prune_interval
 
     async def start(self) -> None:
@@ -65,7 +66,7 @@ class Outbox:
             await sink.start()
             self._tasks.append(asyncio.create_task(self._run(sink), name=f"outbox-{sink.name}"))
         if self._retention > 0 and self.sinks:
-            self._tasks.append(asyncio.create_task(self._prune_loop(), name="journal-prune"))
+            self._pruner = asyncio.create_task(self._prune_loop(), name="journal-prune")
 
     async def _prune_loop(self) -> None:
         """Drop delivered records older than the retention, every prune interval."""
@@ -130,6 +131,10 @@ class Outbox:
     async def drain(self, timeout: float) -> dict[str, int]:
         """Stop after delivering what is journaled, within ``timeout``; returns backlogs."""
         self._stopping = True
+        if self._pruner is not None:  # housekeeping: never worth waiting for
+            self._pruner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pruner
         self.journal.committed.set()
         deadline = time.monotonic() + timeout
         for task in self._tasks:

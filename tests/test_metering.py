@@ -164,3 +164,14 @@ async def test_stream_from_non_metered_path_is_untouched(
     resp = await client.post("/v1/other", json={})
     assert "x-usage-record" not in resp.headers
     assert (await resp.json()) == {"usage": {"prompt_tokens": 1}}
+
+
+async def test_shutdown_with_healthy_exporters_is_prompt(metered: Any) -> None:
+    """With every record delivered, closing the app does not wait for --drain-timeout."""
+    import time
+
+    _, client, _, _ = metered
+    await client.post("/v1/chat/completions", json={"messages": []})
+    started = time.monotonic()
+    await client.close()
+    assert time.monotonic() - started < 5

@@ -38,6 +38,7 @@ async def rig(
         api_keys=keys,
         jsonl=str(tmp_path / "out.jsonl"),
         log_level="debug",
+        drain_timeout=1,
         ledger_dsn=f"postgresql://billing:{PASSWORD}@127.0.0.1:{free_port()}/usage",
     )
     return fake, client, _journal_in_tmp, tmp_path / "out.jsonl"
