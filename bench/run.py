@@ -29,7 +29,7 @@ import aiohttp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from scripts.vllm_cpu import Process, _spawn, free_port, minilm_dir  # noqa: E402
+from scripts.vllm_cpu import Process, _spawn, free_port, minilm_dir, start_proxy  # noqa: E402
 
 WORDS = [
     "the",
@@ -186,6 +186,20 @@ async def sse(session: aiohttp.ClientSession, url: str, n: int) -> tuple[list[fl
     return ttfb, gaps
 
 
+def start_upstream(latency_ms: float, workdir: Path) -> Process:
+    """The fast fake vLLM (bench/upstream.py) with ``latency_ms`` added to each answer."""
+    port = free_port()
+    argv = [
+        sys.executable,
+        str(ROOT / "bench" / "upstream.py"),
+        str(port),
+        str(latency_ms),
+        str(minilm_dir()),
+    ]
+    log = workdir / f"upstream-{latency_ms:g}-{port}.log"
+    return _spawn("upstream", argv, {"HF_HUB_OFFLINE": "1"}, log, port)
+
+
 def start_nginx(upstream_port: int, workdir: Path) -> Process | None:
     if shutil.which("nginx") is None:
         return None
@@ -223,28 +237,16 @@ def start_targets(upstream: Process, workdir: Path, args: argparse.Namespace) ->
     if nginx:
         targets.append(Target("nginx", nginx.url, nginx))
     for mode in ("shadow", "annotate", "rewrite"):
-        port = free_port()
-        argv = [
-            sys.executable,
-            "-m",
-            "proxy",
-            "serve",
-            "--upstream",
+        proxy = start_proxy(
             upstream.url,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
+            workdir,
             "--mode",
             mode,
             "--journal",
-            str(workdir / f"journal-{mode}-{port}.sqlite"),
+            str(workdir / f"journal-{mode}.sqlite"),
             "--log-level",
             "warning",
             *args.proxy_extra.split(),
-        ]
-        proxy = _spawn(
-            f"proxy-{mode}", argv, {"HF_HUB_OFFLINE": "1"}, workdir / f"proxy-{mode}.log", port
         )
         targets.append(Target(f"proxy {mode}", proxy.url, proxy))
     for t in targets[1:]:
@@ -256,20 +258,7 @@ def start_targets(upstream: Process, workdir: Path, args: argparse.Namespace) ->
 async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     results: dict[str, Any] = {"latency": [], "throughput": [], "sse": [], "resources": []}
     for latency_ms in args.latencies:
-        port = free_port()
-        upstream = _spawn(
-            "upstream",
-            [
-                sys.executable,
-                str(ROOT / "bench" / "upstream.py"),
-                str(port),
-                str(latency_ms),
-                str(minilm_dir()),
-            ],
-            {"HF_HUB_OFFLINE": "1"},
-            workdir / f"upstream-{latency_ms}.log",
-            port,
-        )
+        upstream = start_upstream(latency_ms, workdir)
         upstream.wait_ready("/health", 60)
         targets = start_targets(upstream, workdir, args)
         try:

@@ -20,8 +20,8 @@ import aiohttp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.run import SCENARIOS, rss_mb  # noqa: E402
-from scripts.vllm_cpu import _spawn, free_port, minilm_dir, start_proxy  # noqa: E402
+from bench.run import SCENARIOS, rss_mb, start_upstream  # noqa: E402
+from scripts.vllm_cpu import start_proxy  # noqa: E402
 
 
 def open_files(pid: int) -> int:
@@ -37,20 +37,7 @@ async def metric(session: aiohttp.ClientSession, url: str, name: str) -> float:
 
 
 async def soak(args: argparse.Namespace, workdir: Path) -> list[dict[str, float]]:
-    port = free_port()
-    upstream = _spawn(
-        "upstream",
-        [
-            sys.executable,
-            str(ROOT / "bench" / "upstream.py"),
-            str(port),
-            str(args.latency),
-            str(minilm_dir()),
-        ],
-        {"HF_HUB_OFFLINE": "1"},
-        workdir / "upstream.log",
-        port,
-    )
+    upstream = start_upstream(args.latency, workdir)
     upstream.wait_ready("/health", 60)
     journal = workdir / "journal.sqlite"
     proxy = start_proxy(

@@ -21,6 +21,13 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 SCORE_PATHS = ("/score", "/v1/score")
 RERANK_PATHS = ("/rerank", "/v1/rerank", "/v2/rerank")
+# vLLM's score request union, in the order it tries the field pairs.
+SCORE_FIELD_PAIRS = (
+    ("queries", "documents"),
+    ("queries", "items"),
+    ("data_1", "data_2"),
+    ("text_1", "text_2"),
+)
 
 
 def dumps(obj: Any) -> bytes:
@@ -62,12 +69,7 @@ def _validate(body: Any, rerank: bool) -> None:
             return
         if not isinstance(body, dict):
             raise FakeError("Input should be a valid dictionary")
-        for a, b in (
-            ("queries", "documents"),
-            ("queries", "items"),
-            ("data_1", "data_2"),
-            ("text_1", "text_2"),
-        ):
+        for a, b in SCORE_FIELD_PAIRS:
             if a in body and b in body:
                 fields = {k: v for k, v in body.items() if k not in (a, b)}
                 _Common.model_validate(fields)
@@ -223,12 +225,7 @@ class FakeVLLM:
         if rerank:
             first, second = body.get("query"), body.get("documents")
         else:
-            for a, b in (
-                ("queries", "documents"),
-                ("queries", "items"),
-                ("data_1", "data_2"),
-                ("text_1", "text_2"),
-            ):
+            for a, b in SCORE_FIELD_PAIRS:
                 if a in body and b in body:
                     first, second = body[a], body[b]
                     break
