@@ -176,16 +176,6 @@ class Journal:
         row = self._db.execute("SELECT count(*) FROM records WHERE seq > ?", (cursor,))
         return int(row.fetchone()[0])
 
-    async def records(self, since: str | None = None, until: str | None = None) -> list[str]:
-        """Record bodies in a time range (ISO strings), for reports."""
-        return await self._run(self._records, since, until)
-
-    def _records(self, since: str | None, until: str | None) -> list[str]:
-        assert self._db is not None
-        query = "SELECT body FROM records WHERE time >= ? AND time < ? ORDER BY seq"
-        rows = self._db.execute(query, (since or "", until or "\uffff"))
-        return [str(body) for (body,) in rows]
-
     async def close(self) -> None:
         """Commit what is queued, stop the writer, close the database."""
         if self._writer and not self._writer.done():

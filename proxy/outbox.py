@@ -12,7 +12,7 @@ import contextlib
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import structlog
@@ -26,11 +26,9 @@ log = structlog.get_logger("proxy.outbox")
 
 @dataclass
 class SinkState:
-    delivered: int = 0
     failures: int = 0
     last_error: str | None = None
     backoff: float = 0.0
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class Outbox:
@@ -90,7 +88,6 @@ class Outbox:
                 backlog = await self.journal.backlog(sink.name)
                 self._metrics.backlog.labels(sink.name).set(backlog)
             if sent == 0 and state.backoff == 0:
-                state.idle.set()
                 if self._stopping:
                     return
                 self.journal.committed.clear()
@@ -104,7 +101,6 @@ class Outbox:
         batch = await self.journal.batch(sink.name, self._batch_size)
         if not batch:
             return 0
-        state.idle.clear()
         try:
             await sink.deliver([record for _, record in batch])
         except Exception as exc:  # any sink failure is retried, never raised to clients
@@ -122,7 +118,6 @@ class Outbox:
             )
             return 0
         await self.journal.ack(sink.name, batch[-1][0])
-        state.delivered += len(batch)
         if self._metrics:
             self._metrics.exported.labels(sink.name).inc(len(batch))
         state.backoff = 0.0

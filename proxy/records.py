@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -53,10 +52,6 @@ class UsageRecord(BaseModel):
     @classmethod
     def from_json(cls, text: str | bytes) -> UsageRecord:
         return cls.model_validate_json(text)
-
-    def summary(self) -> dict[str, Any]:
-        """The fields sinks put in their event payloads."""
-        return self.model_dump(mode="json")
 
 
 OPERATIONS = {

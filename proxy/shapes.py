@@ -76,10 +76,6 @@ class ScoringRequest:
             return Pairing.ONE_TO_N
         return Pairing.N_TO_N if m == n else None
 
-    @property
-    def is_text_only(self) -> bool:
-        return all(isinstance(x, str) for x in (*self.queries, *self.documents))
-
 
 def endpoint_for_path(path: str) -> Endpoint | Literal["invocations"] | None:
     if path in SCORE_PATHS:

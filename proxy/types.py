@@ -99,10 +99,6 @@ class Release:
             return None
 
     @property
-    def known(self) -> bool:
-        return self._parsed is not None
-
-    @property
     def reports_engine_usage(self) -> bool | None:
         """True from 0.30.0 (the fix), False before, None when the version is unknown."""
         parsed = self._parsed
