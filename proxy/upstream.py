@@ -4,8 +4,8 @@ where transport failures become HTTP answers (502 unreachable, 504 timeout)."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import aiohttp
@@ -85,6 +85,21 @@ def _connection_tokens(headers: Any) -> set[str]:
     return tokens
 
 
+@contextmanager
+def translated(what: str) -> Iterator[None]:
+    """The one place where transport failures become 502 (unreachable/invalid) or 504."""
+    try:
+        yield
+    except TimeoutError as exc:
+        raise UpstreamError(504, f"{what}: upstream did not answer in time") from exc
+    except aiohttp.ClientResponseError as exc:
+        raise UpstreamError(
+            502, f"{what}: upstream sent an invalid response: {exc.message}"
+        ) from exc
+    except aiohttp.ClientError as exc:
+        raise UpstreamError(502, f"{what}: upstream unreachable: {type(exc).__name__}") from exc
+
+
 @asynccontextmanager
 async def exchange(
     session: aiohttp.ClientSession,
@@ -94,14 +109,14 @@ async def exchange(
 ) -> AsyncIterator[aiohttp.ClientResponse]:
     """Send ``request`` (with ``data`` as its body) to the upstream; translate failures.
 
-    Only failures before the response headers arrive are translated here; once a body is
-    being streamed the caller owns what happens to the client connection.
+    Failures inside the caller's block are translated too (e.g. reading a buffered body);
+    a caller that has already started streaming to the client must catch them itself.
     """
     url = base + request.rel_url.raw_path_qs
     headers = request_headers(request.headers)
     if isinstance(data, bytes):
         headers.popall("Content-Length", None)  # recomputed from the bytes we send
-    try:
+    with translated(request.path):
         async with session.request(
             request.method,
             url,
@@ -110,24 +125,18 @@ async def exchange(
             allow_redirects=False,
         ) as response:
             yield response
-    except TimeoutError as exc:
-        raise UpstreamError(504, "upstream did not answer in time") from exc
-    except aiohttp.ClientResponseError as exc:
-        raise UpstreamError(502, f"upstream sent an invalid response: {exc.message}") from exc
-    except aiohttp.ClientError as exc:
-        raise UpstreamError(502, f"upstream unreachable: {type(exc).__name__}") from exc
 
 
 async def get_json(session: aiohttp.ClientSession, url: str) -> Any:
     """GET a JSON document from the upstream (discovery); raises UpstreamError."""
-    try:
+    with translated(url):
         async with session.get(url, allow_redirects=False) as response:
             response.raise_for_status()
-            return json.loads(await response.read())
-    except TimeoutError as exc:
-        raise UpstreamError(504, f"{url}: timeout") from exc
-    except (aiohttp.ClientError, ValueError) as exc:
-        raise UpstreamError(502, f"{url}: {type(exc).__name__}: {exc}") from exc
+            body = await response.read()
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise UpstreamError(502, f"{url}: upstream sent invalid JSON") from exc
 
 
 def session_context(settings: Settings) -> Any:
