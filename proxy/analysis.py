@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from proxy.accounting import Counted, count_request
 from proxy.catalog import Catalog, ServedModel
-from proxy.reconcile import Audit, judge, unaudited
+from proxy.reconcile import Audit, invalid, judge, unaudited
 from proxy.shapes import ScoringRequest, endpoint_for_path, parse_scoring_request
 from proxy.tokenizer import TokenizerPool
 
@@ -92,10 +92,11 @@ def over_limit(body: bytes, path: str, limit: int) -> str | None:
     return None
 
 
-def decide(analysis: Analysis, reported: int | None) -> Audit:
-    """Verdict for a successful response that reported ``reported`` prompt tokens."""
-    if reported is None:
-        return unaudited("usage has no integer prompt_tokens")
+def decide(analysis: Analysis, reported: int | None, problem: str | None = None) -> Audit:
+    """Verdict for a successful response that reported ``reported`` prompt tokens
+    (``problem``: why its usage is not a valid count)."""
+    if problem is not None or reported is None:
+        return invalid(problem or "usage has no prompt_tokens")
     request, model, counted = analysis.request, analysis.model, analysis.counted
     if request is None or model is None or model.profile is None or counted is None:
         return unaudited(analysis.problem or "not counted", reported)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Callable
 
 import structlog
@@ -10,13 +11,15 @@ from aiohttp import web
 from proxy import __version__, health
 from proxy.audit import ScoringAuditor
 from proxy.catalog import Catalog, catalog_context
+from proxy.dispatch import SCORING_OPERATIONS, prepare
+from proxy.exchanges import off_loop, read_body
 from proxy.logs import configure_logging
 from proxy.metered import METERED_PATHS, MeteredRelay
-from proxy.metering import meter_context
+from proxy.metering import attribution, meter_context
 from proxy.metrics import METRICS, Metrics, admin_context, serve_metrics
 from proxy.relay import Relay
 from proxy.settings import Settings
-from proxy.shapes import AUDITED_PATHS
+from proxy.shapes import INVOCATIONS_PATH, RERANK_PATHS, SCORE_PATHS
 from proxy.sinks import Sink
 from proxy.tokenizer import TokenizerPool
 from proxy.upstream import error_response, session_context
@@ -58,6 +61,22 @@ async def oversized_bodies(
         return error_response(413, exc.text or "request body too large")
 
 
+class Invocations:
+    """``/invocations``: vLLM dispatches by body; so does the proxy, to the same operation's
+    audited or metered path, so records and metrics match the direct endpoint."""
+
+    def __init__(self, auditor: ScoringAuditor, metered: MeteredRelay, catalog: Catalog) -> None:
+        self._auditor, self._metered, self._catalog = auditor, metered, catalog
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        body = await read_body(request)
+        prepared = await off_loop(prepare, body, request.path, body, self._catalog.task_of)
+        if prepared.operation in SCORING_OPERATIONS:
+            return await self._auditor.audit(request, body, started, prepared.operation)
+        return await self._metered.relay(request, prepared, started)
+
+
 def _admin_routes(admin: web.Application) -> None:
     health.add_routes(admin)
     admin.router.add_get("/metrics", serve_metrics)
@@ -74,7 +93,8 @@ def create_app(
     pool = pool or TokenizerPool(settings.tokenizer_threads)
     catalog = catalog or Catalog(settings, pool=pool)
     app = web.Application(
-        client_max_size=settings.max_body_bytes, middlewares=[origin_form_only, oversized_bodies]
+        client_max_size=settings.max_body_bytes,
+        middlewares=[origin_form_only, oversized_bodies, attribution],
     )
     app.cleanup_ctx.append(session_context(settings))
     app.cleanup_ctx.append(catalog_context(catalog))
@@ -87,11 +107,12 @@ def create_app(
         app.router.add_get("/metrics", serve_metrics)
     app.cleanup_ctx.append(admin_context(settings, _admin_routes))
     auditor = ScoringAuditor(settings, catalog, pool)
-    for path in sorted(AUDITED_PATHS):
+    for path in sorted(SCORE_PATHS | RERANK_PATHS):
         app.router.add_post(path, auditor.handle)
-    metered = MeteredRelay(settings.upstream_base, lambda: catalog.release.version)
+    metered = MeteredRelay(settings.upstream_base, settings.max_body_bytes)
     for path in sorted(METERED_PATHS):
         app.router.add_post(path, metered.handle)
+    app.router.add_post(INVOCATIONS_PATH, Invocations(auditor, metered, catalog).handle)
     app.router.add_route("*", "/{tail:.*}", Relay(settings.upstream_base).handle)
     return app
 

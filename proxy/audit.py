@@ -15,29 +15,31 @@ from aiohttp import web
 
 from proxy.analysis import MIN_BYTES_PER_ITEM, Analysis, analyse, decide, over_limit
 from proxy.catalog import Catalog
-from proxy.metering import METER, Meter
+from proxy.encoding import UnreadableBody
+from proxy.exchanges import off_loop, read_body, readable_body, reply_headers
+from proxy.metering import METER, WHO, Meter
 from proxy.metrics import METRICS, Metrics, upstream_failure
-from proxy.reconcile import Audit, unaudited
-from proxy.records import OPERATIONS
+from proxy.reconcile import Audit, invalid, unaudited
+from proxy.records import OPERATIONS, UsageRecord
 from proxy.settings import Mode, Settings
 from proxy.tenancy import Attribution
 from proxy.tokenizer import TokenizerPool
+from proxy.types import Verdict
 from proxy.upstream import SESSION, UpstreamError, error_response, exchange, response_headers
-from proxy.usage import UsageView, annotate_usage, find_usage, rewrite_usage
+from proxy.usage import Span, UsageView, annotate_usage, find_usage, rewrite_usage
 
 log = structlog.get_logger("proxy.audit")
 
 HEADER_ENGINE = "x-usage-engine-prompt-tokens"
 HEADER_UPSTREAM = "x-usage-upstream-prompt-tokens"
 HEADER_VERDICT = "x-usage-verdict"
-REQUEST_ID = web.RequestKey("request_id", str)
 
 
 def render(mode: Mode, view: UsageView, audit: Audit, raw: bytes) -> bytes:
     """The body the client receives in each output mode."""
     if mode is Mode.REWRITE and audit.verdict.value == "corrected" and audit.engine is not None:
         return rewrite_usage(view, audit.engine)
-    if mode is Mode.ANNOTATE:
+    if mode is Mode.ANNOTATE and view.problem is None:
         return annotate_usage(view, audit.engine, audit.verdict.value)
     return raw
 
@@ -68,8 +70,16 @@ class ScoringAuditor:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
-        request[REQUEST_ID] = Meter.request_id(request.headers)
-        body = await request.read()
+        return await self.audit(request, await read_body(request), started)
+
+    async def audit(
+        self,
+        request: web.Request,
+        body: bytes,
+        started: float,
+        operation: str | None = None,
+    ) -> web.StreamResponse:
+        """Forward ``body``, recount it meanwhile, judge and record the answer."""
         await self._catalog.wait_ready(self._settings.accounting_timeout)
         loop = asyncio.get_running_loop()
         if len(body) >= MIN_BYTES_PER_ITEM * self._settings.max_documents:
@@ -90,7 +100,7 @@ class ScoringAuditor:
         )
         try:
             async with exchange(
-                request.app[SESSION], self._settings.upstream_base, request, body
+                request.app[SESSION], self._settings.upstream_base, request, body, metered=True
             ) as upstream:
                 payload = await upstream.read()
                 status, headers = upstream.status, upstream.headers
@@ -98,39 +108,45 @@ class ScoringAuditor:
             counting.cancel()
             return upstream_failure(request, exc)
         upstream_ms = (time.perf_counter() - sent) * 1000
-        view = find_usage(payload) if 200 <= status < 300 else None
-        if view is None or "content-encoding" in headers:
-            return web.Response(
-                body=payload, status=status, headers=response_headers(headers, keep_length=False)
-            )
+        try:
+            payload = await readable_body(payload, headers, self._settings.max_body_bytes)
+        except UnreadableBody as exc:
+            problem: str | None = f"unreadable answer: {exc}"
+            view = UsageView("", Span(0, 0), {}, None, problem) if 200 <= status < 300 else None
+            out_headers = response_headers(headers, keep_length=False)
+        else:
+            view = await off_loop(find_usage, payload, payload) if 200 <= status < 300 else None
+            out_headers = reply_headers(headers)
+        if view is None:
+            counting.cancel()
+            return web.Response(body=payload, status=status, headers=out_headers)
         audit = await self._audit(counting, view)
         out = render(self._settings.mode, view, audit, payload)
-        reply = web.Response(
-            body=out, status=status, headers=response_headers(headers, keep_length=False)
-        )
+        reply = web.Response(body=out, status=status, headers=out_headers)
         reply.headers.update(usage_headers(audit))
         meter = request.app[METER]
         outcome = Outcome(
             request.path,
-            request[REQUEST_ID],
-            meter.attribute(request.headers),
+            operation or OPERATIONS.get(request.path, "score"),
+            request[WHO],
             audit,
             _finished(counting),
             status,
             upstream_ms,
             started,
         )
-        journaled = await self._record(meter, outcome)
-        reply.headers.update(meter.headers(journaled, audit.billed))
-        _log(outcome)
+        record = self._record(request, meter, outcome)
+        journaled = await meter.record(record)
+        reply.headers.update(meter.headers(record, journaled))
+        _log(outcome, record.record_id)
         _observe(request.app[METRICS], outcome)
         return reply
 
-    async def _record(self, meter: Meter, o: Outcome) -> bool:
-        record = meter.new_record(
-            o.request_id,
-            o.who,
-            o.path,
+    def _record(self, request: web.Request, meter: Meter, o: Outcome) -> UsageRecord:
+        transport = request.transport
+        return meter.new_record(
+            request,
+            o.operation,
             model=o.model,
             upstream_version=self._catalog.release.version,
             prompt_tokens_reported=o.audit.reported,
@@ -141,17 +157,19 @@ class ScoringAuditor:
             m=o.m,
             n=o.n,
             status=o.status,
+            aborted=transport is None or transport.is_closing(),
             latency_ms=round(o.elapsed_ms, 3),
         )
-        return await meter.record(record)
 
     async def _audit(self, counting: asyncio.Future[Analysis], view: UsageView) -> Audit:
         try:
             analysis = await asyncio.wait_for(
                 asyncio.shield(counting), self._settings.accounting_timeout
             )
-            return decide(analysis, view.reported)
+            return decide(analysis, view.reported, view.problem)
         except TimeoutError:
+            if view.problem is not None:
+                return invalid(view.problem)
             return unaudited("accounting timed out", view.reported)
         except Exception as exc:  # auditing must never break serving
             log.exception("accounting_failed")
@@ -163,7 +181,7 @@ class Outcome:
     """One audited exchange, as recorded, logged and measured."""
 
     path: str
-    request_id: str
+    operation: str
     who: Attribution
     audit: Audit
     analysis: Analysis | None
@@ -173,7 +191,12 @@ class Outcome:
 
     @property
     def model(self) -> str | None:
-        return self.analysis.model.name if self.analysis and self.analysis.model else None
+        """The served name (vLLM's default model when the request names none)."""
+        if self.analysis is None:
+            return None
+        if self.analysis.model is not None:
+            return self.analysis.model.name
+        return self.analysis.request.model if self.analysis.request else None
 
     @property
     def m(self) -> int | None:
@@ -190,10 +213,10 @@ class Outcome:
         return (time.perf_counter() - self.started) * 1000
 
 
-def _log(o: Outcome) -> None:
+def _log(o: Outcome, record_id: str) -> None:
     log.info(
         "audited",
-        request_id=o.request_id,
+        record_id=record_id,
         model=o.model,
         endpoint=o.path,
         m=o.m,
@@ -216,7 +239,9 @@ def _observe(metrics: Metrics, o: Outcome) -> None:
     metrics.audited(
         o.path, model, a.verdict.value, o.who.tenant, a.reported, a.billed, a.over_reported
     )
-    metrics.token_usage(OPERATIONS.get(o.path, "score"), model, a.billed, None)
+    if a.verdict is Verdict.INVALID:
+        metrics.invalid_usage.labels(o.path).inc()
+    metrics.token_usage(o.operation, model, a.billed, None)
     if o.analysis:
         metrics.tokenization.observe(o.analysis.accounting_ms / 1000)
     metrics.added.observe(max(o.elapsed_ms - o.upstream_ms, 0.0) / 1000)

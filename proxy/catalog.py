@@ -19,7 +19,8 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from proxy.family import detect_family
+from proxy.dispatch import model_task
+from proxy.family import detect_family, is_generative
 from proxy.settings import ModelOverride, Settings
 from proxy.tokenizer import CountCache, HFTokenizer, TokenizerPool, load_tokenizer
 from proxy.types import EngineProfile, Family, Release
@@ -41,6 +42,7 @@ class ServedModel:
     profile: EngineProfile | None
     tokenizer: HFTokenizer | None
     problem: str | None = None
+    task: str | None = None  # generate, embed, token_embed, classify; None: unknown
 
 
 def read_model_config(source: str) -> dict[str, Any] | None:
@@ -75,25 +77,27 @@ def build_model(
     max_model_len = int(entry.get("max_model_len") or 0)
     source = (override.tokenizer if override else None) or root
 
+    config = read_model_config(source)
+    family: Family | None = override.family if override else None
+    if family is None and config is not None:
+        family = detect_family(config)
+    task = model_task(family, generates=config is not None and is_generative(config))
+
     def broken(problem: str) -> ServedModel:
-        return ServedModel(name, root, max_model_len, None, None, problem)
+        return ServedModel(name, root, max_model_len, None, None, problem, task)
 
     if max_model_len <= 0:
         return broken("upstream did not report max_model_len")
-    family: Family | None = override.family if override else None
     if family is None:
-        config = read_model_config(source)
         if config is None:
             return broken(f"no readable config.json at {source}; set models.{name}.family")
-        family = detect_family(config)
-        if family is None:
-            return broken("model has no score API (classifier with more than one label)")
+        return broken("model has no score API (classifier with more than one label)")
     try:
         tokenizer = loader(source)
     except Exception as exc:  # any loader failure leaves the model unaudited, never down
         return broken(f"tokenizer not loadable from {source}: {type(exc).__name__}: {exc}")
     profile = EngineProfile(family, max_model_len, tokenizer.pad_token_id is not None, release)
-    return ServedModel(name, root, max_model_len, profile, tokenizer)
+    return ServedModel(name, root, max_model_len, profile, tokenizer, task=task)
 
 
 class Catalog:
@@ -125,10 +129,20 @@ class Catalog:
         return self.ready.is_set()
 
     def lookup(self, name: str | None) -> ServedModel | None:
-        """The served model a request names; vLLM's default when it names none."""
-        if name is None:
-            return next(iter(self.models.values())) if len(self.models) == 1 else None
+        """The served model a request names. Omitted, null or ``""`` mean vLLM's default:
+        the first served name (with ``--served-model-name a b`` both name one model)."""
+        if not name:
+            return next(iter(self.models.values()), None)
         return self.models.get(name)
+
+    def task_of(self, name: str | None) -> str | None:
+        model = self.lookup(name)
+        return model.task if model else None
+
+    def model_name(self, name: str | None) -> str | None:
+        """The served name a request is billed under (the default's name when it names none)."""
+        model = self.lookup(name)
+        return model.name if model else name or None
 
     async def refresh(self, session: aiohttp.ClientSession) -> None:
         """Read /version and /v1/models; (re)load models that are new or changed."""

@@ -66,3 +66,10 @@ def detect_family(config: dict[str, Any]) -> Family | None:
             return Family.CROSS_ENCODER
         return Family.TEMPLATE_RERANKER
     return Family.BI_ENCODER
+
+
+def is_generative(config: dict[str, Any]) -> bool:
+    """vLLM's default runner for this architecture generates text (a causal or
+    conditional-generation LM), so /invocations tries chat and completions first."""
+    architectures = [str(a) for a in config.get("architectures") or []]
+    return any(a.endswith(("ForCausalLM", "ForConditionalGeneration")) for a in architectures)

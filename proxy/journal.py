@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sqlite3
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -35,6 +37,17 @@ CREATE TABLE IF NOT EXISTS records (
 );
 CREATE INDEX IF NOT EXISTS records_time ON records(time);
 CREATE TABLE IF NOT EXISTS cursors (sink TEXT PRIMARY KEY, seq INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS heartbeat (id INTEGER PRIMARY KEY CHECK (id = 1), at TEXT);
+CREATE TABLE IF NOT EXISTS dead_letters (
+    sink TEXT NOT NULL,
+    record_id TEXT NOT NULL,
+    body TEXT NOT NULL,
+    error TEXT NOT NULL,
+    at TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 1,
+    requeued INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (sink, record_id)
+);
 """
 
 
@@ -45,11 +58,24 @@ class JournalError(Exception):
 class Journal:
     """SQLite journal with group commit; owns its thread and its writer task."""
 
-    def __init__(self, path: Path, *, sync: bool = True) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        sync: bool = True,
+        commit_timeout: float = 2.0,
+        on_replaced: Callable[[int], None] | None = None,
+    ) -> None:
         self.path = path
         self.sync = sync
+        self.commit_timeout = commit_timeout
+        self._on_replaced = on_replaced
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="journal")
         self._db: sqlite3.Connection | None = None
+        self._identity: tuple[int, int] | None = None
+        # False from a failed or stalled commit until the next successful one.
+        self.healthy = True
+        self.problem: str | None = None
         self._queue: asyncio.Queue[_Item | None] = asyncio.Queue()
         self._writer: asyncio.Task[None] | None = None
         self.committed = asyncio.Event()
@@ -70,17 +96,82 @@ class Journal:
         db.execute("PRAGMA synchronous=FULL")
         db.executescript(SCHEMA)
         self._db = db
+        stat = os.stat(self.path)
+        self._identity = (stat.st_dev, stat.st_ino)
+
+    def _check_file(self) -> None:
+        """Recreate the journal if its file was deleted or replaced while open.
+
+        Writes would otherwise go to an unlinked inode and vanish at the next restart. The
+        records the old file still holds are carried over, so nothing is lost.
+        """
+        try:
+            stat = os.stat(self.path)
+            if (stat.st_dev, stat.st_ino) == self._identity:
+                return
+        except FileNotFoundError:
+            pass
+        assert self._db is not None
+        old = self._db
+        records = old.execute("SELECT seq, record_id, time, tenant, body FROM records").fetchall()
+        cursors = old.execute("SELECT sink, seq FROM cursors").fetchall()
+        old.close()
+        self._open()
+        assert self._db is not None
+        with _transaction(self._db):
+            self._db.executemany(
+                "INSERT OR IGNORE INTO records(seq, record_id, time, tenant, body) "
+                "VALUES (?,?,?,?,?)",
+                records,
+            )
+            self._db.executemany("INSERT OR REPLACE INTO cursors VALUES (?,?)", cursors)
+        log.error("journal_file_replaced", path=str(self.path), carried_over=len(records))
+        if self._on_replaced is not None:
+            self._on_replaced(len(records))
 
     async def append(self, record: UsageRecord) -> None:
-        """Journal one record; in sync durability, return once it is committed."""
+        """Journal one record; in sync durability, return once it is committed.
+
+        A commit that takes longer than ``commit_timeout`` (a frozen or hung disk) raises
+        JournalError and marks the journal unhealthy; the record stays queued and is
+        committed if the disk comes back.
+        """
         if self._writer is None or self._writer.done():
             raise JournalError("journal is not open")
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.put_nowait((record.to_json(), record, future))
-        if self.sync:
-            await future
-        else:
+        if not self.sync:
             future.add_done_callback(_consume)
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(future), self.commit_timeout)
+        except TimeoutError:
+            future.add_done_callback(_consume)
+            self._unhealthy(f"commit took longer than {self.commit_timeout} s")
+            raise JournalError(f"commit took longer than {self.commit_timeout} s") from None
+
+    def _unhealthy(self, problem: str) -> None:
+        self.healthy, self.problem = False, problem
+
+    async def probe(self) -> bool:
+        """One small write through the writer thread, bounded: can records be journaled?"""
+        if self._writer is None or self._writer.done():
+            return False
+        try:
+            await asyncio.wait_for(self._run(self._heartbeat), self.commit_timeout)
+        except TimeoutError:
+            self._unhealthy(f"a test write took longer than {self.commit_timeout} s")
+        except Exception as exc:
+            self._unhealthy(f"a test write failed: {exc}")
+        else:
+            self.healthy, self.problem = True, None
+        return self.healthy
+
+    def _heartbeat(self) -> None:
+        assert self._db is not None
+        self._check_file()
+        with _transaction(self._db):
+            self._db.execute("INSERT OR REPLACE INTO heartbeat VALUES (1, datetime('now'))")
 
     async def _write_loop(self) -> None:
         """Commit whatever is queued as one transaction; stop at the close sentinel."""
@@ -101,12 +192,14 @@ class Journal:
                 await self._run(self._insert, rows)
             except Exception as exc:
                 self.failed += len(group)
+                self._unhealthy(f"write failed: {exc}")
                 log.error("journal_write_failed", error=str(exc), records=len(group))
                 for _, _, future in group:
                     if not future.done():
                         future.set_exception(JournalError(str(exc)))
                 continue
             self.appended += len(group)
+            self.healthy, self.problem = True, None
             for _, _, future in group:
                 if not future.done():
                     future.set_result(None)
@@ -114,6 +207,7 @@ class Journal:
 
     def _insert(self, rows: list[tuple[str, str, str, str]]) -> None:
         assert self._db is not None
+        self._check_file()
         with _transaction(self._db):
             self._db.executemany(
                 "INSERT OR IGNORE INTO records(record_id, time, tenant, body) VALUES (?,?,?,?)",
@@ -148,6 +242,50 @@ class Journal:
                 "ON CONFLICT(sink) DO UPDATE SET seq = max(seq, excluded.seq)",
                 (sink, seq),
             )
+
+    async def dead_letter(self, sink: str, record: UsageRecord, error: str) -> None:
+        """Keep a record the sink rejected permanently; it no longer blocks the sink."""
+        await self._run(self._dead_letter, sink, record.record_id, record.to_json(), error)
+
+    def _dead_letter(self, sink: str, record_id: str, body: str, error: str) -> None:
+        assert self._db is not None
+        with _transaction(self._db):
+            self._db.execute(
+                "INSERT INTO dead_letters(sink, record_id, body, error, at) "
+                "VALUES (?,?,?,?,datetime('now')) ON CONFLICT(sink, record_id) DO UPDATE SET "
+                "error = excluded.error, at = excluded.at, attempts = attempts + 1, requeued = 0",
+                (sink, record_id, body, error[:2000]),
+            )
+
+    async def requeued(self, sink: str, limit: int) -> list[UsageRecord]:
+        """Dead letters of ``sink`` that an operator asked to replay."""
+        rows = await self._run(self._requeued, sink, limit)
+        return [UsageRecord.from_json(body) for body in rows]
+
+    def _requeued(self, sink: str, limit: int) -> list[str]:
+        assert self._db is not None
+        query = "SELECT body FROM dead_letters WHERE sink = ? AND requeued = 1 LIMIT ?"
+        return [str(b) for (b,) in self._db.execute(query, (sink, limit))]
+
+    async def revive(self, sink: str, record_ids: list[str]) -> None:
+        """Replayed dead letters the sink has now accepted."""
+        await self._run(self._revive, sink, record_ids)
+
+    def _revive(self, sink: str, record_ids: list[str]) -> None:
+        assert self._db is not None
+        with _transaction(self._db):
+            self._db.executemany(
+                "DELETE FROM dead_letters WHERE sink = ? AND record_id = ?",
+                [(sink, r) for r in record_ids],
+            )
+
+    async def dead_count(self, sink: str) -> int:
+        return await self._run(self._dead_count, sink)
+
+    def _dead_count(self, sink: str) -> int:
+        assert self._db is not None
+        row = self._db.execute("SELECT count(*) FROM dead_letters WHERE sink = ?", (sink,))
+        return int(row.fetchone()[0])
 
     async def prune(self, before: str, sinks: list[str]) -> int:
         """Delete records older than ``before`` (ISO) that every sink has acknowledged.
@@ -202,6 +340,58 @@ def _consume(future: asyncio.Future[None]) -> None:
     """Async durability: failures are already logged by the writer; mark them retrieved."""
     if not future.cancelled():
         future.exception()
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    sink: str
+    record_id: str
+    error: str
+    at: str
+    attempts: int
+    requeued: bool
+    body: str
+
+
+def list_dead_letters(path: Path, sink: str | None = None) -> list[DeadLetter]:
+    """Dead letters straight from a journal file (``usage-proxy dead-letters list``)."""
+    db = _open_existing(path, writable=False)
+    try:
+        if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'dead_letters'").fetchone():
+            return []
+        query = (
+            "SELECT sink, record_id, error, at, attempts, requeued, body FROM dead_letters "
+            "WHERE ? IS NULL OR sink = ? ORDER BY at"
+        )
+        return [
+            DeadLetter(s, r, e, a, int(n), bool(q), b)
+            for s, r, e, a, n, q, b in db.execute(query, (sink, sink))
+        ]
+    finally:
+        db.close()
+
+
+def requeue_dead_letters(path: Path, sink: str | None = None) -> int:
+    """Mark dead letters for replay; the running (or next) proxy delivers them again."""
+    db = _open_existing(path, writable=True)
+    try:
+        db.execute("PRAGMA busy_timeout = 5000")
+        with db:
+            cursor = db.execute(
+                "UPDATE dead_letters SET requeued = 1 WHERE ? IS NULL OR sink = ?", (sink, sink)
+            )
+        return int(cursor.rowcount)
+    finally:
+        db.close()
+
+
+def _open_existing(path: Path, *, writable: bool) -> sqlite3.Connection:
+    if not path.exists():
+        raise FileNotFoundError(f"no journal at {path}")
+    db = sqlite3.connect(f"file:{path}?mode={'rw' if writable else 'ro'}", uri=True)
+    if writable:
+        db.executescript(SCHEMA)
+    return db
 
 
 def read_journal(path: Path, since: str | None = None, until: str | None = None) -> list[str]:

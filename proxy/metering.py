@@ -7,10 +7,9 @@ response (``x-usage-record: failed``).
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import cast
 
 import structlog
 from aiohttp import web
@@ -18,15 +17,31 @@ from aiohttp import web
 from proxy.journal import Journal, JournalError
 from proxy.metrics import METRICS, Metrics
 from proxy.outbox import Outbox
-from proxy.records import OPERATIONS, UsageRecord, record_id_for
+from proxy.records import OPERATIONS, SCHEMA_VERSION, UsageRecord, new_record_id
 from proxy.settings import Durability, Settings
 from proxy.sinks import Sink
-from proxy.tenancy import Attribution, Source, TenantResolver, load_api_keys
+from proxy.tenancy import Attribution, Refusal, TenantResolver, load_api_keys
+from proxy.upstream import error_response, unauthorized
 
 log = structlog.get_logger("proxy.metering")
 
 HEADER_RECORD = "x-usage-record"
+HEADER_RECORD_ID = "x-usage-record-id"
 HEADER_LITELLM = "x-litellm-total-tokens"
+MAX_CLIENT_ID_CHARS = 200
+# Paths that do no engine work and that probes must reach without a key.
+OPEN_PATHS = frozenset({"/health", "/healthz", "/readyz", "/ping", "/version", "/metrics"})
+WHO = web.RequestKey("who", Attribution)
+
+
+def client_request_id(headers: Mapping[str, str]) -> str | None:
+    """The client's ``X-Request-Id`` as an untrusted correlation field: printable ASCII
+    only (anything else becomes ``?``), at most 200 characters. Never a record's key."""
+    value = headers.get("X-Request-Id")
+    if not value:
+        return None
+    cleaned = "".join(c if " " <= c <= "~" else "?" for c in value[:MAX_CLIENT_ID_CHARS])
+    return cleaned
 
 
 class Meter:
@@ -48,24 +63,27 @@ class Meter:
         self.metrics = metrics
         self.failed = 0
 
-    def attribute(self, headers: Mapping[str, str]) -> Attribution:
+    def attribute(self, headers: Mapping[str, str]) -> Attribution | Refusal:
         return self.resolver.resolve(headers)
 
-    @staticmethod
-    def request_id(headers: Mapping[str, str]) -> str:
-        return headers.get("X-Request-Id") or uuid.uuid4().hex
-
     def new_record(
-        self, request_id: str, who: Attribution, endpoint: str, **fields: object
+        self,
+        request: web.Request,
+        operation: str | None = None,
+        **fields: object,
     ) -> UsageRecord:
+        """A record for one upstream exchange, with a fresh proxy-minted id."""
+        who = request[WHO]
         # Built from values the proxy itself produced: skip re-validation on the hot path.
         return UsageRecord.model_construct(
-            record_id=record_id_for(request_id),
-            request_id=request_id,
+            record_id=new_record_id(),
+            client_request_id=client_request_id(request.headers),
+            time=datetime.now(UTC),
+            schema_version=SCHEMA_VERSION,
             tenant=who.tenant,
             key_hash=who.key_hash,
-            endpoint=endpoint,
-            operation=OPERATIONS.get(endpoint, "other"),
+            endpoint=request.path,
+            operation=operation or OPERATIONS.get(request.path, "other"),
             instance=self.settings.instance,
             **fields,  # type: ignore[arg-type]
         )
@@ -90,14 +108,39 @@ class Meter:
             return False
         return True
 
-    def headers(self, journaled: bool, billed_total: int | None) -> dict[str, str]:
-        out = {} if journaled else {HEADER_RECORD: "failed"}
-        if self.settings.litellm_header and billed_total is not None:
-            out[HEADER_LITELLM] = str(billed_total)
+    def headers(self, record: UsageRecord, journaled: bool) -> dict[str, str]:
+        out = {HEADER_RECORD_ID: record.record_id}
+        if not journaled:
+            out[HEADER_RECORD] = "failed"
+        billed = record.prompt_tokens_billed
+        if self.settings.litellm_header and billed is not None:
+            out[HEADER_LITELLM] = str(billed + (record.completion_tokens_billed or 0))
         return out
 
 
 METER = web.AppKey("meter", Meter)
+
+
+@web.middleware
+async def attribution(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Decide who pays before anything is forwarded; refuse what cannot be attributed.
+
+    Headers only: bodies are never touched here.
+    """
+    if request.path in OPEN_PATHS:
+        return await handler(request)
+    who = request.app[METER].attribute(request.headers)
+    if isinstance(who, Refusal):
+        metrics = request.app[METRICS]
+        metrics.refused.labels(str(who.status)).inc()
+        log.warning("request_refused", path=request.path, status=who.status, reason=who.message)
+        if who.status == 401:
+            return unauthorized()
+        return error_response(who.status, who.message)
+    request[WHO] = who
+    return await handler(request)
 
 
 def build_sinks(settings: Settings) -> list[Sink]:
@@ -117,8 +160,11 @@ def build_sinks(settings: Settings) -> list[Sink]:
 
 def build_resolver(settings: Settings) -> TenantResolver:
     keys = load_api_keys(Path(settings.api_keys)) if settings.api_keys else {}
-    order = cast(list[Source], settings.tenant_order.split(","))
-    return TenantResolver(header=settings.tenant_header, key_tenants=keys, order=order)
+    if settings.api_keys and not keys:
+        raise ValueError(f"--api-keys {settings.api_keys} lists no keys")
+    return TenantResolver(
+        header=settings.tenant_header, key_tenants=keys, allow_anonymous=settings.allow_anonymous
+    )
 
 
 def meter_context(
@@ -128,6 +174,7 @@ def meter_context(
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         resolver = build_resolver(settings)
+        app[METRICS].trusted_tenants = resolver.key_tenants
         if not settings.metering:
             app[METER] = Meter(settings, None, resolver, metrics=app[METRICS])
             yield

@@ -64,6 +64,8 @@ class Metrics:
         self._tenants = settings.metrics_tenant_label
         self._max_tenants = settings.metrics_max_tenants
         self._seen: set[str] = set()
+        # Tenants from the API-key map are a known, bounded set: never folded into 'other'.
+        self.trusted_tenants: frozenset[str] = frozenset()
         tenant = ("tenant",) if self._tenants else ()
         r = self.registry
         self.requests = Counter(
@@ -111,6 +113,41 @@ class Metrics:
         self.journal_failures = Counter(
             "usage_proxy_journal_failures", "Usage records that could not be journaled.", registry=r
         )
+        self.journal_ready = Gauge(
+            "usage_proxy_journal_ready",
+            "1 while records can be journaled, 0 while writes fail or stall (alarm on 0).",
+            registry=r,
+        )
+        self.journal_ready.set(1)
+        self.journal_replaced = Counter(
+            "usage_proxy_journal_replaced",
+            "Times the journal file was found deleted or replaced and was recreated.",
+            registry=r,
+        )
+        self.refused = Counter(
+            "usage_proxy_refused_requests",
+            "Requests refused before forwarding (401 no/unknown key, 400 bad tenant header).",
+            ("status",),
+            registry=r,
+        )
+        self.invalid_usage = Counter(
+            "usage_proxy_invalid_usage",
+            "Successful answers whose usage is not a valid token count (billed nothing).",
+            ("endpoint",),
+            registry=r,
+        )
+        self.aborted = Counter(
+            "usage_proxy_client_aborted",
+            "Metered exchanges the client hung up on before the end (still recorded).",
+            ("endpoint",),
+            registry=r,
+        )
+        self.dead_records = Gauge(
+            "usage_proxy_export_dead_records",
+            "Records a sink rejected permanently, kept in the dead-letter store.",
+            ("sink",),
+            registry=r,
+        )
         self.exported = Counter(
             "usage_proxy_export_delivered_records",
             "Records delivered, by sink.",
@@ -148,7 +185,7 @@ class Metrics:
         """The tenant label values, capped for cardinality (empty when disabled)."""
         if not self._tenants:
             return ()
-        if name in self._seen:
+        if name in self._seen or name in self.trusted_tenants:
             return (name,)
         if len(self._seen) < self._max_tenants:
             self._seen.add(name)

@@ -1,8 +1,10 @@
 """Delivery from the journal to every sink: at least once, in order, with capped backoff.
 
-Each sink has its own task and cursor in the journal. A failure only delays that sink;
-it never touches client traffic. On shutdown the outbox drains for a bounded time and
-leaves anything undelivered in the journal for the next start.
+Each sink has its own task and cursor in the journal. A transient failure only delays
+that sink; it never touches client traffic. A permanent rejection never blocks it: the
+batch is split until the rejected records are isolated, they go to the dead-letter store
+(``usage-proxy dead-letters``), everything else is delivered. On shutdown the outbox
+drains for a bounded time and leaves anything undelivered in the journal.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import structlog
 
 from proxy.journal import Journal
 from proxy.metrics import Metrics
-from proxy.sinks import Sink
+from proxy.records import UsageRecord
+from proxy.sinks import PermanentDeliveryError, Sink
 
 log = structlog.get_logger("proxy.outbox")
 
@@ -84,9 +87,13 @@ class Outbox:
         state = self.state[sink.name]
         while True:
             sent = await self._attempt(sink, state)
+            if sent == 0 and state.backoff == 0:
+                sent = await self._replay(sink, state)
             if self._metrics:
                 backlog = await self.journal.backlog(sink.name)
                 self._metrics.backlog.labels(sink.name).set(backlog)
+                dead = await self.journal.dead_count(sink.name)
+                self._metrics.dead_records.labels(sink.name).set(dead)
             if sent == 0 and state.backoff == 0:
                 if self._stopping:
                     return
@@ -102,26 +109,75 @@ class Outbox:
         if not batch:
             return 0
         try:
-            await sink.deliver([record for _, record in batch])
+            await self._deliver(sink, batch)
         except Exception as exc:  # any sink failure is retried, never raised to clients
-            state.failures += 1
-            if self._metrics:
-                self._metrics.export_failures.labels(sink.name).inc()
-            state.last_error = f"{type(exc).__name__}: {exc}"
-            state.backoff = _next_backoff(state.backoff, self._min_backoff, self._max_backoff)
-            log.warning(
-                "export_failed",
-                sink=sink.name,
-                error=state.last_error,
-                retry_in=round(state.backoff, 2),
-                records=len(batch),
-            )
+            self._failed(sink, state, exc, len(batch))
             return 0
+        state.backoff = 0.0
+        return len(batch)
+
+    async def _deliver(self, sink: Sink, batch: list[tuple[int, UsageRecord]]) -> None:
+        """Deliver ``batch`` and advance the cursor; isolate permanent rejections by halving.
+
+        Transient errors propagate (the cursor stays after the last delivered part).
+        """
+        try:
+            await sink.deliver([record for _, record in batch])
+        except PermanentDeliveryError as exc:
+            if len(batch) > 1:
+                middle = len(batch) // 2
+                await self._deliver(sink, batch[:middle])
+                await self._deliver(sink, batch[middle:])
+                return
+            seq, record = batch[0]
+            await self.journal.dead_letter(sink.name, record, str(exc))
+            await self.journal.ack(sink.name, seq)
+            log.error(
+                "export_dead_letter",
+                sink=sink.name,
+                record_id=record.record_id,
+                tenant=record.tenant,
+                error=str(exc),
+            )
+            return
         await self.journal.ack(sink.name, batch[-1][0])
         if self._metrics:
             self._metrics.exported.labels(sink.name).inc(len(batch))
-        state.backoff = 0.0
-        return len(batch)
+
+    async def _replay(self, sink: Sink, state: SinkState) -> int:
+        """Deliver dead letters an operator requeued; rejected again, they stay dead."""
+        records = await self.journal.requeued(sink.name, self._batch_size)
+        delivered: list[str] = []
+        for record in records:
+            try:
+                await sink.deliver([record])
+            except PermanentDeliveryError as exc:
+                await self.journal.dead_letter(sink.name, record, str(exc))
+            except Exception as exc:
+                self._failed(sink, state, exc, 1)
+                break
+            else:
+                delivered.append(record.record_id)
+        if delivered:
+            await self.journal.revive(sink.name, delivered)
+            log.info("export_dead_letters_replayed", sink=sink.name, records=len(delivered))
+            if self._metrics:
+                self._metrics.exported.labels(sink.name).inc(len(delivered))
+        return len(delivered)
+
+    def _failed(self, sink: Sink, state: SinkState, exc: Exception, records: int) -> None:
+        state.failures += 1
+        if self._metrics:
+            self._metrics.export_failures.labels(sink.name).inc()
+        state.last_error = f"{type(exc).__name__}: {exc}"
+        state.backoff = _next_backoff(state.backoff, self._min_backoff, self._max_backoff)
+        log.warning(
+            "export_failed",
+            sink=sink.name,
+            error=state.last_error,
+            retry_in=round(state.backoff, 2),
+            records=records,
+        )
 
     async def drain(self, timeout: float) -> dict[str, int]:
         """Stop after delivering what is journaled, within ``timeout``; returns backlogs."""

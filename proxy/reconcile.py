@@ -41,6 +41,11 @@ def unaudited(reason: str, reported: int | None = None) -> Audit:
     return Audit(Verdict.UNAUDITED, Method.NONE, reported, None, reason)
 
 
+def invalid(reason: str) -> Audit:
+    """Usage that is no token count: nothing is billed, the record and a metric flag it."""
+    return Audit(Verdict.INVALID, Method.NONE, None, None, reason)
+
+
 def judge(
     reported: int,
     counted: Counted,

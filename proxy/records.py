@@ -1,23 +1,29 @@
-"""The usage record: one per upstream request that reported usage (schema version 1).
+"""The usage record: one per upstream exchange that reported usage (schema version 2).
 
-Records are what billing consumes; see docs/metering.md for the field reference.
+Records are what billing consumes; see docs/metering.md for the field reference and the
+migration from version 1.
 """
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime
 
+import uuid6
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 1
-# Record ids are uuid5(RECORD_NAMESPACE, request id): the same request id always yields
-# the same record id, so every sink can deduplicate redeliveries.
-RECORD_NAMESPACE = uuid.UUID("6f0c8d52-3a4e-5b8f-9c1d-2e7a4b6c8d90")
+SCHEMA_VERSION = 2
+# The largest token count a record carries: every JSON parser reads it exactly and
+# every sink column (bigint) holds it. Larger or non-integer usage is `invalid`.
+MAX_TOKENS = 2**53 - 1
 
 
-def record_id_for(request_id: str) -> str:
-    return str(uuid.uuid5(RECORD_NAMESPACE, request_id))
+def new_record_id() -> str:
+    """A fresh, time-ordered record id (UUIDv7), minted by the proxy for each exchange.
+
+    Never derived from anything the client sends: a repeated client id must not merge or
+    drop records. Sinks deduplicate redeliveries of the same record on this id.
+    """
+    return str(uuid6.uuid7())
 
 
 class UsageRecord(BaseModel):
@@ -26,8 +32,8 @@ class UsageRecord(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     schema_version: int = SCHEMA_VERSION
-    record_id: str
-    request_id: str
+    record_id: str = Field(default_factory=new_record_id)
+    client_request_id: str | None = None
     time: datetime = Field(default_factory=lambda: datetime.now(UTC))
     tenant: str
     key_hash: str | None = None
@@ -43,6 +49,7 @@ class UsageRecord(BaseModel):
     m: int | None = None
     n: int | None = None
     status: int
+    aborted: bool = False
     latency_ms: float
     instance: str
 

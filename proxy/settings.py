@@ -109,17 +109,29 @@ class Settings(BaseSettings):
         description="Name of this proxy instance in usage records (default: host name).",
     )
     tenant_header: str | None = Field(
-        None, description="Trusted request header naming the tenant (ignored unless set)."
+        None,
+        description="Request header naming the tenant, set by a trusted gateway in front. "
+        "Used only when --api-keys is not set; ignored when the client lists it in Connection.",
     )
     api_keys: Path | None = Field(
-        None, description="YAML/JSON file mapping tenant to SHA-256 hex digests of bearer keys."
+        None,
+        description="YAML/JSON file mapping tenant to SHA-256 hex digests of bearer keys. "
+        "When set, the key decides the tenant and requests without a listed key get 401.",
     )
-    tenant_order: str = Field(
-        "header,api-key", description="Order of tenant sources to try, comma-separated."
+    allow_anonymous: bool = Field(
+        False,
+        description="With --api-keys: forward requests without a listed key, billed to "
+        "'anonymous', instead of answering 401.",
     )
     journal: str = Field(
         default_factory=lambda: str(default_journal_path()),
         description="SQLite usage journal path; 'off' disables metering.",
+    )
+    journal_commit_timeout: float = Field(
+        2.0,
+        gt=0,
+        description="Seconds a response waits for its record's commit (sync durability); "
+        "past it the answer goes out with x-usage-record: failed and /readyz reports not ready.",
     )
     durability: Durability = Field(
         Durability.SYNC,
@@ -170,15 +182,6 @@ class Settings(BaseSettings):
         if value.lower() not in {"debug", "info", "warning", "error"}:
             raise ValueError("must be one of debug, info, warning, error")
         return value.lower()
-
-    @field_validator("tenant_order")
-    @classmethod
-    def _known_sources(cls, value: str) -> str:
-        sources = [s.strip() for s in value.split(",") if s.strip()]
-        unknown = set(sources) - {"header", "api-key"}
-        if unknown or not sources:
-            raise ValueError("must list 'header' and/or 'api-key', comma-separated")
-        return ",".join(sources)
 
     @property
     def metering(self) -> bool:

@@ -1,32 +1,52 @@
-"""Tenant attribution: a trusted header (only when configured), an API-key map, or anonymous.
+"""Tenant attribution: who pays for a request.
 
-Keys are compared as SHA-256 digests and never kept, logged or recorded in clear; records
-carry only a short prefix of the digest.
+Trust rules (docs/metering.md): when an API-key map is configured, the bearer key decides
+and nothing the client writes in other headers matters; a request whose key is missing or
+unknown is refused (unless anonymous use is allowed). Without a key map, the configured
+tenant header is trusted (an authenticating gateway in front sets it), except when the
+client listed it in ``Connection`` (a hop-by-hop header is the previous hop's, not ours).
+
+Keys are compared as SHA-256 digests of their raw bytes and never kept, logged or recorded
+in clear; records carry only a short prefix of the digest.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
 ANONYMOUS = "anonymous"
 KEY_HASH_CHARS = 12
-Source = Literal["header", "api-key"]
+MAX_TENANT_CHARS = 200
 
 
 @dataclass(frozen=True, slots=True)
 class Attribution:
     tenant: str
     key_hash: str | None
+    from_key_map: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """The request is not forwarded: ``status`` with ``message`` in vLLM's error shape."""
+
+    status: int
+    message: str
+
+
+def raw_bytes(value: str) -> bytes:
+    """The bytes a client sent in a header (aiohttp keeps undecodable ones as surrogates)."""
+    return value.encode("utf-8", "surrogateescape")
 
 
 def key_digest(key: str) -> str:
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+    return hashlib.sha256(raw_bytes(key)).hexdigest()
 
 
 def bearer_key(headers: Mapping[str, str]) -> str | None:
@@ -45,6 +65,9 @@ def load_api_keys(path: Path) -> dict[str, str]:
         raise ValueError(f"{path}: expected a mapping of tenant to SHA-256 digests")
     digests: dict[str, str] = {}
     for tenant, value in data.items():
+        problem = tenant_problem(str(tenant))
+        if problem:
+            raise ValueError(f"{path}: tenant {tenant!r}: {problem}")
         for digest in value if isinstance(value, list) else [value]:
             text = str(digest).strip().lower()
             if len(text) != 64 or any(c not in "0123456789abcdef" for c in text):
@@ -53,29 +76,58 @@ def load_api_keys(path: Path) -> dict[str, str]:
     return digests
 
 
+def tenant_problem(value: str) -> str | None:
+    """Why ``value`` cannot name a tenant, or None: 1-200 printable characters of text."""
+    if not value:
+        return "is empty"
+    if len(value) > MAX_TENANT_CHARS:
+        return f"is longer than {MAX_TENANT_CHARS} characters"
+    if not value.isprintable() or any("\udc80" <= c <= "\udcff" for c in value):
+        return "is not printable UTF-8 text"
+    return None
+
+
+def connection_tokens(headers: Any) -> set[str]:
+    """Header names the client declared hop-by-hop in ``Connection`` (lower case)."""
+    getall = getattr(headers, "getall", None)
+    values = getall("Connection", []) if getall else [headers.get("Connection", "")]
+    return {t.strip().lower() for v in values for t in v.split(",") if t.strip()}
+
+
 class TenantResolver:
-    """Resolve the tenant of a request from its headers, in the configured order."""
+    """Resolve the tenant of a request from its headers (see the module's trust rules)."""
 
     def __init__(
         self,
         *,
         header: str | None = None,
         key_tenants: Mapping[str, str] | None = None,
-        order: Sequence[Source] = ("header", "api-key"),
+        allow_anonymous: bool = False,
     ) -> None:
         self._header = header
         self._keys = dict(key_tenants or {})
-        self._order = tuple(order)
+        self._allow_anonymous = allow_anonymous
 
-    def resolve(self, headers: Mapping[str, str]) -> Attribution:
+    @property
+    def key_tenants(self) -> frozenset[str]:
+        return frozenset(self._keys.values())
+
+    def resolve(self, headers: Mapping[str, str]) -> Attribution | Refusal:
         key = bearer_key(headers)
         digest = key_digest(key) if key else None
         short = digest[:KEY_HASH_CHARS] if digest else None
-        for source in self._order:
-            if source == "header" and self._header:
-                value = (headers.get(self._header) or "").strip()
-                if value:
-                    return Attribution(value[:200], short)
-            if source == "api-key" and digest and digest in self._keys:
-                return Attribution(self._keys[digest], short)
+        if self._keys:
+            if digest in self._keys:
+                return Attribution(self._keys[digest], short, from_key_map=True)
+            if self._allow_anonymous:
+                return Attribution(ANONYMOUS, short)
+            return Refusal(401, "Unauthorized")
+        if self._header and self._header.lower() not in connection_tokens(headers):
+            value = headers.get(self._header)
+            if value is not None:
+                value = value.strip()
+                problem = tenant_problem(value)
+                if problem:
+                    return Refusal(400, f"header {self._header} {problem}")
+                return Attribution(value, short)
         return Attribution(ANONYMOUS, short)

@@ -28,6 +28,7 @@ class Verdict(enum.StrEnum):
     CORRECTED = "corrected"
     MISMATCH = "mismatch"
     UNAUDITED = "unaudited"
+    INVALID = "invalid"  # the upstream's usage is not a token count (or is ambiguous)
 
 
 class Method(enum.StrEnum):

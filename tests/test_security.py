@@ -82,8 +82,9 @@ async def test_secrets_never_written_anywhere(
 async def test_unconfigured_tenant_header_is_not_trusted(rig: Any) -> None:
     """Without --tenant-header, a client's X-Tenant-Id cannot pick the tenant."""
     _, client, journal, _ = rig
-    await client.post("/rerank", json=GOOD, headers={"X-Tenant-Id": "someone-else"})
-    assert [json.loads(r)["tenant"] for r in read_journal(journal)] == ["anonymous"]
+    headers = {"X-Tenant-Id": "someone-else", "Authorization": f"Bearer {KEY}"}
+    await client.post("/rerank", json=GOOD, headers=headers)
+    assert [json.loads(r)["tenant"] for r in read_journal(journal)] == ["acme"]
 
 
 async def raw_exchange(port: int, request: bytes) -> bytes:
@@ -131,7 +132,9 @@ async def test_hostile_request_targets_never_reach_upstream(
 async def test_host_header_cannot_redirect(rig: Any) -> None:
     """A forged Host header still goes to the configured upstream, with its own Host."""
     _, client, _, _ = rig
-    resp = await client.get("/echo/x", headers={"Host": "evil.example"})
+    resp = await client.get(
+        "/echo/x", headers={"Host": "evil.example", "Authorization": f"Bearer {KEY}"}
+    )
     echo = await resp.json()
     assert resp.status == 200
     assert echo["headers"]["host"] != "evil.example"

@@ -16,7 +16,6 @@ from proxy.app import create_app
 from proxy.catalog import CATALOG
 from proxy.metering import METER
 from proxy.metrics import METRICS
-from proxy.records import record_id_for
 from proxy.settings import Settings
 from scripts.vllm_cpu import Process, free_port, start_proxy
 from tests.fakevllm import FakeVLLM
@@ -60,7 +59,7 @@ async def test_sigterm_under_load_drains_everything(
         total = await conn.fetchval("SELECT count(*) FROM usage_records")
     finally:
         await conn.close()
-    assert [i for i in received if record_id_for(i) not in rows] == []
+    assert [i for i in received if i not in rows] == []
     assert total == len(rows)
     print(f"sigterm test: {len(received)} answered, {total} ledger rows, 0 lost")
 

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.metered import ask_for_stream_usage
 from proxy.sse import UsageScanner
 
 CHUNK = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n'
@@ -34,18 +31,3 @@ def test_usage_kept_when_client_asked() -> None:
     scanner = UsageScanner(strip=False)
     assert scanner.feed(STREAM) == CHUNK + CHUNK + USAGE
     assert scanner.held == DONE
-
-
-def test_request_rewrite_only_for_streams_without_usage() -> None:
-    """include_usage is added to streamed chat/completions that lack it, nothing else."""
-    body = json.dumps({"model": "m", "stream": True, "messages": []}).encode()
-    sent, strip, model = ask_for_stream_usage("/v1/chat/completions", body)
-    assert strip
-    assert model == "m"
-    assert json.loads(sent)["stream_options"] == {"include_usage": True}
-    asked = json.dumps({"stream": True, "stream_options": {"include_usage": True}}).encode()
-    assert ask_for_stream_usage("/v1/completions", asked) == (asked, False, None)
-    plain = json.dumps({"stream": False}).encode()
-    assert ask_for_stream_usage("/v1/chat/completions", plain)[:2] == (plain, False)
-    assert ask_for_stream_usage("/v1/embeddings", body)[:2] == (body, False)
-    assert ask_for_stream_usage("/v1/chat/completions", b"{oops")[:2] == (b"{oops", False)

@@ -8,6 +8,13 @@ from typing import Protocol
 from proxy.records import UsageRecord
 
 
+class PermanentDeliveryError(Exception):
+    """The receiver rejected the batch for what it contains: retrying the same records
+    cannot succeed. The outbox splits the batch to isolate the offending records, delivers
+    the rest and moves those to the dead-letter store. Any other exception is transient
+    and the batch is retried with backoff."""
+
+
 class Sink(Protocol):
     """A delivery target. ``deliver`` raises on failure; the outbox retries the batch."""
 

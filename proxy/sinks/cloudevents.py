@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 
 from proxy.records import UsageRecord
+from proxy.sinks import PermanentDeliveryError
 
 EVENT_TYPE = "vllm-usage-proxy.usage"
 BATCH_CONTENT_TYPE = "application/cloudevents-batch+json"
@@ -37,8 +38,16 @@ def to_event(record: UsageRecord) -> dict[str, Any]:
             "verdict": record.verdict,
             "key_hash": record.key_hash,
             "status": record.status,
+            "aborted": record.aborted,
+            "client_request_id": record.client_request_id,
         },
     }
+
+
+def is_permanent(status: int) -> bool:
+    """A 4xx about the events themselves. 401/403 (credentials), 408 and 429 (load) are
+    the receiver's state, not the records': those are retried."""
+    return 400 <= status < 500 and status not in (401, 403, 404, 408, 429)
 
 
 class CloudEventsSink:
@@ -57,8 +66,13 @@ class CloudEventsSink:
         body = json.dumps([to_event(r) for r in records])
         headers = {"Content-Type": BATCH_CONTENT_TYPE, **self._headers}
         async with self._session.post(self.url, data=body, headers=headers) as response:
-            if response.status >= 300:
-                raise RuntimeError(f"cloudevents receiver answered {response.status}")
+            if response.status < 300:
+                return
+            text = (await response.text(errors="replace"))[:300]
+            message = f"cloudevents receiver answered {response.status}: {text}"
+            if is_permanent(response.status):
+                raise PermanentDeliveryError(message)
+            raise RuntimeError(message)
 
     async def close(self) -> None:
         if self._session is not None:

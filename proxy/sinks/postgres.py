@@ -8,13 +8,28 @@ from typing import Any
 import asyncpg
 
 from proxy.records import UsageRecord
+from proxy.sinks import PermanentDeliveryError
 
-# Also shipped as docs/ledger.sql for teams that migrate schemas themselves.
+
+async def migrate(conn: Any) -> None:
+    """Create the ledger table, or bring a schema-version-1 table to version 2."""
+    async with conn.transaction():
+        old = await conn.fetchval(
+            "SELECT 1 FROM information_schema.columns WHERE table_name = 'usage_records' "
+            "AND column_name = 'request_id' AND table_schema = current_schema()"
+        )
+        if old:
+            await conn.execute(MIGRATE_V1)
+        await conn.execute(LEDGER_DDL)
+
+
+# Also shipped as docs/ledger.sql for teams that migrate schemas themselves. Token counts
+# are bigint: the ledger holds every count a record may carry (records.MAX_TOKENS).
 LEDGER_DDL = """
 CREATE TABLE IF NOT EXISTS usage_records (
     record_id uuid PRIMARY KEY,
     schema_version integer NOT NULL,
-    request_id text NOT NULL,
+    client_request_id text,
     time timestamptz NOT NULL,
     tenant text NOT NULL,
     key_hash text,
@@ -22,14 +37,15 @@ CREATE TABLE IF NOT EXISTS usage_records (
     endpoint text NOT NULL,
     operation text NOT NULL,
     upstream_version text,
-    prompt_tokens_reported integer,
-    prompt_tokens_billed integer,
-    completion_tokens_reported integer,
-    completion_tokens_billed integer,
+    prompt_tokens_reported bigint,
+    prompt_tokens_billed bigint,
+    completion_tokens_reported bigint,
+    completion_tokens_billed bigint,
     verdict text,
-    m integer,
-    n integer,
+    m bigint,
+    n bigint,
     status integer NOT NULL,
+    aborted boolean NOT NULL DEFAULT false,
     latency_ms double precision NOT NULL,
     instance text NOT NULL,
     inserted_at timestamptz NOT NULL DEFAULT now()
@@ -37,55 +53,52 @@ CREATE TABLE IF NOT EXISTS usage_records (
 CREATE INDEX IF NOT EXISTS usage_records_tenant_time ON usage_records (tenant, time);
 """
 
-COLUMNS = (
-    "record_id",
-    "schema_version",
-    "request_id",
-    "time",
-    "tenant",
-    "key_hash",
-    "model",
-    "endpoint",
-    "operation",
-    "upstream_version",
-    "prompt_tokens_reported",
-    "prompt_tokens_billed",
-    "completion_tokens_reported",
-    "completion_tokens_billed",
-    "verdict",
-    "m",
-    "n",
-    "status",
-    "latency_ms",
-    "instance",
+# Schema version 1 -> 2 (run once, in one transaction, when the table predates version 2).
+MIGRATE_V1 = """
+ALTER TABLE usage_records RENAME COLUMN request_id TO client_request_id;
+ALTER TABLE usage_records ALTER COLUMN client_request_id DROP NOT NULL;
+ALTER TABLE usage_records
+    ALTER COLUMN prompt_tokens_reported TYPE bigint,
+    ALTER COLUMN prompt_tokens_billed TYPE bigint,
+    ALTER COLUMN completion_tokens_reported TYPE bigint,
+    ALTER COLUMN completion_tokens_billed TYPE bigint,
+    ALTER COLUMN m TYPE bigint,
+    ALTER COLUMN n TYPE bigint,
+    ADD COLUMN IF NOT EXISTS aborted boolean NOT NULL DEFAULT false;
+"""
+
+COLUMNS_AND_TYPES = (
+    ("record_id", "uuid"),
+    ("schema_version", "int"),
+    ("client_request_id", "text"),
+    ("time", "timestamptz"),
+    ("tenant", "text"),
+    ("key_hash", "text"),
+    ("model", "text"),
+    ("endpoint", "text"),
+    ("operation", "text"),
+    ("upstream_version", "text"),
+    ("prompt_tokens_reported", "int8"),
+    ("prompt_tokens_billed", "int8"),
+    ("completion_tokens_reported", "int8"),
+    ("completion_tokens_billed", "int8"),
+    ("verdict", "text"),
+    ("m", "int8"),
+    ("n", "int8"),
+    ("status", "int"),
+    ("aborted", "bool"),
+    ("latency_ms", "float8"),
+    ("instance", "text"),
 )
-TYPES = (
-    "uuid",
-    "int",
-    "text",
-    "timestamptz",
-    "text",
-    "text",
-    "text",
-    "text",
-    "text",
-    "text",
-    "int",
-    "int",
-    "int",
-    "int",
-    "text",
-    "int",
-    "int",
-    "int",
-    "float8",
-    "text",
-)
-_ARRAYS = ", ".join(f"${i + 1}::{t}[]" for i, t in enumerate(TYPES))
+COLUMNS = tuple(c for c, _ in COLUMNS_AND_TYPES)
+_ARRAYS = ", ".join(f"${i + 1}::{t}[]" for i, (_, t) in enumerate(COLUMNS_AND_TYPES))
 INSERT = (
     f"INSERT INTO usage_records ({', '.join(COLUMNS)}) SELECT * FROM unnest({_ARRAYS}) "
     "ON CONFLICT (record_id) DO NOTHING"
 )
+# SQLSTATE classes that depend on the rows sent, not on the server's state: data
+# exceptions (22) and integrity violations (23). Everything else is retried.
+PERMANENT_SQLSTATE_CLASSES = ("22", "23")
 
 
 def _row(record: UsageRecord) -> list[Any]:
@@ -103,7 +116,7 @@ class PostgresLedger:
         if self._pool is None:
             pool = await asyncpg.create_pool(self.dsn, min_size=0, max_size=2, timeout=10)
             async with pool.acquire() as conn:
-                await conn.execute(LEDGER_DDL)
+                await migrate(conn)
             self._pool = pool
         return self._pool
 
@@ -114,8 +127,13 @@ class PostgresLedger:
     async def deliver(self, records: Sequence[UsageRecord]) -> None:
         pool = await self._connect()
         columns = list(zip(*(_row(r) for r in records), strict=True))
-        async with pool.acquire() as conn:
-            await conn.execute(INSERT, *[list(c) for c in columns])
+        try:
+            async with pool.acquire() as conn:
+                await conn.execute(INSERT, *[list(c) for c in columns])
+        except asyncpg.PostgresError as exc:
+            if str(exc.sqlstate or "")[:2] in PERMANENT_SQLSTATE_CLASSES:
+                raise PermanentDeliveryError(f"{exc.sqlstate}: {exc}") from exc
+            raise
 
     async def close(self) -> None:
         if self._pool is not None:

@@ -1,0 +1,114 @@
+"""Reading metered requests the way vLLM does: lax booleans, /invocations dispatch."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from proxy.dispatch import invocation_operation, lax_bool, model_task, prepare
+from proxy.types import Family
+
+
+def test_request_rewrite_only_for_streams_without_usage() -> None:
+    """include_usage is added to streamed chat/completions that lack it, nothing else."""
+    body = json.dumps({"model": "m", "stream": True, "messages": []}).encode()
+    prepared = prepare("/v1/chat/completions", body)
+    assert prepared.strip_usage and prepared.streamed
+    assert prepared.model == "m"
+    assert json.loads(prepared.body)["stream_options"] == {"include_usage": True}
+    asked = json.dumps({"stream": True, "stream_options": {"include_usage": True}}).encode()
+    kept = prepare("/v1/completions", asked)
+    assert (kept.body, kept.strip_usage, kept.streamed) == (asked, False, True)
+    plain = json.dumps({"stream": False}).encode()
+    assert prepare("/v1/chat/completions", plain).body == plain
+    assert prepare("/v1/embeddings", body).body == body
+    assert prepare("/v1/chat/completions", b"{oops").body == b"{oops"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (True, True),
+        ("true", True),
+        ("True", True),
+        (1, True),
+        ("1", True),
+        ("yes", True),
+        ("on", True),
+        (False, False),
+        ("false", False),
+        (0, False),
+        ("0", False),
+        (None, False),
+        ("maybe", False),
+        (2, False),
+        ([], False),
+    ],
+)
+def test_lax_bool_reads_like_vllm(value: Any, expected: bool) -> None:
+    """pydantic lax mode, as vLLM's request models: "true", 1, "1" are true."""
+    assert lax_bool(value) is expected
+
+
+@pytest.mark.parametrize("stream", ["true", 1, "1", "yes"])
+def test_lax_stream_values_get_usage_injected(stream: Any) -> None:
+    """Regression: "stream": "true" / 1 streamed without include_usage, so no record."""
+    body = json.dumps({"stream": stream, "messages": []}).encode()
+    prepared = prepare("/v1/chat/completions", body)
+    assert prepared.streamed and prepared.strip_usage
+    assert json.loads(prepared.body)["stream_options"] == {"include_usage": True}
+
+
+@pytest.mark.parametrize("asked", ["true", 1])
+def test_lax_include_usage_is_respected(asked: Any) -> None:
+    """A client that asked for usage with a lax true keeps its usage chunk."""
+    body = json.dumps({"stream": True, "stream_options": {"include_usage": asked}}).encode()
+    prepared = prepare("/v1/chat/completions", body)
+    assert prepared.streamed and not prepared.strip_usage
+    assert prepared.body == body
+
+
+QUERY = "What is the capital of France?"
+
+
+@pytest.mark.parametrize(
+    ("body", "task", "operation"),
+    [
+        ({"messages": [{"role": "user", "content": "hi"}]}, "generate", "chat"),
+        ({"prompt": "hi"}, "generate", "completions"),
+        ({"input": "hi"}, "embed", "embeddings"),
+        ({"messages": [{"role": "user", "content": "hi"}]}, "embed", "embeddings"),
+        ({"input": "hi"}, "classify", "classify"),
+        ({"query": QUERY, "documents": ["a"]}, "embed", "rerank"),
+        ({"text_1": QUERY, "text_2": ["a"]}, "embed", "score"),
+        ({"queries": QUERY, "items": ["a"]}, "classify", "score"),
+        ({"input": "hi"}, "token_embed", "pooling"),
+        ({"messages": []}, None, "chat"),
+        ({"input": "hi"}, None, "embeddings"),
+        ({"query": QUERY, "documents": ["a"]}, None, "rerank"),
+        ([1, 2], "embed", "other"),
+    ],
+)
+def test_invocations_dispatch_like_vllm(body: Any, task: str | None, operation: str) -> None:
+    """Generation types first, then the model's pooling task, then rerank, then score."""
+    assert invocation_operation(body, task) == operation
+
+
+def test_invocations_prepare_labels_the_operation() -> None:
+    """/invocations gets the operation of the direct endpoint, and streams get usage."""
+    chat = json.dumps({"model": "llm", "stream": "true", "messages": []}).encode()
+    prepared = prepare("/invocations", chat, lambda name: "generate")
+    assert (prepared.operation, prepared.model, prepared.strip_usage) == ("chat", "llm", True)
+    embed = json.dumps({"input": "hi"}).encode()
+    assert prepare("/invocations", embed, lambda name: "embed").operation == "embeddings"
+
+
+def test_model_task_by_family() -> None:
+    """The pooling task vLLM picks per family; a generative model generates."""
+    assert model_task(Family.BI_ENCODER, generates=False) == "embed"
+    assert model_task(Family.CROSS_ENCODER, generates=False) == "classify"
+    assert model_task(Family.LATE_INTERACTION, generates=False) == "token_embed"
+    assert model_task(None, generates=True) == "generate"
+    assert model_task(None, generates=False) is None
