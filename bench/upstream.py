@@ -79,6 +79,7 @@ class _Replay:
 
     def __init__(self, request: web.Request, body: bytes) -> None:
         self.path = request.path
+        self.headers = request.headers
         self._body = body
 
     async def read(self) -> bytes:

@@ -10,12 +10,12 @@ from aiohttp import web
 
 from proxy import __version__, health
 from proxy.audit import ScoringAuditor
-from proxy.catalog import Catalog, catalog_context
+from proxy.catalog import CATALOG, Catalog, catalog_context
 from proxy.dispatch import SCORING_OPERATIONS, prepare
 from proxy.exchanges import off_loop, read_body
 from proxy.logs import configure_logging
 from proxy.metered import METERED_PATHS, MeteredRelay
-from proxy.metering import attribution, meter_context
+from proxy.metering import METER, attribution, meter_context
 from proxy.metrics import METRICS, Metrics, admin_context, serve_metrics
 from proxy.relay import Relay
 from proxy.settings import Settings
@@ -73,8 +73,10 @@ class Invocations:
         body = await read_body(request)
         prepared = await off_loop(prepare, body, request.path, body, self._catalog.task_of)
         if prepared.operation in SCORING_OPERATIONS:
-            return await self._auditor.audit(request, body, started, prepared.operation)
-        return await self._metered.relay(request, prepared, started)
+            work = self._auditor.audit(request, body, started, prepared.operation)
+        else:
+            work = self._metered.relay(request, prepared, started)
+        return await request.app[METER].shielded(work)
 
 
 def _admin_routes(admin: web.Application) -> None:
@@ -105,7 +107,7 @@ def create_app(
     health.add_routes(app)
     if settings.admin_port is None:
         app.router.add_get("/metrics", serve_metrics)
-    app.cleanup_ctx.append(admin_context(settings, _admin_routes))
+    app.cleanup_ctx.append(admin_context(settings, _admin_routes, shared=(CATALOG, METER)))
     auditor = ScoringAuditor(settings, catalog, pool)
     for path in sorted(SCORE_PATHS | RERANK_PATHS):
         app.router.add_post(path, auditor.handle)

@@ -70,7 +70,8 @@ class ScoringAuditor:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
-        return await self.audit(request, await read_body(request), started)
+        body = await read_body(request)
+        return await request.app[METER].shielded(self.audit(request, body, started))
 
     async def audit(
         self,

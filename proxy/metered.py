@@ -39,7 +39,7 @@ class MeteredRelay:
         body = await read_body(request)
         task_of = request.app[CATALOG].task_of
         prepared = await off_loop(prepare, body, request.path, body, task_of)
-        return await self.relay(request, prepared, started)
+        return await request.app[METER].shielded(self.relay(request, prepared, started))
 
     async def relay(
         self, request: web.Request, prepared: Prepared, started: float

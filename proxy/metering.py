@@ -7,9 +7,11 @@ response (``x-usage-record: failed``).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any, TypeVar
 
 import structlog
 from aiohttp import web
@@ -24,6 +26,7 @@ from proxy.tenancy import Attribution, Refusal, TenantResolver, load_api_keys
 from proxy.upstream import error_response, unauthorized
 
 log = structlog.get_logger("proxy.metering")
+T = TypeVar("T")
 
 HEADER_RECORD = "x-usage-record"
 HEADER_RECORD_ID = "x-usage-record-id"
@@ -62,6 +65,20 @@ class Meter:
         self.outbox = outbox
         self.metrics = metrics
         self.failed = 0
+        self._exchanges: set[asyncio.Task[Any]] = set()
+
+    async def shielded(self, work: Awaitable[T]) -> T:
+        """Run one metered exchange so that a client hanging up (aiohttp cancelling the
+        handler) cannot cancel it: the upstream answer is still read and recorded."""
+        task = asyncio.ensure_future(work)
+        self._exchanges.add(task)
+        task.add_done_callback(self._exchanges.discard)
+        return await asyncio.shield(task)
+
+    async def finish_exchanges(self, timeout: float) -> None:
+        """Shutdown: let exchanges whose client left finish recording, bounded."""
+        if self._exchanges:
+            await asyncio.wait(list(self._exchanges), timeout=timeout)
 
     def attribute(self, headers: Mapping[str, str]) -> Attribution | Refusal:
         return self.resolver.resolve(headers)
@@ -179,9 +196,15 @@ def meter_context(
             app[METER] = Meter(settings, None, resolver, metrics=app[METRICS])
             yield
             return
-        journal = Journal(Path(settings.journal), sync=settings.durability is Durability.SYNC)
+        journal = Journal(
+            Path(settings.journal),
+            sync=settings.durability is Durability.SYNC,
+            commit_timeout=settings.journal_commit_timeout,
+            on_replaced=lambda carried: app[METRICS].journal_replaced.inc(),
+        )
         await journal.open()
         metrics = app[METRICS]
+        metrics.journal_ready.set_function(lambda: float(journal.healthy))
         outbox = Outbox(
             journal,
             build_sinks(settings) if sinks is None else sinks,
@@ -189,7 +212,7 @@ def meter_context(
             retention=settings.journal_retention * 3600,
         )
         await outbox.start()
-        app[METER] = Meter(settings, journal, resolver, outbox, metrics=metrics)
+        meter = app[METER] = Meter(settings, journal, resolver, outbox, metrics=metrics)
         log.info(
             "metering",
             journal=settings.journal,
@@ -197,6 +220,7 @@ def meter_context(
             sinks=[s.name for s in outbox.sinks],
         )
         yield
+        await meter.finish_exchanges(settings.drain_timeout)
         await outbox.drain(settings.drain_timeout)
         await journal.close()
 

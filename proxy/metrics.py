@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import (
@@ -19,7 +20,6 @@ from prometheus_client import (
     generate_latest,
 )
 
-from proxy.catalog import CATALOG
 from proxy.settings import Settings
 from proxy.upstream import UpstreamError
 
@@ -118,7 +118,7 @@ class Metrics:
             "1 while records can be journaled, 0 while writes fail or stall (alarm on 0).",
             registry=r,
         )
-        self.journal_ready.set(1)
+        self.journal_ready.set(1)  # the journal's own health once metering starts
         self.journal_replaced = Counter(
             "usage_proxy_journal_replaced",
             "Times the journal file was found deleted or replaced and was recreated.",
@@ -245,9 +245,12 @@ async def serve_metrics(request: web.Request) -> web.Response:
 
 
 def admin_context(
-    settings: Settings, routes: Callable[[web.Application], None]
+    settings: Settings,
+    routes: Callable[[web.Application], None],
+    shared: tuple[web.AppKey[Any], ...] = (),
 ) -> Callable[[web.Application], AsyncIterator[None]]:
-    """cleanup_ctx: serve /metrics, /healthz and /readyz on ``--admin-port`` when set."""
+    """cleanup_ctx: serve /metrics, /healthz and /readyz on ``--admin-port`` when set,
+    with the main application's ``shared`` state."""
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         if settings.admin_port is None:
@@ -255,7 +258,8 @@ def admin_context(
             return
         admin = web.Application()
         admin[METRICS] = app[METRICS]
-        admin[CATALOG] = app[CATALOG]
+        for key in shared:
+            admin[key] = app[key]
         routes(admin)
         runner = web.AppRunner(admin, access_log=None)
         await runner.setup()

@@ -12,11 +12,13 @@ import hashlib
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from aiohttp import web
+from multidict import CIMultiDict
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 SCORE_PATHS = ("/score", "/v1/score")
@@ -103,6 +105,27 @@ class FakeVLLM:
     raw_bodies: list[bytes] = field(default_factory=list)
     last_body: bytes = b""
     prompt_tokens_total: int = 0
+    # --served-model-name a b: every name serves the one model, the first is the default.
+    aliases: tuple[str, ...] = ()
+    # Fault injection: rewrite each answer of a metered endpoint (body, headers) -> (same).
+    tamper: Callable[[bytes, dict[str, str]], tuple[bytes, dict[str, str]]] | None = None
+    seen_headers: list[CIMultiDict[str]] = field(default_factory=list)
+    chunks: int = 3  # content events of a streamed chat
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.name, *self.aliases)
+
+    def known_model(self, body: Any) -> bool:
+        """Omitted, null or "" mean the default model (vLLM answers 200 to all three)."""
+        model = body.get("model") if isinstance(body, dict) else None
+        return not model or model in self.names
+
+    def answer(self, body: bytes, content_type: str = "application/json") -> web.Response:
+        headers = {"Content-Type": content_type}
+        if self.tamper is not None:
+            body, headers = self.tamper(body, headers)
+        return web.Response(body=body, headers=headers)
 
     @property
     def fixed(self) -> bool:
@@ -114,8 +137,10 @@ class FakeVLLM:
         app.router.add_get("/version", self.handle_version)
         app.router.add_get("/v1/models", self.handle_models)
         app.router.add_get("/health", self.handle_health)
-        for path in (*SCORE_PATHS, *RERANK_PATHS, "/invocations"):
+        for path in (*SCORE_PATHS, *RERANK_PATHS):
             app.router.add_post(path, self.handle_scoring)
+        app.router.add_post("/invocations", self.handle_invocations)
+        app.router.add_post("/v1/embeddings", self.handle_embeddings)
         app.router.add_post("/v1/chat/completions", self.handle_chat)
         app.router.add_route("*", "/echo/{tail:.*}", self.handle_echo)
         app.router.add_get("/fake/prompt_tokens_total", self.handle_counter)
@@ -132,16 +157,53 @@ class FakeVLLM:
         return web.Response()
 
     async def handle_models(self, request: web.Request) -> web.Response:
-        entry = {
-            "id": self.name,
-            "object": "model",
+        entries = [
+            {
+                "id": name,
+                "object": "model",
+                "created": int(time.time()),
+                "owned_by": "vllm",
+                "root": str(self.root),
+                "parent": None,
+                "max_model_len": self.max_model_len,
+            }
+            for name in self.names
+        ]
+        return web.json_response({"object": "list", "data": entries})
+
+    async def handle_invocations(self, request: web.Request) -> web.StreamResponse:
+        """SageMaker dispatch for an embedding model: embeddings, then rerank, then score."""
+        body = json.loads(await request.read())
+        if isinstance(body, dict) and ("input" in body or "messages" in body):
+            return await self.handle_embeddings(request)
+        return await self.handle_scoring(request)
+
+    async def handle_embeddings(self, request: web.Request) -> web.Response:
+        """One engine request per input: usage was always engine-level."""
+        body = json.loads(await request.read())
+        self.seen_headers.append(CIMultiDict(request.headers))
+        if not self.known_model(body):
+            return error(404, f"The model `{body['model']}` does not exist.", "NotFoundError")
+        inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        lengths = [len(self.tokenizer(text)["input_ids"]) for text in inputs]
+        self.prompt_tokens_total += sum(lengths)
+        answer = {
+            "id": f"embd-{uuid.uuid4().hex[:16]}",
+            "object": "list",
             "created": int(time.time()),
-            "owned_by": "vllm",
-            "root": str(self.root),
-            "parent": None,
-            "max_model_len": self.max_model_len,
+            "model": body.get("model") or self.name,
+            "data": [
+                {"index": i, "object": "embedding", "embedding": [0.0, 1.0]}
+                for i in range(len(inputs))
+            ],
+            "usage": {
+                "prompt_tokens": sum(lengths),
+                "total_tokens": sum(lengths),
+                "completion_tokens": 0,
+                "prompt_tokens_details": None,
+            },
         }
-        return web.json_response({"object": "list", "data": [entry]})
+        return self.answer(dumps(answer))
 
     async def handle_echo(self, request: web.Request) -> web.Response:
         """Echo method, path, query, headers and body, to check transparent forwarding."""
@@ -153,24 +215,28 @@ class FakeVLLM:
             "body_sha256": hashlib.sha256(body).hexdigest(),
             "body_len": len(body),
         }
-        return web.json_response(echo, headers={"X-Upstream": "fake"})
+        reply = self.answer(json.dumps(echo).encode())
+        reply.headers["X-Upstream"] = "fake"
+        return reply
 
     async def handle_chat(self, request: web.Request) -> web.StreamResponse:
         """SSE when stream is true: a few chunks, spaced by ``delay`` seconds."""
         body = await request.json()
-        if not body.get("stream"):
+        self.seen_headers.append(CIMultiDict(request.headers))
+        lax = TypeAdapter(bool)  # vLLM's request models read booleans in lax mode
+        if not lax.validate_python(body.get("stream") or False):
             usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
-            return web.json_response({"id": "chat-1", "choices": [], "usage": usage})
+            return self.answer(dumps({"id": "chat-1", "choices": [], "usage": usage}))
         reply = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await reply.prepare(request)
-        for i in range(3):
+        for i in range(self.chunks):
             chunk = {"id": "chat-1", "choices": [{"index": 0, "delta": {"content": f"t{i}"}}]}
             await reply.write(b"data: " + dumps(chunk) + b"\n\n")
             if self.gate is not None:
                 await self.gate.wait()
             await asyncio.sleep(self.delay)
         options = body.get("stream_options") or {}
-        if options.get("include_usage"):
+        if lax.validate_python(options.get("include_usage") or False):
             usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
             chunk = {"id": "chat-1", "choices": [], "usage": usage}
             await reply.write(b"data: " + dumps(chunk) + b"\n\n")
@@ -181,6 +247,7 @@ class FakeVLLM:
     async def handle_scoring(self, request: web.Request) -> web.Response:
         raw = await request.read()
         self.raw_bodies.append(raw)
+        self.seen_headers.append(CIMultiDict(request.headers))
         try:
             body = json.loads(raw)
         except ValueError:
@@ -196,7 +263,7 @@ class FakeVLLM:
                 "code": 400,
             }
             return web.Response(body=dumps(message), content_type="application/json")
-        if isinstance(body, dict) and body.get("model") not in (None, self.name):
+        if not self.known_model(body):
             return error(
                 404, f"The model `{body['model']}` does not exist.", "NotFoundError", "model"
             )
@@ -217,7 +284,7 @@ class FakeVLLM:
         else:
             answer = self._score_body(scores, reported)
         self.last_body = dumps(answer)
-        return web.Response(body=self.last_body, content_type="application/json")
+        return self.answer(self.last_body)
 
     # --- request handling, the way vLLM's scoring IO processors do it ---------------
 
@@ -336,7 +403,7 @@ class FakeVLLM:
         ]
         return {
             "id": f"score-{uuid.uuid4().hex[:16]}",
-            "model": self.name,
+            "model": body.get("model") or self.name,
             "usage": {"prompt_tokens": reported, "total_tokens": reported},
             "results": results,
         }

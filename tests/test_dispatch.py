@@ -15,7 +15,8 @@ def test_request_rewrite_only_for_streams_without_usage() -> None:
     """include_usage is added to streamed chat/completions that lack it, nothing else."""
     body = json.dumps({"model": "m", "stream": True, "messages": []}).encode()
     prepared = prepare("/v1/chat/completions", body)
-    assert prepared.strip_usage and prepared.streamed
+    assert prepared.strip_usage
+    assert prepared.streamed
     assert prepared.model == "m"
     assert json.loads(prepared.body)["stream_options"] == {"include_usage": True}
     asked = json.dumps({"stream": True, "stream_options": {"include_usage": True}}).encode()
@@ -57,7 +58,8 @@ def test_lax_stream_values_get_usage_injected(stream: Any) -> None:
     """Regression: "stream": "true" / 1 streamed without include_usage, so no record."""
     body = json.dumps({"stream": stream, "messages": []}).encode()
     prepared = prepare("/v1/chat/completions", body)
-    assert prepared.streamed and prepared.strip_usage
+    assert prepared.streamed
+    assert prepared.strip_usage
     assert json.loads(prepared.body)["stream_options"] == {"include_usage": True}
 
 
@@ -66,7 +68,8 @@ def test_lax_include_usage_is_respected(asked: Any) -> None:
     """A client that asked for usage with a lax true keeps its usage chunk."""
     body = json.dumps({"stream": True, "stream_options": {"include_usage": asked}}).encode()
     prepared = prepare("/v1/chat/completions", body)
-    assert prepared.streamed and not prepared.strip_usage
+    assert prepared.streamed
+    assert not prepared.strip_usage
     assert prepared.body == body
 
 

@@ -79,7 +79,7 @@ async def test_errors_are_not_recorded(metered: Any) -> None:
 
 
 async def test_trusted_header_and_anonymous(
-    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, _journal_in_tmp: Path
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
 ) -> None:
     """Without a key map the configured tenant header names the tenant (a gateway sets
     it); no header means anonymous."""
@@ -90,7 +90,8 @@ async def test_trusted_header_and_anonymous(
         "/score", json={"text_1": QUERY, "text_2": DOCS[0]}, headers={"X-Tenant-Id": "team-b"}
     )
     await client.post("/score", json={"text_1": QUERY, "text_2": DOCS[0]})
-    assert [r.tenant for r in journal_records(_journal_in_tmp)] == ["team-b", "anonymous"]
+    journal = tmp_path / "journal.sqlite"
+    assert [r.tenant for r in journal_records(journal)] == ["team-b", "anonymous"]
 
 
 async def test_chat_stream_usage_recorded_and_hidden(metered: Any, aiohttp_server: Any) -> None:

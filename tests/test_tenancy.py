@@ -88,7 +88,8 @@ def test_undecodable_key_bytes_hash_as_sent() -> None:
     """A key with a non-UTF-8 byte is hashed over its raw bytes, never a 500."""
     resolver = TenantResolver(key_tenants={hashlib.sha256(b"caf\xe9").hexdigest(): "latin"})
     who = resolver.resolve({"Authorization": f"Bearer {BAD}"})
-    assert isinstance(who, Attribution) and who.tenant == "latin"
+    assert isinstance(who, Attribution)
+    assert who.tenant == "latin"
 
 
 def test_key_hash_is_short_digest_never_the_key() -> None:
