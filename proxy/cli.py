@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import sqlite3
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -14,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from proxy import __version__
-from proxy.journal import read_journal
+from proxy.journal import list_dead_letters, read_journal, requeue_dead_letters
 from proxy.records import UsageRecord
 from proxy.report import FORMATS, aggregate
 from proxy.settings import ENV_PREFIX, Mode, Settings, default_journal_path, load_settings
@@ -59,7 +61,60 @@ def build_parser() -> argparse.ArgumentParser:
         choices = [m.value for m in Mode] if name == "mode" else None
         serve.add_argument(flag, dest=name, default=None, choices=choices, help=_flag_help(name))
     _add_report(commands)
+    _add_dead_letters(commands)
     return parser
+
+
+def _journal_option(parser: Any) -> None:
+    parser.add_argument(
+        "--journal",
+        type=Path,
+        default=None,
+        help=f"journal file [env {ENV_PREFIX}JOURNAL; default: {default_journal_path()}]",
+    )
+
+
+def _add_dead_letters(commands: Any) -> None:
+    dead = commands.add_parser(
+        "dead-letters",
+        help="records an exporter rejected permanently: list them, or replay them",
+        description="A record a sink rejects for its content (a PostgreSQL data or "
+        "constraint error, a 4xx from the CloudEvents receiver) is kept here instead of "
+        "blocking the sink. 'list' shows them; 'replay' marks them to be delivered again "
+        "by the running proxy (or the next one to start) once the cause is fixed.",
+        epilog="example: usage-proxy dead-letters list --sink postgres; "
+        "usage-proxy dead-letters replay --sink postgres",
+    )
+    dead.add_argument("action", choices=("list", "replay"))
+    dead.add_argument("--sink", help="only this sink (postgres, cloudevents, jsonl:PATH)")
+    dead.add_argument("--format", choices=("table", "json"), default="table")
+    _journal_option(dead)
+
+
+def _journal_path(args: argparse.Namespace) -> Path:
+    return args.journal or Path(os.environ.get(f"{ENV_PREFIX}JOURNAL") or default_journal_path())
+
+
+def run_dead_letters(args: argparse.Namespace) -> int:
+    path = _journal_path(args)
+    if args.action == "replay":
+        count = requeue_dead_letters(path, args.sink)
+        print(f"{count} dead letter(s) queued for replay in {path}")
+        return 0
+    letters = list_dead_letters(path, args.sink)
+    if args.format == "json":
+        rows = [
+            {**json.loads(d.body), "sink": d.sink, "error": d.error, "dead_at": d.at}
+            | {"attempts": d.attempts, "requeued": d.requeued}
+            for d in letters
+        ]
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{len(letters)} dead letter(s) in {path}")
+    for d in letters:
+        state = "queued for replay" if d.requeued else f"{d.attempts} attempt(s)"
+        print(f"{d.at}  {d.sink:12}  {d.record_id}  {state}  {d.error[:120]}")
+    return 0
 
 
 def _add_report(commands: Any) -> None:
@@ -70,12 +125,7 @@ def _add_report(commands: Any) -> None:
         "billed) and verdict counts per tenant and model over a time range.",
     )
     source = report.add_mutually_exclusive_group()
-    source.add_argument(
-        "--journal",
-        type=Path,
-        default=None,
-        help=f"journal file [env {ENV_PREFIX}JOURNAL; default: {default_journal_path()}]",
-    )
+    _journal_option(source)
     source.add_argument("--ledger-dsn", help="read the PostgreSQL ledger instead")
     report.add_argument("--since", help="start of the range, ISO 8601 (inclusive)")
     report.add_argument("--until", help="end of the range, ISO 8601 (exclusive)")
@@ -88,9 +138,7 @@ def run_report(args: argparse.Namespace) -> int:
     if args.ledger_dsn:
         records = asyncio.run(read_ledger(args.ledger_dsn, since, until))
     else:
-        path = args.journal or Path(
-            os.environ.get(f"{ENV_PREFIX}JOURNAL") or default_journal_path()
-        )
+        path = _journal_path(args)
         records = [UsageRecord.from_json(b) for b in read_journal(path, since, until)]
     text = FORMATS[args.format](aggregate(records))
     if args.output:
@@ -119,11 +167,12 @@ def _format_errors(exc: ValidationError) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "report":
+    if args.command in ("report", "dead-letters"):
+        command = run_report if args.command == "report" else run_dead_letters
         try:
-            return run_report(args)
-        except (OSError, ValueError) as exc:
-            print(f"usage-proxy report: {exc}", file=sys.stderr)
+            return command(args)
+        except (OSError, ValueError, sqlite3.Error) as exc:
+            print(f"usage-proxy {args.command}: {exc}", file=sys.stderr)
             return 2
     cli: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in {"command", "config"}}
     try:
