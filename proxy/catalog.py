@@ -178,6 +178,7 @@ class Catalog:
         )
         if model.tokenizer is not None:
             model.tokenizer.cache = self.cache
+            model.tokenizer.bound = model.max_model_len + 2
             if self._pool is not None:
                 await loop.run_in_executor(None, self._pool.warm, model.tokenizer)
         log.info(

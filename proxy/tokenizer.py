@@ -12,6 +12,7 @@ import copy
 import hashlib
 import itertools
 import os
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -22,6 +23,37 @@ from typing import Any
 from proxy.types import Tokenizer
 
 _keys = itertools.count()
+# Texts longer than this are counted chunk by chunk, each chunk ending before a
+# whitespace character (a pre-token boundary for the BERT, Metaspace and byte-level
+# pre-tokenizers), stopping once the count passes the bound: the tokenizer's memory then
+# follows the chunk, not the text (one 2 MiB text used to take ~600 MB).
+LONG_TEXT_CHARS = 32 * 1024
+CHUNK_CHARS = 16 * 1024
+
+
+_LAST_SPACE = re.compile(r"\s\S*\Z")
+_SPACE = re.compile(r"\s")
+
+
+def whitespace_chunks(text: str, size: int) -> list[tuple[int, int]]:
+    """(start, end) pieces of ``text`` of about ``size`` characters, each cut right before
+    a whitespace character; a whitespace-free run longer than ``size`` stays whole."""
+    pieces: list[tuple[int, int]] = []
+    start = 0
+    while len(text) - start > size:
+        last = _LAST_SPACE.search(text, start + 1, start + size + 1)
+        cut = last.start() if last else _next_space(text, start + size)
+        if cut < 0:
+            break
+        pieces.append((start, cut))
+        start = cut
+    pieces.append((start, len(text)))
+    return pieces
+
+
+def _next_space(text: str, low: int) -> int:
+    found = _SPACE.search(text, low)
+    return found.start() if found else -1
 
 
 class HFTokenizer:
@@ -31,6 +63,10 @@ class HFTokenizer:
         self._tok = tokenizer
         self.key = next(_keys)
         self.cache: CountCache | None = None
+        # Token counts above this never matter (set to max_model_len + 2 by discovery: any
+        # engine input longer than max_model_len is refused or cut by vLLM); None: exact.
+        self.bound: int | None = None
+        self._specials = int(tokenizer.num_special_tokens_to_add(pair=False))
 
     @property
     def pad_token_id(self) -> int | None:
@@ -49,6 +85,19 @@ class HFTokenizer:
     def encode_lengths(self, texts: Sequence[str], *, max_length: int | None) -> list[int]:
         if not texts:
             return []
+        long = {i for i, t in enumerate(texts) if self._is_long(t)}
+        short = [t for i, t in enumerate(texts) if i not in long]
+        counted = iter(self._batch_lengths(short, max_length) if short else [])
+        out = []
+        for i, text in enumerate(texts):
+            if i in long:
+                n = self._content_length(text) + self._specials
+                out.append(n if max_length is None else min(n, max_length))
+            else:
+                out.append(next(counted))
+        return out
+
+    def _batch_lengths(self, texts: Sequence[str], max_length: int | None) -> list[int]:
         out = self._tok(
             list(texts),
             add_special_tokens=True,
@@ -57,9 +106,32 @@ class HFTokenizer:
         )
         return [len(ids) for ids in out["input_ids"]]
 
+    def _is_long(self, text: str) -> bool:
+        return self.bound is not None and len(text) > LONG_TEXT_CHARS
+
+    def _content_length(self, text: str) -> int:
+        """Content tokens of a long text, chunk by chunk, stopping past the bound."""
+        assert self.bound is not None
+        total = 0
+        for start, end in whitespace_chunks(text, CHUNK_CHARS):
+            out = self._tok(text[start:end], add_special_tokens=False)
+            total += len(out["input_ids"])
+            if total > self.bound:
+                break
+        return total
+
     def pair_length(
         self, text: str, pair: str, *, max_length: int | None, only_second: bool
     ) -> int:
+        if self._is_long(text) or self._is_long(pair):
+            # [CLS] q [SEP] d [SEP]: truncation keeps max_length when it can (vLLM answers
+            # 400 when only_second cannot reach it; the count is then never billed).
+            total = (
+                self._content_length(text)
+                + self._content_length(pair)
+                + self.num_special_tokens_pair()
+            )
+            return total if max_length is None else min(total, max_length)
         truncation: bool | str = max_length is not None
         if only_second:
             truncation = "only_second"
@@ -73,8 +145,17 @@ class HFTokenizer:
         return len(out["input_ids"])
 
     def content_offsets(self, text: str) -> list[tuple[int, int]]:
-        out = self._tok(text, add_special_tokens=False, return_offsets_mapping=True)
-        return [(int(a), int(b)) for a, b in out["offset_mapping"]]
+        if not self._is_long(text):
+            out = self._tok(text, add_special_tokens=False, return_offsets_mapping=True)
+            return [(int(a), int(b)) for a, b in out["offset_mapping"]]
+        assert self.bound is not None
+        offsets: list[tuple[int, int]] = []
+        for start, end in whitespace_chunks(text, CHUNK_CHARS):
+            out = self._tok(text[start:end], add_special_tokens=False, return_offsets_mapping=True)
+            offsets.extend((start + int(a), start + int(b)) for a, b in out["offset_mapping"])
+            if len(offsets) > self.bound:
+                break
+        return offsets
 
     def num_special_tokens_pair(self) -> int:
         return int(self._tok.num_special_tokens_to_add(pair=True))
@@ -83,6 +164,7 @@ class HFTokenizer:
         twin = HFTokenizer(copy.deepcopy(self._tok))
         twin.key = self.key
         twin.cache = self.cache
+        twin.bound = self.bound
         return twin
 
 
