@@ -12,7 +12,7 @@ from proxy import __version__, health
 from proxy.audit import ScoringAuditor
 from proxy.catalog import CATALOG, Catalog, catalog_context
 from proxy.dispatch import SCORING_OPERATIONS, prepare
-from proxy.exchanges import off_loop, read_body
+from proxy.exchanges import BODIES, BodyBudget, handle_admitted, off_loop
 from proxy.logs import configure_logging
 from proxy.metered import METERED_PATHS, MeteredRelay
 from proxy.metering import METER, attribution, meter_context
@@ -70,13 +70,14 @@ class Invocations:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
-        body = await read_body(request)
-        prepared = await off_loop(prepare, body, request.path, body, self._catalog.task_of)
-        if prepared.operation in SCORING_OPERATIONS:
-            work = self._auditor.audit(request, body, started, prepared.operation)
-        else:
-            work = self._metered.relay(request, prepared, started)
-        return await request.app[METER].shielded(work)
+
+        async def work(body: bytes) -> web.StreamResponse:
+            prepared = await off_loop(prepare, body, request.path, body, self._catalog.task_of)
+            if prepared.operation in SCORING_OPERATIONS:
+                return await self._auditor.audit(request, body, started, prepared.operation)
+            return await self._metered.relay(request, prepared, started)
+
+        return await handle_admitted(request, work, request.app[METER].shielded)
 
 
 def _admin_routes(admin: web.Application) -> None:
@@ -104,6 +105,9 @@ def create_app(
     app.cleanup_ctx.append(meter_context(settings, sinks))
     metrics = Metrics(settings)
     app[METRICS] = metrics
+    app[BODIES] = BodyBudget(
+        settings.max_inflight_body_bytes, settings.max_body_bytes, settings.body_read_timeout
+    )
     health.add_routes(app)
     if settings.admin_port is None:
         app.router.add_get("/metrics", serve_metrics)

@@ -16,7 +16,7 @@ from aiohttp import web
 from proxy.analysis import MIN_BYTES_PER_ITEM, Analysis, analyse, decide, over_limit
 from proxy.catalog import Catalog
 from proxy.encoding import UnreadableBody
-from proxy.exchanges import off_loop, read_body, readable_body, reply_headers
+from proxy.exchanges import handle_admitted, off_loop, readable_body, reply_headers
 from proxy.metering import METER, WHO, Meter
 from proxy.metrics import METRICS, Metrics, upstream_failure
 from proxy.reconcile import Audit, invalid, unaudited
@@ -70,8 +70,11 @@ class ScoringAuditor:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
-        body = await read_body(request)
-        return await request.app[METER].shielded(self.audit(request, body, started))
+
+        async def work(body: bytes) -> web.StreamResponse:
+            return await self.audit(request, body, started)
+
+        return await handle_admitted(request, work, request.app[METER].shielded)
 
     async def audit(
         self,

@@ -1,27 +1,133 @@
-"""I/O steps the audited and the metered paths share: read the client's body, run work
-that scales with a body off the event loop, make the upstream's answer readable, and the
-answer's headers."""
+"""I/O steps the audited and the metered paths share: admit and read the client's body,
+run work that scales with a body off the event loop, make the upstream's answer readable,
+and the answer's headers."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import ctypes
+import ctypes.util
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import structlog
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.encoding import content_codings, decode_body
-from proxy.upstream import response_headers
+from proxy.metrics import METRICS
+from proxy.upstream import error_response, response_headers
 
+log = structlog.get_logger("proxy.exchanges")
 T = TypeVar("T")
 # Below this many bytes, parsing inline costs less than a hop to a thread.
 INLINE_BYTES = 64 * 1024
+# After holding at least this much, give freed memory back to the system.
+TRIM_AFTER_BYTES = 8 * 1024 * 1024
 
 
-async def read_body(request: web.Request) -> bytes:
-    """The whole request body (aiohttp enforces --max-body-bytes while reading)."""
-    return await request.read()
+class Refused(Exception):
+    """A body the proxy will not read now; ``response`` says why, in vLLM's shape."""
+
+    def __init__(self, response: web.Response) -> None:
+        super().__init__(response.text)
+        self.response = response
+
+
+class BodyBudget:
+    """Admission for request bodies held in memory (audited and metered paths).
+
+    The proxy parses and counts what it holds, at several times the body's size; a
+    budget on the bytes held at once bounds its memory whatever clients send. Past it,
+    503 with ``Retry-After``. Reading a body has a deadline, so a stalled upload cannot
+    pin its reservation.
+    """
+
+    def __init__(self, limit: int, max_body: int, read_timeout: float) -> None:
+        self.limit = limit
+        self.max_body = max_body
+        self.read_timeout = read_timeout
+        self.held = 0
+        self._peak = 0
+        self._trims: set[asyncio.Future[None]] = set()
+
+    async def admit(self, request: web.Request) -> tuple[bytes, int]:
+        """Reserve room for the body and read it within the deadline; the caller releases
+        the returned reservation. Raises Refused (503 over budget, 408 too slow)."""
+        size = min(request.content_length or self.max_body, self.max_body)
+        if self.held + size > self.limit and self.held > 0:
+            raise Refused(self._busy(size))
+        self.held += size
+        self._peak = max(self._peak, self.held)
+        try:
+            body = await asyncio.wait_for(request.read(), self.read_timeout)
+        except TimeoutError:
+            self.release(size)
+            message = f"request body not received within {self.read_timeout:g} s"
+            raise Refused(error_response(408, message)) from None
+        except BaseException:
+            self.release(size)
+            raise
+        return body, size
+
+    def release(self, size: int) -> None:
+        self.held -= size
+        if self.held == 0 and self._peak >= TRIM_AFTER_BYTES:
+            self._peak = 0
+            self._trim()
+
+    def _busy(self, size: int) -> web.Response:
+        log.warning("body_budget_exhausted", held=self.held, asked=size, limit=self.limit)
+        reply = error_response(
+            503,
+            f"the proxy holds {self.held >> 20} MiB of request bodies; this one "
+            f"({size >> 20} MiB) does not fit in --max-inflight-body-bytes now, retry",
+        )
+        reply.headers["Retry-After"] = "1"
+        return reply
+
+    def _trim(self) -> None:
+        """Return freed heap pages to the system (glibc keeps them otherwise)."""
+        trim = _malloc_trim()
+        if trim is None:
+            return
+        future = asyncio.get_running_loop().run_in_executor(None, trim, 0)
+        self._trims.add(future)
+        future.add_done_callback(self._trims.discard)
+
+
+def _malloc_trim() -> Callable[[int], Any] | None:
+    name = ctypes.util.find_library("c")
+    if not name:
+        return None
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None)
+    return trim
+
+
+BODIES = web.AppKey("body_budget", BodyBudget)
+
+
+async def handle_admitted(
+    request: web.Request,
+    work: Callable[[bytes], Awaitable[web.StreamResponse]],
+    shield: Callable[[Awaitable[web.StreamResponse]], Awaitable[web.StreamResponse]],
+) -> web.StreamResponse:
+    """Admit and read the body, then run ``work(body)`` shielded from a client hang-up;
+    the body's reservation is held until the work is done."""
+    budget = request.app[BODIES]
+    try:
+        body, size = await budget.admit(request)
+    except Refused as exc:
+        request.app[METRICS].refused.labels(str(exc.response.status)).inc()
+        return exc.response
+
+    async def held() -> web.StreamResponse:
+        try:
+            return await work(body)
+        finally:
+            budget.release(size)
+
+    return await shield(held())
 
 
 async def off_loop(fn: Callable[..., T], body: bytes, *args: Any) -> T:

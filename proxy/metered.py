@@ -15,7 +15,7 @@ from aiohttp import web
 from proxy.catalog import CATALOG
 from proxy.dispatch import Prepared, prepare
 from proxy.encoding import UnreadableBody
-from proxy.exchanges import off_loop, read_body, readable_body, reply_headers
+from proxy.exchanges import handle_admitted, off_loop, readable_body, reply_headers
 from proxy.metering import METER
 from proxy.metrics import METRICS, upstream_failure
 from proxy.records import OPERATIONS, UsageRecord
@@ -36,10 +36,13 @@ class MeteredRelay:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
-        body = await read_body(request)
-        task_of = request.app[CATALOG].task_of
-        prepared = await off_loop(prepare, body, request.path, body, task_of)
-        return await request.app[METER].shielded(self.relay(request, prepared, started))
+
+        async def work(body: bytes) -> web.StreamResponse:
+            task_of = request.app[CATALOG].task_of
+            prepared = await off_loop(prepare, body, request.path, body, task_of)
+            return await self.relay(request, prepared, started)
+
+        return await handle_admitted(request, work, request.app[METER].shielded)
 
     async def relay(
         self, request: web.Request, prepared: Prepared, started: float

@@ -83,6 +83,18 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         64 * 1024 * 1024, gt=0, description="Largest audited request body read into memory."
     )
+    max_inflight_body_bytes: int = Field(
+        128 * 1024 * 1024,
+        gt=0,
+        description="Bytes of audited/metered request bodies held in memory at once (the "
+        "proxy parses and counts them at a few times their size); past it, 503 with "
+        "Retry-After. Size it with the memory limit: about 5 bytes of RSS per body byte.",
+    )
+    body_read_timeout: float = Field(
+        30.0,
+        gt=0,
+        description="Seconds to receive a whole audited/metered request body; past it, 408.",
+    )
     max_documents: int = Field(
         100_000,
         ge=1,

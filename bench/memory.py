@@ -1,0 +1,195 @@
+"""Memory and admission under hostile bodies (issue #11), loopback only, bounded in time.
+
+    python bench/memory.py [--proxy-extra "--max-inflight-body-mib 128"]
+
+Starts a minimal upstream that answers like vLLM to an over-long input (400, after
+reading the body) and the real proxy, then measures the proxy's RSS (VmRSS) and peak
+(VmHWM, reset between scenarios) for: one body of 2, 8 and 60 MiB of one-character words;
+20 concurrent 8 MiB bodies; 10 uploads stalled one byte short; and a small rerank sent
+while two 3 MiB bodies keep the tokenizer busy. Prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from scripts.vllm_cpu import free_port, minilm_dir, start_proxy  # noqa: E402
+
+MIB = 1024 * 1024
+
+
+def status_kb(pid: int, field: str) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return float(line.split()[1])
+    return 0.0
+
+
+def reset_peak(pid: int) -> None:
+    """Writing 5 to clear_refs resets VmHWM (Linux >= 4.0)."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
+def mb(pid: int, field: str = "VmRSS") -> float:
+    return status_kb(pid, field) / 1024
+
+
+async def upstream_app() -> web.Application:
+    async def version(request: web.Request) -> web.Response:
+        return web.json_response({"version": "0.29.0"})
+
+    async def models(request: web.Request) -> web.Response:
+        entry = {"id": "minilm", "root": str(minilm_dir()), "max_model_len": 256}
+        return web.json_response({"object": "list", "data": [entry]})
+
+    async def scoring(request: web.Request) -> web.Response:
+        body = await request.read()
+        if len(body) > 100_000:
+            error = {"message": "too long", "type": "BadRequestError", "param": None, "code": 400}
+            return web.json_response({"error": error}, status=400)
+        usage = {"prompt_tokens": 25, "total_tokens": 25}
+        return web.json_response({"id": "x", "model": "minilm", "usage": usage, "results": []})
+
+    app = web.Application(client_max_size=1 << 30)
+    app.router.add_get("/version", version)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", version)
+    app.router.add_post("/rerank", scoring)
+    return app
+
+
+def big_body(mib: int) -> bytes:
+    words = "a " * (mib * MIB // 2 - 64)
+    return json.dumps({"query": "q", "documents": [words]}).encode()
+
+
+async def post(session: aiohttp.ClientSession, url: str, body: bytes) -> tuple[int, str]:
+    async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
+        await r.read()
+        return r.status, r.headers.get("x-usage-verdict", "-")
+
+
+async def stalled_upload(port: int, size: int, hold: float) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST /rerank HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {size}\r\n\r\n".encode()
+    )
+    chunk = b" " * MIB
+    sent = 0
+    while sent + MIB < size:
+        writer.write(chunk)
+        await writer.drain()
+        sent += MIB
+    await asyncio.sleep(hold)
+    writer.close()
+
+
+async def run(args: argparse.Namespace, workdir: Path) -> list[tuple[str, str]]:
+    runner = web.AppRunner(await upstream_app())
+    await runner.setup()
+    up_port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", up_port).start()
+    proxy = start_proxy(
+        f"http://127.0.0.1:{up_port}",
+        workdir,
+        "--journal",
+        str(workdir / "j.sqlite"),
+        "--log-level",
+        "warning",
+        *args.proxy_extra.split(),
+    )
+    await asyncio.to_thread(proxy.wait_ready, "/readyz", 60)
+    pid, url = proxy.popen.pid, proxy.url + "/rerank"
+    rows: list[tuple[str, str]] = []
+    timeout = aiohttp.ClientTimeout(total=300)
+    try:
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            await post(session, url, json.dumps({"query": "q", "documents": ["d"]}).encode())
+            idle = mb(pid)
+            rows.append(("idle", f"RSS {idle:.0f} MB"))
+            for mib in (2, 8, 60):
+                reset_peak(pid)
+                started = time.monotonic()
+                status, _ = await post(session, url, big_body(mib))
+                took = time.monotonic() - started
+                await asyncio.sleep(1)
+                rows.append(
+                    (
+                        f"one {mib} MiB body",
+                        f"status {status}, {took:.1f} s, peak {mb(pid, 'VmHWM'):.0f} MB, "
+                        f"after {mb(pid):.0f} MB",
+                    )
+                )
+            reset_peak(pid)
+            body = big_body(8)
+            started = time.monotonic()
+            statuses = await asyncio.gather(*(post(session, url, body) for _ in range(20)))
+            took = time.monotonic() - started
+            await asyncio.sleep(2)
+            codes = sorted({s for s, _ in statuses})
+            rows.append(
+                (
+                    "20 concurrent 8 MiB bodies",
+                    f"statuses {codes}, {took:.1f} s, peak {mb(pid, 'VmHWM'):.0f} MB, "
+                    f"after {mb(pid):.0f} MB",
+                )
+            )
+            reset_peak(pid)
+            started = time.monotonic()
+            await asyncio.gather(
+                *(stalled_upload(int(proxy.url.rsplit(":", 1)[1]), 60 * MIB, 40) for _ in range(10))
+            )
+            await asyncio.sleep(2)
+            rows.append(
+                (
+                    "10 uploads of 60 MiB stalled 1 MiB short, held 40 s",
+                    f"peak {mb(pid, 'VmHWM'):.0f} MB, after {mb(pid):.0f} MB",
+                )
+            )
+            small = json.dumps(
+                {"query": "What is the capital of France?", "documents": ["Paris.", "Berlin."]}
+            ).encode()
+            neighbours = [asyncio.create_task(post(session, url, big_body(3))) for _ in range(2)]
+            await asyncio.sleep(0.3)
+            started = time.monotonic()
+            status, verdict = await post(session, url, small)
+            took = time.monotonic() - started
+            await asyncio.gather(*neighbours)
+            rows.append(
+                ("small rerank beside two 3 MiB bodies", f"{verdict}, {took * 1000:.0f} ms")
+            )
+            rows.append(("after everything", f"RSS {mb(pid):.0f} MB (idle was {idle:.0f})"))
+    finally:
+        proxy.stop()
+        await runner.cleanup()
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--proxy-extra", default="", help="extra usage-proxy serve options")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="usage-proxy-memory-") as tmp:
+        rows = asyncio.run(run(args, Path(tmp)))
+    print("| scenario | result |\n|---|---|")
+    for name, result in rows:
+        print(f"| {name} | {result} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
