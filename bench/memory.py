@@ -18,7 +18,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -83,7 +82,7 @@ async def post(session: aiohttp.ClientSession, url: str, body: bytes) -> tuple[i
 
 
 async def stalled_upload(port: int, size: int, hold: float) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(
         b"POST /rerank HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         + f"Content-Length: {size}\r\n\r\n".encode()
@@ -169,8 +168,9 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[tuple[str, str]]:
             status, verdict = await post(session, url, small)
             took = time.monotonic() - started
             await asyncio.gather(*neighbours)
+            counted = "counted in time" if verdict != "unaudited" else "NOT counted in time"
             rows.append(
-                ("small rerank beside two 3 MiB bodies", f"{verdict}, {took * 1000:.0f} ms")
+                ("small rerank beside two 3 MiB bodies", f"{counted}, {took * 1000:.0f} ms")
             )
             rows.append(("after everything", f"RSS {mb(pid):.0f} MB (idle was {idle:.0f})"))
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -12,7 +13,7 @@ from proxy import __version__, health
 from proxy.audit import ScoringAuditor
 from proxy.catalog import CATALOG, Catalog, catalog_context
 from proxy.dispatch import SCORING_OPERATIONS, prepare
-from proxy.exchanges import BODIES, BodyBudget, handle_admitted, off_loop
+from proxy.exchanges import BODIES, BodyBudget, handle_admitted, off_loop, tune_allocator
 from proxy.logs import configure_logging
 from proxy.metered import METERED_PATHS, MeteredRelay
 from proxy.metering import METER, attribution, meter_context
@@ -119,13 +120,25 @@ def create_app(
     for path in sorted(METERED_PATHS):
         app.router.add_post(path, metered.handle)
     app.router.add_post(INVOCATIONS_PATH, Invocations(auditor, metered, catalog).handle)
-    app.router.add_route("*", "/{tail:.*}", Relay(settings.upstream_base).handle)
+    relay = Relay(settings.upstream_base, settings.body_read_timeout)
+    app.router.add_route("*", "/{tail:.*}", relay.handle)
     return app
+
+
+def raise_open_files_limit() -> None:
+    """Every client and upstream connection is a file descriptor: use the hard limit
+    (often 1,024 soft), so connection floods meet the proxy's own bounds first."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    log.info("open_files_limit", limit=max(soft, hard))
 
 
 def run(settings: Settings) -> None:
     """Serve until SIGINT/SIGTERM."""
+    tune_allocator()
     configure_logging(settings.log_level)
+    raise_open_files_limit()
     log.info(
         "starting",
         version=__version__,

@@ -94,7 +94,7 @@ class ScoringAuditor:
                 return error_response(400, refusal, param="documents")
         sent = time.perf_counter()
         counting = loop.run_in_executor(
-            self._pool.executor,
+            self._pool.lane(len(body)),
             analyse,
             body,
             request.path,

@@ -95,13 +95,14 @@ class MeteredRelay:
             abort(request, exc)  # an interrupted upstream stream is not billed
             return reply
         tail = scanner.finish()
+        if client_gone:
+            log.info("client_disconnected", path=request.path, billed=scanner.usage is not None)
+            request.app[METRICS].aborted.labels(request.path).inc()
         if scanner.usage is not None and 200 <= upstream.status < 300:
             reading = reading_of(scanner.usage)
             record = self._record(request, prepared, reading, upstream.status, started, client_gone)
             await request.app[METER].record(record)
         if client_gone:
-            log.info("client_disconnected", path=request.path, billed=scanner.usage is not None)
-            request.app[METRICS].aborted.labels(request.path).inc()
             return reply
         if await _send(reply, tail + scanner.held):
             await reply.write_eof()

@@ -5,10 +5,14 @@ Bodies stream both ways; server-sent events reach the client chunk by chunk.
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import aiohttp
 import structlog
 from aiohttp import web
 
+from proxy.exchanges import body_timeout
 from proxy.metrics import upstream_failure
 from proxy.upstream import SESSION, UpstreamError, exchange, response_headers
 
@@ -26,14 +30,26 @@ def abort(request: web.Request, exc: BaseException) -> None:
         request.transport.close()
 
 
+# Bodies up to this size are received in full (within --body-read-timeout) before an
+# upstream connection is taken: a client that trickles its upload holds no vLLM connection.
+BUFFERED_BODY_BYTES = 1024 * 1024
+
+
 class Relay:
     """aiohttp handler relaying a request to the upstream unchanged."""
 
-    def __init__(self, upstream_base: str) -> None:
+    def __init__(self, upstream_base: str, body_read_timeout: float) -> None:
         self._base = upstream_base
+        self._body_timeout = body_read_timeout
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        data = request.content if request.body_exists else None
+        data: Any = request.content if request.body_exists else None
+        length = request.content_length
+        if data is not None and length is not None and length <= BUFFERED_BODY_BYTES:
+            try:
+                data = await asyncio.wait_for(request.read(), self._body_timeout)
+            except TimeoutError:
+                return body_timeout(self._body_timeout)
         try:
             async with exchange(request.app[SESSION], self._base, request, data) as upstream:
                 reply = web.StreamResponse(

@@ -95,6 +95,12 @@ class Settings(BaseSettings):
         gt=0,
         description="Seconds to receive a whole audited/metered request body; past it, 408.",
     )
+    upstream_connections: int = Field(
+        256,
+        ge=1,
+        description="Most connections open to the upstream at once (requests beyond it "
+        "wait for a free one), so slow clients cannot exhaust vLLM's connections.",
+    )
     max_documents: int = Field(
         100_000,
         ge=1,

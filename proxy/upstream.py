@@ -168,7 +168,7 @@ def session_context(settings: Settings) -> Any:
         timeout = aiohttp.ClientTimeout(
             total=None, connect=settings.connect_timeout, sock_read=settings.read_timeout
         )
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=30)
+        connector = aiohttp.TCPConnector(limit=settings.upstream_connections, keepalive_timeout=30)
         async with aiohttp.ClientSession(
             timeout=timeout,
             connector=connector,

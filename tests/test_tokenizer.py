@@ -141,3 +141,22 @@ def test_real_size_long_text_counts_like_the_whole_text(minilm_path: Path) -> No
     for limit in (16, 100, 257):
         assert bounded.lengths([text], max_length=limit) == full.lengths([text], max_length=limit)
     assert bounded.content_offsets(text)[:200] == full.content_offsets(text)[:200]
+
+
+def test_small_bodies_never_queue_behind_large_ones(minilm_path: Path) -> None:
+    """Regression: two large neighbours held both tokenizer threads and a small rerank
+    waited past the accounting timeout (unaudited, billed inflated). Small bodies count
+    in their own lane."""
+    pool = TokenizerPool(2)
+    tok = load_tokenizer(minilm_path)
+    release = threading.Event()
+    busy = [pool.lane(8 * 1024 * 1024).submit(release.wait, 30) for _ in range(2)]
+    try:
+        small = pool.lane(2_000).submit(
+            lambda: pool.local_copy(tok).lengths(["Paris."], max_length=None)
+        )
+        assert small.result(timeout=5) == [4]
+        assert not any(f.done() for f in busy)
+    finally:
+        release.set()
+        pool.shutdown()
