@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scripts.vllm_cpu import CACHE, E2E_VERSIONS, ROOT, env_python, prepare_models
 
 # Measured on this project's machine (2 cores): a cold install of one version, both at once.
-TYPICAL_COLD_S = 220
+TYPICAL_COLD_S = 120
 NEEDED_GB_PER_VERSION = 6
 HEARTBEAT_S = 30
 
