@@ -15,7 +15,7 @@ from proxy.accounting import Counted, count_request
 from proxy.catalog import Catalog, ServedModel
 from proxy.reconcile import Audit, invalid, judge, unaudited
 from proxy.shapes import ScoringRequest, endpoint_for_path, parse_scoring_request
-from proxy.tokenizer import TokenizerPool
+from proxy.tokenizer import TokenizerPool, Uncountable
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,15 +59,22 @@ def _analyse(
     if request.pairing is None:
         return Analysis(request, model, None, "invalid pairing")
     tok = pool.local_copy(model.tokenizer)
-    counted = count_request(
-        tok,
-        request.queries,
-        request.documents,
-        request.truncation,
-        model.profile,
-        full=recount_fraction >= 1.0 or random.random() < recount_fraction,
-    )
-    return Analysis(request, model, counted)
+    full = recount_fraction >= 1.0 or random.random() < recount_fraction
+    for attempt in (full, False) if full else (False,):
+        try:
+            counted = count_request(
+                tok,
+                request.queries,
+                request.documents,
+                request.truncation,
+                model.profile,
+                full=attempt,
+            )
+        except Uncountable as exc:  # memory bound: fall back to the query-only derivation
+            problem = f"not counted: {exc}"
+            continue
+        return Analysis(request, model, counted)
+    return Analysis(request, model, None, problem)
 
 
 # The shortest JSON list item is 3 bytes (`"",`): smaller bodies cannot pass the limit, so

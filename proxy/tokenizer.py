@@ -29,6 +29,14 @@ _keys = itertools.count()
 # follows the chunk, not the text (one 2 MiB text used to take ~600 MB).
 LONG_TEXT_CHARS = 32 * 1024
 CHUNK_CHARS = 16 * 1024
+# A whitespace-free run is one pre-token and must be tokenized whole (about 70 MB of
+# tokenizer memory per MiB with MiniLM); longer runs are not counted at all.
+MAX_RUN_CHARS = 64 * 1024
+
+
+class Uncountable(ValueError):
+    """A text the proxy will not tokenize within its memory bound; the request is judged
+    without a recount (the derivation path, else ``unaudited``: billed as reported)."""
 
 
 _LAST_SPACE = re.compile(r"\s\S*\Z")
@@ -37,12 +45,16 @@ _SPACE = re.compile(r"\s")
 
 def whitespace_chunks(text: str, size: int) -> list[tuple[int, int]]:
     """(start, end) pieces of ``text`` of about ``size`` characters, each cut right before
-    a whitespace character; a whitespace-free run longer than ``size`` stays whole."""
+    a whitespace character; a whitespace-free run longer than ``size`` stays whole, and
+    one longer than MAX_RUN_CHARS raises Uncountable."""
     pieces: list[tuple[int, int]] = []
     start = 0
     while len(text) - start > size:
         last = _LAST_SPACE.search(text, start + 1, start + size + 1)
         cut = last.start() if last else _next_space(text, start + size)
+        end = len(text) if cut < 0 else cut
+        if end - start > MAX_RUN_CHARS:
+            raise Uncountable(f"a whitespace-free run of more than {MAX_RUN_CHARS} characters")
         if cut < 0:
             break
         pieces.append((start, cut))

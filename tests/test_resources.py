@@ -94,3 +94,20 @@ async def test_upstream_connections_are_capped(
         aiohttp_server, aiohttp_client, minilm_path, upstream_connections=3
     )
     assert client.app[SESSION].connector.limit == 3
+
+
+async def test_giant_word_is_proven_by_derivation_not_tokenized(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """A document that is one 100 KiB word is not tokenized by the proxy (memory bound);
+    the correction is still proven from the query length alone, as vLLM's engine saw it."""
+    from proxy.journal import read_journal
+
+    _, client = await fake_and_proxy(aiohttp_server, aiohttp_client, minilm_path)
+    body = {"query": "What is the capital of France?", "documents": ["a" * 100_000, "Paris."]}
+    resp = await client.post("/rerank", json=body)
+    assert resp.status == 200
+    assert resp.headers["x-usage-verdict"] == "corrected"
+    (record,) = [json.loads(r) for r in read_journal(tmp_path / "journal.sqlite")]
+    # Q = 9; the giant word is one [UNK]: D = 3 and 4 ("Paris." is [CLS] paris . [SEP])
+    assert record["prompt_tokens_billed"] == 9 + 3 + 4

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -160,3 +161,15 @@ def test_small_bodies_never_queue_behind_large_ones(minilm_path: Path) -> None:
     finally:
         release.set()
         pool.shutdown()
+
+
+def test_giant_whitespace_free_run_is_not_tokenized(minilm_path: Path) -> None:
+    """A 4 MiB run without whitespace would take ~290 MB of tokenizer memory: the proxy
+    refuses to count it (the request is judged without a recount) instead."""
+    from proxy.tokenizer import Uncountable
+
+    tok = load_tokenizer(minilm_path)
+    tok.bound = 258
+    with pytest.raises(Uncountable):
+        tok.lengths(["a" * (4 * 1024 * 1024)], max_length=257)
+    assert tok.lengths(["a" * (40 * 1024)], max_length=257) == [3]  # one [UNK]
