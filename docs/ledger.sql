@@ -24,6 +24,16 @@ CREATE TABLE IF NOT EXISTS usage_records (
     inserted_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX IF NOT EXISTS usage_records_tenant_time ON usage_records (tenant, time);
+CREATE TABLE IF NOT EXISTS reconciliation_windows (
+    window_id uuid PRIMARY KEY,
+    instance text NOT NULL,
+    upstream text NOT NULL,
+    start_time timestamptz NOT NULL,
+    end_time timestamptz NOT NULL,
+    status text NOT NULL,
+    body jsonb NOT NULL,
+    inserted_at timestamptz NOT NULL DEFAULT now()
+);
 
 -- Migrating a schema-version-1 table (the proxy does this by itself, in one transaction,
 -- when it finds the v1 column request_id; run it yourself if the proxy's role may not

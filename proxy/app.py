@@ -20,6 +20,7 @@ from proxy.metering import METER, attribution, meter_context
 from proxy.metrics import METRICS, Metrics, admin_context, serve_metrics
 from proxy.relay import Relay
 from proxy.settings import Settings
+from proxy.settler import settler_context
 from proxy.shapes import INVOCATIONS_PATH, RERANK_PATHS, SCORE_PATHS
 from proxy.sinks import Sink
 from proxy.tokenizer import TokenizerPool
@@ -104,6 +105,7 @@ def create_app(
     app.cleanup_ctx.append(catalog_context(catalog))
     app.cleanup_ctx.append(pool_context(pool))
     app.cleanup_ctx.append(meter_context(settings, sinks))
+    app.cleanup_ctx.append(settler_context(settings))
     metrics = Metrics(settings)
     app[METRICS] = metrics
     app[BODIES] = BodyBudget(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import csv
+import io
 import json
 import os
 import sqlite3
@@ -62,7 +64,77 @@ def build_parser() -> argparse.ArgumentParser:
         serve.add_argument(flag, dest=name, default=None, choices=choices, help=_flag_help(name))
     _add_report(commands)
     _add_dead_letters(commands)
+    _add_reconcile(commands)
     return parser
+
+
+def _add_reconcile(commands: Any) -> None:
+    rec = commands.add_parser(
+        "reconcile",
+        help="reconciliation windows: the engine's own token counter against the ledger",
+        description="Every --reconcile-interval seconds the proxy reads the upstream's "
+        "vllm:prompt_tokens_total (and vllm:generation_tokens_total) at a moment with no "
+        "metered request in flight and journals one window: engine growth, reported, "
+        "billed, unbilled and overbilled tokens, and the causes it can identify.",
+        epilog="example: usage-proxy reconcile --since 2026-11-30T00:00 --format csv",
+    )
+    rec.add_argument("--since", help="windows ending at or after this time (ISO 8601, UTC)")
+    rec.add_argument("--until", help="windows ending before this time (ISO 8601, UTC)")
+    rec.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    _journal_option(rec)
+
+
+WINDOW_COLUMNS = (
+    "end",
+    "status",
+    "records",
+    "engine_prompt_tokens",
+    "reported_prompt_tokens",
+    "billed_prompt_tokens",
+    "unbilled_prompt_tokens",
+    "overbilled_prompt_tokens",
+    "engine_completion_tokens",
+    "billed_completion_tokens",
+)
+
+
+def run_reconcile(args: argparse.Namespace) -> int:
+    path = _journal_path(args)
+    bodies = read_journal(path, _iso(args.since), _iso(args.until), kind="reconciliation")
+    windows = [json.loads(b) for b in bodies]
+    if args.format == "json":
+        print(json.dumps(windows, indent=2))
+        return 0
+    if args.format == "csv":
+        out = io.StringIO()
+        writer = csv.writer(out)
+        writer.writerow([*WINDOW_COLUMNS, "causes"])
+        for w in windows:
+            writer.writerow([*(w[c] for c in WINDOW_COLUMNS), "; ".join(w["causes"])])
+        sys.stdout.write(out.getvalue())
+        return 0
+    titles = ("window end (UTC)", "status", "records", "engine", "reported", "billed")
+    print(
+        f"{titles[0]:26} {titles[1]:13} "
+        + " ".join(f"{t:>9}" for t in titles[2:])
+        + "  unbilled overbilled  causes"
+    )
+    for w in windows:
+        numbers = [
+            w["records"],
+            w["engine_prompt_tokens"],
+            w["reported_prompt_tokens"],
+            w["billed_prompt_tokens"],
+        ]
+        print(
+            f"{w['end'][:26]:26} {w['status']:13} "
+            + " ".join(f"{'-' if n is None else n:>9}" for n in numbers)
+            + f" {w['unbilled_prompt_tokens']:>9} {w['overbilled_prompt_tokens']:>10}  "
+            + ("; ".join(c.split(":")[0] for c in w["causes"]) or "-")
+        )
+    drift = sum(w["unbilled_prompt_tokens"] + w["overbilled_prompt_tokens"] for w in windows)
+    print(f"{len(windows)} window(s), prompt-token drift {drift}")
+    return 0
 
 
 def _journal_option(parser: Any) -> None:
@@ -167,8 +239,12 @@ def _format_errors(exc: ValidationError) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command in ("report", "dead-letters"):
-        command = run_report if args.command == "report" else run_dead_letters
+    if args.command in ("report", "dead-letters", "reconcile"):
+        command = {
+            "report": run_report,
+            "dead-letters": run_dead_letters,
+            "reconcile": run_reconcile,
+        }[args.command]
         try:
             return command(args)
         except (OSError, ValueError, sqlite3.Error) as exc:

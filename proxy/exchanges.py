@@ -16,6 +16,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.encoding import content_codings, decode_body
 from proxy.metrics import METRICS
+from proxy.settler import SETTLER
 from proxy.upstream import error_response, response_headers
 
 log = structlog.get_logger("proxy.exchanges")
@@ -142,10 +143,17 @@ async def handle_admitted(
         request.app[METRICS].refused.labels(str(exc.response.status)).inc()
         return exc.response
 
+    settler = request.app[SETTLER]
+
     async def held() -> web.StreamResponse:
+        settler.begin()
+        status = 500
         try:
-            return await work(body)
+            response = await work(body)
+            status = response.status
+            return response
         finally:
+            settler.end(status)
             budget.release(size)
 
     return await shield(held())

@@ -21,11 +21,12 @@ from typing import Any, TypeVar
 import structlog
 
 from proxy.records import UsageRecord
+from proxy.settlement import Entry, parse_entry
 
 log = structlog.get_logger("proxy.journal")
 T = TypeVar("T")
 _GROUP_MAX = 512
-_Item = tuple[str, UsageRecord, "asyncio.Future[None]"]
+_Item = tuple[str, Entry, "asyncio.Future[None]"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -33,7 +34,8 @@ CREATE TABLE IF NOT EXISTS records (
     record_id TEXT NOT NULL UNIQUE,
     time TEXT NOT NULL,
     tenant TEXT NOT NULL,
-    body TEXT NOT NULL
+    body TEXT NOT NULL,
+    kind TEXT NOT NULL DEFAULT 'usage'
 );
 CREATE INDEX IF NOT EXISTS records_time ON records(time);
 CREATE TABLE IF NOT EXISTS cursors (sink TEXT PRIMARY KEY, seq INTEGER NOT NULL);
@@ -94,7 +96,7 @@ class Journal:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
-        db.executescript(SCHEMA)
+        _create(db)
         self._db = db
         stat = os.stat(self.path)
         self._identity = (stat.st_dev, stat.st_ino)
@@ -113,15 +115,17 @@ class Journal:
             pass
         assert self._db is not None
         old = self._db
-        records = old.execute("SELECT seq, record_id, time, tenant, body FROM records").fetchall()
+        records = old.execute(
+            "SELECT seq, record_id, time, tenant, body, kind FROM records"
+        ).fetchall()
         cursors = old.execute("SELECT sink, seq FROM cursors").fetchall()
         old.close()
         self._open()
         assert self._db is not None
         with _transaction(self._db):
             self._db.executemany(
-                "INSERT OR IGNORE INTO records(seq, record_id, time, tenant, body) "
-                "VALUES (?,?,?,?,?)",
+                "INSERT OR IGNORE INTO records(seq, record_id, time, tenant, body, kind) "
+                "VALUES (?,?,?,?,?,?)",
                 records,
             )
             self._db.executemany("INSERT OR REPLACE INTO cursors VALUES (?,?)", cursors)
@@ -129,7 +133,7 @@ class Journal:
         if self._on_replaced is not None:
             self._on_replaced(len(records))
 
-    async def append(self, record: UsageRecord) -> None:
+    async def append(self, record: Entry) -> None:
         """Journal one record; in sync durability, return once it is committed.
 
         A commit that takes longer than ``commit_timeout`` (a frozen or hung disk) raises
@@ -187,7 +191,9 @@ class Journal:
             stopping = item is None
             if not group:
                 continue
-            rows = [(r.record_id, r.time.isoformat(), r.tenant, body) for body, r, _ in group]
+            rows = [
+                (r.record_id, r.time.isoformat(), r.tenant, body, _kind(r)) for body, r, _ in group
+            ]
             try:
                 await self._run(self._insert, rows)
             except Exception as exc:
@@ -205,19 +211,20 @@ class Journal:
                     future.set_result(None)
             self.committed.set()
 
-    def _insert(self, rows: list[tuple[str, str, str, str]]) -> None:
+    def _insert(self, rows: list[tuple[str, str, str, str, str]]) -> None:
         assert self._db is not None
         self._check_file()
         with _transaction(self._db):
             self._db.executemany(
-                "INSERT OR IGNORE INTO records(record_id, time, tenant, body) VALUES (?,?,?,?)",
+                "INSERT OR IGNORE INTO records(record_id, time, tenant, body, kind) "
+                "VALUES (?,?,?,?,?)",
                 rows,
             )
 
-    async def batch(self, sink: str, limit: int) -> list[tuple[int, UsageRecord]]:
-        """Up to ``limit`` records the sink has not acknowledged, oldest first."""
+    async def batch(self, sink: str, limit: int) -> list[tuple[int, Entry]]:
+        """Up to ``limit`` entries the sink has not acknowledged, oldest first."""
         rows = await self._run(self._batch, sink, limit)
-        return [(seq, UsageRecord.from_json(body)) for seq, body in rows]
+        return [(seq, parse_entry(body)) for seq, body in rows]
 
     def _batch(self, sink: str, limit: int) -> list[tuple[int, str]]:
         assert self._db is not None
@@ -243,7 +250,7 @@ class Journal:
                 (sink, seq),
             )
 
-    async def dead_letter(self, sink: str, record: UsageRecord, error: str) -> None:
+    async def dead_letter(self, sink: str, record: Entry, error: str) -> None:
         """Keep a record the sink rejected permanently; it no longer blocks the sink."""
         await self._run(self._dead_letter, sink, record.record_id, record.to_json(), error)
 
@@ -257,10 +264,10 @@ class Journal:
                 (sink, record_id, body, error[:2000]),
             )
 
-    async def requeued(self, sink: str, limit: int) -> list[UsageRecord]:
+    async def requeued(self, sink: str, limit: int) -> list[Entry]:
         """Dead letters of ``sink`` that an operator asked to replay."""
         rows = await self._run(self._requeued, sink, limit)
-        return [UsageRecord.from_json(body) for body in rows]
+        return [parse_entry(body) for body in rows]
 
     def _requeued(self, sink: str, limit: int) -> list[str]:
         assert self._db is not None
@@ -390,17 +397,36 @@ def _open_existing(path: Path, *, writable: bool) -> sqlite3.Connection:
         raise FileNotFoundError(f"no journal at {path}")
     db = sqlite3.connect(f"file:{path}?mode={'rw' if writable else 'ro'}", uri=True)
     if writable:
-        db.executescript(SCHEMA)
+        _create(db)
     return db
 
 
-def read_journal(path: Path, since: str | None = None, until: str | None = None) -> list[str]:
-    """Record bodies straight from a journal file (for ``usage-proxy report``)."""
-    if not path.exists():
-        raise FileNotFoundError(f"no journal at {path}")
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+def read_journal(
+    path: Path, since: str | None = None, until: str | None = None, kind: str = "usage"
+) -> list[str]:
+    """Entry bodies of one kind (``usage`` records or ``reconciliation`` windows) straight
+    from a journal file, for ``usage-proxy report`` and ``usage-proxy reconcile``."""
+    db = _open_existing(path, writable=False)
     try:
-        query = "SELECT body FROM records WHERE time >= ? AND time < ? ORDER BY seq"
-        return [str(b) for (b,) in db.execute(query, (since or "", until or "\uffff"))]
+        columns = {row[1] for row in db.execute("PRAGMA table_info(records)")}
+        if "kind" not in columns:  # a journal from before reconciliation: usage only
+            if kind != "usage":
+                return []
+            query = "SELECT body FROM records WHERE time >= ? AND time < ? ORDER BY seq"
+            return [str(b) for (b,) in db.execute(query, (since or "", until or "\uffff"))]
+        query = "SELECT body FROM records WHERE time >= ? AND time < ? AND kind = ? ORDER BY seq"
+        return [str(b) for (b,) in db.execute(query, (since or "", until or "\uffff", kind))]
     finally:
         db.close()
+
+
+def _create(db: sqlite3.Connection) -> None:
+    """The schema; a journal made before entries had a kind gets the column (usage)."""
+    db.executescript(SCHEMA)
+    columns = {row[1] for row in db.execute("PRAGMA table_info(records)")}
+    if "kind" not in columns:
+        db.execute("ALTER TABLE records ADD COLUMN kind TEXT NOT NULL DEFAULT 'usage'")
+
+
+def _kind(entry: Entry) -> str:
+    return "usage" if isinstance(entry, UsageRecord) else "reconciliation"

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import structlog
 from aiohttp import web
@@ -24,6 +24,9 @@ from proxy.settings import Durability, Settings
 from proxy.sinks import Sink
 from proxy.tenancy import Attribution, Refusal, TenantResolver, load_api_keys
 from proxy.upstream import error_response, unauthorized
+
+if TYPE_CHECKING:
+    from proxy.settler import Settler
 
 log = structlog.get_logger("proxy.metering")
 T = TypeVar("T")
@@ -66,6 +69,7 @@ class Meter:
         self.metrics = metrics
         self.failed = 0
         self._exchanges: set[asyncio.Task[Any]] = set()
+        self.settler: Settler | None = None
 
     async def shielded(self, work: Awaitable[T]) -> T:
         """Run one metered exchange so that a client hanging up (aiohttp cancelling the
@@ -108,6 +112,7 @@ class Meter:
     async def record(self, record: UsageRecord) -> bool:
         """Journal a record; False (logged, counted) when it could not be journaled."""
         if self.journal is None:
+            self._account(record)
             return True
         try:
             await self.journal.append(record)
@@ -123,7 +128,12 @@ class Meter:
                 prompt_tokens_billed=record.prompt_tokens_billed,
             )
             return False
+        self._account(record)
         return True
+
+    def _account(self, record: UsageRecord) -> None:
+        if self.settler is not None:
+            self.settler.account(record)
 
     def headers(self, record: UsageRecord, journaled: bool) -> dict[str, str]:
         out = {HEADER_RECORD_ID: record.record_id}

@@ -142,6 +142,47 @@ class Metrics:
             ("endpoint",),
             registry=r,
         )
+        self.engine_prompt = Counter(
+            "usage_proxy_engine_prompt_tokens",
+            "Growth of the upstream's vllm:prompt_tokens_total observed since start.",
+            registry=r,
+        )
+        self.unbilled_prompt = Counter(
+            "usage_proxy_unbilled_prompt_tokens",
+            "Engine prompt tokens in settled windows that no record accounts for.",
+            registry=r,
+        )
+        self.overbilled_prompt = Counter(
+            "usage_proxy_overbilled_prompt_tokens",
+            "Billed prompt tokens in settled windows beyond what the engine processed.",
+            registry=r,
+        )
+        self.engine_completion = Counter(
+            "usage_proxy_engine_completion_tokens",
+            "Growth of the upstream's vllm:generation_tokens_total observed since start.",
+            registry=r,
+        )
+        self.unbilled_completion = Counter(
+            "usage_proxy_unbilled_completion_tokens",
+            "Engine generation tokens in settled windows that no record accounts for.",
+            registry=r,
+        )
+        self.overbilled_completion = Counter(
+            "usage_proxy_overbilled_completion_tokens",
+            "Billed completion tokens in settled windows beyond what the engine generated.",
+            registry=r,
+        )
+        self.windows = Counter(
+            "usage_proxy_reconcile_windows",
+            "Reconciliation windows closed, by status (settled, counter_reset).",
+            ("status",),
+            registry=r,
+        )
+        self.last_settled = Gauge(
+            "usage_proxy_reconcile_last_settled_timestamp_seconds",
+            "End of the last closed reconciliation window (Unix time).",
+            registry=r,
+        )
         self.dead_records = Gauge(
             "usage_proxy_export_dead_records",
             "Records a sink rejected permanently, kept in the dead-letter store.",

@@ -21,7 +21,7 @@ import structlog
 
 from proxy.journal import Journal
 from proxy.metrics import Metrics
-from proxy.records import UsageRecord
+from proxy.settlement import Entry
 from proxy.sinks import PermanentDeliveryError, Sink
 
 log = structlog.get_logger("proxy.outbox")
@@ -116,7 +116,7 @@ class Outbox:
         state.backoff = 0.0
         return len(batch)
 
-    async def _deliver(self, sink: Sink, batch: list[tuple[int, UsageRecord]]) -> None:
+    async def _deliver(self, sink: Sink, batch: list[tuple[int, Entry]]) -> None:
         """Deliver ``batch`` and advance the cursor; isolate permanent rejections by halving.
 
         Transient errors propagate (the cursor stays after the last delivered part).

@@ -173,6 +173,16 @@ class Settings(BaseSettings):
     drain_timeout: float = Field(
         10.0, ge=0, description="Seconds to keep delivering records on shutdown."
     )
+    reconcile_interval: float = Field(
+        15.0,
+        ge=0,
+        description="Seconds between readings of the upstream's token counters to reconcile "
+        "the ledger against the engine (0 disables).",
+    )
+    reconcile_metrics_path: str = Field(
+        "/metrics",
+        description="Path of the upstream's Prometheus metrics (vllm:prompt_tokens_total).",
+    )
     litellm_header: bool = Field(
         False, description="Add x-litellm-total-tokens (billed tokens) to metered responses."
     )

@@ -111,6 +111,8 @@ class FakeVLLM:
     tamper: Callable[[bytes, dict[str, str]], tuple[bytes, dict[str, str]]] | None = None
     seen_headers: list[CIMultiDict[str]] = field(default_factory=list)
     chunks: int = 3  # content events of a streamed chat
+    generation_tokens_total: int = 0
+    started_at: float = field(default_factory=time.time)  # process_start_time_seconds
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -144,6 +146,7 @@ class FakeVLLM:
         app.router.add_post("/v1/chat/completions", self.handle_chat)
         app.router.add_route("*", "/echo/{tail:.*}", self.handle_echo)
         app.router.add_get("/fake/prompt_tokens_total", self.handle_counter)
+        app.router.add_get("/metrics", self.handle_metrics)
         return app
 
     async def handle_version(self, request: web.Request) -> web.Response:
@@ -152,6 +155,20 @@ class FakeVLLM:
     async def handle_counter(self, request: web.Request) -> web.Response:
         """Engine-level tokens processed so far (what vllm:prompt_tokens_total tracks)."""
         return web.json_response({"prompt_tokens_total": self.prompt_tokens_total})
+
+    async def handle_metrics(self, request: web.Request) -> web.Response:
+        """vLLM's counters as its Prometheus endpoint shows them (one model label)."""
+        label = f'{{engine="0",model_name="{self.name}"}}'
+        text = (
+            "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.\n"
+            "# TYPE vllm:prompt_tokens_total counter\n"
+            f"vllm:prompt_tokens_total{label} {float(self.prompt_tokens_total)}\n"
+            "# TYPE vllm:generation_tokens_total counter\n"
+            f"vllm:generation_tokens_total{label} {float(self.generation_tokens_total)}\n"
+            "# TYPE process_start_time_seconds gauge\n"
+            f"process_start_time_seconds {self.started_at}\n"
+        )
+        return web.Response(text=text, content_type="text/plain")
 
     async def handle_health(self, request: web.Request) -> web.Response:
         return web.Response()
@@ -224,6 +241,8 @@ class FakeVLLM:
         body = await request.json()
         self.seen_headers.append(CIMultiDict(request.headers))
         lax = TypeAdapter(bool)  # vLLM's request models read booleans in lax mode
+        self.prompt_tokens_total += 5
+        self.generation_tokens_total += 3
         if not lax.validate_python(body.get("stream") or False):
             usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
             return self.answer(dumps({"id": "chat-1", "choices": [], "usage": usage}))

@@ -129,3 +129,20 @@ def test_dashboard_queries_known_metrics() -> None:
         for target in panel["targets"]:
             for name in re.findall(r"\b(usage_proxy_[a-z_]+|gen_ai_[a-z_]+)", target["expr"]):
                 assert name in exported, (panel["title"], name)
+
+
+def test_alert_rules_query_known_metrics() -> None:
+    """The Prometheus alert rules parse, are loaded by prometheus.yml and compose, and
+    every metric they use is one the proxy exports (the reconciliation drift alert)."""
+    rules = yaml.safe_load((ROOT / "deploy/prometheus/alerts.yml").read_text())
+    config = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    assert config["rule_files"] == ["/etc/prometheus/alerts.yml"]
+    assert "alerts.yml:/etc/prometheus/alerts.yml" in (ROOT / "compose.yaml").read_text()
+    registry = Metrics(Settings(upstream="http://x")).registry
+    exported = {s.name for family in registry.collect() for s in family.samples}
+    exported |= {family.name for family in registry.collect()}
+    alerts = {r["alert"]: r["expr"] for g in rules["groups"] for r in g["rules"]}
+    assert "UsageLedgerDrift" in alerts
+    for name, expr in alerts.items():
+        for metric in re.findall(r"\busage_proxy_[a-z_]+", expr):
+            assert metric in exported, (name, metric)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from proxy.records import UsageRecord
+from proxy.settlement import Entry
 
 
 class PermanentDeliveryError(Exception):
@@ -16,12 +16,13 @@ class PermanentDeliveryError(Exception):
 
 
 class Sink(Protocol):
-    """A delivery target. ``deliver`` raises on failure; the outbox retries the batch."""
+    """A delivery target for usage records and reconciliation windows. ``deliver`` raises
+    on failure; the outbox retries the batch (or isolates a permanent rejection)."""
 
     name: str
 
     async def start(self) -> None: ...
 
-    async def deliver(self, records: Sequence[UsageRecord]) -> None: ...
+    async def deliver(self, records: Sequence[Entry]) -> None: ...
 
     async def close(self) -> None: ...

@@ -13,13 +13,35 @@ from typing import Any
 import aiohttp
 
 from proxy.records import UsageRecord
+from proxy.settlement import Entry, SettledWindow
 from proxy.sinks import PermanentDeliveryError
 
 EVENT_TYPE = "vllm-usage-proxy.usage"
+WINDOW_EVENT_TYPE = "vllm-usage-proxy.reconciliation"
 BATCH_CONTENT_TYPE = "application/cloudevents-batch+json"
 
 
-def to_event(record: UsageRecord) -> dict[str, Any]:
+def to_event(record: Entry) -> dict[str, Any]:
+    if isinstance(record, SettledWindow):
+        return window_event(record)
+    return usage_event(record)
+
+
+def window_event(window: SettledWindow) -> dict[str, Any]:
+    """One reconciliation window: subject is the upstream, data the whole window."""
+    return {
+        "specversion": "1.0",
+        "type": WINDOW_EVENT_TYPE,
+        "id": window.window_id,
+        "source": f"vllm-usage-proxy/{window.instance}",
+        "subject": window.upstream,
+        "time": window.end.isoformat().replace("+00:00", "Z"),
+        "datacontenttype": "application/json",
+        "data": window.model_dump(mode="json", exclude={"window_id", "instance", "kind"}),
+    }
+
+
+def usage_event(record: UsageRecord) -> dict[str, Any]:
     return {
         "specversion": "1.0",
         "type": EVENT_TYPE,
@@ -61,7 +83,7 @@ class CloudEventsSink:
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(timeout=self._timeout)
 
-    async def deliver(self, records: Sequence[UsageRecord]) -> None:
+    async def deliver(self, records: Sequence[Entry]) -> None:
         assert self._session is not None
         body = json.dumps([to_event(r) for r in records])
         headers = {"Content-Type": BATCH_CONTENT_TYPE, **self._headers}

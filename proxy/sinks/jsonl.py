@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from proxy.records import UsageRecord
+from proxy.settlement import Entry
 
 
 class JsonLinesSink:
@@ -20,7 +20,7 @@ class JsonLinesSink:
         if self.target != "-":
             Path(self.target).parent.mkdir(parents=True, exist_ok=True)
 
-    async def deliver(self, records: Sequence[UsageRecord]) -> None:
+    async def deliver(self, records: Sequence[Entry]) -> None:
         text = "".join(r.to_json() + "\n" for r in records)
         if self.target == "-":
             sys.stdout.write(text)

@@ -8,6 +8,7 @@ from typing import Any
 import asyncpg
 
 from proxy.records import UsageRecord
+from proxy.settlement import Entry, SettledWindow
 from proxy.sinks import PermanentDeliveryError
 
 
@@ -51,6 +52,16 @@ CREATE TABLE IF NOT EXISTS usage_records (
     inserted_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX IF NOT EXISTS usage_records_tenant_time ON usage_records (tenant, time);
+CREATE TABLE IF NOT EXISTS reconciliation_windows (
+    window_id uuid PRIMARY KEY,
+    instance text NOT NULL,
+    upstream text NOT NULL,
+    start_time timestamptz NOT NULL,
+    end_time timestamptz NOT NULL,
+    status text NOT NULL,
+    body jsonb NOT NULL,
+    inserted_at timestamptz NOT NULL DEFAULT now()
+);
 """
 
 # Schema version 1 -> 2 (run once, in one transaction, when the table predates version 2).
@@ -96,6 +107,10 @@ INSERT = (
     f"INSERT INTO usage_records ({', '.join(COLUMNS)}) SELECT * FROM unnest({_ARRAYS}) "
     "ON CONFLICT (record_id) DO NOTHING"
 )
+INSERT_WINDOW = (
+    "INSERT INTO reconciliation_windows (window_id, instance, upstream, start_time, end_time, "
+    "status, body) VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb) ON CONFLICT (window_id) DO NOTHING"
+)
 # SQLSTATE classes that depend on the rows sent, not on the server's state: data
 # exceptions (22) and integrity violations (23). Everything else is retried.
 PERMANENT_SQLSTATE_CLASSES = ("22", "23")
@@ -124,12 +139,26 @@ class PostgresLedger:
         """Connect lazily: the ledger may be down at start-up; the outbox retries."""
         return None
 
-    async def deliver(self, records: Sequence[UsageRecord]) -> None:
+    async def deliver(self, records: Sequence[Entry]) -> None:
         pool = await self._connect()
-        columns = list(zip(*(_row(r) for r in records), strict=True))
+        usage = [r for r in records if isinstance(r, UsageRecord)]
+        windows = [r for r in records if isinstance(r, SettledWindow)]
+        columns = list(zip(*(_row(r) for r in usage), strict=True))
         try:
-            async with pool.acquire() as conn:
-                await conn.execute(INSERT, *[list(c) for c in columns])
+            async with pool.acquire() as conn, conn.transaction():
+                if usage:
+                    await conn.execute(INSERT, *[list(c) for c in columns])
+                for w in windows:
+                    await conn.execute(
+                        INSERT_WINDOW,
+                        w.window_id,
+                        w.instance,
+                        w.upstream,
+                        w.start,
+                        w.end,
+                        w.status,
+                        w.to_json(),
+                    )
         except asyncpg.PostgresError as exc:
             if str(exc.sqlstate or "")[:2] in PERMANENT_SQLSTATE_CLASSES:
                 raise PermanentDeliveryError(f"{exc.sqlstate}: {exc}") from exc

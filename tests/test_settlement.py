@@ -1,0 +1,222 @@
+"""Closed-loop reconciliation (issue #13): the engine's own counters against the records,
+window by window, exactly; bypass traffic shows as unbilled, a restart as a reset."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.cli import main
+from proxy.journal import read_journal
+from proxy.metrics import METRICS
+from proxy.records import UsageRecord
+from proxy.settlement import EngineReading, Tally, parse_engine_counters, settle
+from proxy.settler import SETTLER
+from proxy.upstream import SESSION
+from tests.conftest import fake_and_proxy
+
+QUERY = "What is the capital of France?"
+DOCS = ["Paris is the capital of France.", "The Eiffel Tower is in Paris.", "Berlin is in Germany."]
+NOW = datetime(2026, 11, 30, tzinfo=UTC)
+
+
+def test_parse_sums_every_label_set() -> None:
+    """Counters are summed over models and engines; the start time marks restarts."""
+    text = (
+        "# TYPE vllm:prompt_tokens_total counter\n"
+        'vllm:prompt_tokens_total{engine="0",model_name="a"} 36.0\n'
+        'vllm:prompt_tokens_total{engine="1",model_name="b"} 4.0\n'
+        'vllm:generation_tokens_total{engine="0",model_name="a"} 7.0\n'
+        "process_start_time_seconds 1.7e9\n"
+        'vllm:prompt_tokens_created{model_name="a"} 1.7e9\n'
+    )
+    assert parse_engine_counters(text) == EngineReading(40, 7, 1.7e9)
+    with pytest.raises(ValueError, match="no vllm:prompt_tokens_total"):
+        parse_engine_counters("up 1\n")
+
+
+def record(billed: int, verdict: str = "corrected") -> UsageRecord:
+    return UsageRecord(
+        tenant="t",
+        endpoint="/rerank",
+        operation="rerank",
+        prompt_tokens_reported=billed + 21,
+        prompt_tokens_billed=billed,
+        verdict=verdict,
+        status=200,
+        latency_ms=1.0,
+        instance="i",
+    )
+
+
+@pytest.mark.parametrize(
+    ("engine", "billed", "verdict", "unbilled", "over", "cause"),
+    [
+        (36, 36, "corrected", 0, 0, None),
+        (50, 36, "corrected", 14, 0, "unmetered_traffic"),
+        (30, 36, "mismatch", 0, 6, "unproven_records"),
+        (30, 36, "corrected", 0, 6, "overbilled"),
+    ],
+)
+def test_settle_is_exact(
+    engine: int, billed: int, verdict: str, unbilled: int, over: int, cause: str | None
+) -> None:
+    """Zero drift is zero; drift names the causes the proxy can see."""
+    tally = Tally()
+    tally.add(record(billed, verdict))
+    window = settle(
+        EngineReading(100, 0, 1.0),
+        EngineReading(100 + engine, 0, 1.0),
+        tally,
+        start=NOW,
+        end=NOW,
+        instance="i",
+        upstream="u",
+    )
+    assert (window.unbilled_prompt_tokens, window.overbilled_prompt_tokens) == (unbilled, over)
+    assert [c.split(":")[0] for c in window.causes] == ([cause] if cause else [])
+    assert window.reported_prompt_tokens == billed + 21
+
+
+@pytest.mark.parametrize(
+    "after", [EngineReading(10, 0, 1.0), EngineReading(500, 0, 2.0)], ids=["down", "restarted"]
+)
+def test_a_restart_claims_no_drift(after: EngineReading) -> None:
+    """A counter that went down or a new engine start time: growth unknown, no drift."""
+    tally = Tally()
+    tally.add(record(36))
+    window = settle(
+        EngineReading(100, 0, 1.0), after, tally, start=NOW, end=NOW, instance="i", upstream="u"
+    )
+    assert window.status == "counter_reset"
+    assert window.engine_prompt_tokens is None
+    assert (window.unbilled_prompt_tokens, window.overbilled_prompt_tokens) == (0, 0)
+
+
+@pytest.fixture
+async def rig(aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path) -> Any:
+    """Fake vLLM 0.29.0 with its counters, the proxy with reconciliation driven by hand."""
+    fake, client = await fake_and_proxy(
+        aiohttp_server, aiohttp_client, minilm_path, reconcile_interval=0
+    )
+    settler = client.app[SETTLER]
+    session = client.app[SESSION]
+    assert await settler.settle_once(session) is None  # the baseline
+    return fake, client, settler, session
+
+
+async def mixed_traffic(client: Any) -> None:
+    assert (await client.post("/rerank", json={"query": QUERY, "documents": DOCS})).status == 200
+    assert (await client.post("/score", json={"text_1": [QUERY, QUERY], "text_2": DOCS[:2]})).ok
+    assert (await client.post("/v1/embeddings", json={"input": DOCS})).status == 200
+    assert (await client.post("/invocations", json={"query": QUERY, "documents": DOCS})).ok
+    chat = {"stream": True, "messages": []}
+    assert "[DONE]" in await (await client.post("/v1/chat/completions", json=chat)).text()
+    assert (
+        await client.post("/score", json={"text_1": [QUERY, "b"], "text_2": DOCS})
+    ).status == 400
+
+
+async def test_traffic_through_the_proxy_settles_with_zero_drift(
+    rig: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every token the engine counted is billed once; in front of 0.29.0 the reported
+    tokens exceed the engine's by exactly what the proxy corrected."""
+    fake, client, settler, session = rig
+    before = fake.prompt_tokens_total
+    await mixed_traffic(client)
+    window = await settler.settle_once(session)
+    assert window is not None
+    assert window.status == "settled"
+    assert window.engine_prompt_tokens == fake.prompt_tokens_total - before
+    assert (window.unbilled_prompt_tokens, window.overbilled_prompt_tokens) == (0, 0)
+    assert window.engine_completion_tokens == window.billed_completion_tokens == 3
+    assert (window.unbilled_completion_tokens, window.overbilled_completion_tokens) == (0, 0)
+    records = [json.loads(b) for b in read_journal(tmp_path / "journal.sqlite")]
+    corrected = sum(r["prompt_tokens_reported"] - r["prompt_tokens_billed"] for r in records)
+    assert corrected > 0
+    assert window.reported_prompt_tokens - window.engine_prompt_tokens == corrected
+    assert window.upstream_errors == 1  # the 400: no engine work, no record
+    assert window.records == 5
+    text = client.app[METRICS].render().decode()
+    assert "usage_proxy_unbilled_prompt_tokens_total 0.0" in text
+    assert "usage_proxy_reconcile_last_settled_timestamp_seconds 0.0" not in text
+    (journaled,) = read_journal(tmp_path / "journal.sqlite", kind="reconciliation")
+    assert json.loads(journaled)["window_id"] == window.window_id
+    assert main(["reconcile", "--journal", str(tmp_path / "journal.sqlite")]) == 0
+    out = capsys.readouterr().out
+    assert "1 window(s), prompt-token drift 0" in out
+
+
+async def test_bypass_traffic_shows_as_unbilled(rig: Any, aiohttp_client: Any) -> None:
+    """A request sent straight to vLLM is unbilled engine work, to the token."""
+    fake, client, settler, session = rig
+    await mixed_traffic(client)
+    upstream = client.app[SESSION]
+    base = settler._settings.upstream_base
+    before = fake.prompt_tokens_total
+    async with upstream.post(base + "/rerank", json={"query": QUERY, "documents": DOCS}) as r:
+        assert r.status == 200
+    bypassed = fake.prompt_tokens_total - before
+    window = await settler.settle_once(session)
+    assert window is not None
+    assert window.unbilled_prompt_tokens == bypassed == 36
+    assert window.overbilled_prompt_tokens == 0
+    assert any(c.startswith("unmetered_traffic") for c in window.causes)
+
+
+async def test_restart_neither_invents_nor_hides_drift(rig: Any) -> None:
+    """The window across a restart is marked counter_reset (no drift claimed); the next
+    window is exact again, and drift in it is still found."""
+    fake, client, settler, session = rig
+    await mixed_traffic(client)
+    fake.prompt_tokens_total, fake.generation_tokens_total = 0, 0
+    fake.started_at += 100
+    await client.post("/rerank", json={"query": QUERY, "documents": DOCS})
+    reset = await settler.settle_once(session)
+    assert reset is not None
+    assert reset.status == "counter_reset"
+    await mixed_traffic(client)
+    exact = await settler.settle_once(session)
+    assert exact is not None
+    assert (exact.status, exact.unbilled_prompt_tokens, exact.overbilled_prompt_tokens) == (
+        "settled",
+        0,
+        0,
+    )
+    fake.prompt_tokens_total += 11  # engine work nobody billed, after the restart
+    drift = await settler.settle_once(session)
+    assert drift is not None
+    assert drift.unbilled_prompt_tokens == 11
+
+
+async def test_a_window_waits_for_a_quiet_moment(rig: Any) -> None:
+    """With an exchange in flight the window does not close (it carries on)."""
+    _, _, settler, session = rig
+    settler.begin()
+    assert await settler.settle_once(session, patience=0.2) is None
+    settler.end(200)
+    assert await settler.settle_once(session, patience=0.2) is not None
+
+
+async def test_the_loop_settles_by_itself(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path
+) -> None:
+    """--reconcile-interval runs it in the background; the timestamp metric moves."""
+    import asyncio
+
+    _, client = await fake_and_proxy(
+        aiohttp_server, aiohttp_client, minilm_path, reconcile_interval=0.2
+    )
+    await client.post("/rerank", json={"query": QUERY, "documents": DOCS})
+    settler = client.app[SETTLER]
+    for _ in range(100):
+        if settler.windows:
+            break
+        await asyncio.sleep(0.05)
+    assert settler.windows
+    assert settler.windows[-1].unbilled_prompt_tokens == 0
