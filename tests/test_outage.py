@@ -14,6 +14,7 @@ from typing import Any
 import aiohttp
 import asyncpg
 
+from proxy.sinks.cloudevents import EVENT_TYPE
 from scripts.vllm_cpu import Process, free_port, start_proxy
 from tests.postgres import Cluster
 from tests.test_cloudevents import Receiver
@@ -80,7 +81,7 @@ async def test_ledger_and_receiver_down_under_load(
                     r["id"]
                     for r in await conn.fetch("SELECT record_id::text AS id FROM usage_records")
                 ]
-                events = [e["id"] for e in receiver.events]
+                events = [e["id"] for e in receiver.events if e["type"] == EVENT_TYPE]
                 if ids <= set(rows) and ids <= set(events):
                     break
                 await asyncio.sleep(0.1)
