@@ -24,7 +24,8 @@ from proxy.report import FORMATS, aggregate
 from proxy.settings import ENV_PREFIX, Mode, Settings, default_journal_path, load_settings
 from proxy.sinks.postgres import read_ledger
 
-_FILE_ONLY = {"models"}
+# Not flags: structured (models) or secret (headers: argv is visible to every local user).
+_FILE_ONLY = {"models", "cloudevents_headers"}
 
 
 def _flag_help(name: str) -> str:

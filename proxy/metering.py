@@ -33,7 +33,6 @@ T = TypeVar("T")
 
 HEADER_RECORD = "x-usage-record"
 HEADER_RECORD_ID = "x-usage-record-id"
-HEADER_LITELLM = "x-litellm-total-tokens"
 MAX_CLIENT_ID_CHARS = 200
 # Paths that do no engine work and that probes must reach without a key.
 OPEN_PATHS = frozenset({"/health", "/healthz", "/readyz", "/ping", "/version", "/metrics"})
@@ -139,9 +138,6 @@ class Meter:
         out = {HEADER_RECORD_ID: record.record_id}
         if not journaled:
             out[HEADER_RECORD] = "failed"
-        billed = record.prompt_tokens_billed
-        if self.settings.litellm_header and billed is not None:
-            out[HEADER_LITELLM] = str(billed + (record.completion_tokens_billed or 0))
         return out
 
 
@@ -179,7 +175,9 @@ def build_sinks(settings: Settings) -> list[Sink]:
     if settings.ledger_dsn:
         sinks.append(PostgresLedger(settings.ledger_dsn))
     if settings.cloudevents_url:
-        sinks.append(CloudEventsSink(settings.cloudevents_url))
+        sinks.append(
+            CloudEventsSink(settings.cloudevents_url, headers=settings.cloudevents_headers)
+        )
     if settings.jsonl:
         sinks.append(JsonLinesSink(settings.jsonl))
     return sinks

@@ -22,9 +22,10 @@ import structlog
 from proxy.journal import Journal
 from proxy.metrics import Metrics
 from proxy.settlement import Entry
-from proxy.sinks import PermanentDeliveryError, Sink
+from proxy.sinks import PermanentDeliveryError, RetryLater, Sink
 
 log = structlog.get_logger("proxy.outbox")
+MAX_RETRY_AFTER = 300.0
 
 
 @dataclass
@@ -171,6 +172,8 @@ class Outbox:
             self._metrics.export_failures.labels(sink.name).inc()
         state.last_error = f"{type(exc).__name__}: {exc}"
         state.backoff = _next_backoff(state.backoff, self._min_backoff, self._max_backoff)
+        if isinstance(exc, RetryLater):  # the receiver said when; within a sane cap
+            state.backoff = min(max(exc.retry_after, self._min_backoff), MAX_RETRY_AFTER)
         log.warning(
             "export_failed",
             sink=sink.name,

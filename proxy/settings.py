@@ -183,8 +183,11 @@ class Settings(BaseSettings):
         "/metrics",
         description="Path of the upstream's Prometheus metrics (vllm:prompt_tokens_total).",
     )
-    litellm_header: bool = Field(
-        False, description="Add x-litellm-total-tokens (billed tokens) to metered responses."
+    cloudevents_headers: dict[str, str] = Field(
+        default_factory=dict,
+        description="HTTP headers for the CloudEvents receiver, e.g. Authorization for "
+        "OpenMeter (a JSON object in the environment, or a mapping in the config file; never "
+        "a flag, so secrets stay out of argv; never logged or exported).",
     )
     admin_port: int | None = Field(
         None,
@@ -277,7 +280,11 @@ def reference_table() -> str:
     """The configuration reference as a markdown table (README section; a test checks it)."""
     rows = ["| option | environment | default | meaning |", "|---|---|---|---|"]
     for name, field in Settings.model_fields.items():
-        flag = "file only" if name == "models" else "`--" + name.replace("_", "-") + "`"
+        flag = (
+            "env/file only"
+            if name in ("models", "cloudevents_headers")
+            else ("`--" + name.replace("_", "-") + "`")
+        )
         if field.is_required():
             default = "required"
         elif field.default_factory is not None:
@@ -285,6 +292,7 @@ def reference_table() -> str:
                 "instance": "host name",
                 "journal": "`$XDG_STATE_HOME/vllm-usage-proxy/journal.sqlite`",
                 "models": "`{}`",
+                "cloudevents_headers": "`{}`",
             }.get(name, "computed")
         else:
             value = field.default

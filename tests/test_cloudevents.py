@@ -72,3 +72,126 @@ async def test_events_shape_and_exactly_once_after_outage(
     assert event["data"]["prompt_tokens"] == 36
     assert event["data"]["prompt_tokens_reported"] == 57
     assert event["data"]["verdict"] == "corrected"
+
+
+class StrictReceiver:
+    """Demands a bearer token; rejects a batch holding an event of tenant 'evil' with 400
+    (as OpenMeter does for an event it cannot ingest); can ask to come back later."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self.events: list[dict[str, Any]] = []
+        self.unauthorized = 0
+        self.throttle: str | None = None
+        self.rejecting = True
+
+    async def ingest(self, request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != f"Bearer {self.token}":
+            self.unauthorized += 1
+            return web.Response(status=401)
+        if self.throttle is not None:
+            retry, self.throttle = self.throttle, None
+            return web.Response(status=429, headers={"Retry-After": retry})
+        batch = await request.json()
+        if self.rejecting and any(e["subject"] == "evil" for e in batch):
+            return web.json_response({"detail": "invalid event"}, status=400)
+        self.events.extend(batch)
+        return web.Response(status=204)
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/api/v1/events", self.ingest)
+        return app
+
+
+async def wait_until(check: Any, seconds: float = 10) -> None:
+    for _ in range(int(seconds / 0.05)):
+        if await check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("not in time")
+
+
+async def test_bearer_header_dead_letter_and_replay(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Regression: the sink sent no credentials, and any 4xx was retried forever. The
+    headers come from USAGE_PROXY_CLOUDEVENTS_HEADERS (never argv, never logged); a
+    rejected record is isolated and dead-lettered while the rest is delivered; after the
+    receiver is fixed, `usage-proxy dead-letters replay` delivers it."""
+    from proxy.cli import main
+    from proxy.journal import list_dead_letters
+    from proxy.metering import METER
+    from proxy.metrics import METRICS
+    from proxy.tenancy import key_digest
+    from tests.conftest import fake_and_proxy
+
+    receiver = StrictReceiver("om-secret-token")
+    server = await aiohttp_server(receiver.app())
+    monkeypatch.setenv(
+        "USAGE_PROXY_CLOUDEVENTS_HEADERS", '{"Authorization": "Bearer om-secret-token"}'
+    )
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"acme: {key_digest('k-acme')}\nevil: {key_digest('k-evil')}\n")
+    _, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        api_keys=keys,
+        cloudevents_url=str(server.make_url("/api/v1/events")),
+        reconcile_interval=0,
+    )
+    body = {"query": "What is the capital of France?", "documents": ["Paris.", "Berlin."]}
+    ids = []
+    for key in ["k-acme"] * 3 + ["k-evil"] + ["k-acme"] * 3:
+        resp = await client.post("/rerank", json=body, headers={"Authorization": f"Bearer {key}"})
+        ids.append(resp.headers["x-usage-record-id"])
+    journal = client.app[METER].journal
+    assert journal is not None
+
+    async def delivered() -> bool:
+        return await journal.backlog("cloudevents") == 0
+
+    await wait_until(delivered)
+    assert sorted(e["id"] for e in receiver.events) == sorted(ids[:3] + ids[4:])
+    assert receiver.unauthorized == 0
+    text = client.app[METRICS].render().decode()
+    assert 'usage_proxy_export_dead_records{sink="cloudevents"} 1.0' in text
+    (letter,) = list_dead_letters(journal.path)
+    assert (letter.record_id, letter.sink) == (ids[3], "cloudevents")
+    assert "400" in letter.error
+
+    receiver.rejecting = False
+    assert main(["dead-letters", "replay", "--journal", str(journal.path)]) == 0
+
+    async def replayed() -> bool:
+        return ids[3] in {e["id"] for e in receiver.events}
+
+    await wait_until(replayed)
+    assert list_dead_letters(journal.path) == []
+    assert "om-secret-token" not in text
+
+
+async def test_retry_after_is_honoured(aiohttp_server: Any, tmp_path: Path) -> None:
+    """429 with Retry-After: the sink waits what the receiver asked, then delivers."""
+    receiver = StrictReceiver("t")
+    receiver.throttle = "1"
+    server = await aiohttp_server(receiver.app())
+    journal = Journal(tmp_path / "j.sqlite")
+    await journal.open()
+    sink = CloudEventsSink(
+        str(server.make_url("/api/v1/events")), headers={"Authorization": "Bearer t"}
+    )
+    outbox = Outbox(journal, [sink], min_backoff=0.01, max_backoff=0.05, poll_interval=0.05)
+    await outbox.start()
+    await journal.append(make_record(1))
+    await asyncio.sleep(0.3)
+    assert receiver.events == []
+    assert 0.9 <= outbox.state["cloudevents"].backoff <= 1.0
+    for _ in range(60):
+        if receiver.events:
+            break
+        await asyncio.sleep(0.05)
+    assert len(receiver.events) == 1
+    await outbox.drain(2)
+    await journal.close()

@@ -15,6 +15,14 @@ class PermanentDeliveryError(Exception):
     and the batch is retried with backoff."""
 
 
+class RetryLater(Exception):
+    """A transient failure with the receiver's own wait (``Retry-After``), in seconds."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class Sink(Protocol):
     """A delivery target for usage records and reconciliation windows. ``deliver`` raises
     on failure; the outbox retries the batch (or isolates a permanent rejection)."""

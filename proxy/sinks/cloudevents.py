@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import aiohttp
 
 from proxy.records import UsageRecord
 from proxy.settlement import Entry, SettledWindow
-from proxy.sinks import PermanentDeliveryError
+from proxy.sinks import PermanentDeliveryError, RetryLater
 
 EVENT_TYPE = "vllm-usage-proxy.usage"
 WINDOW_EVENT_TYPE = "vllm-usage-proxy.reconciliation"
@@ -66,6 +68,19 @@ def usage_event(record: UsageRecord) -> dict[str, Any]:
     }
 
 
+def retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date)."""
+    if not value:
+        return None
+    if value.strip().isdigit():
+        return float(value.strip())
+    try:
+        moment = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max((moment - datetime.now(UTC)).total_seconds(), 0.0)
+
+
 def is_permanent(status: int) -> bool:
     """A 4xx about the events themselves. 401/403 (credentials), 408 and 429 (load) are
     the receiver's state, not the records': those are retried."""
@@ -94,6 +109,9 @@ class CloudEventsSink:
             message = f"cloudevents receiver answered {response.status}: {text}"
             if is_permanent(response.status):
                 raise PermanentDeliveryError(message)
+            wait = retry_after(response.headers.get("Retry-After"))
+            if wait is not None:
+                raise RetryLater(message, wait)
             raise RuntimeError(message)
 
     async def close(self) -> None:
