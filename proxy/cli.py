@@ -11,7 +11,7 @@ import os
 import sqlite3
 import sys
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,15 @@ from pydantic import ValidationError
 from proxy import __version__
 from proxy.journal import list_dead_letters, read_journal, requeue_dead_letters
 from proxy.records import UsageRecord
-from proxy.report import FORMATS, aggregate
-from proxy.settings import ENV_PREFIX, Mode, Settings, default_journal_path, load_settings
+from proxy.report import FORMATS, GROUPS, aggregate
+from proxy.settings import (
+    ENV_PREFIX,
+    Mode,
+    Settings,
+    default_journal_path,
+    display_default,
+    load_settings,
+)
 from proxy.sinks.postgres import read_ledger
 
 # Not flags: structured (models) or secret (headers: argv is visible to every local user).
@@ -30,7 +37,8 @@ _FILE_ONLY = {"models", "cloudevents_headers"}
 
 def _flag_help(name: str) -> str:
     field = Settings.model_fields[name]
-    default = "required" if field.is_required() else f"default: {field.get_default()}"
+    shown = display_default(name)
+    default = shown if shown == "required" else f"default: {shown}"
     env = f"{ENV_PREFIX}{name.upper()}"
     return f"{field.description} [env {env}; {default}]"
 
@@ -193,27 +201,42 @@ def run_dead_letters(args: argparse.Namespace) -> int:
 def _add_report(commands: Any) -> None:
     report = commands.add_parser(
         "report",
-        help="usage per tenant and model from the journal or the PostgreSQL ledger",
-        description="Requests, reported and billed tokens, over-report (tokens and %% of "
-        "billed) and verdict counts per tenant and model over a time range.",
+        help="usage per tenant, model, operation or day, from the journal or the ledger",
+        description="Requests, reported and billed tokens, the over-report (tokens and % of "
+        "billed), tokens billed without proof (mismatch, unaudited) and verdict counts, "
+        "grouped as asked, with totals and the period covered.",
+        epilog="examples: usage-proxy report --since yesterday; usage-proxy report --since "
+        "2026-11-01 --until 2026-12-01 --group-by tenant,operation --format csv; "
+        "usage-proxy report --since 7d --format html --output usage.html",
     )
     source = report.add_mutually_exclusive_group()
     _journal_option(source)
     source.add_argument("--ledger-dsn", help="read the PostgreSQL ledger instead")
-    report.add_argument("--since", help="start of the range, ISO 8601 (inclusive)")
-    report.add_argument("--until", help="end of the range, ISO 8601 (exclusive)")
+    report.add_argument("--since", help=f"start of the range, inclusive ({TIME_HELP})")
+    report.add_argument("--until", help=f"end of the range, exclusive ({TIME_HELP})")
+    report.add_argument(
+        "--group-by",
+        default="tenant,model,operation",
+        help=f"comma-separated, from {', '.join(GROUPS)} (default: tenant,model,operation)",
+    )
     report.add_argument("--format", choices=sorted(FORMATS), default="table")
     report.add_argument("--output", type=Path, help="write here instead of stdout")
 
 
 def run_report(args: argparse.Namespace) -> int:
     since, until = _iso(args.since), _iso(args.until)
+    groups = [g.strip() for g in args.group_by.split(",") if g.strip()]
+    unknown = [g for g in groups if g not in GROUPS]
+    if unknown or not groups:
+        raise ValueError(f"--group-by takes {', '.join(GROUPS)}; not {', '.join(unknown)}")
     if args.ledger_dsn:
         records = asyncio.run(read_ledger(args.ledger_dsn, since, until))
     else:
         path = _journal_path(args)
         records = [UsageRecord.from_json(b) for b in read_journal(path, since, until)]
-    text = FORMATS[args.format](aggregate(records))
+    generated = datetime.now(UTC).isoformat(timespec="seconds")
+    report = aggregate(records, group_by=groups, since=since, until=until, generated_at=generated)
+    text = FORMATS[args.format](report)
     if args.output:
         args.output.write_text(text, encoding="utf-8")
     else:
@@ -221,11 +244,26 @@ def run_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _iso(value: str | None) -> str | None:
-    """Normalise a user-given time to the journal's ISO form (UTC when no zone is given)."""
+TIME_HELP = "ISO 8601 date or time, UTC unless a zone is given; or today, yesterday, 7d, 12h"
+
+
+def _iso(value: str | None, now: datetime | None = None) -> str | None:
+    """A user-given time in the journal's ISO form (UTC when no zone is given)."""
     if not value:
         return None
-    moment = datetime.fromisoformat(value)
+    now = now or datetime.now(UTC)
+    midnight = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    word = value.strip().lower()
+    relative = {"now": now, "today": midnight, "yesterday": midnight - timedelta(days=1)}
+    if word in relative:
+        return relative[word].isoformat()
+    if word[:-1].isdigit() and word[-1:] in ("d", "h"):
+        unit = timedelta(days=1) if word.endswith("d") else timedelta(hours=1)
+        return (now - int(word[:-1]) * unit).isoformat()
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"cannot read the time {value!r}: use {TIME_HELP}") from None
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).isoformat()
 
 

@@ -276,6 +276,21 @@ def load_settings(cli: dict[str, Any], config_file: Path | None) -> Settings:
     return _Bound(**given)
 
 
+def display_default(name: str) -> str:
+    """A default as a person reads it (``--help`` and the README): never an internal."""
+    field = Settings.model_fields[name]
+    if field.is_required():
+        return "required"
+    if field.default_factory is not None:
+        return {
+            "instance": "host name",
+            "journal": "$XDG_STATE_HOME/vllm-usage-proxy/journal.sqlite",
+        }.get(name, "{}")
+    value = field.default
+    shown = value.value if isinstance(value, enum.Enum) else value
+    return "unset" if value is None else str(shown)
+
+
 def reference_table() -> str:
     """The configuration reference as a markdown table (README section; a test checks it)."""
     rows = ["| option | environment | default | meaning |", "|---|---|---|---|"]
@@ -285,19 +300,9 @@ def reference_table() -> str:
             if name in ("models", "cloudevents_headers")
             else ("`--" + name.replace("_", "-") + "`")
         )
-        if field.is_required():
-            default = "required"
-        elif field.default_factory is not None:
-            default = {
-                "instance": "host name",
-                "journal": "`$XDG_STATE_HOME/vllm-usage-proxy/journal.sqlite`",
-                "models": "`{}`",
-                "cloudevents_headers": "`{}`",
-            }.get(name, "computed")
-        else:
-            value = field.default
-            shown = value.value if isinstance(value, enum.Enum) else value
-            default = "unset" if value is None else f"`{shown}`"
+        default = display_default(name)
+        if default not in ("required", "unset", "host name"):
+            default = f"`{default}`"
         description = (field.description or "").replace("|", "\\|")
         rows.append(f"| {flag} | `{ENV_PREFIX}{name.upper()}` | {default} | {description} |")
     return "\n".join(rows) + "\n"

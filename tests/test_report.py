@@ -12,7 +12,8 @@ import pytest
 
 from proxy.cli import main
 from proxy.journal import Journal
-from proxy.records import UsageRecord
+from proxy.records import OPERATIONS, UsageRecord
+from proxy.report import aggregate, as_html, as_table
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 
@@ -33,7 +34,7 @@ def rec(
         tenant=tenant,
         model="minilm",
         endpoint=endpoint,
-        operation="x",
+        operation=OPERATIONS[endpoint],
         prompt_tokens_reported=reported,
         prompt_tokens_billed=billed,
         completion_tokens_reported=completion,
@@ -67,58 +68,121 @@ def run(capsys: pytest.CaptureFixture[str], *args: str) -> str:
     return capsys.readouterr().out
 
 
-def test_json_totals(journal_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """a: 57+57+8 reported, 36+36+8 billed, 42 over (52.5 %); b (in range): 19/18."""
-    rows = json.loads(
-        run(capsys, "--journal", str(journal_path), "--format", "json", "--since", "2026-11-01")
+def test_json_rows_totals_and_period(
+    journal_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """a: 57+57 reported, 36+36 billed (rerank), 8/8 (chat); b (in range): 19/18; totals
+    add up; the object names the period and when it was made."""
+    report = json.loads(
+        run(
+            capsys,
+            *("--journal", str(journal_path), "--format", "json", "--since", "2026-11-01"),
+            *("--group-by", "tenant,operation"),
+        )
     )
-    assert rows == [
-        {
-            "tenant": "a",
-            "model": "minilm",
-            "requests": 3,
-            "reported_tokens": 122,
-            "billed_tokens": 80,
-            "verdicts": {"corrected": 2, "reported": 1},
-            "over_reported": 42,
-            "over_reported_pct": 52.5,
-        },
-        {
-            "tenant": "b",
-            "model": "minilm",
-            "requests": 1,
-            "reported_tokens": 19,
-            "billed_tokens": 18,
-            "verdicts": {"corrected": 1},
-            "over_reported": 1,
-            "over_reported_pct": 5.56,
-        },
+    assert report["since"] == "2026-11-01T00:00:00+00:00"
+    assert report["until"] is None
+    assert report["generated_at"]
+    assert report["group_by"] == ["tenant", "operation"]
+    got = [
+        (r["tenant"], r["operation"], r["requests"], r["reported_tokens"], r["billed_tokens"])
+        for r in report["rows"]
     ]
+    assert got == [("a", "chat", 1, 8, 8), ("a", "rerank", 2, 114, 72), ("b", "score", 1, 19, 18)]
+    totals = report["totals"]
+    assert (totals["tenant"], totals["requests"], totals["reported_tokens"]) == ("TOTAL", 4, 141)
+    assert (totals["billed_tokens"], totals["over_reported"]) == (98, 43)
+    assert totals["over_reported_pct"] == 43.88
+    assert totals["verdicts"] == {"corrected": 3, "reported": 1}
 
 
-def test_whole_range_and_csv(journal_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Without a range every record counts; CSV has a header and one row per group."""
-    rows = list(
-        csv.DictReader(io.StringIO(run(capsys, "--journal", str(journal_path), "--format", "csv")))
-    )
-    assert [(r["tenant"], r["requests"], r["billed_tokens"]) for r in rows] == [
-        ("a", "3", "80"),
-        ("b", "2", "36"),
-    ]
-
-
-def test_table_and_html(
+def test_every_format_carries_the_same_totals(
     journal_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The table lists every group; the HTML page holds a bar per tenant."""
-    table = run(capsys, "--journal", str(journal_path))
-    assert "tenant" in table.splitlines()[0]
-    assert len(table.splitlines()) == 4
+    """table, csv, json and html agree on the totals row and show the period."""
+    base = ("--journal", str(journal_path), "--group-by", "tenant", "--since", "2026-11-01")
+    as_json = json.loads(run(capsys, *base, "--format", "json"))["totals"]
+    rows = list(csv.DictReader(io.StringIO(run(capsys, *base, "--format", "csv"))))
+    assert rows[-1]["tenant"] == "TOTAL"
+    assert int(rows[-1]["billed_tokens"]) == as_json["billed_tokens"] == 98
+    assert rows[-1]["since"] == "2026-11-01T00:00:00+00:00"
+    table = run(capsys, *base)
+    assert "Usage from 2026-11-01T00:00:00+00:00 to now" in table
+    total_line = [line for line in table.splitlines() if line.startswith("TOTAL")]
+    assert total_line
+    assert "98" in total_line[0]
+    assert "141" in total_line[0]
     out = tmp_path / "r.html"
-    run(capsys, "--journal", str(journal_path), "--format", "html", "--output", str(out))
+    run(capsys, *base, "--format", "html", "--output", str(out))
     page = out.read_text()
-    assert page.count("<rect") == 2
-    assert "<svg" in page
+    assert '<tr class="total"><td title="TOTAL">TOTAL</td>' in page
+    assert '<td class="n">98</td>' in page
+
+
+def test_whole_range_grouped_by_day(journal_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without a range every record counts; --group-by day splits by UTC date."""
+    rows = list(
+        csv.DictReader(
+            io.StringIO(
+                run(capsys, "--journal", str(journal_path), "--format", "csv", "--group-by", "day")
+            )
+        )
+    )
+    assert [(r["day"], r["requests"], r["billed_tokens"]) for r in rows] == [
+        ((NOW - timedelta(days=30)).date().isoformat(), "1", "18"),
+        (NOW.date().isoformat(), "4", "98"),
+        ("TOTAL", "5", "116"),
+    ]
+
+
+def test_unproven_tokens_are_called_out() -> None:
+    """Tokens billed without proof (mismatch, unaudited) get their own column."""
+    report = aggregate(
+        [
+            rec(1, "a", "/rerank", 57, 36),
+            rec(2, "a", "/rerank", 57, 57, verdict="mismatch"),
+            rec(3, "a", "/rerank", 40, 40, verdict="unaudited"),
+        ],
+        group_by=["tenant"],
+    )
+    assert report.rows[0].unproven_tokens == 97
+    assert "Billed unproven" in as_table(report)
+
+
+def test_long_tenant_names_stay_readable() -> None:
+    """A 200-character tenant is shortened in the table (full name on hover in HTML)."""
+    long = "tenant-" + "x" * 193
+    report = aggregate([rec(1, long, "/rerank", 57, 36)], group_by=["tenant", "model"])
+    table = as_table(report)
+    assert max(len(line) for line in table.splitlines()) < 160
+    assert long not in table
+    page = as_html(report)
+    assert f'title="{long}"' in page
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("today", "2026-11-30T00:00:00+00:00"),
+        ("yesterday", "2026-11-29T00:00:00+00:00"),
+        ("7d", "2026-11-23T12:00:00+00:00"),
+        ("12h", "2026-11-30T00:00:00+00:00"),
+        ("2026-11-01", "2026-11-01T00:00:00+00:00"),
+        ("2026-11-01T10:00+02:00", "2026-11-01T10:00:00+02:00"),
+    ],
+)
+def test_friendly_times(given: str, expected: str) -> None:
+    """--since yesterday used to fail with Python's "Invalid isoformat string"."""
+    from proxy.cli import _iso
+
+    assert _iso(given, now=datetime(2026, 11, 30, 12, tzinfo=UTC)) == expected
+
+
+def test_unreadable_time_is_a_clear_error(
+    journal_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["report", "--journal", str(journal_path), "--since", "last tuesday"]) == 2
+    assert "use ISO 8601" in capsys.readouterr().err
 
 
 def test_missing_journal_is_a_clear_error(
