@@ -239,8 +239,8 @@ def as_html(report: Report, title: str = "vllm-usage-proxy: usage report") -> st
     return (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
         "<style>body{font-family:sans-serif;margin:2em}td,th{padding:3px 10px;"
-        "border:1px solid #ccc;white-space:nowrap}table{border-collapse:collapse}.n{text-align:right;"
-        "font-variant-numeric:tabular-nums}.total td{font-weight:bold;border-top:2px solid #333}"
+        "border:1px solid #ccc;white-space:nowrap}table{border-collapse:collapse}"
+        ".n{text-align:right;font-variant-numeric:tabular-nums}.total td{font-weight:bold;border-top:2px solid #333}"
         "th{background:#f4f6f7}</style></head><body>"
         f"<h1>{title}</h1><p class='period'>Usage from {html.escape(report.period)} (UTC), "
         f"generated {html.escape(report.generated_at)}. Billed unproven: tokens billed as "
