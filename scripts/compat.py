@@ -1,0 +1,202 @@
+"""``make compat``: prove the proxy on every vLLM release that runs here (issue #16).
+
+    python scripts/compat.py [VERSION ...] [--keep] [--output docs/compatibility.md]
+
+For each release, one at a time: provision it (cached; removed afterwards unless --keep or
+it is one of the releases ``make test`` uses, so disk stays bounded), serve the three test
+models (MiniLM, the tiny cross-encoder, the tiny ColBERT), put a real ``usage-proxy serve``
+in front of each, send the end-to-end case matrix through the proxy one request at a time,
+and compare what the proxy billed with the growth of that engine's own
+``vllm:prompt_tokens_total``. Writes the measured tables into docs/compatibility.md
+between its ``compat:start``/``compat:end`` markers. Not part of ``make test``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from scripts.vllm_cpu import (
+    CACHE,
+    E2E_VERSIONS,
+    ROOT,
+    Process,
+    metric,
+    post,
+    prepare_models,
+    provision,
+    start_proxy,
+    start_vllm,
+)
+
+RUNNABLE = ("0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0")
+FAMILIES = {"bi-encoder": "minilm", "cross-encoder": "tiny-ce", "late-interaction": "tiny-colbert"}
+START, END = "<!-- compat:start -->\n", "<!-- compat:end -->"
+
+
+@dataclass
+class Outcome:
+    family: str
+    case: str
+    status: int
+    reported: int | None = None
+    engine: int | None = None
+    billed: int | None = None
+    verdict: str | None = None
+
+    @property
+    def agrees(self) -> bool:
+        return self.status != 200 or self.billed == self.engine
+
+
+def say(text: str) -> None:
+    print(f"[compat] {text}", flush=True)
+
+
+def run_release(version: str, logs: Path) -> tuple[list[Outcome], dict[str, float]]:
+    from tests.e2e.test_real_vllm import CASES
+
+    timings: dict[str, float] = {}
+    started = time.monotonic()
+    python = provision(version)
+    timings["provision_s"] = time.monotonic() - started
+    models = prepare_models(python)
+    processes: list[Process] = []
+    try:
+        servers = {f: start_vllm(python, models[f], name, logs) for f, name in FAMILIES.items()}
+        processes.extend(servers.values())
+        with ThreadPoolExecutor(3) as pool:
+            list(pool.map(lambda p: p.wait_ready("/health", 900), servers.values()))
+        timings["start_s"] = time.monotonic() - started - timings["provision_s"]
+        proxies = {
+            f: start_proxy(s.url, logs, "--reconcile-interval", "0", "--journal", "off")
+            for f, s in servers.items()
+        }
+        processes.extend(proxies.values())
+        for proxy in proxies.values():
+            proxy.wait_ready("/readyz", 120)
+        outcomes = []
+        for family, server in servers.items():
+            for case in CASES:
+                body = case.body
+                if isinstance(body, dict) and "model" not in body:
+                    body = {"model": FAMILIES[family], **body}
+                before = metric(server.url)
+                status, headers, raw = post(proxies[family].url + case.path, body)
+                engine = int(metric(server.url) - before)
+                outcome = Outcome(family, case.name, status)
+                if status == 200:
+                    outcome.reported = int(headers.get("x-usage-upstream-prompt-tokens", -1))
+                    outcome.engine = engine
+                    outcome.billed = json.loads(raw)["usage"]["prompt_tokens"]
+                    outcome.verdict = headers.get("x-usage-verdict")
+                outcomes.append(outcome)
+        timings["total_s"] = time.monotonic() - started
+        return outcomes, timings
+    finally:
+        for process in processes:
+            process.stop()
+
+
+def render(results: dict[str, tuple[list[Outcome], dict[str, float]]]) -> str:
+    from packaging.version import Version
+
+    results = {v: results[v] for v in sorted(results, key=Version)}
+    lines = [
+        "| release | accepted cases | refused (status) | billed = engine | verdicts | run |",
+        "|---|---|---|---|---|---|",
+    ]
+    for version, (outcomes, timings) in results.items():
+        accepted = [o for o in outcomes if o.status == 200]
+        refused = [o for o in outcomes if o.status != 200]
+        agree = sum(o.agrees for o in accepted)
+        verdicts: dict[str, int] = {}
+        for o in accepted:
+            verdicts[o.verdict or "-"] = verdicts.get(o.verdict or "-", 0) + 1
+        shown = ", ".join(f"{k} {v}" for k, v in sorted(verdicts.items()))
+        statuses = sorted({o.status for o in refused})
+        lines.append(
+            f"| {version} | {len(accepted)} | {len(refused)} ({', '.join(map(str, statuses))}) "
+            f"| {agree} of {len(accepted)} | {shown} | {timings.get('total_s', 0):.0f} s |"
+        )
+    lines += ["", "Disagreements and cases a release refuses that 0.32.0 accepts:", ""]
+    accepted_new = {
+        (o.family, o.case) for o in results.get("0.32.0", ([], {}))[0] if o.status == 200
+    }
+    found = False
+    for version, (outcomes, _) in results.items():
+        for o in outcomes:
+            if o.status == 200 and not o.agrees:
+                found = True
+                lines.append(
+                    f"- {version} {o.family} `{o.case}`: reported {o.reported}, engine "
+                    f"{o.engine}, billed {o.billed} ({o.verdict})"
+                )
+            elif o.status != 200 and (o.family, o.case) in accepted_new:
+                found = True
+                lines.append(f"- {version} {o.family} `{o.case}`: refused with {o.status}")
+    if not found:
+        lines.append("- none")
+    lines += ["", "Per case (reported / engine / billed, verdict), bi-encoder:", ""]
+    versions = list(results)
+    lines.append("| case | " + " | ".join(versions) + " |")
+    lines.append("|---|" + "---|" * len(versions))
+    cases = [o.case for o in results[versions[0]][0] if o.family == "bi-encoder"]
+    for case in cases:
+        cells = []
+        for version in versions:
+            o = next(x for x in results[version][0] if x.family == "bi-encoder" and x.case == case)
+            cells.append(
+                f"{o.reported}/{o.engine}/{o.billed} {o.verdict}"
+                if o.status == 200
+                else str(o.status)
+            )
+        lines.append(f"| `{case}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_doc(path: Path, table: str) -> None:
+    text = path.read_text()
+    head, rest = text.split(START)
+    _, tail = rest.split(END)
+    path.write_text(head + START + table + END + tail)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("versions", nargs="*", default=list(RUNNABLE))
+    parser.add_argument("--keep", action="store_true", help="keep every provisioned release")
+    parser.add_argument("--output", type=Path, default=ROOT / "docs" / "compatibility.md")
+    args = parser.parse_args()
+    results: dict[str, tuple[list[Outcome], dict[str, float]]] = {}
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="usage-proxy-compat-") as tmp:
+        for version in args.versions:
+            say(f"vLLM {version}: provisioning, starting 3 servers, running the matrix ...")
+            outcomes, timings = run_release(version, Path(tmp))
+            results[version] = (outcomes, timings)
+            wrong = [o for o in outcomes if not o.agrees]
+            say(
+                f"vLLM {version}: {sum(o.status == 200 for o in outcomes)} accepted, "
+                f"{len(wrong)} billed differently from the engine, "
+                + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items())
+            )
+            if not args.keep and version not in E2E_VERSIONS:
+                shutil.rmtree(CACHE / f"vllm-cpu-{version}", ignore_errors=True)
+    write_doc(args.output, render(results))
+    say(f"all releases in {time.monotonic() - started:.0f} s; wrote {args.output}")
+    failed = [v for v, (outcomes, _) in results.items() if not all(o.agrees for o in outcomes)]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
