@@ -100,6 +100,21 @@ def build_model(
     return ServedModel(name, root, max_model_len, profile, tokenizer, task=task)
 
 
+def warn_if_unproven(release: Release) -> None:
+    """Once per release seen: say when it is outside what the proxy proved on a real engine."""
+    if release.proven is False:
+        fixed = release.reports_engine_usage
+        log.warning(
+            "release_outside_proven_range",
+            upstream_version=release.version,
+            proven="0.27.0 - 0.32.x (docs/compatibility.md)",
+            assumes="usage is engine-level: numbers are checked, never changed"
+            if fixed
+            else "pre-fix inflation per the release table: only proven corrections change a "
+            "number; anything else is billed as reported and flagged mismatch",
+        )
+
+
 class Catalog:
     """The upstream's version and models; refreshed in the background."""
 
@@ -156,6 +171,8 @@ class Catalog:
             for entry in entries:
                 if isinstance(entry, dict) and entry.get("id"):
                     models[str(entry["id"])] = await self._resolve(entry, release)
+            if release != self.release:
+                warn_if_unproven(release)
             self.release, self.models = release, models
             self.last_success = time.monotonic()
             self.ready.set()

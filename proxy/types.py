@@ -83,6 +83,9 @@ class Tokenizer(Protocol):
     def num_special_tokens_pair(self) -> int: ...
 
 
+PROVEN_RANGE = ((0, 27), (0, 32))
+
+
 @dataclass(frozen=True, slots=True)
 class Release:
     """An upstream vLLM release, reduced to the behaviour switches accounting needs."""
@@ -98,6 +101,13 @@ class Release:
             return int(parts[0]), int(parts[1])
         except (IndexError, ValueError):
             return None
+
+    @property
+    def proven(self) -> bool | None:
+        """Within the releases ``make compat`` runs on a real engine (0.27.0 - 0.32.x);
+        None when the version is unknown."""
+        parsed = self._parsed
+        return None if parsed is None else PROVEN_RANGE[0] <= parsed <= PROVEN_RANGE[1]
 
     @property
     def reports_engine_usage(self) -> bool | None:

@@ -14,7 +14,7 @@ from proxy.accounting import (
     single_lengths,
 )
 from proxy.tokenizer import HFTokenizer
-from proxy.types import Family, Pairing, Truncation
+from proxy.types import Family, Pairing, Release, Truncation
 from tests.conftest import profile
 
 QUERY = "What is the capital of France?"
@@ -166,3 +166,43 @@ def test_engine_never_exceeds_prefix_report(
     pairing = Pairing.ONE_TO_ONE if len(docs) == 1 else Pairing.ONE_TO_N
     q = counted.query_lengths[0]
     assert derive_engine(counted.prefix_reported, pairing, len(docs), q, pad) == counted.engine
+
+
+@pytest.mark.parametrize(
+    ("version", "inflates", "iterative", "proven"),
+    [
+        ("0.26.2", True, False, False),
+        ("0.27.0", True, False, True),
+        ("0.29.0", True, False, True),
+        ("0.29.9", True, False, True),
+        ("0.30.0", False, False, True),
+        ("0.30.1.dev12+gabc", False, False, True),
+        ("0.31.0", False, True, True),
+        ("0.32.0", False, True, True),
+        ("0.33.0", False, True, False),
+        (None, None, True, None),
+    ],
+)
+def test_release_table_boundaries(
+    version: str | None, inflates: bool | None, iterative: bool, proven: bool | None
+) -> None:
+    """0.29 -> 0.30: usage becomes engine-level; 0.30 -> 0.31: max_tokens_per_* cuts text
+    iteratively; the proven range is what make compat runs (docs/compatibility.md)."""
+    release = Release(version)
+    fixed = release.reports_engine_usage
+    assert (None if fixed is None else not fixed) == inflates
+    assert release.iterative_text_cut is iterative
+    assert release.proven is proven
+
+
+def test_unproven_release_is_announced() -> None:
+    """The proxy says once what it assumes for a release outside the proven range."""
+    from structlog.testing import capture_logs
+
+    from proxy.catalog import warn_if_unproven
+
+    with capture_logs() as logs:
+        warn_if_unproven(Release("0.33.0"))
+        warn_if_unproven(Release("0.32.0"))
+    assert [e["event"] for e in logs] == ["release_outside_proven_range"]
+    assert logs[0]["upstream_version"] == "0.33.0"
