@@ -32,12 +32,15 @@ class DuplicateKey(ValueError):
     """An object names the same member twice: parsers disagree on which one counts."""
 
 
-def object_spans(text: str, start: int = 0) -> tuple[dict[str, Span], int]:
+def object_spans(
+    text: str, start: int = 0, stop_at: str | None = None
+) -> tuple[dict[str, Span], int]:
     """Top-level member value spans of the JSON object starting at ``start``, and its end.
 
-    Raises DuplicateKey when a member name repeats (most JSON clients read the last one,
-    a scanner that stops early would read the first), ValueError when the object is not
-    well formed.
+    With ``stop_at``, scanning ends right after that member (its end is then returned):
+    vLLM's rerank puts ``usage`` before the large ``results``. Raises DuplicateKey when a
+    member name repeats (most JSON clients read the last one, a scanner that stops early
+    would read the first), ValueError when the scanned part is not well formed.
     """
     i = _skip_ws(text, start)
     if i >= len(text) or text[i] != "{":
@@ -58,6 +61,8 @@ def object_spans(text: str, start: int = 0) -> tuple[dict[str, Span], int]:
         if key in spans:
             raise DuplicateKey(f"member {key!r} appears twice")
         spans[key] = Span(value_start, value_end)
+        if key == stop_at:
+            return spans, value_end
         i = _skip_ws(text, value_end)
         if i < len(text) and text[i] == ",":
             i = _skip_ws(text, i + 1)
@@ -113,7 +118,7 @@ def find_usage(body: bytes) -> UsageView | None:
     to audit (not JSON, not an object, an error body, no ``usage`` object)."""
     try:
         text = body.decode("utf-8")
-        spans, end = object_spans(text)
+        spans, end = _top_level(text)
         if _skip_ws(text, end) != len(text):
             return None  # trailing bytes: not one complete object
         if "error" in spans or _is_error_marker(text, spans.get("object")):
@@ -127,6 +132,23 @@ def find_usage(body: bytes) -> UsageView | None:
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     return UsageView(text, usage, fields, *_reported(text, fields))
+
+
+# Member names that, appearing after ``usage``, could change the verdict (a second usage,
+# an error marker); when none of them occurs in the rest of the text at all, the rest
+# need not be parsed.
+_LATER_NAMES = ('"usage"', '"error"', '"object"')
+
+
+def _top_level(text: str) -> tuple[dict[str, Span], int]:
+    """The top-level members up to ``usage``, and the whole object's end when the rest
+    cannot matter (the common case: a rerank's large ``results`` is never parsed);
+    otherwise every member, so duplicates and error markers are seen."""
+    spans, end = object_spans(text, stop_at="usage")
+    if "usage" in spans and not any(text.find(n, end) >= 0 for n in _LATER_NAMES):
+        tail = text.rstrip(_WS)
+        return spans, len(tail) if tail.endswith("}") else end
+    return object_spans(text)
 
 
 def _is_error_marker(text: str, span: Span | None) -> bool:

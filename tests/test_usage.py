@@ -111,3 +111,24 @@ def test_rewrite_roundtrip_property(extra: object, reported: int, engine: int) -
     assert view.reported == reported
     rewritten = json.loads(rewrite_usage(view, engine))
     assert rewritten == {**original, "usage": {"prompt_tokens": engine, "total_tokens": engine}}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"usage":{"prompt_tokens":5,"total_tokens":5},"error":{"message":"x"}}',
+        b'{"usage":{"prompt_tokens":5,"total_tokens":5},"object":"error","message":"x"}',
+    ],
+)
+def test_error_markers_after_usage_are_seen(body: bytes) -> None:
+    """The scan stops at usage only when nothing after it could matter."""
+    assert find_usage(body) is None
+
+
+def test_repeated_usage_after_results_is_seen() -> None:
+    """A second usage member after a large results array still makes the view invalid."""
+    body = RERANK[:-1] + b',"usage":{"prompt_tokens":1,"total_tokens":1}}'
+    view = find_usage(body)
+    assert view is not None
+    assert view.problem is not None
+    assert view.reported is None
