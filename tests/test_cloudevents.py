@@ -104,14 +104,6 @@ class StrictReceiver:
         return app
 
 
-async def wait_until(check: Any, seconds: float = 10) -> None:
-    for _ in range(int(seconds / 0.05)):
-        if await check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("not in time")
-
-
 async def test_bearer_header_dead_letter_and_replay(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path, monkeypatch: Any
 ) -> None:
@@ -124,7 +116,7 @@ async def test_bearer_header_dead_letter_and_replay(
     from proxy.metering import METER
     from proxy.metrics import METRICS
     from proxy.tenancy import key_digest
-    from tests.conftest import fake_and_proxy
+    from tests.conftest import eventually, fake_and_proxy
 
     receiver = StrictReceiver("om-secret-token")
     server = await aiohttp_server(receiver.app())
@@ -152,7 +144,7 @@ async def test_bearer_header_dead_letter_and_replay(
     async def delivered() -> bool:
         return await journal.backlog("cloudevents") == 0
 
-    await wait_until(delivered)
+    await eventually(delivered)
     assert sorted(e["id"] for e in receiver.events) == sorted(ids[:3] + ids[4:])
     assert receiver.unauthorized == 0
     text = client.app[METRICS].render().decode()
@@ -167,7 +159,7 @@ async def test_bearer_header_dead_letter_and_replay(
     async def replayed() -> bool:
         return ids[3] in {e["id"] for e in receiver.events}
 
-    await wait_until(replayed)
+    await eventually(replayed)
     assert list_dead_letters(journal.path) == []
     assert "om-secret-token" not in text
 

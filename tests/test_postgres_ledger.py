@@ -7,7 +7,6 @@ import sys
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import asyncpg
 import pytest
@@ -19,6 +18,7 @@ from proxy.outbox import Outbox
 from proxy.records import MAX_TOKENS, UsageRecord
 from proxy.settings import Settings
 from proxy.sinks.postgres import PostgresLedger, migrate, read_ledger
+from tests.conftest import eventually
 from tests.postgres import Cluster
 
 
@@ -114,14 +114,6 @@ async def test_outage_then_recovery_delivers_exactly_once(postgres: Cluster, tmp
     assert await count_rows(dsn) == (300, 300)
 
 
-async def wait_for(check: Any, seconds: float = 10.0) -> None:
-    for _ in range(int(seconds / 0.05)):
-        if await check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not met in time")
-
-
 async def test_permanent_rejection_is_isolated_dead_lettered_and_replayable(
     postgres: Cluster, tmp_path: Path
 ) -> None:
@@ -153,7 +145,7 @@ async def test_permanent_rejection_is_isolated_dead_lettered_and_replayable(
     async def delivered() -> bool:
         return await journal.backlog("postgres") == 0
 
-    await wait_for(delivered)
+    await eventually(delivered)
     assert await count_rows(dsn) == (39, 39)
     assert 'usage_proxy_export_dead_records{sink="postgres"} 1.0' in metrics.render().decode()
     (letter,) = list_dead_letters(tmp_path / "j.sqlite")
@@ -172,7 +164,7 @@ async def test_permanent_rejection_is_isolated_dead_lettered_and_replayable(
     async def replayed() -> bool:
         return await count_rows(dsn) == (40, 40)
 
-    await wait_for(replayed)
+    await eventually(replayed)
     await conn.close()
     await outbox.drain(2)
     await journal.close()
