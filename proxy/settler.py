@@ -72,10 +72,10 @@ class Settler:
                 if str(exc) != failing:
                     log.warning("reconcile_failed", error=str(exc))
                 failing = str(exc)
-            else:
-                failing = None
             except Exception:  # reconciliation is an audit; it must never stop
                 log.exception("reconcile_crashed")
+            else:
+                failing = None
 
     async def settle_once(
         self, session: aiohttp.ClientSession, patience: float = 5.0
