@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import resource
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import structlog
 from aiohttp import web
@@ -148,11 +152,54 @@ def run(settings: Settings) -> None:
         listen=f"{settings.host}:{settings.port}",
         mode=settings.mode.value,
     )
-    web.run_app(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        print=None,
-        access_log=None,
-        shutdown_timeout=30,
+    with contextlib.suppress(web.GracefulExit, KeyboardInterrupt):
+        asyncio.run(serve(settings))
+
+
+async def serve(settings: Settings) -> None:
+    """aiohttp's run_app, plus the client connection cap (which run_app cannot take)."""
+    app = create_app(settings)
+    runner = web.AppRunner(app, access_log=None, handle_signals=True, shutdown_timeout=30)
+    await runner.setup()
+    assert runner.server is not None
+    cap_connections(runner.server, settings.max_connections, app[METRICS])
+    await web.TCPSite(runner, settings.host, settings.port).start()
+    try:
+        await asyncio.Event().wait()  # until SIGINT/SIGTERM (GracefulExit)
+    finally:
+        await runner.cleanup()
+
+
+def busy_answer() -> bytes:
+    """What a client beyond --max-connections gets before its connection is closed."""
+    error = {
+        "message": "too many connections to the proxy; retry",
+        "type": "ServiceUnavailable",
+        "param": None,
+        "code": 503,
+    }
+    body = json.dumps({"error": error}).encode()
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+        f"Retry-After: 1\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n"
     )
+    return head.encode() + body
+
+
+def cap_connections(server: web.Server, limit: int, metrics: Metrics) -> None:
+    """Refuse connections beyond ``limit`` at once (a 503 in vLLM's error shape, then
+    closed), so a flood of idle or trickling connections cannot use up the process's file
+    descriptors and starve everyone else."""
+    admit = server.connection_made
+    answer = busy_answer()
+
+    def connection_made(handler: Any, transport: asyncio.Transport) -> None:
+        if len(server.connections) >= limit:
+            metrics.refused.labels("503").inc()
+            log.warning("connection_refused", open=len(server.connections), limit=limit)
+            transport.write(answer)
+            transport.close()
+            return
+        admit(handler, transport)
+
+    server.connection_made = connection_made  # type: ignore[method-assign]

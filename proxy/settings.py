@@ -95,6 +95,12 @@ class Settings(BaseSettings):
         gt=0,
         description="Seconds to receive a whole audited/metered request body; past it, 408.",
     )
+    max_connections: int = Field(
+        4096,
+        ge=1,
+        description="Client connections open at once; beyond it a connection gets 503 and "
+        "is closed (logged, counted), so a flood cannot exhaust file descriptors.",
+    )
     upstream_connections: int = Field(
         256,
         ge=1,

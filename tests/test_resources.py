@@ -7,6 +7,7 @@ import asyncio
 import json
 from pathlib import Path
 from typing import Any
+from urllib.request import urlopen
 
 import pytest
 
@@ -111,3 +112,33 @@ async def test_giant_word_is_proven_by_derivation_not_tokenized(
     (record,) = [json.loads(r) for r in read_journal(tmp_path / "journal.sqlite")]
     # Q = 9; the giant word is one [UNK]: D = 3 and 4 ("Paris." is [CLS] paris . [SEP])
     assert record["prompt_tokens_billed"] == 9 + 3 + 4
+
+
+async def test_connections_beyond_the_cap_get_503_and_are_closed(
+    fake_upstream: Any, tmp_path: Path
+) -> None:
+    """Regression: 20,000 trickling connections hit EMFILE and normal requests timed out.
+    The real server refuses connections beyond --max-connections (vLLM-shaped 503, closed,
+    counted) and serves again once they are gone."""
+    from scripts.vllm_cpu import start_proxy
+
+    proxy = start_proxy(fake_upstream.url, tmp_path, "--max-connections", "5", "--journal", "off")
+    await asyncio.to_thread(proxy.wait_ready, "/readyz", 60)
+    port = int(proxy.url.rsplit(":", 1)[1])
+    try:
+        idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(5)]
+        await asyncio.sleep(0.2)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        answer = await asyncio.wait_for(reader.read(), 5)  # the proxy closes it
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 503")
+        assert b'"type": "ServiceUnavailable"' in answer
+        for _, w in idle:
+            w.close()
+        await asyncio.sleep(0.3)
+        status = await asyncio.to_thread(lambda: urlopen(proxy.url + "/healthz").status)
+        assert status == 200
+        metrics = await asyncio.to_thread(lambda: urlopen(proxy.url + "/metrics").read())
+        assert b'usage_proxy_refused_requests_total{status="503"} 1.0' in metrics
+    finally:
+        proxy.stop()
