@@ -164,6 +164,22 @@ def render(results: dict[str, tuple[list[Outcome], dict[str, float]]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+RESULTS = CACHE / "compat-results.json"
+
+
+def save_results(results: dict[str, tuple[list[Outcome], dict[str, float]]]) -> None:
+    """Each finished release's outcomes survive a later one failing (resumable runs)."""
+    data = {v: ([o.__dict__ for o in outs], t) for v, (outs, t) in results.items()}
+    RESULTS.write_text(json.dumps(data))
+
+
+def load_results() -> dict[str, tuple[list[Outcome], dict[str, float]]]:
+    if not RESULTS.is_file():
+        return {}
+    data = json.loads(RESULTS.read_text())
+    return {v: ([Outcome(**o) for o in outs], t) for v, (outs, t) in data.items()}
+
+
 def write_doc(path: Path, table: str) -> None:
     text = path.read_text()
     head, rest = text.split(START)
@@ -175,15 +191,23 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("versions", nargs="*", default=list(RUNNABLE))
     parser.add_argument("--keep", action="store_true", help="keep every provisioned release")
+    parser.add_argument(
+        "--fresh", action="store_true", help="forget earlier runs' results (kept in the cache)"
+    )
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "compatibility.md")
     args = parser.parse_args()
-    results: dict[str, tuple[list[Outcome], dict[str, float]]] = {}
+    results = load_results() if not args.fresh else {}
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="usage-proxy-compat-") as tmp:
         for version in args.versions:
             say(f"vLLM {version}: provisioning, starting 3 servers, running the matrix ...")
-            outcomes, timings = run_release(version, Path(tmp))
+            try:
+                outcomes, timings = run_release(version, Path(tmp))
+            except (RuntimeError, TimeoutError, OSError) as exc:
+                say(f"vLLM {version} could not be run: {str(exc)[:500]}")
+                continue
             results[version] = (outcomes, timings)
+            save_results(results)
             wrong = [o for o in outcomes if not o.agrees]
             say(
                 f"vLLM {version}: {sum(o.status == 200 for o in outcomes)} accepted, "

