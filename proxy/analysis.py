@@ -66,7 +66,7 @@ def _analyse(
                 tok,
                 request.queries,
                 request.documents,
-                request.truncation,
+                model.profile.release.applied(request.truncation),
                 model.profile,
                 full=attempt,
             )

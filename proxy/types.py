@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
 JSON = dict[str, Any]
@@ -114,6 +114,19 @@ class Release:
         """True from 0.30.0 (the fix), False before, None when the version is unknown."""
         parsed = self._parsed
         return None if parsed is None else parsed >= (0, 30)
+
+    @property
+    def pads(self) -> bool:
+        """``padding: "max_length"`` is honoured from 0.29 (earlier releases accept the
+        field as an unknown extra and ignore it; measured by make compat on 0.28.0)."""
+        parsed = self._parsed
+        return parsed is None or parsed >= (0, 29)
+
+    def applied(self, truncation: Truncation) -> Truncation:
+        """The request's options as this release applies them."""
+        if truncation.pad_to_max_length and not self.pads:
+            return replace(truncation, pad_to_max_length=False)
+        return truncation
 
     @property
     def iterative_text_cut(self) -> bool:

@@ -206,3 +206,25 @@ def test_unproven_release_is_announced() -> None:
         warn_if_unproven(Release("0.32.0"))
     assert [e["event"] for e in logs] == ["release_outside_proven_range"]
     assert logs[0]["upstream_version"] == "0.33.0"
+
+
+@pytest.mark.parametrize(("version", "pads"), [("0.28.0", False), ("0.29.0", True), (None, True)])
+def test_padding_boundary_0_28_to_0_29(version: str | None, pads: bool) -> None:
+    """Regression found by make compat: 0.28.0 ignores padding="max_length" (an unknown
+    extra field then); the proxy counted the padding and billed the inflated figure."""
+    release = Release(version)
+    asked = Truncation(pad_to_max_length=True)
+    assert release.pads is pads
+    assert release.applied(asked).pad_to_max_length is pads
+    assert release.applied(Truncation()) == Truncation()
+
+
+def test_padding_ignored_before_0_29_is_counted_as_the_engine_does(minilm: HFTokenizer) -> None:
+    """With 0.28.0 the 1:1 padded request is billed at the unpadded engine count."""
+    from proxy.accounting import count_request
+
+    old = profile(version="0.28.0")
+    trunc = old.release.applied(Truncation(pad_to_max_length=True))
+    counted = count_request(minilm, [QUERY], [DOCS[0]], trunc, old)
+    assert counted.recount is not None
+    assert counted.recount.engine == 9 + 9  # no padding to 256
