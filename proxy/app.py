@@ -152,8 +152,28 @@ def run(settings: Settings) -> None:
         listen=f"{settings.host}:{settings.port}",
         mode=settings.mode.value,
     )
-    with contextlib.suppress(web.GracefulExit, KeyboardInterrupt):
-        asyncio.run(serve(settings))
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    main = loop.create_task(serve(settings))
+    try:
+        with contextlib.suppress(web.GracefulExit, KeyboardInterrupt):
+            loop.run_until_complete(main)
+    finally:
+        # As aiohttp's run_app: first let the server's own shutdown run (drain requests,
+        # finish exchanges, deliver records) while its background tasks are still alive;
+        # only then cancel whatever is left.
+        _cancel(loop, {main})
+        _cancel(loop, asyncio.all_tasks(loop))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+def _cancel(loop: asyncio.AbstractEventLoop, tasks: set[asyncio.Task[Any]]) -> None:
+    pending = {t for t in tasks if not t.done()}
+    for task in pending:
+        task.cancel()
+    if pending:
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
 
 
 async def serve(settings: Settings) -> None:
