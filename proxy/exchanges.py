@@ -61,7 +61,10 @@ class BodyBudget:
         self.held += size
         self._peak = max(self._peak, self.held)
         try:
-            body = await asyncio.wait_for(request.read(), self.read_timeout)
+            if request.content.is_eof():  # already received in full: no deadline needed
+                body = await request.read()
+            else:
+                body = await asyncio.wait_for(request.read(), self.read_timeout)
         except TimeoutError:
             self.release(size)
             raise Refused(body_timeout(self.read_timeout)) from None

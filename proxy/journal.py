@@ -148,9 +148,10 @@ class Journal:
             future.add_done_callback(_consume)
             return
         try:
-            await asyncio.wait_for(asyncio.shield(future), self.commit_timeout)
+            # On timeout the future is cancelled, not the write: the record stays queued
+            # and the writer skips futures that are already done.
+            await asyncio.wait_for(future, self.commit_timeout)
         except TimeoutError:
-            future.add_done_callback(_consume)
             self._unhealthy(f"commit took longer than {self.commit_timeout} s")
             raise JournalError(f"commit took longer than {self.commit_timeout} s") from None
 
