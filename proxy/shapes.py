@@ -19,7 +19,6 @@ Endpoint = Literal["score", "rerank"]
 SCORE_PATHS = frozenset({"/score", "/v1/score"})
 RERANK_PATHS = frozenset({"/rerank", "/v1/rerank", "/v2/rerank"})
 INVOCATIONS_PATH = "/invocations"
-AUDITED_PATHS = SCORE_PATHS | RERANK_PATHS | {INVOCATIONS_PATH}
 
 # The field pairs of a score request, in the order vLLM's request union tries them.
 _SCORE_FIELD_PAIRS = (

@@ -13,6 +13,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from proxy.settings import Settings
+from proxy.tenancy import connection_tokens
 
 SESSION = web.AppKey("upstream_session", aiohttp.ClientSession)
 
@@ -78,13 +79,13 @@ def unauthorized() -> web.Response:
 
 def request_headers(headers: Any) -> CIMultiDict[str]:
     """Client headers to send upstream: all but hop-by-hop ones and Host."""
-    drop = _connection_tokens(headers) | HOP_BY_HOP | {"host"}
+    drop = connection_tokens(headers) | HOP_BY_HOP | {"host"}
     return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in drop)
 
 
 def response_headers(headers: Any, *, keep_length: bool) -> CIMultiDict[str]:
     """Upstream headers to send back: all but hop-by-hop (and the length when re-framed)."""
-    drop = _connection_tokens(headers) | HOP_BY_HOP
+    drop = connection_tokens(headers) | HOP_BY_HOP
     if not keep_length:
         drop = drop | {"content-length"}
     return CIMultiDict(
@@ -92,13 +93,6 @@ def response_headers(headers: Any, *, keep_length: bool) -> CIMultiDict[str]:
         for k, v in headers.items()
         if k.lower() not in drop and not k.lower().startswith(PROXY_HEADER_PREFIXES)
     )
-
-
-def _connection_tokens(headers: Any) -> set[str]:
-    tokens: set[str] = set()
-    for value in headers.getall("Connection", []):
-        tokens.update(t.strip().lower() for t in value.split(",") if t.strip())
-    return tokens
 
 
 @contextmanager
