@@ -83,7 +83,7 @@ class Invocations:
                 return await self._auditor.audit(request, body, started, prepared.operation)
             return await self._metered.relay(request, prepared, started)
 
-        return await handle_admitted(request, work, request.app[METER].shielded)
+        return await handle_admitted(request, work)
 
 
 def _admin_routes(admin: web.Application) -> None:

@@ -74,7 +74,7 @@ class ScoringAuditor:
         async def work(body: bytes) -> web.StreamResponse:
             return await self.audit(request, body, started)
 
-        return await handle_admitted(request, work, request.app[METER].shielded)
+        return await handle_admitted(request, work)
 
     async def audit(
         self,

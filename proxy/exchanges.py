@@ -15,6 +15,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.encoding import content_codings, decode_body
+from proxy.metering import METER
 from proxy.metrics import METRICS
 from proxy.settler import SETTLER
 from proxy.upstream import error_response, response_headers
@@ -133,12 +134,10 @@ BODIES = web.AppKey("body_budget", BodyBudget)
 
 
 async def handle_admitted(
-    request: web.Request,
-    work: Callable[[bytes], Awaitable[web.StreamResponse]],
-    shield: Callable[[Awaitable[web.StreamResponse]], Awaitable[web.StreamResponse]],
+    request: web.Request, work: Callable[[bytes], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    """Admit and read the body, then run ``work(body)`` shielded from a client hang-up;
-    the body's reservation is held until the work is done."""
+    """Admit and read the body, then run ``work(body)`` shielded from a client hang-up
+    (``Meter.shielded``); the body's reservation is held until the work is done."""
     budget = request.app[BODIES]
     try:
         body, size = await budget.admit(request)
@@ -159,7 +158,7 @@ async def handle_admitted(
             settler.end(status)
             budget.release(size)
 
-    return await shield(held())
+    return await request.app[METER].shielded(held())
 
 
 async def off_loop(fn: Callable[..., T], body: bytes, *args: Any) -> T:

@@ -42,7 +42,7 @@ class MeteredRelay:
             prepared = await off_loop(prepare, body, request.path, body, task_of)
             return await self.relay(request, prepared, started)
 
-        return await handle_admitted(request, work, request.app[METER].shielded)
+        return await handle_admitted(request, work)
 
     async def relay(
         self, request: web.Request, prepared: Prepared, started: float
