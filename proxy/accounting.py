@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from proxy.types import EngineProfile, Family, Pairing, Tokenizer, Truncation
 
@@ -72,7 +73,10 @@ def single_lengths(
     if keep == 0:
         return [_finish(0, 0, trunc, max_model_len) for _ in texts]
     cap = max(keep if keep is not None else max_model_len + 1, _MIN_CAP)
-    return [_finish(n, keep, trunc, max_model_len) for n in tok.lengths(texts, max_length=cap)]
+    lengths = tok.lengths(texts, max_length=cap)
+    if keep is None and not trunc.pad_to_max_length:
+        return lengths  # _finish would change nothing
+    return [_finish(n, keep, trunc, max_model_len) for n in lengths]
 
 
 def pair_length(
@@ -196,6 +200,11 @@ def derive_engine(
     return reported - pad
 
 
+def _all_text(items: Sequence[object]) -> bool:
+    """Every item is a text (not an image or other content part)."""
+    return all(map(str.__instancecheck__, items))
+
+
 @dataclass(frozen=True, slots=True)
 class Counted:
     """What the proxy could count for one request before seeing the upstream's answer."""
@@ -218,9 +227,8 @@ def count_request(
     The query length alone is what the derivation path needs (images as documents, or
     ``full=False`` when only a sample of requests is recounted).
     """
-    if full and all(isinstance(x, str) for x in (*queries, *documents)):
-        texts_q = [str(x) for x in queries]
-        texts_d = [str(x) for x in documents]
+    if full and _all_text(queries) and _all_text(documents):
+        texts_q, texts_d = cast(Sequence[str], queries), cast(Sequence[str], documents)
         counted = recount(tok, texts_q, texts_d, trunc, profile)
         if counted is not None:
             query = counted.query_lengths[0] if len(counted.query_lengths) == 1 else None

@@ -6,16 +6,17 @@ No aiohttp here; the handler in ``proxy.audit`` runs these off the event loop.
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from dataclasses import dataclass, replace
 
 from proxy.accounting import Counted, count_request
 from proxy.catalog import Catalog, ServedModel
+from proxy.jsonio import loads
 from proxy.reconcile import Audit, invalid, judge, unaudited
 from proxy.shapes import ScoringRequest, endpoint_for_path, parse_scoring_request
-from proxy.tokenizer import TokenizerPool, Uncountable
+from proxy.tokenizer import CachedCounts, HFTokenizer, NotCached, TokenizerPool, Uncountable
+from proxy.types import EngineProfile, Tokenizer
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,23 +30,59 @@ class Analysis:
     accounting_ms: float = 0.0
 
 
+def wants_full_recount(recount_fraction: float) -> bool:
+    """Whether this request is recounted in full; otherwise only its query is counted
+    (the derivation path), as ``--recount-fraction`` asks."""
+    return recount_fraction >= 1.0 or random.random() < recount_fraction
+
+
 def analyse(
-    body: bytes, path: str, catalog: Catalog, pool: TokenizerPool, recount_fraction: float = 1.0
+    body: bytes, path: str, catalog: Catalog, pool: TokenizerPool, full: bool = True
 ) -> Analysis:
-    """Parse and count one request body (runs in a tokenizer thread), timed.
-
-    With ``recount_fraction`` < 1, other requests only count the query (derivation path).
-    """
+    """Parse and count one request body (runs in a tokenizer thread), timed."""
     started = time.perf_counter()
-    analysis = _analyse(body, path, catalog, pool, recount_fraction)
-    return replace(analysis, accounting_ms=(time.perf_counter() - started) * 1000)
+    found = _understand(body, path, catalog)
+    if isinstance(found, Countable):
+        found = _count(found, pool.local_copy(found.tokenizer), full)
+    return replace(found, accounting_ms=(time.perf_counter() - started) * 1000)
 
 
-def _analyse(
-    body: bytes, path: str, catalog: Catalog, pool: TokenizerPool, recount_fraction: float
-) -> Analysis:
+# Inline analysis hashes each text for its cache lookup (about 1 us each): past this many
+# texts a small body still goes to the pool.
+INLINE_MAX_TEXTS = 256
+
+
+def analyse_cached(body: bytes, path: str, catalog: Catalog, full: bool) -> Analysis | None:
+    """``analyse`` from the shared count cache alone, or None when a count it needs is
+    not cached. Never tokenizes: small bodies whose texts were all seen before (the
+    common reranking case) are judged without a hop to a tokenizer thread."""
+    started = time.perf_counter()
+    found = _understand(body, path, catalog)
+    if isinstance(found, Countable):
+        texts = len(found.request.queries) + len(found.request.documents)
+        if texts > INLINE_MAX_TEXTS:
+            return None
+        try:
+            found = _count(found, CachedCounts(found.tokenizer), full)
+        except NotCached:
+            return None
+    return replace(found, accounting_ms=(time.perf_counter() - started) * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class Countable:
+    """A request the proxy can count: its model has a profile and a tokenizer."""
+
+    request: ScoringRequest
+    model: ServedModel
+    profile: EngineProfile
+    tokenizer: HFTokenizer
+
+
+def _understand(body: bytes, path: str, catalog: Catalog) -> Analysis | Countable:
+    """The request and its model, or the Analysis saying why it cannot be counted."""
     try:
-        payload = json.loads(body)
+        payload = loads(body)
     except (ValueError, UnicodeDecodeError):
         return Analysis(None, None, None, "body is not JSON")
     request = parse_scoring_request(endpoint_for_path(path) or "", payload)
@@ -58,23 +95,29 @@ def _analyse(
         return Analysis(request, model, None, model.problem)
     if request.pairing is None:
         return Analysis(request, model, None, "invalid pairing")
-    tok = pool.local_copy(model.tokenizer)
-    full = recount_fraction >= 1.0 or random.random() < recount_fraction
-    for attempt in (full, False) if full else (False,):
+    return Countable(request, model, model.profile, model.tokenizer)
+
+
+def _count(found: Countable, tok: Tokenizer, full: bool) -> Analysis:
+    """Count in full when ``full``, falling back to the query alone when a text is beyond
+    the tokenizer's memory bound."""
+    request, profile = found.request, found.profile
+    problem = None
+    for attempt in (True, False) if full else (False,):
         try:
             counted = count_request(
                 tok,
                 request.queries,
                 request.documents,
-                model.profile.release.applied(request.truncation),
-                model.profile,
+                profile.release.applied(request.truncation),
+                profile,
                 full=attempt,
             )
         except Uncountable as exc:  # memory bound: fall back to the query-only derivation
             problem = f"not counted: {exc}"
             continue
-        return Analysis(request, model, counted)
-    return Analysis(request, model, None, problem)
+        return Analysis(request, found.model, counted)
+    return Analysis(request, found.model, None, problem)
 
 
 # The shortest JSON list item is 3 bytes (`"",`): smaller bodies cannot pass the limit, so
@@ -85,7 +128,7 @@ MIN_BYTES_PER_ITEM = 3
 def over_limit(body: bytes, path: str, limit: int) -> str | None:
     """A refusal message when the request holds more than ``limit`` queries or documents."""
     try:
-        payload = json.loads(body)
+        payload = loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     request = parse_scoring_request(endpoint_for_path(path) or "", payload)

@@ -13,10 +13,18 @@ from dataclasses import dataclass
 import structlog
 from aiohttp import web
 
-from proxy.analysis import MIN_BYTES_PER_ITEM, Analysis, analyse, decide, over_limit
+from proxy.analysis import (
+    MIN_BYTES_PER_ITEM,
+    Analysis,
+    analyse,
+    analyse_cached,
+    decide,
+    over_limit,
+    wants_full_recount,
+)
 from proxy.catalog import Catalog
 from proxy.encoding import UnreadableBody
-from proxy.exchanges import handle_admitted, off_loop, readable_body, reply_headers
+from proxy.exchanges import INLINE_BYTES, handle_admitted, off_loop, readable_body, reply_headers
 from proxy.metering import METER, WHO, Meter
 from proxy.metrics import METRICS, Metrics, upstream_failure
 from proxy.reconcile import Audit, invalid, unaudited
@@ -92,16 +100,8 @@ class ScoringAuditor:
             )
             if refusal:
                 return error_response(400, refusal, param="documents")
+        counting = self._count(body, request.path)
         sent = time.perf_counter()
-        counting = loop.run_in_executor(
-            self._pool.lane(len(body)),
-            analyse,
-            body,
-            request.path,
-            self._catalog,
-            self._pool,
-            self._settings.recount_fraction,
-        )
         try:
             async with exchange(
                 request.app[SESSION], self._settings.upstream_base, request, body, metered=True
@@ -146,6 +146,24 @@ class ScoringAuditor:
         _observe(request.app[METRICS], outcome)
         return reply
 
+    def _count(self, body: bytes, path: str) -> asyncio.Future[Analysis]:
+        """Count the request: from the count cache right here when the body is small and
+        every text was seen before, else in the tokenizer pool while the upstream works."""
+        loop = asyncio.get_running_loop()
+        full = wants_full_recount(self._settings.recount_fraction)
+        if len(body) < INLINE_BYTES:
+            try:
+                cached = analyse_cached(body, path, self._catalog, full)
+            except Exception:  # e.g. a text no cache key can be made of: the pool judges it
+                cached = None
+            if cached is not None:
+                done = loop.create_future()
+                done.set_result(cached)
+                return done
+        return loop.run_in_executor(
+            self._pool.lane(len(body)), analyse, body, path, self._catalog, self._pool, full
+        )
+
     def _record(self, request: web.Request, meter: Meter, o: Outcome) -> UsageRecord:
         transport = request.transport
         return meter.new_record(
@@ -167,9 +185,12 @@ class ScoringAuditor:
 
     async def _audit(self, counting: asyncio.Future[Analysis], view: UsageView) -> Audit:
         try:
-            analysis = await asyncio.wait_for(
-                asyncio.shield(counting), self._settings.accounting_timeout
-            )
+            if counting.done():
+                analysis = counting.result()
+            else:
+                analysis = await asyncio.wait_for(
+                    asyncio.shield(counting), self._settings.accounting_timeout
+                )
             return decide(analysis, view.reported, view.problem)
         except TimeoutError:
             if view.problem is not None:

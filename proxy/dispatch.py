@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from proxy.jsonio import loads
 from proxy.records import OPERATIONS
 from proxy.shapes import parse_rerank, parse_score
 from proxy.types import Family
@@ -89,7 +90,7 @@ def prepare(
     ``stream_options.include_usage``, the body to send asks for it (the proxy then hides
     that chunk from the client)."""
     try:
-        payload: Any = json.loads(body)
+        payload: Any = loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
         return Prepared(body, OPERATIONS.get(path, "other"), None)
     if not isinstance(payload, dict):

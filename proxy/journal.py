@@ -1,9 +1,11 @@
 """The durable local usage journal: SQLite in WAL mode, group commit, and an outbox.
 
-All SQLite work runs on one dedicated thread. Concurrent ``append`` calls are committed
-together in one transaction (group commit); in ``sync`` durability each caller returns
-only after its record is on disk. Exporters read batches past their own cursor and
-advance it after delivery (at-least-once; record ids make redelivery idempotent).
+All SQLite work runs on one dedicated thread. ``append`` hands a record to that thread;
+whatever is pending when the thread gets to it is committed in one transaction (group
+commit), and one callback on the event loop settles the whole group. In ``sync``
+durability each caller returns only after its record is on disk. Exporters read batches
+past their own cursor and advance it after delivery (at-least-once; record ids make
+redelivery idempotent).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 import contextlib
 import os
 import sqlite3
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -78,8 +81,13 @@ class Journal:
         # False from a failed or stalled commit until the next successful one.
         self.healthy = True
         self.problem: str | None = None
-        self._queue: asyncio.Queue[_Item | None] = asyncio.Queue()
-        self._writer: asyncio.Task[None] | None = None
+        # Records handed to the thread and not yet committed; ``_draining`` is True while
+        # a drain job is queued or running on the thread (both guarded by ``_lock``).
+        self._pending: list[_Item] = []
+        self._draining = False
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._accepting = False
         self.committed = asyncio.Event()
         self.appended = 0
         self.failed = 0
@@ -89,7 +97,8 @@ class Journal:
 
     async def open(self) -> None:
         await self._run(self._open)
-        self._writer = asyncio.create_task(self._write_loop(), name="journal-writer")
+        self._loop = asyncio.get_running_loop()
+        self._accepting = True
 
     def _open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -140,17 +149,22 @@ class Journal:
         JournalError and marks the journal unhealthy; the record stays queued and is
         committed if the disk comes back.
         """
-        if self._writer is None or self._writer.done():
+        if not self._accepting:
             raise JournalError("journal is not open")
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait((record.to_json(), record, future))
+        with self._lock:
+            self._pending.append((record.to_json(), record, future))
+            start, self._draining = not self._draining, True
+        if start:
+            self._thread.submit(self._drain)
         if not self.sync:
             future.add_done_callback(_consume)
             return
         try:
-            # On timeout the future is cancelled, not the write: the record stays queued
-            # and the writer skips futures that are already done.
-            await asyncio.wait_for(future, self.commit_timeout)
+            # On timeout the future is cancelled, not the write: the record stays pending
+            # and settling skips futures that are already done.
+            async with asyncio.timeout(self.commit_timeout):
+                await future
         except TimeoutError:
             self._unhealthy(f"commit took longer than {self.commit_timeout} s")
             raise JournalError(f"commit took longer than {self.commit_timeout} s") from None
@@ -160,7 +174,7 @@ class Journal:
 
     async def probe(self) -> bool:
         """One small write through the writer thread, bounded: can records be journaled?"""
-        if self._writer is None or self._writer.done():
+        if not self._accepting:
             return False
         try:
             await asyncio.wait_for(self._run(self._heartbeat), self.commit_timeout)
@@ -178,39 +192,43 @@ class Journal:
         with _transaction(self._db):
             self._db.execute("INSERT OR REPLACE INTO heartbeat VALUES (1, datetime('now'))")
 
-    async def _write_loop(self) -> None:
-        """Commit whatever is queued as one transaction; stop at the close sentinel."""
-        stopping = False
-        while not stopping:
-            group: list[_Item] = []
-            item = await self._queue.get()
-            while item is not None:
-                group.append(item)
-                if len(group) >= _GROUP_MAX or self._queue.empty():
-                    break
-                item = self._queue.get_nowait()
-            stopping = item is None
-            if not group:
-                continue
+    def _drain(self) -> None:
+        """On the journal thread: commit what is pending, group by group, until nothing
+        is; each group is settled on the event loop by one callback."""
+        assert self._loop is not None
+        while True:
+            with self._lock:
+                group = self._pending[:_GROUP_MAX]
+                del self._pending[:_GROUP_MAX]
+                if not group:
+                    self._draining = False
+                    return
             rows = [
                 (r.record_id, r.time.isoformat(), r.tenant, body, _kind(r)) for body, r, _ in group
             ]
             try:
-                await self._run(self._insert, rows)
+                self._insert(rows)
             except Exception as exc:
-                self.failed += len(group)
-                self._unhealthy(f"write failed: {exc}")
-                log.error("journal_write_failed", error=str(exc), records=len(group))
-                for _, _, future in group:
-                    if not future.done():
-                        future.set_exception(JournalError(str(exc)))
-                continue
-            self.appended += len(group)
-            self.healthy, self.problem = True, None
+                self._loop.call_soon_threadsafe(self._settle, group, exc)
+            else:
+                self._loop.call_soon_threadsafe(self._settle, group, None)
+
+    def _settle(self, group: list[_Item], error: Exception | None) -> None:
+        """On the event loop: answer the appenders of one committed (or failed) group."""
+        if error is not None:
+            self.failed += len(group)
+            self._unhealthy(f"write failed: {error}")
+            log.error("journal_write_failed", error=str(error), records=len(group))
             for _, _, future in group:
                 if not future.done():
-                    future.set_result(None)
-            self.committed.set()
+                    future.set_exception(JournalError(str(error)))
+            return
+        self.appended += len(group)
+        self.healthy, self.problem = True, None
+        for _, _, future in group:
+            if not future.done():
+                future.set_result(None)
+        self.committed.set()
 
     def _insert(self, rows: list[tuple[str, str, str, str, str]]) -> None:
         assert self._db is not None
@@ -323,10 +341,11 @@ class Journal:
         return int(row.fetchone()[0])
 
     async def close(self) -> None:
-        """Commit what is queued, stop the writer, close the database."""
-        if self._writer and not self._writer.done():
-            self._queue.put_nowait(None)
-            await self._writer
+        """Commit what is pending, then close the database (appends fail from now)."""
+        self._accepting = False
+        # The thread runs jobs in order: once this no-op has run, every drain has, and
+        # their settle callbacks are already scheduled ahead of this await's wake-up.
+        await self._run(_nothing)
         if self._db is not None:
             await self._run(self._db.close)
         self._thread.shutdown(wait=True)
@@ -342,6 +361,10 @@ def _transaction(db: sqlite3.Connection) -> Any:
             db.execute("ROLLBACK")
         raise
     db.execute("COMMIT")
+
+
+def _nothing() -> None:
+    pass
 
 
 def _consume(future: asyncio.Future[None]) -> None:

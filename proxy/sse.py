@@ -5,8 +5,9 @@ Pure: bytes in, bytes out. Events are forwarded as soon as they are complete.
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+from proxy.jsonio import loads
 
 DONE = b"data: [DONE]"
 
@@ -49,7 +50,7 @@ class UsageScanner:
             self.held += event
             return b""
         try:
-            parsed = json.loads(data)
+            parsed = loads(data)
         except ValueError:
             return event
         if isinstance(parsed, dict) and isinstance(parsed.get("usage"), dict):

@@ -1,9 +1,12 @@
 """Hugging Face tokenizers behind the accounting ``Tokenizer`` protocol, and a thread pool.
 
-vLLM tokenizes through the transformers call API; so do we, never through a raw
-``tokenizers.Tokenizer`` whose file-level truncation/padding settings would skew counts.
-A fast tokenizer must not be used by two threads at once, so every worker thread gets its
-own copy (made on first use) and no shared instance is ever mutated.
+vLLM tokenizes through the transformers call API. Pairs and offsets go through that API
+here too. Single-text lengths, the bulk of every recount, come from the same Rust
+backend that call uses, on a private copy with the file-level truncation and padding
+settings removed: the call only converts ids, masks and offsets to Python lists around
+it, and counting needs lengths (``encode_batch_fast``: no offsets either). A fast
+tokenizer must not be used by two threads at once, so every worker thread gets its own
+copy (made on first use) and no shared instance is ever mutated.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import hashlib
 import itertools
 import os
 import re
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -68,17 +72,32 @@ def _next_space(text: str, low: int) -> int:
     return found.start() if found else -1
 
 
+def length_counter(tokenizer: Any) -> Any:
+    """A private copy of ``tokenizer``'s Rust backend that only counts: no truncation and
+    no padding from the tokenizer file, special tokens split as the transformers call
+    splits them. ``len(encoding)`` then equals the call's untruncated length."""
+    backend = copy.deepcopy(tokenizer.backend_tokenizer)
+    backend.no_truncation()
+    backend.no_padding()
+    backend.encode_special_tokens = bool(getattr(tokenizer, "split_special_tokens", False))
+    return backend
+
+
 class HFTokenizer:
     """Adapter from a transformers tokenizer to the accounting protocol."""
 
     def __init__(self, tokenizer: Any) -> None:
         self._tok = tokenizer
+        self._counter = length_counter(tokenizer)
+        # tokenizers >= 0.21 encodes a batch without computing offsets.
+        self._encode_batch = getattr(self._counter, "encode_batch_fast", self._counter.encode_batch)
         self.key = next(_keys)
         self.cache: CountCache | None = None
         # Token counts above this never matter (set to max_model_len + 2 by discovery: any
         # engine input longer than max_model_len is refused or cut by vLLM); None: exact.
         self.bound: int | None = None
         self._specials = int(tokenizer.num_special_tokens_to_add(pair=False))
+        self._pair_specials = int(tokenizer.num_special_tokens_to_add(pair=True))
 
     @property
     def pad_token_id(self) -> int | None:
@@ -110,13 +129,12 @@ class HFTokenizer:
         return out
 
     def _batch_lengths(self, texts: Sequence[str], max_length: int | None) -> list[int]:
-        out = self._tok(
-            list(texts),
-            add_special_tokens=True,
-            truncation=max_length is not None,
-            max_length=max_length,
-        )
-        return [len(ids) for ids in out["input_ids"]]
+        """Lengths with special tokens. Truncating one text to ``max_length`` (at least its
+        special tokens, see accounting._MIN_CAP) keeps ``min(length, max_length)``."""
+        lengths = [len(e) for e in self._encode_batch(list(texts), add_special_tokens=True)]
+        if max_length is None:
+            return lengths
+        return [min(n, max_length) for n in lengths]
 
     def _is_long(self, text: str) -> bool:
         return self.bound is not None and len(text) > LONG_TEXT_CHARS
@@ -126,8 +144,7 @@ class HFTokenizer:
         assert self.bound is not None
         total = 0
         for start, end in whitespace_chunks(text, CHUNK_CHARS):
-            out = self._tok(text[start:end], add_special_tokens=False)
-            total += len(out["input_ids"])
+            total += len(self._encode_batch([text[start:end]], add_special_tokens=False)[0])
             if total > self.bound:
                 break
         return total
@@ -170,7 +187,7 @@ class HFTokenizer:
         return offsets
 
     def num_special_tokens_pair(self) -> int:
-        return int(self._tok.num_special_tokens_to_add(pair=True))
+        return self._pair_specials
 
     def copy(self) -> HFTokenizer:
         twin = HFTokenizer(copy.deepcopy(self._tok))
@@ -180,11 +197,54 @@ class HFTokenizer:
         return twin
 
 
+class NotCached(LookupError):
+    """A count the count cache does not hold (CachedCounts never tokenizes)."""
+
+
+class CachedCounts:
+    """The accounting protocol over the shared count cache alone: it never calls the
+    tokenizer, so it may run on the event loop; any count not cached raises NotCached
+    and the request is counted in the tokenizer pool instead."""
+
+    def __init__(self, base: HFTokenizer) -> None:
+        self._base = base
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return self._base.pad_token_id
+
+    @property
+    def truncation_side(self) -> str:
+        return self._base.truncation_side
+
+    def lengths(self, texts: Sequence[str], *, max_length: int | None) -> list[int]:
+        cache = self._base.cache
+        found = None if cache is None else cache.cached(self._base, texts, max_length)
+        if found is None:
+            raise NotCached
+        return found
+
+    def pair_length(
+        self, text: str, pair: str, *, max_length: int | None, only_second: bool
+    ) -> int:
+        raise NotCached
+
+    def content_offsets(self, text: str) -> list[tuple[int, int]]:
+        raise NotCached
+
+    def num_special_tokens_pair(self) -> int:
+        return self._base.num_special_tokens_pair()
+
+
 def load_tokenizer(source: str | Path) -> HFTokenizer:
     """Load a tokenizer from a local directory or the local HF cache, never the network."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    # One tokenizer call per request on one thread: the pool threads give parallelism
+    # across requests. Rayon's threads inside a call cost about 1.6x the CPU (they spin
+    # while waiting) for half the wall time of one batch; a sidecar pays CPU, not wall.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -243,25 +303,61 @@ class TokenizerPool:
         self._executor.shutdown(wait=True, cancel_futures=True)
 
 
-class CountCache:
-    """Shared LRU of single-text token counts, keyed by tokenizer, limit and text digest.
+# Texts whose str object is at most this big are their own cache key: exact (no two texts
+# can share an entry) and hashed by Python itself, several times cheaper than a digest.
+# Larger texts are keyed by a 16-byte BLAKE2b digest.
+EXACT_KEY_BYTES = 4096
+# Bytes of text the cache may hold as exact keys, on top of its entry limit.
+HELD_TEXT_BYTES = 32 * 1024 * 1024
 
-    Rerankers see the same documents again and again; a hit skips tokenization. Keys hold a
-    16-byte digest, not the text, so memory stays bounded by ``size`` entries.
+_Key = tuple[int, int | None, str | bytes]
+
+
+class CountCache:
+    """Shared LRU of single-text token counts, keyed by tokenizer, limit and text.
+
+    Rerankers see the same documents again and again; a hit skips tokenization. Short
+    texts are kept as their own keys and long ones as a 16-byte digest, so memory stays
+    bounded by ``size`` entries and ``HELD_TEXT_BYTES`` of text.
     """
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, held_bytes: int = HELD_TEXT_BYTES) -> None:
         self._size = size
-        self._data: OrderedDict[tuple[int, int | None, bytes], int] = OrderedDict()
+        self._held_limit = held_bytes
+        self._data: OrderedDict[_Key, int] = OrderedDict()
+        self._held = 0
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
-    def lengths(self, tok: HFTokenizer, texts: Sequence[str], max_length: int | None) -> list[int]:
-        keys = [
-            (tok.key, max_length, hashlib.blake2b(t.encode(), digest_size=16).digest())
+    @staticmethod
+    def _keys(tok: HFTokenizer, texts: Sequence[str], max_length: int | None) -> list[_Key]:
+        model = tok.key
+        return [
+            (model, max_length, t)
+            if sys.getsizeof(t) <= EXACT_KEY_BYTES
+            else (model, max_length, hashlib.blake2b(t.encode(), digest_size=16).digest())
             for t in texts
         ]
+
+    def cached(
+        self, tok: HFTokenizer, texts: Sequence[str], max_length: int | None
+    ) -> list[int] | None:
+        """Every text's count if the cache holds them all, else None (nothing counted)."""
+        keys = self._keys(tok, texts, max_length)
+        with self._lock:
+            get = self._data.get
+            found = [get(key) for key in keys]
+            if None in found:
+                return None
+            touch = self._data.move_to_end
+            for key in keys:
+                touch(key)
+            self.hits += len(keys)
+        return found  # type: ignore[return-value]
+
+    def lengths(self, tok: HFTokenizer, texts: Sequence[str], max_length: int | None) -> list[int]:
+        keys = self._keys(tok, texts, max_length)
         found: dict[int, int] = {}
         with self._lock:
             for i, key in enumerate(keys):
@@ -276,7 +372,23 @@ class CountCache:
             self.misses += len(missing)
             for i, n in zip(missing, counted, strict=True):
                 found[i] = n
-                self._data[keys[i]] = n
-            while len(self._data) > self._size:
-                self._data.popitem(last=False)
+                self._store(keys[i], n)
         return [found[i] for i in range(len(texts))]
+
+    def _store(self, key: _Key, count: int) -> None:
+        """Insert (lock held), then evict the least recently used past either limit."""
+        if key not in self._data:
+            self._held += _held(key)
+        self._data[key] = count
+        while len(self._data) > self._size or self._held > self._held_limit:
+            old, _ = self._data.popitem(last=False)
+            self._held -= _held(old)
+
+    @property
+    def held_bytes(self) -> int:
+        return self._held
+
+
+def _held(key: _Key) -> int:
+    text = key[2]
+    return sys.getsizeof(text) if isinstance(text, str) else 0

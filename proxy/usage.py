@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.jsonio import loads
 from proxy.records import MAX_TOKENS
 
 _DECODER = json.JSONDecoder()
@@ -216,7 +217,7 @@ def read_usage(payload: bytes) -> Reading | None:
     """The usage of a successful JSON answer, read like its client reads it (for a
     repeated member the last one counts); None when there is nothing to bill."""
     try:
-        parsed = json.loads(payload)
+        parsed = loads(payload)
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     if not isinstance(parsed, dict) or is_error_body(parsed):

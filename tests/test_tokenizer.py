@@ -101,13 +101,13 @@ def test_long_text_memory_follows_the_chunk(minilm_path: Path) -> None:
     tok = load_tokenizer(minilm_path)
     tok.bound = 258
     seen: list[int] = []
-    inner = tok._tok
+    inner = tok._encode_batch
 
-    def spy(text: Any, **kwargs: Any) -> Any:
-        seen.append(len(text) if isinstance(text, str) else sum(map(len, text)))
-        return inner(text, **kwargs)
+    def spy(texts: list[str], **kwargs: Any) -> Any:
+        seen.append(sum(map(len, texts)))
+        return inner(texts, **kwargs)
 
-    tok._tok = spy
+    tok._encode_batch = spy
     assert tok.lengths(["a " * (2 * 1024 * 1024)], max_length=257) == [257]
     assert max(seen) <= 16 * 1024
     assert len(seen) == 1  # 16 KiB of "a " is already 8,192 tokens, past the bound
@@ -173,3 +173,110 @@ def test_giant_whitespace_free_run_is_not_tokenized(minilm_path: Path) -> None:
     with pytest.raises(Uncountable):
         tok.lengths(["a" * (4 * 1024 * 1024)], max_length=257)
     assert tok.lengths(["a" * (40 * 1024)], max_length=257) == [3]  # one [UNK]
+
+
+def _call_lengths(tok: Any, texts: list[str], limit: int | None) -> list[int]:
+    """What vLLM's path (the transformers call) gives for each text."""
+    out = tok(texts, add_special_tokens=True, truncation=limit is not None, max_length=limit)
+    return [len(ids) for ids in out["input_ids"]]
+
+
+COUNTER_ALPHABET = st.sampled_from(
+    [
+        "a",
+        "é",
+        "字",
+        "한",
+        "🙂",
+        " ",
+        "\n",
+        "\t",
+        ".",
+        "word",
+        "THE",
+        "[SEP]",
+        "[CLS]",
+        "[PAD]",
+        "[UNK]",
+        "[MASK]",
+        "\u200b",
+        "\x00",
+        "ﬁ",
+        "Å",
+        "\u0301",
+    ]
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    texts=st.lists(st.lists(COUNTER_ALPHABET, max_size=60).map("".join), min_size=1, max_size=6),
+    limit=st.sampled_from([None, 16, 17, 30, 257]),
+)
+def test_length_counter_equals_the_transformers_call(
+    minilm_path: Path, texts: list[str], limit: int | None
+) -> None:
+    """Property: counting on the backend (no ids, masks or offsets) gives the length the
+    transformers call gives, for every text and cap, special-token strings included."""
+    tok = _shared(minilm_path)
+    assert tok.encode_lengths(texts, max_length=limit) == _call_lengths(tok._tok, texts, limit)
+
+
+def test_length_counter_ignores_the_files_truncation_and_padding(
+    minilm_path: Path, tmp_path: Path
+) -> None:
+    """A tokenizer.json that truncates and pads by itself (some hub files do) does not
+    change counts: the transformers call overrides those settings, and so does the
+    counter, on its own copy (the loaded tokenizer is left as it was)."""
+    import json
+    import shutil
+
+    target = tmp_path / "tok"
+    shutil.copytree(minilm_path, target)
+    spec = json.loads((target / "tokenizer.json").read_text())
+    spec["truncation"] = {
+        "direction": "Right",
+        "max_length": 8,
+        "strategy": "LongestFirst",
+        "stride": 0,
+    }
+    spec["padding"] = {
+        "strategy": {"Fixed": 64},
+        "direction": "Right",
+        "pad_to_multiple_of": None,
+        "pad_id": 0,
+        "pad_type_id": 0,
+        "pad_token": "[PAD]",
+    }
+    (target / "tokenizer.json").write_text(json.dumps(spec))
+    odd, plain = load_tokenizer(target), _shared(minilm_path)
+    texts = ["x " * 40, "Paris", ""]
+    for limit in (None, 20):
+        want = _call_lengths(plain._tok, texts, limit)
+        assert odd.encode_lengths(texts, max_length=limit) == want
+        assert _call_lengths(odd._tok, texts, limit) == want
+    assert want == [20, 3, 2]
+
+
+def test_cache_holds_short_texts_exactly_and_bounds_their_bytes(minilm: HFTokenizer) -> None:
+    """Short texts are their own keys (held in the cache, bounded in bytes); long ones
+    are held as digests; either way counts equal the tokenizer's."""
+    import sys
+
+    from proxy.tokenizer import EXACT_KEY_BYTES
+
+    cache = CountCache(1000, held_bytes=3000)
+    twin = minilm.copy()
+    twin.cache = cache
+    short = [f"document number {i} " * 5 for i in range(40)]
+    long = "word " * EXACT_KEY_BYTES
+    assert twin.lengths([*short, long], max_length=None) == minilm.lengths(
+        [*short, long], max_length=None
+    )
+    assert 0 < cache.held_bytes <= 3000
+    assert cache.held_bytes == sum(
+        sys.getsizeof(k[2]) for k in cache._data if isinstance(k[2], str)
+    )
+    assert any(isinstance(k[2], bytes) for k in cache._data)  # the long text: a digest
+    assert cache.cached(twin, [long], None) == minilm.lengths([long], max_length=None)
+    assert cache.cached(twin, [short[0]], None) is None  # evicted first (least recent)

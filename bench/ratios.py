@@ -1,0 +1,185 @@
+"""The proxy's cost as ratios to its floors, measured in one run (issue #14's goals).
+
+    python bench/ratios.py             # prints the table
+    python bench/ratios.py --json      # machine-readable
+
+- CPU per audited request with count-cache hits, over the minimal aiohttp relay's CPU for
+  the same requests (whole-process CPU from /proc, sequential requests);
+- saturation throughput (concurrent clients), proxy over relay;
+- CPU per full-recount request (every text new to the proxy) over one raw batched
+  transformers tokenizer call on the same texts, timed in this process;
+- added p50 latency of the proxy over the relay at 0 ms upstream.
+
+Client, fake upstream and targets share the machine; the upstream serves cached answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.run import (  # noqa: E402
+    SCENARIOS,
+    cpu_seconds,
+    pct,
+    start_upstream,
+    throughput,
+    unique_bodies,
+)
+from scripts.vllm_cpu import Process, _spawn, free_port, minilm_dir, start_proxy  # noqa: E402
+
+GOALS = {
+    "hit_cpu_ratio": ("CPU per audited request (cache hits) <= 2.0x the relay", 2.0, "<="),
+    "saturation_ratio": ("saturation throughput >= 0.5x the relay", 0.5, ">="),
+    "recount_ratio": ("CPU per full-recount request <= 1.0x raw batched tokenizer", 1.0, "<="),
+    "added_p50_ms": ("added p50 over the relay <= 0.5 ms (0 ms upstream)", 0.5, "<="),
+}
+
+
+def start_relay(upstream: str, workdir: Path) -> Process:
+    port = free_port()
+    argv = [sys.executable, str(ROOT / "bench" / "minimal_relay.py"), upstream, str(port)]
+    return _spawn("relay", argv, {}, workdir / "relay.log", port)
+
+
+async def sequential(session: aiohttp.ClientSession, url: str, bodies: list[bytes]) -> list[float]:
+    """Seconds per request, one at a time."""
+    out = []
+    for body in bodies:
+        started = time.perf_counter()
+        async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
+            await r.read()
+            if r.status != 200:
+                raise RuntimeError(f"{url}: HTTP {r.status}: {(await r.text())[:200]}")
+        out.append(time.perf_counter() - started)
+    return out
+
+
+async def cpu_per_request(
+    session: aiohttp.ClientSession, target: Process, path: str, bodies: list[bytes]
+) -> tuple[float, list[float]]:
+    """(CPU ms per request, latencies) for ``bodies`` sent sequentially to ``target``."""
+    pid = target.popen.pid
+    before = cpu_seconds(pid)
+    values = await sequential(session, target.url + path, bodies)
+    return (cpu_seconds(pid) - before) / len(bodies) * 1000, values
+
+
+def raw_tokenizer_ms(bodies: list[bytes], repeat: int = 3) -> float:
+    """CPU ms of one raw batched transformers call on each body's query and documents."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(minilm_dir()), local_files_only=True)
+    texts = [[p["query"], *p["documents"]] for p in map(json.loads, bodies)]
+    tok(texts[0], add_special_tokens=True)
+    started = time.process_time()
+    for _ in range(repeat):
+        for batch in texts:
+            tok(batch, add_special_tokens=True)
+    return (time.process_time() - started) / (repeat * len(texts)) * 1000
+
+
+async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    path, payload = SCENARIOS["rerank 1x64"]
+    hit = json.dumps(payload).encode()
+    upstream = start_upstream(0.0, workdir)
+    upstream.wait_ready("/health", 60)
+    relay = start_relay(upstream.url, workdir)
+    proxy = start_proxy(
+        upstream.url,
+        workdir,
+        "--journal",
+        str(workdir / "journal.sqlite"),
+        "--log-level",
+        "warning",
+        *args.proxy_extra.split(),
+    )
+    out: dict[str, Any] = {}
+    try:
+        relay.wait_ready("/health", 60)
+        proxy.wait_ready("/readyz", 60)
+        unique = unique_bodies(7, args.recounts)
+        async with aiohttp.ClientSession() as session:
+            # Warm both (and the fake's answer cache for every body used below).
+            for target in (relay, proxy):
+                await sequential(session, target.url + path, [hit] * 20)
+            await sequential(session, upstream.url + path, unique)
+            relay_cpu, relay_lat = await cpu_per_request(session, relay, path, [hit] * args.hits)
+            proxy_cpu, proxy_lat = await cpu_per_request(session, proxy, path, [hit] * args.hits)
+            recount_cpu, _ = await cpu_per_request(session, proxy, path, unique)
+        relay_rps = await throughput(relay.url + path, hit, args.seconds, args.clients)
+        proxy_rps = await throughput(proxy.url + path, hit, args.seconds, args.clients)
+    finally:
+        for p in (proxy, relay, upstream):
+            p.stop()
+    raw_ms = raw_tokenizer_ms(unique)
+    out.update(
+        relay_cpu_ms=relay_cpu,
+        proxy_cpu_ms=proxy_cpu,
+        hit_cpu_ratio=proxy_cpu / relay_cpu,
+        relay_rps=relay_rps / args.seconds,
+        proxy_rps=proxy_rps / args.seconds,
+        saturation_ratio=proxy_rps / relay_rps,
+        recount_cpu_ms=recount_cpu,
+        raw_tokenizer_ms=raw_ms,
+        recount_ratio=recount_cpu / raw_ms,
+        relay_p50_ms=pct(relay_lat, 0.5) * 1000,
+        proxy_p50_ms=pct(proxy_lat, 0.5) * 1000,
+        added_p50_ms=(pct(proxy_lat, 0.5) - pct(relay_lat, 0.5)) * 1000,
+    )
+    return out
+
+
+def table(r: dict[str, Any]) -> list[str]:
+    """The goals, each with its measured ratio and the figures behind it."""
+    behind = {
+        "hit_cpu_ratio": f"{r['proxy_cpu_ms']:.2f} vs {r['relay_cpu_ms']:.2f} CPU ms/request",
+        "saturation_ratio": f"{r['proxy_rps']:.0f} vs {r['relay_rps']:.0f} requests/s",
+        "recount_ratio": f"{r['recount_cpu_ms']:.2f} vs {r['raw_tokenizer_ms']:.2f} CPU ms",
+        "added_p50_ms": f"p50 {r['proxy_p50_ms']:.2f} vs {r['relay_p50_ms']:.2f} ms",
+    }
+    out = ["| goal | measured | figures | met |", "|---|---|---|---|"]
+    for key, (name, bound, sense) in GOALS.items():
+        value = r[key]
+        met = value <= bound if sense == "<=" else value >= bound
+        shown = f"{value:+.2f} ms" if key == "added_p50_ms" else f"{value:.2f}x"
+        out.append(f"| {name} | {shown} | {behind[key]} | {'yes' if met else 'no'} |")
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="usage-proxy-ratios-") as tmp:
+        return asyncio.run(measure(args, Path(tmp)))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--hits", type=int, default=600, help="cache-hit requests per target")
+    parser.add_argument("--recounts", type=int, default=60, help="all-new-text requests")
+    parser.add_argument("--seconds", type=float, default=4.0, help="saturation run length")
+    parser.add_argument("--clients", type=int, default=16, help="saturation clients")
+    parser.add_argument("--proxy-extra", default="", help="extra usage-proxy serve options")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the raw figures as JSON")
+    args = parser.parse_args()
+    result = run(args)
+    print(json.dumps(result, indent=2) if args.json else "\n".join(table(result)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,127 @@
+"""The cheap paths of an audited request (issue #14): counts from the count cache on the
+event loop, the pool for anything else, and the same figures either way."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.analysis import INLINE_MAX_TEXTS, analyse, analyse_cached
+from proxy.app import POOL
+from proxy.catalog import CATALOG
+from proxy.jsonio import loads
+from proxy.tokenizer import EXACT_KEY_BYTES
+from tests.conftest import fake_and_proxy
+
+DOCS = ["Paris is the capital of France.", "Berlin lies on the Spree.", "안녕하세요 세계"]
+
+
+def rerank(docs: list[str], **extra: Any) -> bytes:
+    return json.dumps({"model": "minilm", "query": "Where is Paris?", "documents": docs, **extra})
+
+
+async def post(client: Any, body: bytes | str, path: str = "/rerank") -> tuple[int, Any]:
+    resp = await client.post(path, data=body, headers={"Content-Type": "application/json"})
+    return resp.status, resp.headers
+
+
+@pytest.fixture
+async def proxy(aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path) -> Any:
+    _, client = await fake_and_proxy(aiohttp_server, aiohttp_client, minilm_path)
+    return client
+
+
+async def test_texts_seen_before_are_judged_without_the_pool(proxy: Any) -> None:
+    """First sight counts in the tokenizer pool; a repeat is judged from the cache on the
+    event loop, with the same verdict and counts."""
+    calls: list[str] = []
+    pool = proxy.app[POOL]
+    lane = pool.lane
+
+    def spy(size: int) -> Any:
+        calls.append("pool")
+        return lane(size)
+
+    pool.lane = spy
+    body = rerank(DOCS)
+    first = await post(proxy, body)
+    second = await post(proxy, body)
+    assert calls == ["pool"]
+    assert first[0] == second[0] == 200
+    for header in ("x-usage-verdict", "x-usage-engine-prompt-tokens"):
+        assert first[1][header] == second[1][header]
+    assert first[1]["x-usage-verdict"] == "corrected"
+    # A new document among known ones goes to the pool again.
+    await post(proxy, rerank([*DOCS, "Rome is in Italy."]))
+    assert calls == ["pool", "pool"]
+
+
+async def test_inline_analysis_equals_the_pools(proxy: Any) -> None:
+    """Property of the two paths on one catalog: once the pool has counted a body, the
+    cache-only analysis of it is the same analysis (counts, model, problem)."""
+    catalog, pool = proxy.app[CATALOG], proxy.app[POOL]
+    bodies = [
+        rerank(DOCS).encode(),
+        rerank(DOCS, truncate_prompt_tokens=5).encode(),
+        rerank(DOCS, max_tokens_per_doc=3).encode(),  # offsets: never cached
+        rerank(["x"] * (INLINE_MAX_TEXTS + 1)).encode(),
+        json.dumps({"model": "minilm", "text_1": "a", "text_2": ["b", "c"]}).encode(),
+        b'{"model": "nope", "query": "q", "documents": ["d"]}',
+        b"not json",
+    ]
+    for body in bodies:
+        path = "/score" if b"text_1" in body else "/rerank"
+        for full in (True, False):
+            pooled = analyse(body, path, catalog, pool, full)
+            inline = analyse_cached(body, path, catalog, full)
+            if b"max_tokens_per_doc" in body and full:
+                assert inline is None  # a cut needs offsets: the tokenizer, in the pool
+                continue
+            if b'"x"' in body:
+                assert inline is None  # too many texts to hash on the event loop
+                continue
+            assert inline is not None, body
+            assert (inline.counted, inline.model, inline.problem) == (
+                pooled.counted,
+                pooled.model,
+                pooled.problem,
+            )
+
+
+async def test_a_text_no_cache_key_is_made_of_goes_to_the_pool(proxy: Any) -> None:
+    """A long text with a lone surrogate cannot be encoded for a cache digest: the inline
+    path gives way instead of failing the handler, and the pool's failure (the tokenizer
+    refuses it too) is the audit's ``unaudited``."""
+    auditor = next(
+        route.handler.__self__  # type: ignore[attr-defined]
+        for route in proxy.app.router.routes()
+        if route.resource is not None and route.resource.canonical == "/rerank"
+    )
+    text = "\ud800 " + "a " * EXACT_KEY_BYTES
+    body = json.dumps({"model": "minilm", "query": text, "documents": ["d"]}).encode()
+    with pytest.raises(UnicodeEncodeError):
+        analyse_cached(body, "/rerank", proxy.app[CATALOG], True)
+    counting = auditor._count(body, "/rerank")
+    with pytest.raises(UnicodeEncodeError):
+        await counting
+
+
+def test_json_fallback_keeps_the_standard_librarys_meaning() -> None:
+    """Bodies orjson refuses are read as json.loads reads them; well-formed ones alike."""
+    for text in (
+        b'{"a": NaN, "b": Infinity}',
+        b'{"big": 123456789012345678901234567890}',
+        b'{"s": "\\ud800"}',
+        '{"u": "é"}'.encode("utf-16"),
+        b'{"a": 1, "a": 2, "f": 1e400, "n": -0, "e": 1.5e-400, "p": 0.30000000000000004}',
+        b'{"q": "Where", "documents": ["x", {"type": "image_url"}], "\\u0000": null}',
+        b'\xef\xbb\xbf{"bom": 1}',
+        b' [1, 2.5, "\\u00e9\\ud83d\\ude00"]\n',
+    ):
+        assert repr(loads(text)) == repr(json.loads(text))
+    for broken in (b'{"a": ', b'{"a": 1} x', b"[1,]", b'{"a": "x\ny"}', b"   "):
+        with pytest.raises(json.JSONDecodeError):
+            loads(broken)
