@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import time
@@ -76,21 +77,29 @@ async def cpu_per_request(
     return (cpu_seconds(pid) - before) / len(bodies) * 1000, values
 
 
-def raw_tokenizer_ms(bodies: list[bytes], repeat: int = 3) -> float:
-    """CPU ms of one raw batched transformers call on each body's query and documents."""
+def raw_tokenizer(bodies: list[bytes]) -> Any:
+    """A function timing one raw batched transformers call per body (query and documents),
+    in this process; returns CPU ms per call. Parallelism off, as in the proxy (the
+    stricter floor: with rayon's threads the same call costs about 1.6x the CPU)."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(minilm_dir()), local_files_only=True)
     texts = [[p["query"], *p["documents"]] for p in map(json.loads, bodies)]
     tok(texts[0], add_special_tokens=True)
-    started = time.process_time()
-    for _ in range(repeat):
-        for batch in texts:
+
+    def timed(batches: list[list[str]]) -> float:
+        started = time.process_time()
+        for batch in batches:
             tok(batch, add_special_tokens=True)
-    return (time.process_time() - started) / (repeat * len(texts)) * 1000
+        return (time.process_time() - started) * 1000
+
+    return texts, timed
 
 
 async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """Relay and proxy measured in alternating blocks (``--rounds``), so drift in what
+    else the machine does falls on both alike."""
     path, payload = SCENARIOS["rerank 1x64"]
     hit = json.dumps(payload).encode()
     upstream = start_upstream(0.0, workdir)
@@ -105,40 +114,53 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "warning",
         *args.proxy_extra.split(),
     )
-    out: dict[str, Any] = {}
+    cpu = {"relay": 0.0, "proxy": 0.0, "recount": 0.0, "raw": 0.0}
+    lat: dict[str, list[float]] = {"relay": [], "proxy": []}
+    done = {"relay": 0, "proxy": 0}
     try:
         relay.wait_ready("/health", 60)
         proxy.wait_ready("/readyz", 60)
         unique = unique_bodies(7, args.recounts)
+        texts, raw = raw_tokenizer(unique)
+        block, per_round = args.hits // args.rounds, args.recounts // args.rounds
         async with aiohttp.ClientSession() as session:
-            # Warm both (and the fake's answer cache for every body used below).
-            for target in (relay, proxy):
+            for target in (relay, proxy):  # warm both, and the fake's answer cache
                 await sequential(session, target.url + path, [hit] * 20)
             await sequential(session, upstream.url + path, unique)
-            relay_cpu, relay_lat = await cpu_per_request(session, relay, path, [hit] * args.hits)
-            proxy_cpu, proxy_lat = await cpu_per_request(session, proxy, path, [hit] * args.hits)
-            recount_cpu, _ = await cpu_per_request(session, proxy, path, unique)
-        relay_rps = await throughput(relay.url + path, hit, args.seconds, args.clients)
-        proxy_rps = await throughput(proxy.url + path, hit, args.seconds, args.clients)
+            for r in range(args.rounds):
+                for name, target in (("relay", relay), ("proxy", proxy)):
+                    spent, values = await cpu_per_request(session, target, path, [hit] * block)
+                    cpu[name] += spent * block
+                    lat[name] += values
+                chunk = slice(r * per_round, (r + 1) * per_round)
+                spent, _ = await cpu_per_request(session, proxy, path, unique[chunk])
+                cpu["recount"] += spent * per_round
+                cpu["raw"] += raw(texts[chunk])
+        for _ in range(args.rounds):
+            for name, target in (("relay", relay), ("proxy", proxy)):
+                seconds = args.seconds / args.rounds
+                done[name] += await throughput(target.url + path, hit, seconds, args.clients)
     finally:
         for p in (proxy, relay, upstream):
             p.stop()
-    raw_ms = raw_tokenizer_ms(unique)
-    out.update(
-        relay_cpu_ms=relay_cpu,
-        proxy_cpu_ms=proxy_cpu,
-        hit_cpu_ratio=proxy_cpu / relay_cpu,
-        relay_rps=relay_rps / args.seconds,
-        proxy_rps=proxy_rps / args.seconds,
-        saturation_ratio=proxy_rps / relay_rps,
-        recount_cpu_ms=recount_cpu,
-        raw_tokenizer_ms=raw_ms,
-        recount_ratio=recount_cpu / raw_ms,
-        relay_p50_ms=pct(relay_lat, 0.5) * 1000,
-        proxy_p50_ms=pct(proxy_lat, 0.5) * 1000,
-        added_p50_ms=(pct(proxy_lat, 0.5) - pct(relay_lat, 0.5)) * 1000,
-    )
-    return out
+    hits, recounts = block * args.rounds, per_round * args.rounds
+    relay_cpu, proxy_cpu = cpu["relay"] / hits, cpu["proxy"] / hits
+    recount_cpu, raw_ms = cpu["recount"] / recounts, cpu["raw"] / recounts
+    relay_p50, proxy_p50 = pct(lat["relay"], 0.5) * 1000, pct(lat["proxy"], 0.5) * 1000
+    return {
+        "relay_cpu_ms": relay_cpu,
+        "proxy_cpu_ms": proxy_cpu,
+        "hit_cpu_ratio": proxy_cpu / relay_cpu,
+        "relay_rps": done["relay"] / args.seconds,
+        "proxy_rps": done["proxy"] / args.seconds,
+        "saturation_ratio": done["proxy"] / done["relay"],
+        "recount_cpu_ms": recount_cpu,
+        "raw_tokenizer_ms": raw_ms,
+        "recount_ratio": recount_cpu / raw_ms,
+        "relay_p50_ms": relay_p50,
+        "proxy_p50_ms": proxy_p50,
+        "added_p50_ms": proxy_p50 - relay_p50,
+    }
 
 
 def table(r: dict[str, Any]) -> list[str]:
@@ -168,6 +190,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recounts", type=int, default=60, help="all-new-text requests")
     parser.add_argument("--seconds", type=float, default=4.0, help="saturation run length")
     parser.add_argument("--clients", type=int, default=16, help="saturation clients")
+    parser.add_argument("--rounds", type=int, default=6, help="alternating blocks per target")
     parser.add_argument("--proxy-extra", default="", help="extra usage-proxy serve options")
 
 

@@ -66,6 +66,9 @@ class Metrics:
         self._seen: set[str] = set()
         # Tenants from the API-key map are a known, bounded set: never folded into 'other'.
         self.trusted_tenants: frozenset[str] = frozenset()
+        # Labelled series already looked up, by label values (as bounded as the series).
+        self._children: dict[tuple[str, ...], tuple[Any, Any, Any, Any]] = {}
+        self._genai_children: dict[tuple[str, str, str], Any] = {}
         tenant = ("tenant",) if self._tenants else ()
         r = self.registry
         self.requests = Counter(
@@ -243,22 +246,47 @@ class Metrics:
         billed: int | None,
         over: int,
     ) -> None:
-        t = self.tenant(tenant)
-        self.requests.labels(endpoint, model, verdict, *t).inc()
+        requests, reported_c, billed_c, over_c = self._audit_children(
+            endpoint, model, verdict, self.tenant(tenant)
+        )
+        requests.inc()
         if reported is not None:
-            self.reported.labels(endpoint, model, *t).inc(reported)
+            reported_c.inc(reported)
         if billed is not None:
-            self.billed.labels(endpoint, model, *t).inc(billed)
+            billed_c.inc(billed)
         if over:
-            self.over.labels(endpoint, model, *t).inc(over)
+            over_c.inc(over)
+
+    def _audit_children(
+        self, endpoint: str, model: str, verdict: str, tenant: tuple[str, ...]
+    ) -> tuple[Any, Any, Any, Any]:
+        """The four labelled series of one audited request, looked up once per label set
+        (``labels()`` validates and locks on every call; label sets are few and capped)."""
+        key = (endpoint, model, verdict, *tenant)
+        children = self._children.get(key)
+        if children is None:
+            children = self._children[key] = (
+                self.requests.labels(endpoint, model, verdict, *tenant),
+                self.reported.labels(endpoint, model, *tenant),
+                self.billed.labels(endpoint, model, *tenant),
+                self.over.labels(endpoint, model, *tenant),
+            )
+        return children
 
     def token_usage(
         self, operation: str, model: str, prompt: int | None, completion: int | None
     ) -> None:
         if prompt is not None:
-            self.genai.labels(operation, "input", model).observe(prompt)
+            self._genai(operation, "input", model).observe(prompt)
         if completion:
-            self.genai.labels(operation, "output", model).observe(completion)
+            self._genai(operation, "output", model).observe(completion)
+
+    def _genai(self, operation: str, kind: str, model: str) -> Any:
+        key = (operation, kind, model)
+        child = self._genai_children.get(key)
+        if child is None:
+            child = self._genai_children[key] = self.genai.labels(operation, kind, model)
+        return child
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
