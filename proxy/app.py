@@ -45,22 +45,15 @@ def pool_context(pool: TokenizerPool) -> Callable[[web.Application], AsyncIterat
 
 
 @web.middleware
-async def origin_form_only(
+async def guard(
     request: web.Request, handler: Callable[[web.Request], object]
 ) -> web.StreamResponse:
-    """The proxy only ever talks to its upstream: no CONNECT, no absolute-form targets."""
+    """The proxy only ever talks to its upstream: no CONNECT, no absolute-form targets;
+    aiohttp's 413 for an audited body above --max-body-bytes comes in vLLM's shape."""
     if request.method == "CONNECT":
         return error_response(405, "CONNECT is not supported by this proxy")
     if not request.raw_path.startswith("/"):
         return error_response(400, "only origin-form request targets are accepted")
-    return await handler(request)  # type: ignore[misc,no-any-return]
-
-
-@web.middleware
-async def oversized_bodies(
-    request: web.Request, handler: Callable[[web.Request], object]
-) -> web.StreamResponse:
-    """Turn aiohttp's 413 for an audited body above --max-body-bytes into vLLM's shape."""
     try:
         return await handler(request)  # type: ignore[misc,no-any-return]
     except web.HTTPRequestEntityTooLarge as exc:
@@ -103,7 +96,7 @@ def create_app(
     catalog = catalog or Catalog(settings, pool=pool)
     app = web.Application(
         client_max_size=settings.max_body_bytes,
-        middlewares=[origin_form_only, oversized_bodies, attribution],
+        middlewares=[guard, attribution],
     )
     app.cleanup_ctx.append(session_context(settings))
     app.cleanup_ctx.append(catalog_context(catalog))

@@ -7,6 +7,7 @@ upstream works. Any failure in auditing leaves vLLM's answer untouched (``unaudi
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 
@@ -239,6 +240,8 @@ class Outcome:
 
 
 def _log(o: Outcome, record_id: str) -> None:
+    if not log.is_enabled_for(logging.INFO):  # skip building the fields nobody reads
+        return
     log.info(
         "audited",
         record_id=record_id,

@@ -8,7 +8,7 @@ response (``x-usage-record: failed``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -70,13 +70,36 @@ class Meter:
         self._exchanges: set[asyncio.Task[Any]] = set()
         self.settler: Settler | None = None
 
-    async def shielded(self, work: Awaitable[T]) -> T:
+    async def shielded(self, work: Coroutine[Any, Any, T]) -> T:
         """Run one metered exchange so that a client hanging up (aiohttp cancelling the
-        handler) cannot cancel it: the upstream answer is still read and recorded."""
-        task = asyncio.ensure_future(work)
+        handler) cannot cancel it: the upstream answer is still read and recorded.
+
+        The exchange is a task of its own whose outcome is handed to the caller through a
+        plain future: a cancelled caller cancels only that future. (``asyncio.shield``
+        does the same with two more callbacks per request.)"""
+        loop = asyncio.get_running_loop()
+        outcome: asyncio.Future[T] = loop.create_future()
+
+        async def run() -> None:
+            try:
+                result = await work
+            except asyncio.CancelledError:
+                outcome.cancel()
+                raise
+            except BaseException as exc:
+                if not outcome.done():
+                    outcome.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise
+            else:
+                if not outcome.done():
+                    outcome.set_result(result)
+            finally:
+                self._exchanges.discard(task)
+
+        task = loop.create_task(run())
         self._exchanges.add(task)
-        task.add_done_callback(self._exchanges.discard)
-        return await asyncio.shield(task)
+        return await outcome
 
     async def finish_exchanges(self, timeout: float) -> None:
         """Shutdown: let exchanges whose client left finish recording, bounded."""

@@ -18,9 +18,10 @@ import os
 import re
 import sys
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -332,11 +333,12 @@ class CountCache:
 
     @staticmethod
     def _keys(tok: HFTokenizer, texts: Sequence[str], max_length: int | None) -> list[_Key]:
-        model = tok.key
+        if max(map(sys.getsizeof, texts), default=0) <= EXACT_KEY_BYTES:  # the common case
+            return list(zip(repeat(tok.key), repeat(max_length), texts))
         return [
-            (model, max_length, t)
+            (tok.key, max_length, t)
             if sys.getsizeof(t) <= EXACT_KEY_BYTES
-            else (model, max_length, hashlib.blake2b(t.encode(), digest_size=16).digest())
+            else (tok.key, max_length, hashlib.blake2b(t.encode(), digest_size=16).digest())
             for t in texts
         ]
 
@@ -346,13 +348,10 @@ class CountCache:
         """Every text's count if the cache holds them all, else None (nothing counted)."""
         keys = self._keys(tok, texts, max_length)
         with self._lock:
-            get = self._data.get
-            found = [get(key) for key in keys]
+            found = list(map(self._data.get, keys))
             if None in found:
                 return None
-            touch = self._data.move_to_end
-            for key in keys:
-                touch(key)
+            deque(map(self._data.move_to_end, keys), maxlen=0)  # most recently used
             self.hits += len(keys)
         return found  # type: ignore[return-value]
 

@@ -125,3 +125,46 @@ def test_json_fallback_keeps_the_standard_librarys_meaning() -> None:
     for broken in (b'{"a": ', b'{"a": 1} x', b"[1,]", b'{"a": "x\ny"}', b"   "):
         with pytest.raises(json.JSONDecodeError):
             loads(broken)
+
+
+def _meter() -> Any:
+    from proxy.metering import Meter
+    from proxy.settings import Settings
+    from proxy.tenancy import TenantResolver
+
+    return Meter(Settings(upstream="http://127.0.0.1:9"), None, TenantResolver(header=None))
+
+
+async def test_a_cancelled_handler_does_not_cancel_its_exchange() -> None:
+    """The exchange outlives its caller (a client hang-up with handler cancellation, or a
+    shutdown): it finishes, and shutdown can wait for it."""
+    import asyncio
+
+    meter, finished = _meter(), asyncio.Event()
+
+    async def exchange() -> int:
+        await asyncio.sleep(0.05)
+        finished.set()
+        return 7
+
+    caller = asyncio.create_task(meter.shielded(exchange()))
+    await asyncio.sleep(0.01)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert not finished.is_set()
+    await meter.finish_exchanges(1.0)
+    assert finished.is_set()
+    assert not meter._exchanges
+    assert await meter.shielded(exchange()) == 7
+
+
+async def test_an_exchange_that_fails_fails_its_caller() -> None:
+    meter = _meter()
+
+    async def exchange() -> int:
+        raise LookupError("upstream gone")
+
+    with pytest.raises(LookupError, match="upstream gone"):
+        await meter.shielded(exchange())
+    assert not meter._exchanges
