@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import resource
 import time
@@ -177,10 +178,22 @@ async def serve(settings: Settings) -> None:
     assert runner.server is not None
     cap_connections(runner.server, settings.max_connections, app[METRICS])
     await web.TCPSite(runner, settings.host, settings.port).start()
+    freeze = asyncio.create_task(freeze_heap(app[CATALOG]), name="freeze-heap")
     try:
         await asyncio.Event().wait()  # until SIGINT/SIGTERM (GracefulExit)
     finally:
+        freeze.cancel()
         await runner.cleanup()
+
+
+async def freeze_heap(catalog: Catalog) -> None:
+    """Once the first discovery has loaded the tokenizers, move every object made so far
+    (modules, tokenizers, validators: about 100,000) out of the cyclic garbage
+    collector's reach: its full collections then walk what requests allocate, not the
+    whole interpreter (each walk took about 30 ms here)."""
+    await catalog.ready.wait()
+    gc.collect()
+    gc.freeze()
 
 
 def busy_answer() -> bytes:
