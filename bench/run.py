@@ -4,9 +4,10 @@ annotate and rewrite modes, on the same fake upstream (0 ms and 25 ms latency).
     python bench/run.py                 # full run, writes docs/performance.md
     python bench/run.py --smoke         # seconds; proves the harness works (CI)
 
-Figures: p50/p99 latency and added latency vs direct (sequential requests), throughput at
-saturation (concurrent clients), proxy CPU seconds and RSS, SSE first byte and chunk gaps,
-and accounting CPU against the raw batched tokenizer cost of the same texts.
+Figures: the cost goals as ratios to their floors, measured in alternating blocks
+(bench/ratios.py); p50/p99 latency and added latency vs direct (sequential requests),
+throughput at saturation (concurrent clients), proxy CPU seconds and RSS, SSE first byte
+and chunk gaps, and accounting CPU against the raw batched tokenizer cost of the same texts.
 """
 
 from __future__ import annotations
@@ -506,11 +507,18 @@ client, which shows as +3 to +5 ms; beside a GPU-served vLLM it runs on otherwis
 """
 
 
+def goals_table(goals: dict[str, Any]) -> list[str]:
+    from bench import ratios
+
+    return ratios.table(goals)
+
+
 def render(
     results: dict[str, Any],
     accounting: dict[str, float],
     args: argparse.Namespace,
     journal_ms: float,
+    goals: dict[str, Any],
 ) -> str:
     ms = 1000
     lines = [
@@ -523,6 +531,17 @@ def render(
         "",
         f"Sequential requests per cell: {args.requests}; saturation: {args.clients} "
         f"clients for {args.seconds} s.",
+        "",
+        "## Cost goals (issue #14)",
+        "",
+        "Ratios to the floors, from one run of `bench/ratios.py` (part of `make bench`): the "
+        "minimal aiohttp relay and the proxy (rewrite mode, sync durability) take turns in "
+        f"{args.rounds} alternating blocks, so drift in the machine's load falls on both; "
+        "rerank 1x64 at 0 ms upstream; CPU is the whole process's (all threads, user + "
+        "system) from /proc. The tokenizer floor is one transformers call on the request's "
+        "65 texts in the bench process, parallelism off as in the proxy.",
+        "",
+        *goals_table(goals),
         "",
         "## Targets",
         "",
@@ -604,15 +623,22 @@ def main() -> int:
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "performance.md")
     parser.add_argument("--only", help="run only scenarios whose name contains this")
     parser.add_argument("--proxy-extra", default="", help="extra usage-proxy serve options")
+    parser.add_argument("--hits", type=int, default=600, help="cost goals: cache-hit requests")
+    parser.add_argument("--recounts", type=int, default=60, help="cost goals: new-text requests")
+    parser.add_argument("--rounds", type=int, default=6, help="cost goals: alternating blocks")
     args = parser.parse_args()
     if args.smoke:
         args.requests, args.seconds, args.clients, args.sse = 3, 0.3, 2, 2
         args.latencies = [0.0]
+        args.hits, args.recounts, args.rounds = 8, 4, 2
     with tempfile.TemporaryDirectory(prefix="usage-proxy-bench-") as tmp:
         Path(tmp).chmod(0o755)  # nginx workers run unprivileged
         results = asyncio.run(measure(args, Path(tmp)))
+    from bench import ratios  # imports this module: not at the top
+
     accounting = accounting_cost(3 if args.smoke else 50)
-    report = render(results, accounting, args, journal_cost(20 if args.smoke else 300))
+    goals = ratios.run(args)
+    report = render(results, accounting, args, journal_cost(20 if args.smoke else 300), goals)
     if args.smoke or args.only:
         print(report)
     else:

@@ -125,7 +125,11 @@ class Settings(BaseSettings):
         "derivation from the reported count and the query length (release known).",
     )
     count_cache_size: int = Field(
-        50_000, ge=0, description="Cached per-text token counts (LRU; 0 disables)."
+        50_000,
+        ge=0,
+        description="Cached per-text token counts (LRU; 0 disables). Texts up to 2,048 "
+        "characters are kept as their own keys (at most 32 MiB of them), longer ones as "
+        "a 16-byte digest.",
     )
     log_level: str = Field("info", description="debug, info, warning or error.")
     instance: str = Field(

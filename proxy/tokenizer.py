@@ -304,10 +304,11 @@ class TokenizerPool:
         self._executor.shutdown(wait=True, cancel_futures=True)
 
 
-# Texts whose str object is at most this big are their own cache key: exact (no two texts
-# can share an entry) and hashed by Python itself, several times cheaper than a digest.
-# Larger texts are keyed by a 16-byte BLAKE2b digest.
-EXACT_KEY_BYTES = 4096
+# Texts of at most this many characters (2 to 8 KiB of str object, by the widest
+# character) are their own cache key: exact (no two texts can share an entry) and hashed by Python
+# itself, several times cheaper than a digest. Longer texts are keyed by a 16-byte
+# BLAKE2b digest.
+EXACT_KEY_CHARS = 2048
 # Bytes of text the cache may hold as exact keys, on top of its entry limit.
 HELD_TEXT_BYTES = 32 * 1024 * 1024
 
@@ -333,11 +334,11 @@ class CountCache:
 
     @staticmethod
     def _keys(tok: HFTokenizer, texts: Sequence[str], max_length: int | None) -> list[_Key]:
-        if max(map(sys.getsizeof, texts), default=0) <= EXACT_KEY_BYTES:  # the common case
+        if max(map(len, texts), default=0) <= EXACT_KEY_CHARS:  # the common case
             return list(zip(repeat(tok.key), repeat(max_length), texts))
         return [
             (tok.key, max_length, t)
-            if sys.getsizeof(t) <= EXACT_KEY_BYTES
+            if len(t) <= EXACT_KEY_CHARS
             else (tok.key, max_length, hashlib.blake2b(t.encode(), digest_size=16).digest())
             for t in texts
         ]

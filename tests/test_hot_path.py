@@ -13,7 +13,7 @@ from proxy.analysis import INLINE_MAX_TEXTS, analyse, analyse_cached
 from proxy.app import POOL
 from proxy.catalog import CATALOG
 from proxy.jsonio import loads
-from proxy.tokenizer import EXACT_KEY_BYTES
+from proxy.tokenizer import EXACT_KEY_CHARS
 from tests.conftest import fake_and_proxy
 
 DOCS = ["Paris is the capital of France.", "Berlin lies on the Spree.", "안녕하세요 세계"]
@@ -100,7 +100,7 @@ async def test_a_text_no_cache_key_is_made_of_goes_to_the_pool(proxy: Any) -> No
         for route in proxy.app.router.routes()
         if route.resource is not None and route.resource.canonical == "/rerank"
     )
-    text = "\ud800 " + "a " * EXACT_KEY_BYTES
+    text = "\ud800 " + "a " * EXACT_KEY_CHARS
     body = json.dumps({"model": "minilm", "query": text, "documents": ["d"]}).encode()
     with pytest.raises(UnicodeEncodeError):
         analyse_cached(body, "/rerank", proxy.app[CATALOG], True)

@@ -263,13 +263,13 @@ def test_cache_holds_short_texts_exactly_and_bounds_their_bytes(minilm: HFTokeni
     are held as digests; either way counts equal the tokenizer's."""
     import sys
 
-    from proxy.tokenizer import EXACT_KEY_BYTES
+    from proxy.tokenizer import EXACT_KEY_CHARS
 
     cache = CountCache(1000, held_bytes=3000)
     twin = minilm.copy()
     twin.cache = cache
     short = [f"document number {i} " * 5 for i in range(40)]
-    long = "word " * EXACT_KEY_BYTES
+    long = "word " * EXACT_KEY_CHARS
     assert twin.lengths([*short, long], max_length=None) == minilm.lengths(
         [*short, long], max_length=None
     )
