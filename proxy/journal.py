@@ -208,21 +208,32 @@ class Journal:
 
     def _drain(self) -> None:
         """On the journal thread: commit what is pending, group by group, until nothing
-        is; each group is settled on the event loop by one callback."""
+        is; each group is settled on the event loop by one callback.
+
+        Whether more is pending is decided before that callback is scheduled, so the
+        thread goes back to waiting (releasing the GIL) right after it: the event loop,
+        woken by the callback, then rarely has to wait for the GIL."""
         assert self._loop is not None
-        while True:
-            with self._lock:
-                group = self._pending[:_GROUP_MAX]
-                del self._pending[:_GROUP_MAX]
-                if not group:
-                    self._draining = False
-                    return
+        with self._lock:
+            group = self._take()
+        while group:
+            error: Exception | None = None
             try:
                 self._insert([row for row, _ in group])
             except Exception as exc:
-                self._loop.call_soon_threadsafe(self._settle, group, exc)
-            else:
-                self._loop.call_soon_threadsafe(self._settle, group, None)
+                error = exc
+            with self._lock:
+                following = self._take()
+            self._loop.call_soon_threadsafe(self._settle, group, error)
+            group = following
+
+    def _take(self) -> list[_Item]:
+        """The next group to commit (lock held); none left ends the drain."""
+        group = self._pending[:_GROUP_MAX]
+        del self._pending[:_GROUP_MAX]
+        if not group:
+            self._draining = False
+        return group
 
     def _settle(self, group: list[_Item], error: Exception | None) -> None:
         """On the event loop: answer the appenders of one committed (or failed) group."""
