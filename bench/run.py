@@ -486,24 +486,106 @@ def machine() -> str:
     )
 
 
-BOUNDS = """## What bounds the latency target
+# What each step of issue #14 bought (bench/ratios.py on each commit, two runs each).
+STEPS = [
+    ("start (`1e835fe`)", "3.13x / 3.00x", "0.25x / 0.23x", "1.90x / 1.31x", "+1.10 / +0.99"),
+    (
+        "lengths from the tokenizer backend (`encode_batch_fast`, no rayon); cache hits "
+        "counted on the loop without a thread hop; pydantic-core's JSON parser; texts as "
+        "their own cache keys; journal groups settled by one loop callback (`a9c89c8`)",
+        "2.90x / 2.96x",
+        "0.28x / 0.30x",
+        "1.12x / 1.06x",
+        "+1.17 / +1.12",
+    ),
+    (
+        "the journal's own thread fed by a queue, one multi-row INSERT per group; metrics "
+        "series looked up once; one regex pass instead of three finds (`1d8f098`)",
+        "2.13x / 2.41x",
+        "0.34x / 0.32x",
+        "0.96x / 1.01x",
+        "+0.73 / +0.81",
+    ),
+    (
+        "cache lookups as C-level calls, one guard middleware, the audit log built only "
+        "when logged, the exchange task without `asyncio.shield` (`c54ebe5`)",
+        "2.03x / 2.52x",
+        "0.31x / 0.32x",
+        "0.96x / 1.04x",
+        "+0.67 / +0.84",
+    ),
+    (
+        "`gc.freeze()` once the tokenizers are loaded (`a999bf9`; a 3.94x run on a busy "
+        "machine discarded)",
+        "2.36x",
+        "0.33x / 0.33x",
+        "0.99x",
+        "+0.79",
+    ),
+]
 
-py-spy (500 Hz, 20 s of sequential 1x64 reranks with count-cache hits) split the event
-loop's work on an audited request into: locating `usage` in vLLM's answer (a quarter of the
-handler before it learnt to stop scanning at `usage`, which rerank puts before its large
-`results`), the upstream exchange through aiohttp's client (about a quarter), building and
-journaling the record (about an eighth), and aiohttp's server work. What remains is bounded by:
 
-- the sync journal: one commit with fsync (`synchronous=FULL`) per request at low
-  concurrency, 0.25-0.33 ms here; `--durability async` takes it off the response path;
-- two thread hand-offs per request (tokenizer pool, journal writer), about 0.1 ms each;
-- run-to-run noise of about ±0.5 ms on this shared 2-core machine (the minimal relay's own
-  added p50 varied between 0.76 and 1.35 ms across runs of the same harness).
+def steps_table() -> str:
+    rows = ["| step | CPU, cache hits | saturation | full recount | added p50 (ms) |"]
+    rows.append("|---|---|---|---|---|")
+    rows += ["| " + " | ".join(step) + " |" for step in STEPS]
+    return "\n".join(rows)
 
-uvloop was measured and gave no gain beyond that noise, so it is not used. With documents the
-proxy has not seen (no cache hits) the recount (about 8 ms of CPU) overlaps the upstream call,
-but here it competes for the same two cores with the fake upstream's own tokenization and the
-client, which shows as +3 to +5 ms; beside a GPU-served vLLM it runs on otherwise idle cores.
+
+BOUNDS = """## Where the time went (profiled 2026-11-30, before issue #14's changes)
+
+Rerank 1x64 with count-cache hits, sequential, on main `1e835fe`, with py-spy (`--gil`),
+cProfile, callgrind (instructions are repeatable here; wall-clock CPU moves by ±20 % from
+run to run) and each piece timed alone:
+
+- per request about 2,000 Python function calls and 16 event-loop iterations;
+  4.60 M instructions against the relay's 0.98 M;
+- the journal was the largest single cost: `--journal off` took 0.4 ms off 1.3 ms of CPU.
+  Handing a record to the writer thread and back costs about 58 us of CPU here even with
+  nothing to write (futex wake-ups, GIL hand-offs, the loop's self-pipe); with an fsync
+  in between, 174 us against 64 us for the same fsync inline. The old writer added an
+  asyncio task and an executor job per group (`ThreadPoolExecutor.submit`: 19 us) and
+  three SQLite calls per commit (BEGIN, executemany, COMMIT), each a GIL hand-off;
+- counting from the cache still hopped to a tokenizer thread (another submit and
+  wake-up), then hashed all 65 texts with BLAKE2b for the cache keys (62 us; the
+  reference C implementation in this CPython build, 14 % of all instructions) and parsed
+  the body with `json.loads` (27 us);
+- `find_usage` scanned the 39 KB answer three times with `str.find` (53 us);
+  `asyncio.shield` cost 14 us per request, `prometheus_client`'s `labels()` 7 us, three
+  middlewares and the always-built audit log line a few us each;
+- a full recount (65 new texts) through the transformers call: 10.7 ms of CPU, of which
+  the Rust backend's `encode_batch_fast` is 7.9 ms (the rest turns ids, masks and
+  offsets into Python lists). With the default rayon threads the same call takes 17 ms of
+  CPU for 9.3 ms of wall time: its workers spin while they wait.
+
+## What each change bought
+
+Each step's commit measured with `bench/ratios.py` (two runs each, same harness, one
+after another; ratios to the relay or to the raw tokenizer call):
+
+{steps}
+
+In instructions (callgrind, 200 requests): 4.60 M per request at the start, 3.19 M after
+the first two steps. The journal thread's wake-up order later cut futex calls per request
+from 6.9 to 5.9 (strace); the relay makes 21 system calls per request, the proxy 54
+(epoll 10, futex 6, SQLite's pwrite 9, fcntl 6 and getpid 9, one fdatasync).
+
+## What bounds it now
+
+- The sync journal: one commit with fsync per request at low concurrency, on a thread
+  (the event loop must never block on a disk that may freeze). Its hand-offs and the
+  fsync are about 0.3 ms of the proxy's CPU per sequential request and most of the gap to
+  the 2.0x goal; `--journal off` measures 0.88 ms against the relay's 0.48 ms (1.8x).
+  `--durability async` takes the commit off the response path (added p50 +0.63 ms).
+- The audited path's own Python: parsing and counting 65 cached texts (about 55 us),
+  locating and rewriting `usage` (about 35 us), the record and its JSON (about 12 us),
+  and aiohttp's client and server, which the relay pays too.
+- Under saturation the event loop's thread is the bottleneck: 0.8 ms of its time per
+  request against the relay's 0.28 ms.
+- uvloop was measured again: the proxy's CPU per request did not change beyond noise
+  (1.08 ms), the relay's went down (0.37 ms), so it is not used.
+- Run-to-run noise on this shared 2-core machine is about ±20 % on any one CPU figure;
+  the ratios above come from alternating blocks in one run for that reason.
 """
 
 
@@ -608,7 +690,7 @@ def render(
         "",
     ]
     lines += scale(results, accounting)
-    lines += BOUNDS.splitlines()
+    lines += BOUNDS.format(steps=steps_table()).splitlines()
     return "\n".join(lines)
 
 
