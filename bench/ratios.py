@@ -150,17 +150,23 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     return {
         "relay_cpu_ms": relay_cpu,
         "proxy_cpu_ms": proxy_cpu,
-        "hit_cpu_ratio": proxy_cpu / relay_cpu,
+        "hit_cpu_ratio": ratio(proxy_cpu, relay_cpu),
         "relay_rps": done["relay"] / args.seconds,
         "proxy_rps": done["proxy"] / args.seconds,
-        "saturation_ratio": done["proxy"] / done["relay"],
+        "saturation_ratio": ratio(done["proxy"], done["relay"]),
         "recount_cpu_ms": recount_cpu,
         "raw_tokenizer_ms": raw_ms,
-        "recount_ratio": recount_cpu / raw_ms,
+        "recount_ratio": ratio(recount_cpu, raw_ms),
         "relay_p50_ms": relay_p50,
         "proxy_p50_ms": proxy_p50,
         "added_p50_ms": proxy_p50 - relay_p50,
     }
+
+
+def ratio(a: float, b: float) -> float:
+    """a / b; NaN when b is too small to have been measured (CPU clock ticks are 10 ms:
+    a smoke run may see none)."""
+    return a / b if b else float("nan")
 
 
 def table(r: dict[str, Any]) -> list[str]:

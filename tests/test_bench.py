@@ -20,6 +20,7 @@ def test_bench_smoke() -> None:
         check=True,
     ).stdout
     for heading in (
+        "## Cost goals (issue #14)",
         "## Latency",
         "## Throughput",
         "## SSE",
