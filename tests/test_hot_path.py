@@ -168,3 +168,21 @@ async def test_an_exchange_that_fails_fails_its_caller() -> None:
     with pytest.raises(LookupError, match="upstream gone"):
         await meter.shielded(exchange())
     assert not meter._exchanges
+
+
+async def test_without_a_count_cache_every_request_counts_in_the_pool(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path
+) -> None:
+    """--count-cache-size 0: nothing is judged on the event loop, verdicts are the same."""
+    _, client = await fake_and_proxy(
+        aiohttp_server, aiohttp_client, minilm_path, count_cache_size=0
+    )
+    calls: list[int] = []
+    pool = client.app[POOL]
+    lane = pool.lane
+    pool.lane = lambda size: calls.append(size) or lane(size)
+    body = rerank(DOCS)
+    answers = [await post(client, body) for _ in range(3)]
+    assert len(calls) == 3
+    assert len({a[1]["x-usage-engine-prompt-tokens"] for a in answers}) == 1
+    assert all(a[1]["x-usage-verdict"] == "corrected" for a in answers)
