@@ -2,8 +2,8 @@
 
 vLLM tokenizes through the transformers call API. Pairs and offsets go through that API
 here too. Single-text lengths, the bulk of every recount, come from the same Rust
-backend that call uses, on a private copy with the file-level truncation and padding
-settings removed: the call only converts ids, masks and offsets to Python lists around
+backend that call uses, set up as the call sets it up (no truncation or padding from the
+tokenizer file): the call only converts ids, masks and offsets to Python lists around
 it, and counting needs lengths (``encode_batch_fast``: no offsets either). A fast
 tokenizer must not be used by two threads at once, so every worker thread gets its own
 copy (made on first use) and no shared instance is ever mutated.
@@ -73,15 +73,22 @@ def _next_space(text: str, low: int) -> int:
     return found.start() if found else -1
 
 
-def length_counter(tokenizer: Any) -> Any:
-    """A private copy of ``tokenizer``'s Rust backend that only counts: no truncation and
-    no padding from the tokenizer file, special tokens split as the transformers call
-    splits them. ``len(encoding)`` then equals the call's untruncated length."""
-    backend = copy.deepcopy(tokenizer.backend_tokenizer)
-    backend.no_truncation()
-    backend.no_padding()
-    backend.encode_special_tokens = bool(getattr(tokenizer, "split_special_tokens", False))
-    return backend
+def backend_lengths(tokenizer: Any, texts: list[str], *, add_special_tokens: bool) -> list[int]:
+    """Token counts from ``tokenizer``'s Rust backend, set up as the transformers call
+    sets it up for an untruncated, unpadded batch: no truncation and no padding (a
+    tokenizer file may carry its own), special tokens split as the call splits them.
+    ``encode_batch_fast`` (tokenizers >= 0.21) computes no offsets. The backend belongs
+    to the calling thread's own tokenizer copy (see TokenizerPool)."""
+    backend = tokenizer.backend_tokenizer
+    if backend.truncation is not None:
+        backend.no_truncation()
+    if backend.padding is not None:
+        backend.no_padding()
+    split = bool(getattr(tokenizer, "split_special_tokens", False))
+    if backend.encode_special_tokens != split:
+        backend.encode_special_tokens = split
+    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+    return [len(e) for e in encode(texts, add_special_tokens=add_special_tokens)]
 
 
 class HFTokenizer:
@@ -89,9 +96,6 @@ class HFTokenizer:
 
     def __init__(self, tokenizer: Any) -> None:
         self._tok = tokenizer
-        self._counter = length_counter(tokenizer)
-        # tokenizers >= 0.21 encodes a batch without computing offsets.
-        self._encode_batch = getattr(self._counter, "encode_batch_fast", self._counter.encode_batch)
         self.key = next(_keys)
         self.cache: CountCache | None = None
         # Token counts above this never matter (set to max_model_len + 2 by discovery: any
@@ -132,7 +136,7 @@ class HFTokenizer:
     def _batch_lengths(self, texts: Sequence[str], max_length: int | None) -> list[int]:
         """Lengths with special tokens. Truncating one text to ``max_length`` (at least its
         special tokens, see accounting._MIN_CAP) keeps ``min(length, max_length)``."""
-        lengths = [len(e) for e in self._encode_batch(list(texts), add_special_tokens=True)]
+        lengths = backend_lengths(self._tok, list(texts), add_special_tokens=True)
         if max_length is None:
             return lengths
         return [min(n, max_length) for n in lengths]
@@ -145,7 +149,7 @@ class HFTokenizer:
         assert self.bound is not None
         total = 0
         for start, end in whitespace_chunks(text, CHUNK_CHARS):
-            total += len(self._encode_batch([text[start:end]], add_special_tokens=False)[0])
+            total += backend_lengths(self._tok, [text[start:end]], add_special_tokens=False)[0]
             if total > self.bound:
                 break
         return total

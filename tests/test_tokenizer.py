@@ -101,14 +101,19 @@ def test_long_text_memory_follows_the_chunk(minilm_path: Path) -> None:
     tok = load_tokenizer(minilm_path)
     tok.bound = 258
     seen: list[int] = []
-    inner = tok._encode_batch
+    import proxy.tokenizer as module
 
-    def spy(texts: list[str], **kwargs: Any) -> Any:
+    inner = module.backend_lengths
+
+    def spy(tokenizer: Any, texts: list[str], **kwargs: Any) -> Any:
         seen.append(sum(map(len, texts)))
-        return inner(texts, **kwargs)
+        return inner(tokenizer, texts, **kwargs)
 
-    tok._encode_batch = spy
-    assert tok.lengths(["a " * (2 * 1024 * 1024)], max_length=257) == [257]
+    module.backend_lengths = spy  # type: ignore[assignment]
+    try:
+        assert tok.lengths(["a " * (2 * 1024 * 1024)], max_length=257) == [257]
+    finally:
+        module.backend_lengths = inner  # type: ignore[assignment]
     assert max(seen) <= 16 * 1024
     assert len(seen) == 1  # 16 KiB of "a " is already 8,192 tokens, past the bound
 
@@ -227,7 +232,7 @@ def test_length_counter_ignores_the_files_truncation_and_padding(
 ) -> None:
     """A tokenizer.json that truncates and pads by itself (some hub files do) does not
     change counts: the transformers call overrides those settings, and so does the
-    counter, on its own copy (the loaded tokenizer is left as it was)."""
+    backend counter; the two can be used in any order."""
     import json
     import shutil
 
@@ -256,6 +261,8 @@ def test_length_counter_ignores_the_files_truncation_and_padding(
         assert odd.encode_lengths(texts, max_length=limit) == want
         assert _call_lengths(odd._tok, texts, limit) == want
     assert want == [20, 3, 2]
+    # The call just left truncation at 20 on the backend; the counter undoes it.
+    assert odd.encode_lengths(texts, max_length=None) == _call_lengths(plain._tok, texts, None)
 
 
 def test_cache_holds_short_texts_exactly_and_bounds_their_bytes(minilm: HFTokenizer) -> None:
