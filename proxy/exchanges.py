@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -107,7 +108,9 @@ def body_timeout(seconds: float) -> web.Response:
     return reply
 
 
+@functools.cache
 def _libc() -> Any:
+    """The C library, looked up once (find_library runs ldconfig: about 2 ms)."""
     name = ctypes.util.find_library("c")
     return ctypes.CDLL(name) if name else None
 
