@@ -360,10 +360,9 @@ class Journal:
     async def close(self) -> None:
         """Commit what is pending, then close the database (appends fail from now)."""
         self._accepting = False
-        # The thread runs jobs in order: once this no-op has run, every drain has, and
-        # their settle callbacks are already scheduled ahead of this await's wake-up.
-        await self._run(_nothing)
         if self._db is not None:
+            # The thread runs jobs in order: every drain has run before this close, and
+            # their settle callbacks are scheduled ahead of this await's wake-up.
             await self._run(self._db.close)
         self._thread.stop()
 
@@ -446,10 +445,6 @@ def _insert_sql(rows: int) -> str:
     """``INSERT OR IGNORE`` of ``rows`` records in one statement."""
     values = ",".join(["(?,?,?,?,?)"] * rows)
     return f"INSERT OR IGNORE INTO records(record_id, time, tenant, body, kind) VALUES {values}"
-
-
-def _nothing() -> None:
-    pass
 
 
 def _consume(future: asyncio.Future[None]) -> None:
