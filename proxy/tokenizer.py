@@ -21,7 +21,6 @@ import threading
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -309,9 +308,9 @@ class TokenizerPool:
 
 
 # Texts of at most this many characters (2 to 8 KiB of str object, by the widest
-# character) are their own cache key: exact (no two texts can share an entry) and hashed by Python
-# itself, several times cheaper than a digest. Longer texts are keyed by a 16-byte
-# BLAKE2b digest.
+# character) are their own cache key: exact (no two texts can share an entry) and hashed
+# by Python itself, several times cheaper than a digest. Longer texts are keyed by a
+# 16-byte BLAKE2b digest.
 EXACT_KEY_CHARS = 2048
 # Bytes of text the cache may hold as exact keys, on top of its entry limit.
 HELD_TEXT_BYTES = 32 * 1024 * 1024
@@ -339,7 +338,7 @@ class CountCache:
     @staticmethod
     def _keys(tok: HFTokenizer, texts: Sequence[str], max_length: int | None) -> list[_Key]:
         if max(map(len, texts), default=0) <= EXACT_KEY_CHARS:  # the common case
-            return list(zip(repeat(tok.key), repeat(max_length), texts))
+            return list(zip(itertools.repeat(tok.key), itertools.repeat(max_length), texts))
         return [
             (tok.key, max_length, t)
             if len(t) <= EXACT_KEY_CHARS
