@@ -63,10 +63,7 @@ class BodyBudget:
         self.held += size
         self._peak = max(self._peak, self.held)
         try:
-            if request.content.is_eof():  # already received in full: no deadline needed
-                body = await request.read()
-            else:
-                body = await asyncio.wait_for(request.read(), self.read_timeout)
+            body = await read_within(request, self.read_timeout)
         except TimeoutError:
             self.release(size)
             raise Refused(body_timeout(self.read_timeout)) from None
@@ -99,6 +96,13 @@ class BodyBudget:
         future = asyncio.get_running_loop().run_in_executor(None, trim, 0)
         self._trims.add(future)
         future.add_done_callback(self._trims.discard)
+
+
+async def read_within(request: web.Request, seconds: float) -> bytes:
+    """The whole body, received within ``seconds`` (TimeoutError otherwise)."""
+    if request.content.is_eof():  # already received in full: no deadline task needed
+        return await request.read()
+    return await asyncio.wait_for(request.read(), seconds)
 
 
 def body_timeout(seconds: float) -> web.Response:

@@ -5,14 +5,13 @@ Bodies stream both ways; server-sent events reach the client chunk by chunk.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import aiohttp
 import structlog
 from aiohttp import web
 
-from proxy.exchanges import body_timeout
+from proxy.exchanges import body_timeout, read_within
 from proxy.metrics import upstream_failure
 from proxy.upstream import SESSION, UpstreamError, exchange, response_headers
 
@@ -47,7 +46,7 @@ class Relay:
         length = request.content_length
         if data is not None and length is not None and length <= BUFFERED_BODY_BYTES:
             try:
-                data = await asyncio.wait_for(request.read(), self._body_timeout)
+                data = await read_within(request, self._body_timeout)
             except TimeoutError:
                 return body_timeout(self._body_timeout)
         try:
