@@ -29,30 +29,38 @@ def to_event(record: Entry) -> dict[str, Any]:
     return usage_event(record)
 
 
-def window_event(window: SettledWindow) -> dict[str, Any]:
-    """One reconciliation window: subject is the upstream, data the whole window."""
+def _event(
+    kind: str, event_id: str, instance: str, subject: str, time: datetime, data: Any
+) -> dict[str, Any]:
+    """The CloudEvents 1.0 envelope every event of this proxy has."""
     return {
         "specversion": "1.0",
-        "type": WINDOW_EVENT_TYPE,
-        "id": window.window_id,
-        "source": f"vllm-usage-proxy/{window.instance}",
-        "subject": window.upstream,
-        "time": window.end.isoformat().replace("+00:00", "Z"),
+        "type": kind,
+        "id": event_id,
+        "source": f"vllm-usage-proxy/{instance}",
+        "subject": subject,
+        "time": time.isoformat().replace("+00:00", "Z"),
         "datacontenttype": "application/json",
-        "data": window.model_dump(mode="json", exclude={"window_id", "instance", "kind"}),
+        "data": data,
     }
 
 
+def window_event(window: SettledWindow) -> dict[str, Any]:
+    """One reconciliation window: subject is the upstream, data the whole window."""
+    data = window.model_dump(mode="json", exclude={"window_id", "instance", "kind"})
+    return _event(
+        WINDOW_EVENT_TYPE, window.window_id, window.instance, window.upstream, window.end, data
+    )
+
+
 def usage_event(record: UsageRecord) -> dict[str, Any]:
-    return {
-        "specversion": "1.0",
-        "type": EVENT_TYPE,
-        "id": record.record_id,
-        "source": f"vllm-usage-proxy/{record.instance}",
-        "subject": record.tenant,
-        "time": record.time.isoformat().replace("+00:00", "Z"),
-        "datacontenttype": "application/json",
-        "data": {
+    return _event(
+        EVENT_TYPE,
+        record.record_id,
+        record.instance,
+        record.tenant,
+        record.time,
+        {
             "prompt_tokens": record.prompt_tokens_billed,
             "completion_tokens": record.completion_tokens_billed,
             "prompt_tokens_reported": record.prompt_tokens_reported,
@@ -65,7 +73,7 @@ def usage_event(record: UsageRecord) -> dict[str, Any]:
             "aborted": record.aborted,
             "client_request_id": record.client_request_id,
         },
-    }
+    )
 
 
 def retry_after(value: str | None) -> float | None:
