@@ -34,11 +34,13 @@ from bench.run import (  # noqa: E402
     SCENARIOS,
     cpu_seconds,
     pct,
+    sequential,
+    start_relay,
     start_upstream,
     throughput,
     unique_bodies,
 )
-from scripts.vllm_cpu import Process, _spawn, free_port, minilm_dir, start_proxy  # noqa: E402
+from scripts.vllm_cpu import Process, minilm_dir, start_proxy  # noqa: E402
 
 GOALS = {
     "hit_cpu_ratio": ("CPU per audited request (cache hits) <= 2.0x the relay", 2.0, "<="),
@@ -46,25 +48,6 @@ GOALS = {
     "recount_ratio": ("CPU per full-recount request <= 1.0x raw batched tokenizer", 1.0, "<="),
     "added_p50_ms": ("added p50 over the relay <= 0.5 ms (0 ms upstream)", 0.5, "<="),
 }
-
-
-def start_relay(upstream: str, workdir: Path) -> Process:
-    port = free_port()
-    argv = [sys.executable, str(ROOT / "bench" / "minimal_relay.py"), upstream, str(port)]
-    return _spawn("relay", argv, {}, workdir / "relay.log", port)
-
-
-async def sequential(session: aiohttp.ClientSession, url: str, bodies: list[bytes]) -> list[float]:
-    """Seconds per request, one at a time."""
-    out = []
-    for body in bodies:
-        started = time.perf_counter()
-        async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
-            await r.read()
-            if r.status != 200:
-                raise RuntimeError(f"{url}: HTTP {r.status}: {(await r.text())[:200]}")
-        out.append(time.perf_counter() - started)
-    return out
 
 
 async def cpu_per_request(

@@ -130,21 +130,25 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def latency(
-    session: aiohttp.ClientSession, url: str, bodies: list[bytes], n: int
-) -> list[float]:
-    """Sequential requests (cycling through ``bodies``); seconds each, after two warm-ups."""
+async def sequential(session: aiohttp.ClientSession, url: str, bodies: list[bytes]) -> list[float]:
+    """Seconds per request, one at a time."""
     out = []
-    for i in range(n + 2):
-        body = bodies[i % len(bodies)]
+    for body in bodies:
         started = time.perf_counter()
         async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
             await r.read()
             if r.status != 200:
                 raise RuntimeError(f"{url}: HTTP {r.status}: {(await r.text())[:200]}")
-        if i >= 2:
-            out.append(time.perf_counter() - started)
+        out.append(time.perf_counter() - started)
     return out
+
+
+async def latency(
+    session: aiohttp.ClientSession, url: str, bodies: list[bytes], n: int
+) -> list[float]:
+    """Sequential requests (cycling through ``bodies``); seconds each, after two warm-ups."""
+    cycled = [bodies[i % len(bodies)] for i in range(n + 2)]
+    return (await sequential(session, url, cycled))[2:]
 
 
 async def throughput(url: str, body: bytes, seconds: float, clients: int) -> int:
@@ -201,6 +205,13 @@ def start_upstream(latency_ms: float, workdir: Path) -> Process:
     return _spawn("upstream", argv, {"HF_HUB_OFFLINE": "1"}, log, port)
 
 
+def start_relay(upstream: str, workdir: Path) -> Process:
+    """The minimal aiohttp relay (bench/minimal_relay.py) in front of ``upstream``."""
+    port = free_port()
+    argv = [sys.executable, str(ROOT / "bench" / "minimal_relay.py"), upstream, str(port)]
+    return _spawn("relay", argv, {}, workdir / "relay.log", port)
+
+
 def start_nginx(upstream_port: int, workdir: Path) -> Process | None:
     if shutil.which("nginx") is None:
         return None
@@ -225,14 +236,7 @@ http {{
 
 def start_targets(upstream: Process, workdir: Path, args: argparse.Namespace) -> list[Target]:
     targets = [Target("direct", upstream.url)]
-    port = free_port()
-    relay = _spawn(
-        "relay",
-        [sys.executable, str(ROOT / "bench" / "minimal_relay.py"), upstream.url, str(port)],
-        {},
-        workdir / "relay.log",
-        port,
-    )
+    relay = start_relay(upstream.url, workdir)
     targets.append(Target("minimal aiohttp relay", relay.url, relay))
     nginx = start_nginx(int(upstream.url.rsplit(":", 1)[1]), workdir)
     if nginx:
