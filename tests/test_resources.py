@@ -142,3 +142,28 @@ async def test_connections_beyond_the_cap_get_503_and_are_closed(
         assert b'usage_proxy_refused_requests_total{status="503"} 1.0' in metrics
     finally:
         proxy.stop()
+
+
+def test_the_c_library_is_looked_up_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression: every trim after a large body ran ctypes.util.find_library (it spawns
+    ldconfig, about 2 ms) on the event loop; the lookup now happens once."""
+    import ctypes.util
+
+    from proxy import exchanges
+
+    calls: list[str] = []
+    real = ctypes.util.find_library
+
+    def counting(name: str) -> str | None:
+        calls.append(name)
+        return real(name)
+
+    exchanges._libc.cache_clear()
+    monkeypatch.setattr(ctypes.util, "find_library", counting)
+    try:
+        for _ in range(3):
+            exchanges._malloc_trim()
+        exchanges.tune_allocator()
+    finally:
+        exchanges._libc.cache_clear()
+    assert calls == ["c"]
