@@ -3,9 +3,11 @@
 All SQLite work runs on one dedicated thread. ``append`` hands a record to that thread;
 whatever is pending when the thread gets to it is committed in one transaction (group
 commit), and one callback on the event loop settles the whole group. In ``sync``
-durability each caller returns only after its record is on disk. Exporters read batches
-past their own cursor and advance it after delivery (at-least-once; record ids make
-redelivery idempotent).
+durability each caller returns only after its record is on disk. In ``async`` durability
+the caller returns at once and the thread commits at most once per ``commit_interval``,
+so a steady stream of requests costs one commit (and one thread wake-up) per interval
+instead of one per record. Exporters read batches past their own cursor and advance it
+after delivery (at-least-once; record ids make redelivery idempotent).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +33,8 @@ from proxy.settlement import Entry, parse_entry
 log = structlog.get_logger("proxy.journal")
 T = TypeVar("T")
 _Row = tuple[str, str, str, str, str]  # record_id, time, tenant, body, kind
-_Item = tuple[_Row, "asyncio.Future[None]"]
+# The future answers a sync appender; async appenders have none.
+_Item = tuple[_Row, "asyncio.Future[None] | None"]
 # A group is committed by one multi-row INSERT in autocommit mode: one statement is one
 # transaction (one fsync) and one call into SQLite, where BEGIN, executemany and COMMIT
 # were three, each a hand-off of the GIL with the event loop. SQLite before 3.32 allows
@@ -75,11 +79,13 @@ class Journal:
         *,
         sync: bool = True,
         commit_timeout: float = 2.0,
+        commit_interval: float = 0.0,
         on_replaced: Callable[[int], None] | None = None,
     ) -> None:
         self.path = path
         self.sync = sync
         self.commit_timeout = commit_timeout
+        self.commit_interval = commit_interval
         self._on_replaced = on_replaced
         self._thread = SqliteThread()
         self._db: sqlite3.Connection | None = None
@@ -158,7 +164,7 @@ class Journal:
         """
         if not self._accepting:
             raise JournalError("journal is not open")
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future = asyncio.get_running_loop().create_future() if self.sync else None
         row = (
             record.record_id,
             record.time.isoformat(),
@@ -171,8 +177,7 @@ class Journal:
             start, self._draining = not self._draining, True
         if start:
             self._thread.post(self._drain)
-        if not self.sync:
-            future.add_done_callback(_consume)
+        if future is None:
             return
         try:
             # On timeout the future is cancelled, not the write: the record stays pending
@@ -212,8 +217,13 @@ class Journal:
 
         Whether more is pending is decided before that callback is scheduled, so the
         thread goes back to waiting (releasing the GIL) right after it: the event loop,
-        woken by the callback, then rarely has to wait for the GIL."""
+        woken by the callback, then rarely has to wait for the GIL.
+
+        In async durability the thread first lets ``commit_interval`` pass, so that the
+        records of that interval share one commit."""
         assert self._loop is not None
+        if not self.sync and self.commit_interval > 0:
+            time.sleep(self.commit_interval)
         with self._lock:
             group = self._take()
         while group:
@@ -242,13 +252,13 @@ class Journal:
             self._unhealthy(f"write failed: {error}")
             log.error("journal_write_failed", error=str(error), records=len(group))
             for _, future in group:
-                if not future.done():
+                if future is not None and not future.done():
                     future.set_exception(JournalError(str(error)))
             return
         self.appended += len(group)
         self.healthy, self.problem = True, None
         for _, future in group:
-            if not future.done():
+            if future is not None and not future.done():
                 future.set_result(None)
         self.committed.set()
 
@@ -445,12 +455,6 @@ def _insert_sql(rows: int) -> str:
     """``INSERT OR IGNORE`` of ``rows`` records in one statement."""
     values = ",".join(["(?,?,?,?,?)"] * rows)
     return f"INSERT OR IGNORE INTO records(record_id, time, tenant, body, kind) VALUES {values}"
-
-
-def _consume(future: asyncio.Future[None]) -> None:
-    """Async durability: failures are already logged by the writer; mark them retrieved."""
-    if not future.cancelled():
-        future.exception()
 
 
 @dataclass(frozen=True, slots=True)

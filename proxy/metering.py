@@ -231,6 +231,7 @@ def meter_context(
             Path(settings.journal),
             sync=settings.durability is Durability.SYNC,
             commit_timeout=settings.journal_commit_timeout,
+            commit_interval=settings.commit_interval,
             on_replaced=lambda carried: app[METRICS].journal_replaced.inc(),
         )
         await journal.open()

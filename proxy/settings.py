@@ -167,6 +167,14 @@ class Settings(BaseSettings):
         "released at once, committed by the next group commit (lower latency, a crash "
         "can lose the last records).",
     )
+    commit_interval: float = Field(
+        0.01,
+        ge=0,
+        le=1,
+        description="async durability: records are committed at most this often (seconds), "
+        "each time in one group; a crash can lose the records of the last interval. "
+        "0: commit as soon as the writer is free.",
+    )
     journal_retention: float = Field(
         168.0,
         ge=0,

@@ -62,6 +62,35 @@ async def test_async_durability_returns_before_commit(tmp_path: Path) -> None:
     assert len(read_journal(tmp_path / "j.sqlite")) == 50
 
 
+async def test_async_durability_commits_once_per_interval(tmp_path: Path) -> None:
+    """Sequential async appends within one commit interval share one commit, and each is
+    committed about one interval after it was appended, without waiting for close()."""
+    path = tmp_path / "j.sqlite"
+    journal = Journal(path, sync=False, commit_interval=0.2)
+    await journal.open()
+    commits = 0
+    original = journal._insert
+
+    def counting(rows: list[tuple[str, str, str, str, str]]) -> None:
+        nonlocal commits
+        commits += 1
+        original(rows)
+
+    journal._insert = counting  # type: ignore[method-assign]
+    started = asyncio.get_running_loop().time()
+    for i in range(20):  # one at a time, as sequential requests append
+        await journal.append(make_record(i))
+        await asyncio.sleep(0.001)
+    assert read_journal(path) == []  # the interval has not passed yet
+    while len(read_journal(path)) < 20:
+        assert asyncio.get_running_loop().time() - started < 5
+        await asyncio.sleep(0.02)
+    assert commits <= 2  # one per interval; 20 without the interval
+    await journal.append(make_record(20))
+    await journal.close()  # commits what is queued, without waiting for a next interval
+    assert len(read_journal(path)) == 21
+
+
 async def test_write_failure_is_reported_not_raised_elsewhere(tmp_path: Path) -> None:
     """A failing disk surfaces as JournalError to the appender, and the journal goes on."""
     journal = Journal(tmp_path / "j.sqlite")
