@@ -102,6 +102,7 @@ class UsageView:
     fields: dict[str, Span]
     reported: int | None = None
     problem: str | None = None
+    raw: bytes = b""  # the body ``text`` was decoded from (edits splice these bytes)
 
 
 def _reported(text: str, fields: dict[str, Span]) -> tuple[int | None, str | None]:
@@ -133,7 +134,7 @@ def find_usage(body: bytes) -> UsageView | None:
         return _duplicated(text, str(exc))
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
-    return UsageView(text, usage, fields, *_reported(text, fields))
+    return UsageView(text, usage, fields, *_reported(text, fields), raw=body)
 
 
 # Member names that, appearing after ``usage``, could change the verdict (a second usage,
@@ -164,31 +165,38 @@ def _duplicated(text: str, problem: str) -> UsageView | None:
     return UsageView(text, Span(0, 0), {}, None, f"ambiguous body: {problem}")
 
 
-def _replace(view: UsageView, values: dict[str, int]) -> str:
-    edits = sorted(
-        ((view.fields[k], str(v)) for k, v in values.items() if k in view.fields),
-        key=lambda e: e[0].start,
-        reverse=True,
-    )
-    text = view.text
-    for span, new in edits:
-        text = text[: span.start] + new + text[span.end :]
-    return text
+def _splice(view: UsageView, edits: list[tuple[Span, str]]) -> bytes:
+    """The body with each span's characters replaced, built in one copy of the body's
+    bytes (the answer is large, the edits are a few digits)."""
+    raw = view.raw or view.text.encode("utf-8")
+    ascii_only = len(raw) == len(view.text)  # then character and byte offsets agree
+
+    def offset(i: int) -> int:
+        return i if ascii_only else len(view.text[:i].encode("utf-8"))
+
+    pieces: list[bytes | memoryview] = []
+    at, whole = 0, memoryview(raw)
+    for span, new in sorted(edits, key=lambda e: e[0].start):
+        start = offset(span.start)
+        pieces += (whole[at:start], new.encode("utf-8"))
+        at = offset(span.end)
+    pieces.append(whole[at:])
+    return b"".join(pieces)
 
 
 def rewrite_usage(view: UsageView, engine: int) -> bytes:
     """The body a fixed vLLM would send: prompt and total tokens set to the engine count."""
-    return _replace(view, {"prompt_tokens": engine, "total_tokens": engine}).encode("utf-8")
+    names = ("prompt_tokens", "total_tokens")
+    return _splice(view, [(view.fields[k], str(engine)) for k in names if k in view.fields])
 
 
 def annotate_usage(view: UsageView, engine: int | None, verdict: str) -> bytes:
     """Keep the reported numbers and add ``engine_prompt_tokens`` and ``usage_verdict``."""
-    text = view.text
     close = view.usage.end - 1  # position of the usage object's closing brace
     members = {"engine_prompt_tokens": engine, "usage_verdict": verdict}
     extra = json.dumps(members, separators=(",", ":"))[1:-1]
     separator = "," if view.fields else ""
-    return (text[:close] + separator + extra + text[close:]).encode("utf-8")
+    return _splice(view, [(Span(close, close), separator + extra)])
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.usage import annotate_usage, find_usage, rewrite_usage
@@ -111,6 +111,38 @@ def test_rewrite_roundtrip_property(extra: object, reported: int, engine: int) -
     assert view.reported == reported
     rewritten = json.loads(rewrite_usage(view, engine))
     assert rewritten == {**original, "usage": {"prompt_tokens": engine, "total_tokens": engine}}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(), st.text(), st.integers(min_value=0, max_value=10**6))
+def test_edits_splice_bytes_around_any_text(before: str, after: str, engine: int) -> None:
+    """Property: with any characters (multi-byte ones included) before and after the
+    usage object, the byte-level edit gives the same body as editing the text would."""
+    body = (
+        '{"id":' + json.dumps(before, ensure_ascii=False) + ',"usage":{"prompt_tokens":7,'
+        '"total_tokens":7},"results":[{"document":{"text":'
+        + json.dumps(after, ensure_ascii=False)
+        + "}}]}"
+    ).encode()
+    view = find_usage(body)
+    assert view is not None
+    text = body.decode()
+    assert (
+        rewrite_usage(view, engine)
+        == text.replace(
+            '"prompt_tokens":7,"total_tokens":7',
+            f'"prompt_tokens":{engine},"total_tokens":{engine}',
+            1,
+        ).encode()
+    )
+    assert (
+        annotate_usage(view, engine, "corrected")
+        == text.replace(
+            '"total_tokens":7}',
+            f'"total_tokens":7,"engine_prompt_tokens":{engine},"usage_verdict":"corrected"}}',
+            1,
+        ).encode()
+    )
 
 
 @pytest.mark.parametrize(
