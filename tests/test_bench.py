@@ -28,6 +28,8 @@ def test_bench_smoke() -> None:
         "## Accounting CPU",
     ):
         assert heading in out
+    for mode in ("`--durability sync` (the default)", "`--durability async`"):
+        assert mode in out  # the cost goals, measured once per durability mode
     for target in (
         "direct",
         "minimal aiohttp relay",
