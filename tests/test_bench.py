@@ -26,6 +26,7 @@ def test_bench_smoke() -> None:
         "## SSE",
         "## Process resources",
         "## Accounting CPU",
+        "## The sync commit and its parts",
     ):
         assert heading in out
     for mode in ("`--durability sync` (the default)", "`--durability async`"):
