@@ -641,12 +641,20 @@ and getpid 9, one fdatasync).
 
 ## What bounds it now (profiled 2026-11-30, after these steps)
 
-The proxy's audit itself fits the CPU and latency bounds; the sync commit does not fit
-beside it on this machine. Measured sequentially, cache hits, per thread from /proc, relay
-0.48 ms of CPU per request: `--journal off` 0.81-0.93 ms (1.7-1.9x), `--durability async`
-0.83-0.95 ms, `--durability sync` 1.13-1.21 ms. The sync commit's floor is in the section
-above, measured every run: an fsync'd SQLite commit is about 0.15 ms of CPU and 0.28 ms
-of wall time here, against 0.04 / 0.06 ms without the fsync; handing it to the writer
+Neither durability mode meets the bounds reliably on this machine; async comes close on
+CPU and latency, sync does not, and saturation is far off in both. Five runs of
+`bench/ratios.py` per mode, one after another (the table above is one more):
+
+| mode | CPU, cache hits | saturation | full recount | added p50 (ms) |
+|---|---|---|---|---|
+| sync | 2.21x-2.82x (median 2.36x) | 0.34x-0.38x | 0.96x-1.13x | +0.80 to +1.36 (median +0.85) |
+| async | 1.90x-2.21x (median 2.00x) | 0.38x-0.40x | 0.99x-1.17x | +0.41 to +0.78 (median +0.50) |
+
+Measured sequentially, cache hits, per thread from /proc, relay 0.48 ms of CPU per
+request: `--journal off` 0.81-0.93 ms (1.7-1.9x), `--durability async` 0.83-0.95 ms,
+`--durability sync` 1.13-1.21 ms. The sync commit's floor is in the section above,
+measured every run: an fsync'd SQLite commit is about 0.15 ms of CPU and 0.28-0.33 ms of
+wall time here, against 0.04-0.05 / 0.06 ms without the fsync; handing it to the writer
 thread and back costs 0.04-0.08 ms of CPU with nothing to write, and about 0.1 ms more
 with the commit in between (the thread takes and gives back the GIL around each SQLite
 call, the inode check and the wake-up of the event loop, each a possible hand-off).
@@ -659,10 +667,11 @@ call, the inode check and the wake-up of the event loop, each a possible hand-of
   under cProfile). In instructions (callgrind): relay 0.97 M, `--journal off` 2.64 M,
   sync 3.05 M per request: most of the commit's cost is in the kernel and in wake-ups
   (7 context switches per request against the relay's 2), not in instructions.
-- Added p50, 0 ms upstream: `--journal off` and async measure +0.37 to +0.50 ms; the
-  sync commit adds its wall time on the response path (0.3-0.45 ms), so sync measures
-  +0.81 to +0.85 ms. No ordering of the work can hide the fsync: the record must be on
-  disk before the answer goes out, and the answer is what the record describes.
+- Added p50, 0 ms upstream: `--journal off` and async measure about +0.4 to +0.5 ms
+  on a quiet machine; the sync commit adds its wall time on the response path (0.3-0.5
+  ms), so sync measures +0.8 ms and more. No ordering of the work can hide the fsync: the
+  record must be on disk before the answer goes out, and the answer is what the record
+  describes.
 - Saturation: one event-loop thread holding the GIL does all the Python of every
   request: 0.6-0.68 ms of its CPU per request against 0.21-0.25 ms for the whole relay
   process, spread over aiohttp (about half), the audit and the journal's hand-offs. The
