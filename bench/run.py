@@ -651,9 +651,10 @@ and getpid 9, one fdatasync).
 
 ## What bounds it now (profiled 2026-11-30, after these steps)
 
-Neither durability mode meets the bounds reliably on this machine; async comes close on
-CPU and latency, sync does not, and saturation is far off in both. Five runs of
-`bench/ratios.py` per mode, one after another (the table above is one more):
+Neither durability mode meets the bounds on this machine; async comes closest on CPU and
+latency, and saturation is far off in both. Five runs of `bench/ratios.py` per mode, one
+after another, on their own (the run inside `make bench`, the table above, has come out
+at the slow end of these or beyond all three times today):
 
 | mode | CPU, cache hits | saturation | full recount | added p50 (ms) |
 |---|---|---|---|---|
