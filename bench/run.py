@@ -377,11 +377,9 @@ def journal_cost(records: int) -> dict[str, float]:
     ``Journal.append`` (thread hand-off, multi-row INSERT, fsync, settle); the same INSERT
     committed inline with ``synchronous=FULL`` and with ``NORMAL`` (no fsync); and a bare
     event loop -> thread -> event loop round trip with nothing to do."""
-    import queue
     import sqlite3
-    import threading
 
-    from proxy.journal import Journal, _create, _insert_sql
+    from proxy.journal import Journal, SqliteThread, _create, _insert_sql, as_row
     from tests.test_postgres_ledger import make_record
 
     out: dict[str, float] = {}
@@ -411,18 +409,13 @@ def journal_cost(records: int) -> dict[str, float]:
         await journal.close()
 
     async def round_trips() -> None:
-        loop = asyncio.get_running_loop()
-        jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        thread = threading.Thread(target=lambda: [job() for job in iter(jobs.get, None)])
+        thread = SqliteThread()  # the journal's own hand-off, with nothing to do
         thread.start()
         started = now()
         for _ in range(records):
-            done = loop.create_future()
-            jobs.put(lambda done=done: loop.call_soon_threadsafe(done.set_result, None))
-            await done
+            await thread.run(lambda: None)
         timed("round_trip", started)
-        jobs.put(None)
-        thread.join()
+        thread.stop()
 
     def inline(tmp: Path, mode: str) -> None:
         db = sqlite3.connect(tmp / f"{mode}.sqlite", isolation_level=None)
@@ -432,9 +425,7 @@ def journal_cost(records: int) -> dict[str, float]:
         rows = [make_record(i) for i in range(records)]
         started = now()
         for r in rows:
-            db.execute(
-                _insert_sql(1), (r.record_id, r.time.isoformat(), r.tenant, r.to_json(), "usage")
-            )
+            db.execute(_insert_sql(1), as_row(r))
         timed(f"commit_{mode.lower()}", started)
         db.close()
 

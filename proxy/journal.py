@@ -165,13 +165,7 @@ class Journal:
         if not self._accepting:
             raise JournalError("journal is not open")
         future = asyncio.get_running_loop().create_future() if self.sync else None
-        row = (
-            record.record_id,
-            record.time.isoformat(),
-            record.tenant,
-            record.to_json(),
-            _kind(record),
-        )
+        row = as_row(record)
         with self._lock:
             self._pending.append((row, future))
             start, self._draining = not self._draining, True
@@ -534,6 +528,11 @@ def _create(db: sqlite3.Connection) -> None:
     columns = {row[1] for row in db.execute("PRAGMA table_info(records)")}
     if "kind" not in columns:
         db.execute("ALTER TABLE records ADD COLUMN kind TEXT NOT NULL DEFAULT 'usage'")
+
+
+def as_row(entry: Entry) -> _Row:
+    """The ``records`` columns of one entry, in ``_insert_sql`` order."""
+    return (entry.record_id, entry.time.isoformat(), entry.tenant, entry.to_json(), _kind(entry))
 
 
 def _kind(entry: Entry) -> str:
