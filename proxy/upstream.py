@@ -156,7 +156,12 @@ async def get_json(session: aiohttp.ClientSession, url: str) -> Any:
 
 
 def session_context(settings: Settings) -> Any:
-    """cleanup_ctx: the one ClientSession, with explicit timeouts and no decompression."""
+    """cleanup_ctx: the one ClientSession, with explicit timeouts and no decompression.
+
+    It keeps no cookies: the session is shared by every client, so a cookie set in one
+    client's answer (by the upstream, or a sticky load balancer before it) must reach that
+    client only, never ride along with anyone else's request. Cookies pass through as
+    headers, both ways."""
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         timeout = aiohttp.ClientTimeout(
@@ -167,6 +172,7 @@ def session_context(settings: Settings) -> Any:
             timeout=timeout,
             connector=connector,
             auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
         ) as session:
             app[SESSION] = session

@@ -138,3 +138,46 @@ async def test_host_header_cannot_redirect(rig: Any) -> None:
     echo = await resp.json()
     assert resp.status == 200
     assert echo["headers"]["host"] != "evil.example"
+
+
+async def test_upstream_cookies_are_never_kept_for_other_clients(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path
+) -> None:
+    """The proxy's one upstream session is shared by every tenant: a cookie the upstream
+    (or a sticky load balancer before it) sets in one client's answer goes to that client
+    only, and is never sent upstream with anyone else's request; a client's own Cookie
+    header reaches the upstream unchanged. The upstream is named by
+    host name, as in a deployment (aiohttp keeps no cookies for bare IP addresses)."""
+    from aiohttp import web
+
+    from proxy.app import create_app
+    from proxy.catalog import CATALOG
+    from proxy.settings import Settings
+    from tests.fakevllm import FakeVLLM
+
+    fake, _ = await fake_and_proxy(aiohttp_server, aiohttp_client, minilm_path)
+    seen: list[str | None] = []
+
+    @web.middleware
+    async def sticky(request: web.Request, handler: Any) -> web.StreamResponse:
+        seen.append(request.headers.get("Cookie"))
+        response: web.StreamResponse = await handler(request)
+        response.set_cookie("lb", f"backend-for-{request.headers.get('X-Who')}")
+        return response
+
+    app = FakeVLLM.app(fake)
+    app.middlewares.append(sticky)
+    server = await aiohttp_server(app)
+    upstream = str(server.make_url("")).replace("127.0.0.1", "localhost")
+    client = await aiohttp_client(create_app(Settings(upstream=upstream)))
+    assert await client.app[CATALOG].wait_ready(10)
+    for path, send in (("/rerank", client.post), ("/v1/models", client.get)):
+        for who in ("tenant-a", "tenant-b"):
+            client.session.cookie_jar.clear()  # each request as from a client of its own
+            seen.clear()
+            kwargs: dict[str, Any] = {"json": GOOD} if path == "/rerank" else {}
+            headers = {"X-Who": who, "Cookie": f"own={who}"}
+            response = await send(path, headers=headers, **kwargs)
+            assert response.status == 200
+            assert response.cookies["lb"].value == f"backend-for-{who}"
+            assert seen == [f"own={who}"], (path, who, seen)  # the client's, and only it
