@@ -116,7 +116,7 @@ def create_app(
     auditor = ScoringAuditor(settings, catalog, pool)
     for path in sorted(SCORE_PATHS | RERANK_PATHS):
         app.router.add_post(path, auditor.handle)
-    metered = MeteredRelay(settings.upstream_base, settings.max_body_bytes)
+    metered = MeteredRelay(settings.upstream_base, settings.max_answer_bytes)
     for path in sorted(METERED_PATHS):
         app.router.add_post(path, metered.handle)
     app.router.add_post(INVOCATIONS_PATH, Invocations(auditor, metered, catalog).handle)

@@ -11,6 +11,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+import aiohttp
 import structlog
 from aiohttp import web
 
@@ -25,11 +26,20 @@ from proxy.analysis import (
 )
 from proxy.catalog import Catalog
 from proxy.encoding import UnreadableBody
-from proxy.exchanges import INLINE_BYTES, handle_admitted, off_loop, readable_body, reply_headers
+from proxy.exchanges import (
+    INLINE_BYTES,
+    handle_admitted,
+    off_loop,
+    read_answer,
+    readable_body,
+    reply_headers,
+    too_large,
+)
 from proxy.metering import METER, WHO, Meter
 from proxy.metrics import METRICS, Metrics, upstream_failure
 from proxy.reconcile import Audit, invalid, unaudited
 from proxy.records import OPERATIONS, UsageRecord
+from proxy.relay import pass_on
 from proxy.settings import Mode, Settings
 from proxy.tenancy import Attribution
 from proxy.tokenizer import TokenizerPool
@@ -103,18 +113,33 @@ class ScoringAuditor:
                 return error_response(400, refusal, param="documents")
         counting = self._count(body, request.path)
         sent = time.perf_counter()
+        limit = self._settings.max_answer_bytes
         try:
             async with exchange(
                 request.app[SESSION], self._settings.upstream_base, request, body, metered=True
             ) as upstream:
-                payload = await upstream.read()
+                payload, whole = await read_answer(upstream, limit)
+                if not whole:
+                    analysis = _finished(counting)
+                    counting.cancel()
+                    outcome = Outcome(
+                        request.path,
+                        operation or OPERATIONS.get(request.path, "score"),
+                        request[WHO],
+                        invalid(too_large(limit)),
+                        analysis,
+                        upstream.status,
+                        (time.perf_counter() - sent) * 1000,
+                        started,
+                    )
+                    return await self._pass_on(request, upstream, payload, outcome)
                 status, headers = upstream.status, upstream.headers
         except UpstreamError as exc:
             counting.cancel()
             return upstream_failure(request, exc)
         upstream_ms = (time.perf_counter() - sent) * 1000
         try:
-            payload = await readable_body(payload, headers, self._settings.max_body_bytes)
+            payload = await readable_body(payload, headers, limit)
         except UnreadableBody as exc:
             problem: str | None = f"unreadable answer: {exc}"
             view = UsageView("", Span(0, 0), {}, None, problem) if 200 <= status < 300 else None
@@ -128,8 +153,6 @@ class ScoringAuditor:
         audit = await self._audit(counting, view)
         out = render(self._settings.mode, view, audit, payload)
         reply = web.Response(body=out, status=status, headers=out_headers)
-        reply.headers.update(usage_headers(audit))
-        meter = request.app[METER]
         outcome = Outcome(
             request.path,
             operation or OPERATIONS.get(request.path, "score"),
@@ -140,12 +163,32 @@ class ScoringAuditor:
             upstream_ms,
             started,
         )
+        reply.headers.update(await self._settle(request, outcome))
+        return reply
+
+    async def _pass_on(
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        head: bytes,
+        outcome: Outcome,
+    ) -> web.StreamResponse:
+        """An answer above --max-answer-bytes is never held: passed on as it arrives,
+        unread; a successful one is recorded ``invalid`` (nothing billed) first."""
+        headers = response_headers(upstream.headers, keep_length=True)
+        if 200 <= upstream.status < 300:
+            log.warning("answer_passed_on_unread", path=request.path, problem=outcome.audit.reason)
+            headers.update(await self._settle(request, outcome))
+        return await pass_on(request, upstream, head, headers)
+
+    async def _settle(self, request: web.Request, outcome: Outcome) -> dict[str, str]:
+        """Record, log and measure one audited exchange; the headers its answer carries."""
+        meter = request.app[METER]
         record = self._record(request, meter, outcome)
         journaled = await meter.record(record)
-        reply.headers.update(meter.headers(record, journaled))
         _log(outcome, record.record_id)
         _observe(request.app[METRICS], outcome)
-        return reply
+        return {**usage_headers(outcome.audit), **meter.headers(record, journaled)}
 
     def _count(self, body: bytes, path: str) -> asyncio.Future[Analysis]:
         """Count the request: from the count cache right here when the body is small and

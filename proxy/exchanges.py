@@ -11,6 +11,7 @@ import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import aiohttp
 import structlog
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -173,6 +174,28 @@ async def off_loop(fn: Callable[..., T], body: bytes, *args: Any) -> T:
     if len(body) < INLINE_BYTES:
         return fn(*args)
     return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
+async def read_answer(upstream: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
+    """The upstream's answer read whole, ``(body, True)``, when it is at most ``limit``
+    bytes; otherwise ``(the part read, False)`` as soon as that shows (its Content-Length,
+    or more than ``limit`` bytes received), for the caller to pass on unread."""
+    length = upstream.content_length
+    if length is not None:
+        return (await upstream.read(), True) if length <= limit else (b"", False)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in upstream.content.iter_any():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            return b"".join(chunks), False
+    return b"".join(chunks), True
+
+
+def too_large(limit: int) -> str:
+    """The problem recorded for an answer passed on unread."""
+    return f"answer larger than {limit} bytes (--max-answer-bytes): passed on unread"
 
 
 async def readable_body(payload: bytes, headers: Any, limit: int) -> bytes:

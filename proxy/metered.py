@@ -15,11 +15,18 @@ from aiohttp import web
 from proxy.catalog import CATALOG
 from proxy.dispatch import Prepared, prepare
 from proxy.encoding import UnreadableBody
-from proxy.exchanges import handle_admitted, off_loop, readable_body, reply_headers
+from proxy.exchanges import (
+    handle_admitted,
+    off_loop,
+    read_answer,
+    readable_body,
+    reply_headers,
+    too_large,
+)
 from proxy.metering import METER
 from proxy.metrics import METRICS, upstream_failure
 from proxy.records import OPERATIONS, UsageRecord
-from proxy.relay import abort
+from proxy.relay import abort, pass_on
 from proxy.sse import UsageScanner
 from proxy.upstream import SESSION, UpstreamError, exchange, response_headers
 from proxy.usage import Reading, read_usage, reading_of
@@ -30,9 +37,9 @@ METERED_PATHS = frozenset(p for p, op in OPERATIONS.items() if op not in ("score
 
 
 class MeteredRelay:
-    def __init__(self, upstream_base: str, max_body_bytes: int) -> None:
+    def __init__(self, upstream_base: str, max_answer_bytes: int) -> None:
         self._base = upstream_base
-        self._limit = max_body_bytes
+        self._limit = max_answer_bytes
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
@@ -54,7 +61,9 @@ class MeteredRelay:
             ) as upstream:
                 if upstream.content_type == "text/event-stream":
                     return await self._stream(request, upstream, prepared, started)
-                payload = await upstream.read()
+                payload, whole = await read_answer(upstream, self._limit)
+                if not whole:
+                    return await self._pass_on(request, upstream, payload, prepared, started)
                 status, headers = upstream.status, upstream.headers
         except UpstreamError as exc:
             return upstream_failure(request, exc)
@@ -68,10 +77,37 @@ class MeteredRelay:
             reading = Reading(None, None, f"unreadable answer: {exc}") if success else None
         reply = web.Response(body=payload, status=status, headers=out_headers)
         if reading is not None:
-            record = self._record(request, prepared, reading, status, started)
-            journaled = await request.app[METER].record(record)
-            reply.headers.update(request.app[METER].headers(record, journaled))
+            reply.headers.update(await self._settle(request, prepared, reading, status, started))
         return reply
+
+    async def _pass_on(
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        head: bytes,
+        prepared: Prepared,
+        started: float,
+    ) -> web.StreamResponse:
+        """An answer above --max-answer-bytes is never held: passed on as it arrives,
+        unread; a successful one is recorded ``invalid`` (nothing billed) first."""
+        headers = response_headers(upstream.headers, keep_length=True)
+        if 200 <= upstream.status < 300:
+            reading = Reading(None, None, too_large(self._limit))
+            headers.update(await self._settle(request, prepared, reading, upstream.status, started))
+        return await pass_on(request, upstream, head, headers)
+
+    async def _settle(
+        self,
+        request: web.Request,
+        prepared: Prepared,
+        reading: Reading,
+        status: int,
+        started: float,
+    ) -> dict[str, str]:
+        """Record one metered exchange; the headers its answer carries."""
+        record = self._record(request, prepared, reading, status, started)
+        journaled = await request.app[METER].record(record)
+        return request.app[METER].headers(record, journaled)
 
     async def _stream(
         self, request: web.Request, upstream: Any, prepared: Prepared, started: float

@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 import structlog
 from aiohttp import web
+from multidict import CIMultiDict
 
 from proxy.exchanges import body_timeout, read_within
 from proxy.metrics import upstream_failure
@@ -51,19 +52,29 @@ class Relay:
                 return body_timeout(self._body_timeout)
         try:
             async with exchange(request.app[SESSION], self._base, request, data) as upstream:
-                reply = web.StreamResponse(
-                    status=upstream.status,
-                    reason=upstream.reason,
-                    headers=response_headers(upstream.headers, keep_length=True),
-                )
-                await reply.prepare(request)
-                try:
-                    async for chunk in upstream.content.iter_any():
-                        await reply.write(chunk)
-                except (aiohttp.ClientError, TimeoutError) as exc:
-                    abort(request, exc)
-                    return reply
-                await reply.write_eof()
-                return reply
+                headers = response_headers(upstream.headers, keep_length=True)
+                return await pass_on(request, upstream, b"", headers)
         except UpstreamError as exc:
             return upstream_failure(request, exc)
+
+
+async def pass_on(
+    request: web.Request,
+    upstream: aiohttp.ClientResponse,
+    head: bytes,
+    headers: CIMultiDict[str],
+) -> web.StreamResponse:
+    """Stream the upstream's answer to the client as it arrives: ``head`` (the part
+    already read), then the rest. A failure mid-body cuts the client connection."""
+    reply = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+    await reply.prepare(request)
+    try:
+        if head:
+            await reply.write(head)
+        async for chunk in upstream.content.iter_any():
+            await reply.write(chunk)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        abort(request, exc)
+        return reply
+    await reply.write_eof()
+    return reply

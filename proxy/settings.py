@@ -83,6 +83,13 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(
         64 * 1024 * 1024, gt=0, description="Largest audited request body read into memory."
     )
+    max_answer_bytes: int = Field(
+        256 * 1024 * 1024,
+        gt=0,
+        description="Largest upstream answer (as sent, and decoded) read into memory to audit "
+        "or meter it; a larger one is passed on to the client as it arrives, unread, and a "
+        "successful one is recorded invalid (nothing billed).",
+    )
     max_inflight_body_bytes: int = Field(
         128 * 1024 * 1024,
         gt=0,

@@ -111,6 +111,7 @@ class FakeVLLM:
     tamper: Callable[[bytes, dict[str, str]], tuple[bytes, dict[str, str]]] | None = None
     seen_headers: list[CIMultiDict[str]] = field(default_factory=list)
     chunks: int = 3  # content events of a streamed chat
+    chunked_answers: bool = False  # JSON answers framed chunked, without Content-Length
     generation_tokens_total: int = 0
     started_at: float = field(default_factory=time.time)  # process_start_time_seconds
 
@@ -127,7 +128,10 @@ class FakeVLLM:
         headers = {"Content-Type": content_type}
         if self.tamper is not None:
             body, headers = self.tamper(body, headers)
-        return web.Response(body=body, headers=headers)
+        response = web.Response(body=body, headers=headers)
+        if self.chunked_answers:
+            response.enable_chunked_encoding()
+        return response
 
     @property
     def fixed(self) -> bool:

@@ -1,5 +1,5 @@
-"""Bounded resources (issue #11): admission for held bodies, body deadlines, and slow
-uploads that must not hold an upstream connection."""
+"""Bounded resources (issue #11): admission for held bodies, body deadlines, slow
+uploads that must not hold an upstream connection, and upstream answers too large to hold."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from urllib.request import urlopen
 import pytest
 
 from proxy.exchanges import BODIES
+from proxy.journal import read_journal
+from proxy.records import UsageRecord
 from proxy.upstream import SESSION
 from tests.conftest import fake_and_proxy
 
@@ -167,3 +169,90 @@ def test_the_c_library_is_looked_up_once(monkeypatch: pytest.MonkeyPatch) -> Non
     finally:
         exchanges._libc.cache_clear()
     assert calls == ["c"]
+
+
+ANSWER_LIMIT = 64 * 1024
+REQUESTS = {"/rerank": json.loads(RERANK), "/v1/embeddings": {"input": "Paris."}}
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+@pytest.mark.parametrize("path", sorted(REQUESTS))
+async def test_an_answer_above_the_limit_is_passed_on_unread(
+    aiohttp_server: Any,
+    aiohttp_client: Any,
+    minilm_path: Path,
+    tmp_path: Path,
+    path: str,
+    chunked: bool,
+) -> None:
+    """Regression: the audited and metered paths read every upstream answer whole into
+    memory, however large. Past --max-answer-bytes the client gets the upstream's bytes
+    unchanged, and the success is recorded ``invalid``: billed nothing, never missing."""
+    fake, client = await fake_and_proxy(
+        aiohttp_server, aiohttp_client, minilm_path, max_answer_bytes=ANSWER_LIMIT
+    )
+    fake.chunked_answers = chunked
+    sent: list[bytes] = []
+
+    def pad(body: bytes, headers: dict[str, str]) -> tuple[bytes, dict[str, str]]:
+        sent.append(body + b" " * (4 * ANSWER_LIMIT))  # still the same JSON document
+        return sent[-1], headers
+
+    fake.tamper = pad
+    resp = await client.post(path, json=REQUESTS[path])
+    assert resp.status == 200
+    assert await resp.read() == sent[0]
+    (line,) = read_journal(tmp_path / "journal.sqlite")
+    record = UsageRecord.from_json(line)
+    assert record.verdict == "invalid"
+    assert record.prompt_tokens_billed is None
+    assert resp.headers["x-usage-record-id"] == record.record_id
+    if path == "/rerank":
+        assert resp.headers["x-usage-verdict"] == "invalid"
+    metrics = await (await client.get("/metrics")).text()
+    assert f'usage_proxy_invalid_usage_total{{endpoint="{path}"}} 1.0' in metrics
+    # Within the limit the same answer is read and billed as usual.
+    fake.tamper = None
+    assert (await client.post(path, json=REQUESTS[path])).status == 200
+    assert UsageRecord.from_json(read_journal(tmp_path / "journal.sqlite")[-1]).verdict != "invalid"
+
+
+async def test_a_large_answer_streams_through_before_it_ends(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path
+) -> None:
+    """Past the limit the proxy holds nothing: the client reads the answer's first bytes
+    while the upstream is still sending it."""
+    from aiohttp import web
+
+    from proxy.app import create_app
+    from proxy.catalog import CATALOG
+    from proxy.settings import Settings
+
+    fake, _ = await fake_and_proxy(aiohttp_server, aiohttp_client, minilm_path)
+    release = asyncio.Event()
+    first = b'{"object": "list", "data": [' + b" " * (2 * ANSWER_LIMIT)
+
+    @web.middleware
+    async def slow_answer(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path != "/v1/embeddings":
+            return await handler(request)  # type: ignore[no-any-return]
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        await response.write(first)
+        await release.wait()
+        await response.write(b'], "usage": {"prompt_tokens": 3, "total_tokens": 3}}')
+        await response.write_eof()
+        return response
+
+    app = fake.app()
+    app.middlewares.append(slow_answer)
+    server = await aiohttp_server(app)
+    settings = Settings(upstream=str(server.make_url("")), max_answer_bytes=ANSWER_LIMIT)
+    client = await aiohttp_client(create_app(settings))
+    assert await client.app[CATALOG].wait_ready(10)
+    resp = await client.post("/v1/embeddings", json=REQUESTS["/v1/embeddings"])
+    assert resp.status == 200
+    assert await asyncio.wait_for(resp.content.readexactly(len(first)), 10) == first
+    release.set()
+    assert (await resp.read()).endswith(b'"total_tokens": 3}}')
