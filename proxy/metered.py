@@ -134,8 +134,12 @@ class MeteredRelay:
         if client_gone:
             log.info("client_disconnected", path=request.path, billed=scanner.usage is not None)
             request.app[METRICS].aborted.labels(request.path).inc()
-        if scanner.usage is not None and 200 <= upstream.status < 300:
+        reading = None
+        if scanner.usage is not None:
             reading = reading_of(scanner.usage)
+        elif scanner.problem is not None:  # usage not read: billed nothing, never missing
+            reading = Reading(None, None, scanner.problem)
+        if reading is not None and 200 <= upstream.status < 300:
             record = self._record(request, prepared, reading, upstream.status, started, client_gone)
             await request.app[METER].record(record)
         if client_gone:

@@ -256,3 +256,53 @@ async def test_a_large_answer_streams_through_before_it_ends(
     assert await asyncio.wait_for(resp.content.readexactly(len(first)), 10) == first
     release.set()
     assert (await resp.read()).endswith(b'"total_tokens": 3}}')
+
+
+async def test_a_stream_event_above_the_bound_is_passed_on_and_recorded_invalid(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """A streamed answer with one event longer than MAX_EVENT_BYTES: the client gets
+    every byte, the proxy holds at most that bound, and the stream (whose usage it no
+    longer reads) is recorded ``invalid`` instead of going unrecorded."""
+    from aiohttp import web
+
+    from proxy.app import create_app
+    from proxy.catalog import CATALOG
+    from proxy.settings import Settings
+    from proxy.sse import MAX_EVENT_BYTES
+
+    fake, _ = await fake_and_proxy(aiohttp_server, aiohttp_client, minilm_path)
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2}}\n\n'
+    events = [
+        b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n',
+        b'data: {"choices":[{"delta":{"content":"' + b"x" * 2 * MAX_EVENT_BYTES + b'"}}]}\n\n',
+        usage,
+        b"data: [DONE]\n\n",
+    ]
+
+    @web.middleware
+    async def giant_event(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path != "/v1/chat/completions":
+            return await handler(request)  # type: ignore[no-any-return]
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for event in events:
+            for i in range(0, len(event), 65536):
+                await response.write(event[i : i + 65536])
+        await response.write_eof()
+        return response
+
+    app = fake.app()
+    app.middlewares.append(giant_event)
+    server = await aiohttp_server(app)
+    client = await aiohttp_client(create_app(Settings(upstream=str(server.make_url("")))))
+    assert await client.app[CATALOG].wait_ready(10)
+    body = {"stream": True, "stream_options": {"include_usage": True}, "messages": []}
+    resp = await client.post("/v1/chat/completions", json=body)
+    assert resp.status == 200
+    assert await resp.read() == b"".join(events)
+    (line,) = read_journal(tmp_path / "journal.sqlite")
+    record = UsageRecord.from_json(line)
+    assert record.verdict == "invalid"
+    assert record.prompt_tokens_billed is None
