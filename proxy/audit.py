@@ -11,7 +11,6 @@ import logging
 import time
 from dataclasses import dataclass
 
-import aiohttp
 import structlog
 from aiohttp import web
 
@@ -39,7 +38,7 @@ from proxy.metering import METER, WHO, Meter
 from proxy.metrics import METRICS, Metrics, upstream_failure
 from proxy.reconcile import Audit, invalid, unaudited
 from proxy.records import OPERATIONS, UsageRecord
-from proxy.relay import pass_on
+from proxy.relay import pass_on_unread
 from proxy.settings import Mode, Settings
 from proxy.tenancy import Attribution
 from proxy.tokenizer import TokenizerPool
@@ -132,7 +131,9 @@ class ScoringAuditor:
                         (time.perf_counter() - sent) * 1000,
                         started,
                     )
-                    return await self._pass_on(request, upstream, payload, outcome)
+                    return await pass_on_unread(
+                        request, upstream, payload, lambda: self._settle(request, outcome)
+                    )
                 status, headers = upstream.status, upstream.headers
         except UpstreamError as exc:
             counting.cancel()
@@ -165,21 +166,6 @@ class ScoringAuditor:
         )
         reply.headers.update(await self._settle(request, outcome))
         return reply
-
-    async def _pass_on(
-        self,
-        request: web.Request,
-        upstream: aiohttp.ClientResponse,
-        head: bytes,
-        outcome: Outcome,
-    ) -> web.StreamResponse:
-        """An answer above --max-answer-bytes is never held: passed on as it arrives,
-        unread; a successful one is recorded ``invalid`` (nothing billed) first."""
-        headers = response_headers(upstream.headers, keep_length=True)
-        if 200 <= upstream.status < 300:
-            log.warning("answer_passed_on_unread", path=request.path, problem=outcome.audit.reason)
-            headers.update(await self._settle(request, outcome))
-        return await pass_on(request, upstream, head, headers)
 
     async def _settle(self, request: web.Request, outcome: Outcome) -> dict[str, str]:
         """Record, log and measure one audited exchange; the headers its answer carries."""

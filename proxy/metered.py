@@ -26,7 +26,7 @@ from proxy.exchanges import (
 from proxy.metering import METER
 from proxy.metrics import METRICS, upstream_failure
 from proxy.records import OPERATIONS, UsageRecord
-from proxy.relay import abort, pass_on
+from proxy.relay import abort, pass_on_unread
 from proxy.sse import UsageScanner
 from proxy.upstream import SESSION, UpstreamError, exchange, response_headers
 from proxy.usage import Reading, read_usage, reading_of
@@ -63,7 +63,13 @@ class MeteredRelay:
                     return await self._stream(request, upstream, prepared, started)
                 payload, whole = await read_answer(upstream, self._limit)
                 if not whole:
-                    return await self._pass_on(request, upstream, payload, prepared, started)
+                    unread = Reading(None, None, too_large(self._limit))
+                    return await pass_on_unread(
+                        request,
+                        upstream,
+                        payload,
+                        lambda: self._settle(request, prepared, unread, upstream.status, started),
+                    )
                 status, headers = upstream.status, upstream.headers
         except UpstreamError as exc:
             return upstream_failure(request, exc)
@@ -79,22 +85,6 @@ class MeteredRelay:
         if reading is not None:
             reply.headers.update(await self._settle(request, prepared, reading, status, started))
         return reply
-
-    async def _pass_on(
-        self,
-        request: web.Request,
-        upstream: aiohttp.ClientResponse,
-        head: bytes,
-        prepared: Prepared,
-        started: float,
-    ) -> web.StreamResponse:
-        """An answer above --max-answer-bytes is never held: passed on as it arrives,
-        unread; a successful one is recorded ``invalid`` (nothing billed) first."""
-        headers = response_headers(upstream.headers, keep_length=True)
-        if 200 <= upstream.status < 300:
-            reading = Reading(None, None, too_large(self._limit))
-            headers.update(await self._settle(request, prepared, reading, upstream.status, started))
-        return await pass_on(request, upstream, head, headers)
 
     async def _settle(
         self,

@@ -5,6 +5,7 @@ Bodies stream both ways; server-sent events reach the client chunk by chunk.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -56,6 +57,22 @@ class Relay:
                 return await pass_on(request, upstream, b"", headers)
         except UpstreamError as exc:
             return upstream_failure(request, exc)
+
+
+async def pass_on_unread(
+    request: web.Request,
+    upstream: aiohttp.ClientResponse,
+    head: bytes,
+    settle: Callable[[], Awaitable[dict[str, str]]],
+) -> web.StreamResponse:
+    """An answer above --max-answer-bytes is never held: it is passed on as it arrives,
+    unread. A successful one is settled first (recorded ``invalid``, nothing billed) and
+    carries the headers ``settle`` returns."""
+    headers = response_headers(upstream.headers, keep_length=True)
+    if 200 <= upstream.status < 300:
+        log.warning("answer_passed_on_unread", path=request.path)
+        headers.update(await settle())
+    return await pass_on(request, upstream, head, headers)
 
 
 async def pass_on(
