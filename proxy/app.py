@@ -173,7 +173,13 @@ def _cancel(loop: asyncio.AbstractEventLoop, tasks: set[asyncio.Task[Any]]) -> N
 async def serve(settings: Settings) -> None:
     """aiohttp's run_app, plus the client connection cap (which run_app cannot take)."""
     app = create_app(settings)
-    runner = web.AppRunner(app, access_log=None, handle_signals=True, shutdown_timeout=30)
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=True,
+        shutdown_timeout=30,
+        keepalive_timeout=settings.keepalive_timeout,  # aiohttp's handler default: 3,630 s
+    )
     await runner.setup()
     assert runner.server is not None
     cap_connections(runner.server, settings.max_connections, app[METRICS])

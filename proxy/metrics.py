@@ -330,7 +330,7 @@ def admin_context(
         for key in shared:
             admin[key] = app[key]
         routes(admin)
-        runner = web.AppRunner(admin, access_log=None)
+        runner = web.AppRunner(admin, access_log=None, keepalive_timeout=settings.keepalive_timeout)
         await runner.setup()
         await web.TCPSite(runner, settings.admin_host, settings.admin_port).start()
         yield

@@ -102,6 +102,13 @@ class Settings(BaseSettings):
         gt=0,
         description="Seconds to receive a whole audited/metered request body; past it, 408.",
     )
+    keepalive_timeout: float = Field(
+        75.0,
+        gt=0,
+        description="Seconds a client connection may stay without a complete request: an "
+        "idle keep-alive connection, or one whose request headers have not all arrived, is "
+        "closed after it (so slow-header clients cannot hold connections).",
+    )
     max_connections: int = Field(
         4096,
         ge=1,

@@ -146,6 +146,46 @@ async def test_connections_beyond_the_cap_get_503_and_are_closed(
         proxy.stop()
 
 
+async def test_idle_and_slow_header_connections_are_closed(
+    fake_upstream: Any, tmp_path: Path
+) -> None:
+    """Regression: the real server kept idle client connections for aiohttp's handler
+    default of 3,630 s (the docs said 75 s), so a client that connected and sent nothing,
+    or trickled its headers, held one of --max-connections for an hour. Now a connection
+    with no complete request within --keepalive-timeout is closed, as is one left idle
+    after its answer."""
+    from scripts.vllm_cpu import start_proxy
+
+    proxy = start_proxy(fake_upstream.url, tmp_path, "--keepalive-timeout", "1", "--journal", "off")
+    await asyncio.to_thread(proxy.wait_ready, "/readyz", 60)
+    port = int(proxy.url.rsplit(":", 1)[1])
+
+    async def closed_within(reader: asyncio.StreamReader, seconds: float) -> bytes:
+        return await asyncio.wait_for(reader.read(), seconds)  # b"" once closed
+
+    try:
+        silent, silent_w = await asyncio.open_connection("127.0.0.1", port)
+        slow, slow_w = await asyncio.open_connection("127.0.0.1", port)
+        used, used_w = await asyncio.open_connection("127.0.0.1", port)
+        slow_w.write(b"POST /rerank HTTP/1.1\r\nHost: x\r\n")
+        used_w.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+
+        async def trickle() -> None:
+            for _ in range(20):  # one header byte every 0.2 s, never the blank line
+                await asyncio.sleep(0.2)
+                slow_w.write(b"X")
+
+        feeding = asyncio.create_task(trickle())
+        assert await closed_within(silent, 5) == b""
+        assert await closed_within(slow, 5) == b""
+        assert (await closed_within(used, 5)).startswith(b"HTTP/1.1 200")
+        feeding.cancel()
+        for w in (silent_w, slow_w, used_w):
+            w.close()
+    finally:
+        proxy.stop()
+
+
 def test_the_c_library_is_looked_up_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """Regression: every trim after a large body ran ctypes.util.find_library (it spawns
     ldconfig, about 2 ms) on the event loop; the lookup now happens once."""
