@@ -5,10 +5,18 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from proxy.usage import annotate_usage, find_usage, rewrite_usage
+from proxy.usage import (
+    Reading,
+    annotate_usage,
+    find_usage,
+    is_error_body,
+    read_usage,
+    reading_of,
+    rewrite_usage,
+)
 
 RERANK = (
     b'{"id":"score-1","model":"m","usage":{"prompt_tokens":57,"total_tokens":57},'
@@ -164,3 +172,64 @@ def test_repeated_usage_after_results_is_seen() -> None:
     assert view is not None
     assert view.problem is not None
     assert view.reported is None
+
+
+def _as_a_client_reads_it(payload: bytes) -> Reading | None:
+    """The oracle: the usage a Python client reading the answer with ``json.loads`` sees."""
+    try:
+        parsed = json.loads(payload)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(parsed, dict) or is_error_body(parsed):
+        return None
+    usage = parsed.get("usage")
+    return reading_of(usage) if isinstance(usage, dict) else None
+
+
+_COUNTS = st.one_of(
+    st.integers(-5, 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=5),
+)
+_USAGE = st.dictionaries(
+    st.sampled_from(["prompt_tokens", "completion_tokens", "total_tokens"]), _COUNTS
+)
+_VALUES = st.one_of(
+    _USAGE,
+    _COUNTS,
+    st.sampled_from(["error", "list", "chat.completion"]),
+    st.lists(st.floats(allow_nan=False), max_size=5),
+)
+_MEMBERS = st.lists(
+    st.tuples(st.sampled_from(["usage", "error", "object", "data", "id"]), _VALUES), max_size=6
+)
+
+
+@settings(max_examples=300)
+@given(_MEMBERS, st.sampled_from(["object", "bom", "list", "surrogate", "usage surrogate", "cut"]))
+@example([("usage", {"prompt_tokens": 3})], "bom")
+@example([("data", [0.5]), ("usage", {"prompt_tokens": 3})], "surrogate")
+@example([("data", [0.5])], "usage surrogate")
+@example([("usage", {"prompt_tokens": 3}), ("usage", {"prompt_tokens": 9})], "object")
+def test_metered_usage_is_read_as_a_client_reads_it(
+    members: list[tuple[str, object]], form: str
+) -> None:
+    """Property: ``read_usage`` (pydantic-core reading only the deciding members) gives
+    what ``json.loads`` gives, for repeated members, NaN, huge integers, non-objects, a
+    byte-order mark, a lone surrogate escape and truncated JSON alike."""
+    text = "{" + ",".join(f"{json.dumps(k)}:{json.dumps(v)}" for k, v in members) + "}"
+    if form == "list":
+        text = f"[{text}]"
+    elif form == "surrogate":  # in a member the proxy does not read
+        text = text[:-1] + ("," if members else "") + '"note":"\\ud800"}'
+    elif form == "usage surrogate":  # in the usage it reads
+        usage = '"usage":{"prompt_tokens":3,"note":"\\ud800"}'
+        text = text[:-1] + ("," if members else "") + usage + "}"
+    elif form == "cut":
+        text = text[: len(text) // 2]
+    payload = text.encode()
+    if form == "bom":
+        payload = b"\xef\xbb\xbf" + payload
+    assert read_usage(payload) == _as_a_client_reads_it(payload)
