@@ -72,9 +72,14 @@ async def fake_and_proxy(
     fake_class: Any = None,
     version: str = "0.29.0",
     family: str = "bi-encoder",
+    middlewares: tuple[Any, ...] = (),
+    upstream_host: str = "127.0.0.1",
     **options: Any,
 ) -> tuple[Any, Any]:
-    """A fake vLLM (real MiniLM tokenizer) and the proxy in front of it, discovery done."""
+    """A fake vLLM (real MiniLM tokenizer) and the proxy in front of it, discovery done.
+
+    ``middlewares`` go on the fake's app (faults beyond ``tamper``: streamed or endless
+    answers, cookies); ``upstream_host`` is the name the proxy is given for it."""
     from transformers import AutoTokenizer
 
     from proxy.app import create_app
@@ -84,10 +89,11 @@ async def fake_and_proxy(
 
     tokenizer = AutoTokenizer.from_pretrained(str(_minilm_dir()))
     fake = (fake_class or FakeVLLM)(tokenizer, root, version=version, family=family)
-    server = await aiohttp_server(fake.app())
-    client = await aiohttp_client(
-        create_app(Settings(upstream=str(server.make_url("")), **options))
-    )
+    app = fake.app()
+    app.middlewares.extend(middlewares)
+    server = await aiohttp_server(app)
+    upstream = str(server.make_url("")).replace("127.0.0.1", upstream_host)
+    client = await aiohttp_client(create_app(Settings(upstream=upstream, **options)))
     assert await client.app[CATALOG].wait_ready(10)
     return fake, client
 

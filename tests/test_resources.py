@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 from urllib.request import urlopen
@@ -257,40 +258,47 @@ async def test_an_answer_above_the_limit_is_passed_on_unread(
     assert UsageRecord.from_json(read_journal(tmp_path / "journal.sqlite")[-1]).verdict != "invalid"
 
 
+def streamed_answer(path: str, content_type: str, parts: Callable[[], AsyncIterator[bytes]]) -> Any:
+    """A middleware for the fake vLLM: ``path`` is answered 200 with ``parts()`` written
+    one by one as they come (other paths as usual)."""
+    from aiohttp import web
+
+    @web.middleware
+    async def answer(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path != path:
+            return await handler(request)  # type: ignore[no-any-return]
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": content_type})
+        await response.prepare(request)
+        async for part in parts():
+            await response.write(part)
+        await response.write_eof()
+        return response
+
+    return answer
+
+
 async def test_a_large_answer_streams_through_before_it_ends(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path
 ) -> None:
     """Past the limit the proxy holds nothing: the client reads the answer's first bytes
     while the upstream is still sending it."""
-    from aiohttp import web
-
-    from proxy.app import create_app
-    from proxy.catalog import CATALOG
-    from proxy.settings import Settings
-
-    fake, _ = await fake_and_proxy(aiohttp_server, aiohttp_client, minilm_path)
     release = asyncio.Event()
     first = b'{"object": "list", "data": [' + b" " * (2 * ANSWER_LIMIT)
 
-    @web.middleware
-    async def slow_answer(request: web.Request, handler: Any) -> web.StreamResponse:
-        if request.path != "/v1/embeddings":
-            return await handler(request)  # type: ignore[no-any-return]
-        await request.read()
-        response = web.StreamResponse(headers={"Content-Type": "application/json"})
-        await response.prepare(request)
-        await response.write(first)
+    async def parts() -> AsyncIterator[bytes]:
+        yield first
         await release.wait()
-        await response.write(b'], "usage": {"prompt_tokens": 3, "total_tokens": 3}}')
-        await response.write_eof()
-        return response
+        yield b'], "usage": {"prompt_tokens": 3, "total_tokens": 3}}'
 
-    app = fake.app()
-    app.middlewares.append(slow_answer)
-    server = await aiohttp_server(app)
-    settings = Settings(upstream=str(server.make_url("")), max_answer_bytes=ANSWER_LIMIT)
-    client = await aiohttp_client(create_app(settings))
-    assert await client.app[CATALOG].wait_ready(10)
+    slow = streamed_answer("/v1/embeddings", "application/json", parts)
+    _, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        middlewares=(slow,),
+        max_answer_bytes=ANSWER_LIMIT,
+    )
     resp = await client.post("/v1/embeddings", json=REQUESTS["/v1/embeddings"])
     assert resp.status == 200
     assert await asyncio.wait_for(resp.content.readexactly(len(first)), 10) == first
@@ -304,14 +312,8 @@ async def test_a_stream_event_above_the_bound_is_passed_on_and_recorded_invalid(
     """A streamed answer with one event longer than MAX_EVENT_BYTES: the client gets
     every byte, the proxy holds at most that bound, and the stream (whose usage it no
     longer reads) is recorded ``invalid`` instead of going unrecorded."""
-    from aiohttp import web
-
-    from proxy.app import create_app
-    from proxy.catalog import CATALOG
-    from proxy.settings import Settings
     from proxy.sse import MAX_EVENT_BYTES
 
-    fake, _ = await fake_and_proxy(aiohttp_server, aiohttp_client, minilm_path)
     usage = b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2}}\n\n'
     events = [
         b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n',
@@ -320,24 +322,15 @@ async def test_a_stream_event_above_the_bound_is_passed_on_and_recorded_invalid(
         b"data: [DONE]\n\n",
     ]
 
-    @web.middleware
-    async def giant_event(request: web.Request, handler: Any) -> web.StreamResponse:
-        if request.path != "/v1/chat/completions":
-            return await handler(request)  # type: ignore[no-any-return]
-        await request.read()
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
+    async def parts() -> AsyncIterator[bytes]:
         for event in events:
             for i in range(0, len(event), 65536):
-                await response.write(event[i : i + 65536])
-        await response.write_eof()
-        return response
+                yield event[i : i + 65536]
 
-    app = fake.app()
-    app.middlewares.append(giant_event)
-    server = await aiohttp_server(app)
-    client = await aiohttp_client(create_app(Settings(upstream=str(server.make_url("")))))
-    assert await client.app[CATALOG].wait_ready(10)
+    giant = streamed_answer("/v1/chat/completions", "text/event-stream", parts)
+    _, client = await fake_and_proxy(
+        aiohttp_server, aiohttp_client, minilm_path, middlewares=(giant,)
+    )
     body = {"stream": True, "stream_options": {"include_usage": True}, "messages": []}
     resp = await client.post("/v1/chat/completions", json=body)
     assert resp.status == 200

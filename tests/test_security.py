@@ -150,12 +150,6 @@ async def test_upstream_cookies_are_never_kept_for_other_clients(
     host name, as in a deployment (aiohttp keeps no cookies for bare IP addresses)."""
     from aiohttp import web
 
-    from proxy.app import create_app
-    from proxy.catalog import CATALOG
-    from proxy.settings import Settings
-    from tests.fakevllm import FakeVLLM
-
-    fake, _ = await fake_and_proxy(aiohttp_server, aiohttp_client, minilm_path)
     seen: list[str | None] = []
 
     @web.middleware
@@ -165,12 +159,13 @@ async def test_upstream_cookies_are_never_kept_for_other_clients(
         response.set_cookie("lb", f"backend-for-{request.headers.get('X-Who')}")
         return response
 
-    app = FakeVLLM.app(fake)
-    app.middlewares.append(sticky)
-    server = await aiohttp_server(app)
-    upstream = str(server.make_url("")).replace("127.0.0.1", "localhost")
-    client = await aiohttp_client(create_app(Settings(upstream=upstream)))
-    assert await client.app[CATALOG].wait_ready(10)
+    _, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        middlewares=(sticky,),
+        upstream_host="localhost",
+    )
     for path, send in (("/rerank", client.post), ("/v1/models", client.get)):
         for who in ("tenant-a", "tenant-b"):
             client.session.cookie_jar.clear()  # each request as from a client of its own

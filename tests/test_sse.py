@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -13,16 +14,19 @@ DONE = b"data: [DONE]\n\n"
 STREAM = CHUNK + CHUNK + USAGE + DONE
 
 
-@given(st.lists(st.integers(1, 40), max_size=20))
-def test_any_chunking_gives_the_same_events(cuts: list[int]) -> None:
-    """Property: however the bytes are split, the output and the usage are the same."""
+@pytest.mark.parametrize("newline", [b"\n", b"\r\n"], ids=["lf", "crlf"])
+@given(cuts=st.lists(st.integers(1, 40), max_size=30))
+def test_any_chunking_gives_the_same_events(newline: bytes, cuts: list[int]) -> None:
+    """Property: however the bytes are split, the output and the usage are the same
+    (a ``\r\n\r\n`` separator split over up to four feeds included)."""
+    stream = STREAM.replace(b"\n", newline)
     scanner = UsageScanner(strip=True)
     out, i = b"", 0
     for size in cuts:
-        out += scanner.feed(STREAM[i : i + size])
+        out += scanner.feed(stream[i : i + size])
         i += size
-    out += scanner.feed(STREAM[i:]) + scanner.finish() + scanner.held
-    assert out == CHUNK + CHUNK + DONE
+    out += scanner.feed(stream[i:]) + scanner.finish() + scanner.held
+    assert out == (CHUNK + CHUNK + DONE).replace(b"\n", newline)
     assert scanner.usage == {"prompt_tokens": 5, "completion_tokens": 2}
 
 
@@ -31,23 +35,6 @@ def test_usage_kept_when_client_asked() -> None:
     scanner = UsageScanner(strip=False)
     assert scanner.feed(STREAM) == CHUNK + CHUNK + USAGE
     assert scanner.held == DONE
-
-
-CRLF_STREAM = STREAM.replace(b"\n", b"\r\n")
-
-
-@given(st.lists(st.integers(1, 40), max_size=30))
-def test_any_chunking_of_crlf_events_gives_the_same_events(cuts: list[int]) -> None:
-    """Property: separators split across chunks (``\\r\\n\\r\\n`` over up to four feeds)
-    are found as in one piece."""
-    scanner = UsageScanner(strip=True)
-    out, i = b"", 0
-    for size in cuts:
-        out += scanner.feed(CRLF_STREAM[i : i + size])
-        i += size
-    out += scanner.feed(CRLF_STREAM[i:]) + scanner.finish() + scanner.held
-    assert out == (CHUNK + CHUNK + DONE).replace(b"\n", b"\r\n")
-    assert scanner.usage == {"prompt_tokens": 5, "completion_tokens": 2}
 
 
 def test_an_endless_event_is_passed_on_unread_and_never_held() -> None:
