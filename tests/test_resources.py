@@ -4,6 +4,7 @@ uploads that must not hold an upstream connection, and upstream answers too larg
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -339,3 +340,66 @@ async def test_a_stream_event_above_the_bound_is_passed_on_and_recorded_invalid(
     record = UsageRecord.from_json(line)
     assert record.verdict == "invalid"
     assert record.prompt_tokens_billed is None
+
+
+@pytest.mark.parametrize("large", [False, True], ids=["small", "large"])
+async def test_json_work_on_large_bodies_runs_off_the_event_loop(
+    aiohttp_server: Any,
+    aiohttp_client: Any,
+    minilm_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    large: bool,
+) -> None:
+    """docs/reliability.md's event-loop guarantee: parsing a metered request, reading a
+    metered answer's usage and finding a scoring answer's usage run in a worker thread for
+    bodies of 64 KiB and more (inline below, where a hop costs more than the work), and
+    decompressing an answer always does."""
+    import threading
+
+    import proxy.audit
+    import proxy.exchanges
+    import proxy.metered
+
+    on_loop: dict[str, list[bool]] = {}
+
+    def spy(module: Any, name: str) -> None:
+        original = getattr(module, name)
+
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            on_loop.setdefault(name, []).append(
+                threading.current_thread() is threading.main_thread()
+            )
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, recorded)
+
+    for module, name in (
+        (proxy.metered, "prepare"),
+        (proxy.metered, "read_usage"),
+        (proxy.audit, "find_usage"),
+        (proxy.exchanges, "decode_body"),
+    ):
+        spy(module, name)
+    fake, client = await fake_and_proxy(aiohttp_server, aiohttp_client, minilm_path)
+    padding = b" " * (100 * 1024 if large else 10)
+
+    def pad(body: bytes, headers: dict[str, str]) -> tuple[bytes, dict[str, str]]:
+        return body + padding, headers  # the same JSON document, as long as asked
+
+    fake.tamper = pad
+    text = "word " * (20_000 if large else 2)
+    assert (await client.post("/v1/embeddings", json={"input": text})).status == 200
+    assert (await client.post("/rerank", json=json.loads(RERANK))).status == 200
+
+    def gzipped(body: bytes, headers: dict[str, str]) -> tuple[bytes, dict[str, str]]:
+        return gzip.compress(body), {**headers, "Content-Encoding": "gzip"}
+
+    fake.tamper = gzipped
+    assert (await client.post("/v1/embeddings", json={"input": "word"})).status == 200
+    expected_on_loop = not large
+    assert on_loop.pop("decode_body") == [False]
+    assert on_loop == {
+        "prepare": [expected_on_loop, True],
+        "read_usage": [expected_on_loop, True],
+        "find_usage": [expected_on_loop],
+    }
