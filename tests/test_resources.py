@@ -17,7 +17,7 @@ from proxy.exchanges import BODIES
 from proxy.journal import read_journal
 from proxy.records import UsageRecord
 from proxy.upstream import SESSION
-from tests.conftest import fake_and_proxy
+from tests.conftest import eventually, fake_and_proxy
 
 RERANK = json.dumps({"query": "What is the capital of France?", "documents": ["Paris."]})
 
@@ -403,3 +403,34 @@ async def test_json_work_on_large_bodies_runs_off_the_event_loop(
         "read_usage": [expected_on_loop, True],
         "find_usage": [expected_on_loop],
     }
+
+
+# aiohttp's hint for a large bytes body (in the test client, and in the proxy's upstream
+# request, which sends the body it holds): a copy on the event loop, not a fault.
+@pytest.mark.filterwarnings("ignore:Sending a large body directly:ResourceWarning")
+async def test_freed_memory_is_given_back_after_a_large_body(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/reliability.md's memory guarantee: once no body is held any more after one of
+    8 MiB or more, the heap's free pages are handed back (``malloc_trim``, in a worker
+    thread); smaller bodies never pay for it."""
+    import proxy.exchanges
+
+    trims: list[int] = []
+    monkeypatch.setattr(proxy.exchanges, "_malloc_trim", lambda: trims.append)
+    _, client = await fake_and_proxy(aiohttp_server, aiohttp_client, minilm_path)
+
+    async def chat(size: int) -> None:
+        body = {"messages": [{"role": "user", "content": "x" * size}]}
+        assert (await client.post("/v1/chat/completions", json=body)).status == 200
+
+    await chat(1024)
+    await asyncio.sleep(0.2)
+    assert trims == []
+    await chat(proxy.exchanges.TRIM_AFTER_BYTES)
+
+    async def trimmed() -> bool:
+        return trims == [0]
+
+    await eventually(trimmed)
+    assert client.app[BODIES].held == 0
