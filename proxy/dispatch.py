@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
-from proxy.jsonio import loads
+from proxy.jsonio import loads, top_members
 from proxy.records import OPERATIONS
 from proxy.shapes import parse_rerank, parse_score
 from proxy.types import Family
@@ -83,20 +83,38 @@ def invocation_operation(payload: Any, task: str | None) -> str:
     return "pooling" if task not in ("generate", None) else "other"
 
 
+class _Head(BaseModel):
+    """The members of a request to a direct endpoint that decide how it is forwarded and
+    recorded (the rest, inputs or messages, is not read)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: Any = None
+    stream: Any = None
+    stream_options: Any = None
+
+
+def _whole(body: bytes) -> dict[str, Any] | None:
+    try:
+        payload = loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
 def prepare(
     path: str, body: bytes, task_of: Callable[[str | None], str | None] = lambda _: None
 ) -> Prepared:
     """Read one metered request; for a stream that did not ask for
     ``stream_options.include_usage``, the body to send asks for it (the proxy then hides
-    that chunk from the client)."""
-    try:
-        payload: Any = loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return Prepared(body, OPERATIONS.get(path, "other"), None)
-    if not isinstance(payload, dict):
-        return Prepared(body, OPERATIONS.get(path, "other"), None)
+    that chunk from the client). A direct endpoint's request is read for its deciding
+    members only; ``/invocations`` is dispatched by its whole body."""
+    direct = OPERATIONS.get(path)
+    payload = top_members(body, _Head) if direct else _whole(body)
+    if payload is None:
+        return Prepared(body, direct or "other", None)
     model = payload.get("model") if isinstance(payload.get("model"), str) else None
-    operation = OPERATIONS.get(path) or invocation_operation(payload, task_of(model))
+    operation = direct or invocation_operation(payload, task_of(model))
     if operation not in STREAMING_OPERATIONS or not lax_bool(payload.get("stream")):
         return Prepared(body, operation, model)
     options = payload.get("stream_options")
@@ -104,5 +122,8 @@ def prepare(
         return Prepared(body, operation, model, streamed=True)
     options = dict(options) if isinstance(options, dict) else {}
     options["include_usage"] = True
-    sent = json.dumps({**payload, "stream_options": options}).encode()
+    whole = _whole(body) if direct else payload
+    if whole is None:  # cannot happen: its members were read, so it is an object
+        return Prepared(body, operation, model)
+    sent = json.dumps({**whole, "stream_options": options}).encode()
     return Prepared(sent, operation, model, streamed=True, strip_usage=True)

@@ -6,8 +6,19 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
-from proxy.dispatch import invocation_operation, lax_bool, model_task, prepare
+from proxy.dispatch import (
+    STREAMING_OPERATIONS,
+    Prepared,
+    invocation_operation,
+    lax_bool,
+    model_task,
+    prepare,
+)
+from proxy.records import OPERATIONS
+from proxy.shapes import INVOCATIONS_PATH
 from proxy.types import Family
 
 
@@ -115,3 +126,73 @@ def test_model_task_by_family() -> None:
     assert model_task(Family.LATE_INTERACTION, generates=False) == "token_embed"
     assert model_task(None, generates=True) == "generate"
     assert model_task(None, generates=False) is None
+
+
+def _as_before(path: str, body: bytes) -> Prepared:
+    """The oracle: the decision taken on the whole body as ``json.loads`` reads it."""
+    direct = OPERATIONS.get(path)
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        payload = None
+    if not isinstance(payload, dict):
+        return Prepared(body, direct or "other", None)
+    model = payload.get("model") if isinstance(payload.get("model"), str) else None
+    operation = direct or invocation_operation(payload, None)
+    if operation not in STREAMING_OPERATIONS or not lax_bool(payload.get("stream")):
+        return Prepared(body, operation, model)
+    options = payload.get("stream_options")
+    if isinstance(options, dict) and lax_bool(options.get("include_usage")):
+        return Prepared(body, operation, model, streamed=True)
+    options = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+    sent = json.dumps({**payload, "stream_options": options}).encode()
+    return Prepared(sent, operation, model, streamed=True, strip_usage=True)
+
+
+_LAX = st.sampled_from([True, False, "true", "false", 1, 0, "yes", None, "maybe", [], {}])
+_FIELD_VALUES = st.one_of(
+    _LAX,
+    st.text(max_size=4),
+    st.dictionaries(st.sampled_from(["include_usage", "x"]), _LAX, max_size=2),
+    st.lists(st.text(max_size=3), max_size=3),
+)
+_FIELDS = st.lists(
+    st.tuples(
+        st.sampled_from(["model", "stream", "stream_options", "messages", "prompt", "input"]),
+        _FIELD_VALUES,
+    ),
+    max_size=6,
+)
+
+
+@settings(max_examples=300)
+@given(
+    path=st.sampled_from(
+        ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", INVOCATIONS_PATH]
+    ),
+    fields=_FIELDS,
+    form=st.sampled_from(["object", "bom", "list", "surrogate", "bad utf-8", "cut"]),
+)
+@example("/v1/chat/completions", [("stream", True), ("messages", ["a"])], "bom")
+@example("/v1/chat/completions", [("stream", True), ("messages", ["a"])], "surrogate")
+@example("/v1/chat/completions", [("stream", True), ("stream", False)], "object")
+@example("/v1/chat/completions", [("model", "m"), ("stream", "1")], "bad utf-8")
+def test_requests_are_read_as_from_the_whole_body(
+    path: str, fields: list[tuple[str, Any]], form: str
+) -> None:
+    """Property: reading a direct endpoint's request for its deciding members only gives
+    the decision and the body to send that the whole body, read by ``json.loads``, gives
+    (repeated members, lax booleans, a BOM, lone surrogates, invalid UTF-8, truncation)."""
+    text = "{" + ",".join(f"{json.dumps(k)}:{json.dumps(v)}" for k, v in fields) + "}"
+    if form == "list":
+        text = f"[{text}]"
+    elif form == "surrogate":
+        text = text[:-1] + ("," if fields else "") + '"note":"\\ud800"}'
+    elif form == "cut":
+        text = text[: len(text) // 2]
+    body = text.encode()
+    if form == "bom":
+        body = b"\xef\xbb\xbf" + body
+    elif form == "bad utf-8":
+        body = body[:-1] + (b"," if fields else b"") + b'"note":"\xff"}'
+    assert prepare(path, body) == _as_before(path, body)
