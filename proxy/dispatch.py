@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
-from proxy.jsonio import loads, top_members
+from proxy.jsonio import load_object, top_members
 from proxy.records import OPERATIONS
 from proxy.shapes import parse_rerank, parse_score
 from proxy.types import Family
@@ -94,14 +94,6 @@ class _Head(BaseModel):
     stream_options: Any = None
 
 
-def _whole(body: bytes) -> dict[str, Any] | None:
-    try:
-        payload = loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return None
-    return payload if isinstance(payload, dict) else None
-
-
 def prepare(
     path: str, body: bytes, task_of: Callable[[str | None], str | None] = lambda _: None
 ) -> Prepared:
@@ -110,7 +102,7 @@ def prepare(
     that chunk from the client). A direct endpoint's request is read for its deciding
     members only; ``/invocations`` is dispatched by its whole body."""
     direct = OPERATIONS.get(path)
-    payload = top_members(body, _Head) if direct else _whole(body)
+    payload = top_members(body, _Head) if direct else load_object(body)
     if payload is None:
         return Prepared(body, direct or "other", None)
     model = payload.get("model") if isinstance(payload.get("model"), str) else None
@@ -122,7 +114,7 @@ def prepare(
         return Prepared(body, operation, model, streamed=True)
     options = dict(options) if isinstance(options, dict) else {}
     options["include_usage"] = True
-    whole = _whole(body) if direct else payload
+    whole = load_object(body) if direct else payload
     if whole is None:  # cannot happen: its members were read, so it is an object
         return Prepared(body, operation, model)
     sent = json.dumps({**whole, "stream_options": options}).encode()

@@ -43,10 +43,17 @@ def top_members(data: bytes, members: type[BaseModel]) -> dict[str, Any] | None:
             return None  # valid JSON, but not an object
     else:
         return {name: getattr(found, name) for name in found.model_fields_set}
+    parsed = load_object(data)
+    if parsed is None:
+        return None
+    return {name: parsed[name] for name in members.model_fields if name in parsed}
+
+
+def load_object(data: bytes) -> dict[str, Any] | None:
+    """``data`` parsed by ``loads`` when it is a JSON object, else None (not JSON,
+    not UTF-8, nested too deep, or another JSON value)."""
     try:
         parsed = loads(data)
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
-    if not isinstance(parsed, dict):
-        return None
-    return {name: parsed[name] for name in members.model_fields if name in parsed}
+    return parsed if isinstance(parsed, dict) else None

@@ -25,7 +25,7 @@ from proxy.exchanges import (
 )
 from proxy.metering import METER
 from proxy.metrics import METRICS, upstream_failure
-from proxy.records import OPERATIONS, UsageRecord
+from proxy.records import OPERATIONS
 from proxy.relay import abort, pass_on_unread
 from proxy.sse import UsageScanner
 from proxy.upstream import SESSION, UpstreamError, exchange, response_headers
@@ -86,19 +86,6 @@ class MeteredRelay:
             reply.headers.update(await self._settle(request, prepared, reading, status, started))
         return reply
 
-    async def _settle(
-        self,
-        request: web.Request,
-        prepared: Prepared,
-        reading: Reading,
-        status: int,
-        started: float,
-    ) -> dict[str, str]:
-        """Record one metered exchange; the headers its answer carries."""
-        record = self._record(request, prepared, reading, status, started)
-        journaled = await request.app[METER].record(record)
-        return request.app[METER].headers(record, journaled)
-
     async def _stream(
         self, request: web.Request, upstream: Any, prepared: Prepared, started: float
     ) -> web.StreamResponse:
@@ -130,15 +117,14 @@ class MeteredRelay:
         elif scanner.problem is not None:  # usage not read: billed nothing, never missing
             reading = Reading(None, None, scanner.problem)
         if reading is not None and 200 <= upstream.status < 300:
-            record = self._record(request, prepared, reading, upstream.status, started, client_gone)
-            await request.app[METER].record(record)
+            await self._settle(request, prepared, reading, upstream.status, started, client_gone)
         if client_gone:
             return reply
         if await _send(reply, tail + scanner.held):
             await reply.write_eof()
         return reply
 
-    def _record(
+    async def _settle(
         self,
         request: web.Request,
         prepared: Prepared,
@@ -146,7 +132,8 @@ class MeteredRelay:
         status: int,
         started: float,
         aborted: bool = False,
-    ) -> UsageRecord:
+    ) -> dict[str, str]:
+        """Record and journal one metered exchange; the headers its answer carries."""
         model = request.app[CATALOG].model_name(prepared.model)
         metrics = request.app[METRICS]
         if reading.problem:
@@ -155,7 +142,8 @@ class MeteredRelay:
         metrics.token_usage(
             prepared.operation, model or "unknown", reading.prompt, reading.completion
         )
-        return request.app[METER].new_record(
+        meter = request.app[METER]
+        record = meter.new_record(
             request,
             prepared.operation,
             model=model,
@@ -169,6 +157,8 @@ class MeteredRelay:
             aborted=aborted,
             latency_ms=round((time.perf_counter() - started) * 1000, 3),
         )
+        journaled = await meter.record(record)
+        return meter.headers(record, journaled)
 
 
 async def _send(reply: web.StreamResponse, data: bytes) -> bool:
