@@ -8,7 +8,7 @@ import gc
 import json
 import resource
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -34,6 +34,7 @@ from proxy.upstream import error_response, session_context
 log = structlog.get_logger("proxy.app")
 
 POOL = web.AppKey("tokenizer_pool", TokenizerPool)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def pool_context(pool: TokenizerPool) -> Callable[[web.Application], AsyncIterator[None]]:
@@ -114,15 +115,31 @@ def create_app(
         app.router.add_get("/metrics", serve_metrics)
     app.cleanup_ctx.append(admin_context(settings, _admin_routes, shared=(CATALOG, METER)))
     auditor = ScoringAuditor(settings, catalog, pool)
-    for path in sorted(SCORE_PATHS | RERANK_PATHS):
-        app.router.add_post(path, auditor.handle)
     metered = MeteredRelay(settings.upstream_base, settings.max_answer_bytes)
-    for path in sorted(METERED_PATHS):
-        app.router.add_post(path, metered.handle)
-    app.router.add_post(INVOCATIONS_PATH, Invocations(auditor, metered, catalog).handle)
+    posted: dict[str, Handler] = {path: auditor.handle for path in SCORE_PATHS | RERANK_PATHS}
+    posted |= {path: metered.handle for path in METERED_PATHS}
+    posted[INVOCATIONS_PATH] = Invocations(auditor, metered, catalog).handle
+    for path in sorted(posted):
+        app.router.add_post(path, posted[path])
     relay = Relay(settings.upstream_base, settings.body_read_timeout)
-    app.router.add_route("*", "/{tail:.*}", relay.handle)
+    app.router.add_route("*", "/{tail:.*}", as_vllm_routes(posted, relay.handle))
     return app
+
+
+def as_vllm_routes(posted: dict[str, Handler], relay: Handler) -> Handler:
+    """The catch-all route: a POST whose decoded path is audited or metered goes to that
+    path's handler, anything else to the relay.
+
+    aiohttp's router matches paths with an encoded slash (``%2F``) still encoded, while
+    vLLM's server (uvicorn, then Starlette) decodes it first: ``POST /v1%2Frerank`` is
+    vLLM's rerank endpoint, and relayed as is it would be served with no record at all.
+    The upstream still gets the request target unchanged."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        handler = posted.get(request.path) if request.method == "POST" else None
+        return await (handler or relay)(request)
+
+    return handle
 
 
 def raise_open_files_limit() -> None:

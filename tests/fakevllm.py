@@ -143,14 +143,25 @@ class FakeVLLM:
         app.router.add_get("/version", self.handle_version)
         app.router.add_get("/v1/models", self.handle_models)
         app.router.add_get("/health", self.handle_health)
-        for path in (*SCORE_PATHS, *RERANK_PATHS):
-            app.router.add_post(path, self.handle_scoring)
-        app.router.add_post("/invocations", self.handle_invocations)
-        app.router.add_post("/v1/embeddings", self.handle_embeddings)
-        app.router.add_post("/v1/chat/completions", self.handle_chat)
+        posted = {path: self.handle_scoring for path in (*SCORE_PATHS, *RERANK_PATHS)}
+        posted["/invocations"] = self.handle_invocations
+        posted["/v1/embeddings"] = self.handle_embeddings
+        posted["/v1/chat/completions"] = self.handle_chat
+        for path, handler in posted.items():
+            app.router.add_post(path, handler)
         app.router.add_route("*", "/echo/{tail:.*}", self.handle_echo)
         app.router.add_get("/fake/prompt_tokens_total", self.handle_counter)
         app.router.add_get("/metrics", self.handle_metrics)
+
+        async def decoded(request: web.Request) -> web.StreamResponse:
+            """vLLM's server routes the percent-decoded path, ``%2F`` included (checked
+            against uvicorn 0.54 and Starlette 1.10): ``POST /v1%2Frerank`` is a rerank."""
+            handler = posted.get(request.path) if request.method == "POST" else None
+            if handler is None:
+                raise web.HTTPNotFound()
+            return await handler(request)
+
+        app.router.add_route("*", "/{tail:.*}", decoded)
         return app
 
     async def handle_version(self, request: web.Request) -> web.Response:

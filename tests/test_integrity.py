@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
+from yarl import URL
 
 from proxy.catalog import CATALOG
 from proxy.journal import read_journal
@@ -291,6 +293,53 @@ async def test_invocations_are_labelled_like_the_direct_endpoints(
         ("score", "minilm", "corrected", 36),
         ("embeddings", "minilm", "reported", 7),
     ]
+
+
+@pytest.mark.parametrize(
+    ("target", "operation", "verdict", "billed"),
+    [
+        ("/v1%2Frerank", "rerank", "corrected", 36),
+        ("/v2%2frerank", "rerank", "corrected", 36),
+        ("/v1%2Fscore", "score", "corrected", 36),
+        ("/v1%2Fembeddings", "embeddings", "reported", 7),
+    ],
+)
+async def test_encoded_slashes_are_routed_as_vllm_routes_them(
+    aiohttp_server: Any,
+    aiohttp_client: Any,
+    minilm_path: Path,
+    tmp_path: Path,
+    target: str,
+    operation: str,
+    verdict: str,
+    billed: int,
+) -> None:
+    """Regression: vLLM's server decodes ``%2F`` before routing, aiohttp's router does
+    not; ``POST /v1%2Frerank`` was relayed, served by vLLM and never recorded (free)."""
+    seen: list[str] = []
+
+    @web.middleware
+    async def targets(request: web.Request, handler: Any) -> web.StreamResponse:
+        seen.append(request.raw_path)
+        return await handler(request)  # type: ignore[no-any-return]
+
+    _, client = await fake_and_proxy(
+        aiohttp_server, aiohttp_client, minilm_path, middlewares=(targets,)
+    )
+    body = {
+        "rerank": RERANK,
+        "score": {"text_1": QUERY, "text_2": DOCS},
+        "embeddings": {"input": ["hello world", "bye"]},
+    }[operation]
+    resp = await client.post(URL(target, encoded=True), json=body)
+    assert resp.status == 200
+    (record,) = records(tmp_path / "journal.sqlite")
+    assert (record.operation, record.verdict, record.prompt_tokens_billed) == (
+        operation,
+        verdict,
+        billed,
+    )
+    assert seen[-1].upper() == target.upper()  # forwarded unchanged (%2f and %2F are one)
 
 
 # --- 7. the default model ---------------------------------------------------------------

@@ -30,6 +30,9 @@ EXTRA = [
     ("/invocations", {"text_1": [Q, Q], "text_2": DOCS[:2]}),
     ("/rerank", {"query": Q, "documents": DOCS, "model": ""}),
     ("/v1/score", {"queries": Q, "items": DOCS}),
+    # vLLM's server decodes an encoded slash before routing: these are rerank and embeddings
+    ("/v1%2Frerank", {"query": Q, "documents": DOCS}),
+    ("/v1%2Fembeddings", {"input": [Q, *DOCS]}),
 ]
 
 
