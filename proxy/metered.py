@@ -112,10 +112,10 @@ class MeteredRelay:
             log.info("client_disconnected", path=request.path, billed=scanner.usage is not None)
             request.app[METRICS].aborted.labels(request.path).inc()
         reading = None
-        if scanner.usage is not None:
-            reading = reading_of(scanner.usage)
-        elif scanner.problem is not None:  # usage not read: billed nothing, never missing
+        if scanner.problem is not None:  # usage not known: billed nothing, never missing
             reading = Reading(None, None, scanner.problem)
+        elif scanner.usage is not None:
+            reading = reading_of(scanner.usage)
         if reading is not None and 200 <= upstream.status < 300:
             await self._settle(request, prepared, reading, upstream.status, started, client_gone)
         if client_gone:

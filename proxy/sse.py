@@ -12,11 +12,16 @@ from proxy.jsonio import loads
 DONE = b"data: [DONE]"
 
 
-# The longest event the scanner holds while waiting for its end (vLLM's are a few KiB at
-# most, logprobs included). Past it the stream is passed on unread.
+# The longest event the scanner holds while waiting for its end (vLLM's are a few KiB,
+# except the first event of a streamed completion with ``echo``, which carries the whole
+# prompt and, with ``logprobs``, its top log-probabilities: megabytes for a long prompt).
+# A longer event is passed on unread as it comes, and scanning resumes after it.
 MAX_EVENT_BYTES = 4 * 1024 * 1024
 # The longest event separator, less one: a separator can straddle two chunks.
 _SEPARATOR_OVERLAP = len(b"\r\n\r\n") - 1
+_USAGE = b'"usage"'
+# Bytes of a passed-on event kept to find a separator or ``"usage"`` across two chunks.
+_TAIL = max(_SEPARATOR_OVERLAP, len(_USAGE) - 1)
 
 
 class UsageScanner:
@@ -27,9 +32,12 @@ class UsageScanner:
     ``held`` so the caller can commit the usage record before releasing it.
 
     Each byte is searched for an event end once, so the cost is linear in the stream
-    whatever its chunking. An unfinished event longer than ``max_event_bytes`` ends the
-    scanning: it and everything after it are passed on as they come, and ``problem`` says
-    why the stream's usage was not read.
+    whatever its chunking. An unfinished event longer than ``max_event_bytes`` is passed
+    on as it comes, unread, and the events after it are read as before: a client cannot
+    make a stream's usage unreadable by asking for a large first event. Only when such an
+    event may hold the stream's last usage (it contains ``"usage"`` and no usage was read
+    after it), or no usage follows it at all, does ``problem`` say why the usage is not
+    known.
     """
 
     def __init__(self, *, strip: bool, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
@@ -37,15 +45,31 @@ class UsageScanner:
         self._max_event = max_event_bytes
         self._buffer = bytearray()
         self._searched = 0  # bytes at the buffer's start known to hold no separator
+        self._passing: bytes | None = None  # the last bytes of an event passed on unread
+        self._passed = False  # an event was passed on unread
+        self._unread_usage = False  # ... holding "usage", and no usage was read after it
         self.usage: dict[str, Any] | None = None
-        self.problem: str | None = None
         self.held = b""
 
+    @property
+    def problem(self) -> str | None:
+        """Why the stream's usage is not known, if it is not."""
+        too_long = f"a stream event longer than {self._max_event} bytes was passed on unread"
+        if self._unread_usage:
+            return f"{too_long} and held the last usage"
+        if self._passed and self.usage is None:
+            return f"{too_long} and no usage followed"
+        return None
+
     def feed(self, chunk: bytes) -> bytes:
-        if self.problem is not None:
-            return chunk
-        self._buffer += chunk
         out: list[bytes] = []
+        if self._passing is not None:
+            end = self._pass_on(chunk)
+            if end < 0:
+                return chunk
+            out.append(chunk[:end])
+            chunk = chunk[end:]
+        self._buffer += chunk
         while True:
             cut = _event_end(self._buffer, max(self._searched - _SEPARATOR_OVERLAP, 0))
             if cut < 0:
@@ -56,12 +80,33 @@ class UsageScanner:
             self._searched = 0
             out.append(self._route(event))
         if len(self._buffer) > self._max_event:
-            self.problem = (
-                f"a stream event longer than {self._max_event} bytes: "
-                "the rest of the stream was passed on unread"
-            )
+            self._passed = True
+            self._passing = bytes(self._buffer[-_TAIL:])
+            self._note_usage(self._buffer)
             out.append(self.finish())
         return b"".join(out)
+
+    def _pass_on(self, chunk: bytes) -> int:
+        """The unread event continues with ``chunk``: the index in ``chunk`` just past the
+        event's end, or -1 while it goes on. Only the few bytes around the chunk's start
+        are copied (a separator or ``"usage"`` may straddle two chunks)."""
+        assert self._passing is not None
+        edge = self._passing + chunk[:_TAIL]
+        end = _event_end(edge, 0)  # the tail alone holds no separator
+        end = end - len(self._passing) if end >= 0 else _event_end(chunk, 0)
+        if _USAGE in edge or chunk.find(_USAGE, 0, len(chunk) if end < 0 else end) >= 0:
+            self._unread_usage = True
+        if end < 0:
+            self._passing = (
+                (self._passing + chunk)[-_TAIL:] if len(chunk) < _TAIL else chunk[-_TAIL:]
+            )
+            return -1
+        self._passing = None
+        return end
+
+    def _note_usage(self, data: bytes | bytearray) -> None:
+        if _USAGE in data:
+            self._unread_usage = True
 
     @property
     def pending(self) -> int:
@@ -88,20 +133,26 @@ class UsageScanner:
             return event
         if isinstance(parsed, dict) and isinstance(parsed.get("usage"), dict):
             self.usage = parsed["usage"]
+            self._unread_usage = False
             if self._strip and not parsed.get("choices"):
                 return b""
         return event
 
 
-def _event_end(buffer: bytearray, start: int) -> int:
-    """Index just past the first complete event (blank-line terminated) whose separator
-    begins at or after ``start``, or -1."""
-    best = -1
-    for sep in (b"\n\n", b"\r\n\r\n"):
-        i = buffer.find(sep, start)
-        if i >= 0 and (best < 0 or i + len(sep) < best):
-            best = i + len(sep)
-    return best
+def _event_end(buffer: bytes | bytearray, start: int) -> int:
+    """Index just past the first complete event (ended by a blank line, ``\n\n`` or
+    ``\r\n\r\n``) whose separator begins at or after ``start``, or -1.
+
+    Steps from newline to newline (``find`` of one byte is a ``memchr``): an event's JSON
+    holds its newlines escaped, so the first one is mostly where the event ends."""
+    i = buffer.find(b"\n", start)
+    while i >= 0:
+        if buffer[i + 1 : i + 2] == b"\n":
+            return i + 2
+        if i > start and buffer[i - 1 : i + 3] == b"\r\n\r\n":
+            return i + 3
+        i = buffer.find(b"\n", i + 1)
+    return -1
 
 
 def _data(event: bytes) -> bytes | None:

@@ -307,18 +307,20 @@ async def test_a_large_answer_streams_through_before_it_ends(
     assert (await resp.read()).endswith(b'"total_tokens": 3}}')
 
 
-async def test_a_stream_event_above_the_bound_is_passed_on_and_recorded_invalid(
+async def test_a_stream_event_above_the_bound_is_passed_on_and_the_stream_still_billed(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
 ) -> None:
-    """A streamed answer with one event longer than MAX_EVENT_BYTES: the client gets
-    every byte, the proxy holds at most that bound, and the stream (whose usage it no
-    longer reads) is recorded ``invalid`` instead of going unrecorded."""
+    """Regression: a streamed completion whose first event is longer than
+    MAX_EVENT_BYTES (``echo`` with ``logprobs`` on a long prompt) was passed on unread to
+    its end and recorded ``invalid``: the client chose not to pay. Now that event passes
+    on as it comes, never held, and the usage after it is billed and hidden from the
+    client that did not ask for it."""
     from proxy.sse import MAX_EVENT_BYTES
 
     usage = b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2}}\n\n'
     events = [
-        b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n',
-        b'data: {"choices":[{"delta":{"content":"' + b"x" * 2 * MAX_EVENT_BYTES + b'"}}]}\n\n',
+        b'data: {"choices":[{"text":"' + b"x" * 2 * MAX_EVENT_BYTES + b'"}]}\n\n',
+        b'data: {"choices":[{"text":"hi"}]}\n\n',
         usage,
         b"data: [DONE]\n\n",
     ]
@@ -328,18 +330,21 @@ async def test_a_stream_event_above_the_bound_is_passed_on_and_recorded_invalid(
             for i in range(0, len(event), 65536):
                 yield event[i : i + 65536]
 
-    giant = streamed_answer("/v1/chat/completions", "text/event-stream", parts)
+    giant = streamed_answer("/v1/completions", "text/event-stream", parts)
     _, client = await fake_and_proxy(
         aiohttp_server, aiohttp_client, minilm_path, middlewares=(giant,)
     )
-    body = {"stream": True, "stream_options": {"include_usage": True}, "messages": []}
-    resp = await client.post("/v1/chat/completions", json=body)
+    body = {"stream": True, "echo": True, "logprobs": 20, "prompt": "a long prompt"}
+    resp = await client.post("/v1/completions", json=body)
     assert resp.status == 200
-    assert await resp.read() == b"".join(events)
+    assert await resp.read() == b"".join(e for e in events if e != usage)
     (line,) = read_journal(tmp_path / "journal.sqlite")
     record = UsageRecord.from_json(line)
-    assert record.verdict == "invalid"
-    assert record.prompt_tokens_billed is None
+    assert (record.verdict, record.prompt_tokens_billed, record.completion_tokens_billed) == (
+        "reported",
+        5,
+        2,
+    )
 
 
 @pytest.mark.parametrize("large", [False, True], ids=["small", "large"])

@@ -37,20 +37,119 @@ def test_usage_kept_when_client_asked() -> None:
     assert scanner.held == DONE
 
 
-def test_an_endless_event_is_passed_on_unread_and_never_held() -> None:
-    """Regression: an event that never ended was held whole, and each chunk copied and
-    searched all of it again (a 32 MB event in 64 KiB chunks kept the event loop busy for
-    16 s). Now the scanner holds at most ``max_event_bytes``, then passes the stream on
-    byte for byte and says why its usage was not read."""
-    limit = 64 * 1024
-    scanner = UsageScanner(strip=True, max_event_bytes=limit)
-    stream = [CHUNK, b"data: " + b"x" * 1000] + [b"y" * 1000] * 200 + [b"\n\n", USAGE, DONE]
+LIMIT = 64 * 1024
+
+
+def feed_all(scanner: UsageScanner, chunks: list[bytes]) -> bytes:
+    """Everything the scanner lets out for ``chunks``; it never holds more than LIMIT."""
     out = b""
-    for chunk in stream:
+    for chunk in chunks:
         out += scanner.feed(chunk)
-        assert scanner.pending <= limit
-    out += scanner.finish() + scanner.held
-    assert out == b"".join(stream)  # nothing dropped, nothing stripped once unread
+        assert scanner.pending <= LIMIT
+    return out + scanner.finish() + scanner.held
+
+
+def long_event(size: int, content: bytes = b"x") -> list[bytes]:
+    """A streamed completion's echo event of about ``size`` bytes, in 1,000-byte chunks."""
+    event = b'data: {"choices":[{"text":"' + content * (size // len(content)) + b'"}]}\n\n'
+    return [event[i : i + 1000] for i in range(0, len(event), 1000)]
+
+
+def test_a_long_event_is_passed_on_unread_and_the_rest_is_still_read() -> None:
+    """Regression: an event longer than the bound ended the scanning, so a client could
+    make a stream free (recorded ``invalid``, nothing billed) by asking for a large first
+    event: ``echo`` with ``logprobs`` on a long prompt. The scanner also held the whole
+    event and searched it again for each chunk (a 32 MB event in 64 KiB chunks kept the
+    event loop busy for 16 s). Now the long event passes on as it comes, never held
+    beyond the bound, and the usage after it is read and stripped."""
+    scanner = UsageScanner(strip=True, max_event_bytes=LIMIT)
+    giant = long_event(4 * LIMIT)
+    out = feed_all(scanner, [CHUNK, *giant, USAGE, DONE])
+    assert out == CHUNK + b"".join(giant) + DONE
+    assert scanner.usage == {"prompt_tokens": 5, "completion_tokens": 2}
+    assert scanner.problem is None
+
+
+def test_an_endless_event_is_passed_on_and_says_why_nothing_is_billed() -> None:
+    scanner = UsageScanner(strip=True, max_event_bytes=LIMIT)
+    giant = long_event(4 * LIMIT)[:-1]  # never ends
+    out = feed_all(scanner, [CHUNK, *giant])
+    assert out == CHUNK + b"".join(giant)
     assert scanner.usage is None
     assert scanner.problem is not None
-    assert str(limit) in scanner.problem
+    assert "no usage followed" in scanner.problem
+    assert str(LIMIT) in scanner.problem
+
+
+def test_a_long_event_that_may_hold_the_last_usage_makes_it_unknown() -> None:
+    """With continuous usage stats every event carries usage: an unread one after the
+    last read usage may hold the final count, so none is billed; a usage read after it
+    settles it again."""
+    with_usage = long_event(4 * LIMIT, b'"usage": ')
+    scanner = UsageScanner(strip=False, max_event_bytes=LIMIT)
+    feed_all(scanner, [USAGE, *with_usage, DONE])
+    assert scanner.problem is not None
+    assert "held the last usage" in scanner.problem
+    scanner = UsageScanner(strip=False, max_event_bytes=LIMIT)
+    feed_all(scanner, [*with_usage, USAGE, DONE])
+    assert scanner.problem is None
+    assert scanner.usage == {"prompt_tokens": 5, "completion_tokens": 2}
+
+
+@pytest.mark.parametrize("newline", [b"\n", b"\r\n"], ids=["lf", "crlf"])
+@given(cuts=st.lists(st.integers(1, 300), max_size=40), size=st.integers(0, 400))
+def test_any_chunking_around_a_long_event_gives_the_same_events(
+    newline: bytes, cuts: list[int], size: int
+) -> None:
+    """Property: with events longer than the bound among them, however the bytes are
+    split, the client gets every byte but the stripped usage, and the usage is read
+    (the separators and ``"usage"`` straddling chunks of a passed-on event included)."""
+    limit = 100
+    middle = b'data: {"choices":[{"text":"' + b"u" * size + b'", "usage": 1}]}\n\n'
+    events = [CHUNK, middle, CHUNK, middle, USAGE, DONE]
+    stream = b"".join(events).replace(b"\n", newline)
+    scanner = UsageScanner(strip=True, max_event_bytes=limit)
+    out, i = b"", 0
+    for size_ in cuts:
+        out += scanner.feed(stream[i : i + size_])
+        assert scanner.pending <= limit
+        i += size_
+    out += scanner.feed(stream[i:]) + scanner.finish() + scanner.held
+    assert out == stream.replace(USAGE.replace(b"\n", newline), b"")
+    assert scanner.usage == {"prompt_tokens": 5, "completion_tokens": 2}
+    assert scanner.problem is None
+
+
+@given(cuts=st.lists(st.integers(1, 50), min_size=1, max_size=60), size=st.integers(200, 400))
+def test_usage_in_a_passed_on_event_is_seen_however_it_is_split(cuts: list[int], size: int) -> None:
+    """Property: ``"usage"`` split across any two chunks of an unread event still
+    counts as an unread usage (the last usage read before it is then not billed). The
+    chunks are at most 50 bytes, so the event (over 230) is never complete while held."""
+    event = b'data: {"choices":[],"x":"' + b"u" * size + b'","usage":{}}\n\n'
+    stream = USAGE + event + DONE
+    scanner = UsageScanner(strip=False, max_event_bytes=100)
+    out, i, turn = b"", 0, 0
+    while i < len(stream):
+        size_ = cuts[turn % len(cuts)]
+        out += scanner.feed(stream[i : i + size_])
+        i, turn = i + size_, turn + 1
+    out += scanner.finish() + scanner.held
+    assert out == stream
+    assert scanner.problem is not None
+    assert "held the last usage" in scanner.problem
+
+
+@pytest.mark.parametrize("newline", [b"\n", b"\r\n"], ids=["lf", "crlf"])
+def test_the_end_of_a_passed_on_event_is_found_at_every_split(newline: bytes) -> None:
+    """Every way to split the end of an unread event over two chunks: the usage event
+    after it is still read (and stripped)."""
+    long = (b'data: {"choices":[{"text":"' + b"x" * 150 + b'"}]}\n\n').replace(b"\n", newline)
+    usage = USAGE.replace(b"\n", newline)
+    for cut in range(len(long) - 12, len(long) + 3):
+        scanner = UsageScanner(strip=True, max_event_bytes=100)
+        head = long[:90]
+        out = scanner.feed(head) + scanner.feed(long[90:120])  # now passing it on
+        rest = long[120:] + usage
+        out += scanner.feed(rest[: cut - 120]) + scanner.feed(rest[cut - 120 :])
+        assert out + scanner.finish() == long, cut
+        assert scanner.usage == {"prompt_tokens": 5, "completion_tokens": 2}, cut
