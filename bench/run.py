@@ -205,11 +205,15 @@ def start_upstream(latency_ms: float, workdir: Path) -> Process:
     return _spawn("upstream", argv, {"HF_HUB_OFFLINE": "1"}, log, port)
 
 
-def start_relay(upstream: str, workdir: Path) -> Process:
-    """The minimal aiohttp relay (bench/minimal_relay.py) in front of ``upstream``."""
+def start_relay(upstream: str, workdir: Path, journal: Path | None = None) -> Process:
+    """The minimal aiohttp relay (bench/minimal_relay.py) in front of ``upstream``; with
+    ``journal``, committing one row per request to it (fsync'd) before answering."""
     port = free_port()
     argv = [sys.executable, str(ROOT / "bench" / "minimal_relay.py"), upstream, str(port)]
-    return _spawn("relay", argv, {}, workdir / "relay.log", port)
+    name = "relay" if journal is None else "durable-relay"
+    return _spawn(
+        name, argv + ([str(journal)] if journal else []), {}, workdir / f"{name}.log", port
+    )
 
 
 def start_nginx(upstream_port: int, workdir: Path) -> Process | None:
@@ -740,6 +744,15 @@ def goals_table(goals: dict[str, dict[str, Any]]) -> list[str]:
     for mode, figures in goals.items():
         default = " (the default)" if mode == DURABILITIES[0] else ""
         lines += [f"`--durability {mode}`{default}:", "", *ratios.table(figures), ""]
+    if "sync" in goals:
+        lines += [
+            "The sync figures beside the floor of any ledger that commits before it answers:",
+            "the relay with one fsync'd SQLite commit per request (group commit), not the",
+            "issue's floor:",
+            "",
+            *ratios.durable_table(goals["sync"]),
+            "",
+        ]
     return lines
 
 

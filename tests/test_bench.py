@@ -31,6 +31,7 @@ def test_bench_smoke() -> None:
         assert heading in out
     for mode in ("`--durability sync` (the default)", "`--durability async`"):
         assert mode in out  # the cost goals, measured once per durability mode
+    assert "| against the relay with an fsync'd ledger |" in out
     for target in (
         "direct",
         "minimal aiohttp relay",
