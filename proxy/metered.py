@@ -6,6 +6,7 @@ a stream) is released."""
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 import aiohttp
@@ -14,7 +15,7 @@ from aiohttp import web
 
 from proxy.catalog import CATALOG
 from proxy.dispatch import Prepared, prepare
-from proxy.encoding import UnreadableBody
+from proxy.encoding import UnreadableBody, content_codings
 from proxy.exchanges import (
     handle_admitted,
     off_loop,
@@ -26,10 +27,10 @@ from proxy.exchanges import (
 from proxy.metering import METER
 from proxy.metrics import METRICS, upstream_failure
 from proxy.records import OPERATIONS
-from proxy.relay import abort, pass_on_unread
+from proxy.relay import abort, pass_on_then_settle, pass_on_unread
 from proxy.sse import UsageScanner
 from proxy.upstream import SESSION, UpstreamError, exchange, response_headers
-from proxy.usage import Reading, read_usage, reading_of
+from proxy.usage import Reading, read_usage, reading_of, usage_at_end
 
 log = structlog.get_logger("proxy.metered")
 
@@ -62,7 +63,14 @@ class MeteredRelay:
                 if upstream.content_type == "text/event-stream":
                     return await self._stream(request, upstream, prepared, started)
                 payload, whole = await read_answer(upstream, self._limit)
-                if not whole:
+                if not whole and not content_codings(upstream.headers.get("Content-Encoding")):
+
+                    def settle(end: bytes) -> Awaitable[dict[str, str]]:
+                        reading = _reading_at_end(end, self._limit)
+                        return self._settle(request, prepared, reading, upstream.status, started)
+
+                    return await pass_on_then_settle(request, upstream, payload, settle)
+                if not whole:  # encoded: its end cannot be read as it passes
                     unread = Reading(None, None, too_large(self._limit))
                     return await pass_on_unread(
                         request,
@@ -168,3 +176,12 @@ async def _send(reply: web.StreamResponse, data: bytes) -> bool:
     except (ConnectionError, aiohttp.ClientConnectionResetError):
         return False
     return True
+
+
+def _reading_at_end(end: bytes, limit: int) -> Reading:
+    """The usage of an answer too large to hold, from its last bytes (vLLM ends every
+    answer with it); invalid when it is not there."""
+    usage = usage_at_end(end)
+    if usage is None:
+        return Reading(None, None, f"{too_large(limit)}, and no usage at its end")
+    return reading_of(usage)

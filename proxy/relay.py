@@ -5,6 +5,7 @@ Bodies stream both ways; server-sent events reach the client chunk by chunk.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -73,6 +74,72 @@ async def pass_on_unread(
         log.warning("answer_passed_on_unread", path=request.path)
         headers.update(await settle())
     return await pass_on(request, upstream, head, headers)
+
+
+# The end of an unread answer kept back until its record is committed: vLLM's usage, which
+# ends the answer, is a few hundred bytes.
+ANSWER_END_BYTES = 64 * 1024
+
+
+async def pass_on_then_settle(
+    request: web.Request,
+    upstream: aiohttp.ClientResponse,
+    head: bytes,
+    settle: Callable[[bytes], Awaitable[object]],
+) -> web.StreamResponse:
+    """An answer above --max-answer-bytes is never held: it is passed on as it arrives,
+    but for its last ANSWER_END_BYTES. A successful one is then settled with those last
+    bytes, where its usage is, before they are released; the record's headers cannot
+    ride on an answer already under way. A failure mid-body cuts the client connection
+    and settles nothing (an interrupted answer is not billed)."""
+    headers = response_headers(upstream.headers, keep_length=True)
+    reply = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
+    await reply.prepare(request)
+    end = _End(reply)
+    try:
+        await end.add(head)
+        async for chunk in upstream.content.iter_any():
+            await end.add(chunk)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        abort(request, exc)
+        return reply
+    last = end.bytes()
+    if 200 <= upstream.status < 300:
+        log.warning("answer_passed_on_unread", path=request.path, read="its end")
+        await settle(last)
+    await reply.write(last)
+    await reply.write_eof()
+    return reply
+
+
+class _End:
+    """Writes what it is given to ``reply`` but for the last ANSWER_END_BYTES, which it
+    holds (copying at most that many bytes per chunk)."""
+
+    def __init__(self, reply: web.StreamResponse) -> None:
+        self._reply = reply
+        self._held: deque[bytes] = deque()
+        self._size = 0
+
+    async def add(self, chunk: bytes) -> None:
+        self._held.append(chunk)
+        self._size += len(chunk)
+        excess = self._size - ANSWER_END_BYTES
+        while excess > 0:
+            first = self._held[0]
+            if len(first) <= excess:
+                self._held.popleft()
+                await self._reply.write(first)
+                cut = len(first)
+            else:
+                await self._reply.write(memoryview(first)[:excess])
+                self._held[0] = first[excess:]
+                cut = excess
+            self._size -= cut
+            excess -= cut
+
+    def bytes(self) -> bytes:
+        return b"".join(self._held)
 
 
 async def pass_on(

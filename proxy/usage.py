@@ -242,3 +242,27 @@ def read_usage(payload: bytes) -> Reading | None:
         return None
     usage = members.get("usage")
     return reading_of(usage) if isinstance(usage, dict) else None
+
+
+_USAGE_MEMBER = re.compile(rb'"usage"[ \t\n\r]*:')
+
+
+def usage_at_end(tail: bytes) -> dict[str, Any] | None:
+    """The ``usage`` object that ends a JSON answer, read from its last bytes only; None
+    when the answer does not end with it.
+
+    For an answer too large to hold (vLLM writes ``usage`` last, after ``data``). The
+    match needs ``"usage":`` then an object then the closing ``}`` and the end: inside a
+    string every ``"`` is escaped, so ``"usage":`` is a member name; and a member followed
+    by the answer's end is the top-level object's last, the one a client reads (for a
+    repeated member the last counts). What the proxy cannot see is whether the bytes before
+    the tail are well formed: vLLM writes them, no client can."""
+    for found in reversed(list(_USAGE_MEMBER.finditer(tail))):
+        try:
+            text = tail[found.start() :].decode("utf-8")
+            value, end = _DECODER.raw_decode(text, _skip_ws(text, found.end() - found.start()))
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            continue
+        if isinstance(value, dict) and text[end:].strip(_WS) == "}":
+            return value
+    return None

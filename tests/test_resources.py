@@ -16,6 +16,7 @@ import pytest
 from proxy.exchanges import BODIES
 from proxy.journal import read_journal
 from proxy.records import UsageRecord
+from proxy.relay import ANSWER_END_BYTES
 from proxy.upstream import SESSION
 from tests.conftest import eventually, fake_and_proxy
 
@@ -217,9 +218,21 @@ ANSWER_LIMIT = 64 * 1024
 REQUESTS = {"/rerank": json.loads(RERANK), "/v1/embeddings": {"input": "Paris."}}
 
 
+def padded(sent: list[bytes], where: bytes) -> Any:
+    """A tamper for the fake vLLM: 4 x ANSWER_LIMIT of whitespace before ``where`` (the
+    answer stays the same JSON document), each answer kept in ``sent``."""
+
+    def pad(body: bytes, headers: dict[str, str]) -> tuple[bytes, dict[str, str]]:
+        at = body.index(where) if where else len(body)
+        sent.append(body[:at] + b" " * (4 * ANSWER_LIMIT) + body[at:])
+        return sent[-1], headers
+
+    return pad
+
+
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
 @pytest.mark.parametrize("path", sorted(REQUESTS))
-async def test_an_answer_above_the_limit_is_passed_on_unread(
+async def test_an_answer_above_the_limit_is_never_held(
     aiohttp_server: Any,
     aiohttp_client: Any,
     minilm_path: Path,
@@ -229,34 +242,56 @@ async def test_an_answer_above_the_limit_is_passed_on_unread(
 ) -> None:
     """Regression: the audited and metered paths read every upstream answer whole into
     memory, however large. Past --max-answer-bytes the client gets the upstream's bytes
-    unchanged, and the success is recorded ``invalid``: billed nothing, never missing."""
+    unchanged, as they arrive. A scoring answer is then recorded ``invalid`` (billed
+    nothing, never missing); a metered one is billed from its end, where vLLM writes
+    ``usage`` (regression: it was recorded ``invalid``, so a large enough batch of
+    embeddings, e.g. 13,000 inputs of a 1,024-dimension model, cost nothing)."""
+    fake, client = await fake_and_proxy(
+        aiohttp_server, aiohttp_client, minilm_path, max_answer_bytes=ANSWER_LIMIT
+    )
+    assert (await client.post(path, json=REQUESTS[path])).status == 200  # within the limit
+    (within,) = [UsageRecord.from_json(line) for line in read_journal(tmp_path / "journal.sqlite")]
+    assert within.verdict != "invalid"
+    fake.chunked_answers = chunked
+    sent: list[bytes] = []
+    fake.tamper = padded(sent, b'"usage"')
+    resp = await client.post(path, json=REQUESTS[path])
+    assert resp.status == 200
+    assert await resp.read() == sent[0]
+    record = UsageRecord.from_json(read_journal(tmp_path / "journal.sqlite")[-1])
+    metrics = await (await client.get("/metrics")).text()
+    invalid = f'usage_proxy_invalid_usage_total{{endpoint="{path}"}} 1.0'
+    if path == "/rerank":
+        assert (record.verdict, record.prompt_tokens_billed) == ("invalid", None)
+        assert resp.headers["x-usage-record-id"] == record.record_id
+        assert resp.headers["x-usage-verdict"] == "invalid"
+        assert invalid in metrics
+    else:
+        assert record.verdict == "reported"
+        assert record.prompt_tokens_billed == within.prompt_tokens_billed == 4
+        assert invalid not in metrics
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+async def test_a_metered_answer_too_large_and_not_ending_with_usage_is_invalid(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path, chunked: bool
+) -> None:
+    """Whatever does not end with the usage member (here 256 KiB of whitespace after it:
+    the kept end holds none) is recorded ``invalid``: billed nothing, never missing."""
     fake, client = await fake_and_proxy(
         aiohttp_server, aiohttp_client, minilm_path, max_answer_bytes=ANSWER_LIMIT
     )
     fake.chunked_answers = chunked
     sent: list[bytes] = []
-
-    def pad(body: bytes, headers: dict[str, str]) -> tuple[bytes, dict[str, str]]:
-        sent.append(body + b" " * (4 * ANSWER_LIMIT))  # still the same JSON document
-        return sent[-1], headers
-
-    fake.tamper = pad
-    resp = await client.post(path, json=REQUESTS[path])
+    fake.tamper = padded(sent, b"")
+    resp = await client.post("/v1/embeddings", json=REQUESTS["/v1/embeddings"])
     assert resp.status == 200
     assert await resp.read() == sent[0]
     (line,) = read_journal(tmp_path / "journal.sqlite")
     record = UsageRecord.from_json(line)
-    assert record.verdict == "invalid"
-    assert record.prompt_tokens_billed is None
-    assert resp.headers["x-usage-record-id"] == record.record_id
-    if path == "/rerank":
-        assert resp.headers["x-usage-verdict"] == "invalid"
+    assert (record.verdict, record.prompt_tokens_billed) == ("invalid", None)
     metrics = await (await client.get("/metrics")).text()
-    assert f'usage_proxy_invalid_usage_total{{endpoint="{path}"}} 1.0' in metrics
-    # Within the limit the same answer is read and billed as usual.
-    fake.tamper = None
-    assert (await client.post(path, json=REQUESTS[path])).status == 200
-    assert UsageRecord.from_json(read_journal(tmp_path / "journal.sqlite")[-1]).verdict != "invalid"
+    assert 'usage_proxy_invalid_usage_total{endpoint="/v1/embeddings"} 1.0' in metrics
 
 
 def streamed_answer(path: str, content_type: str, parts: Callable[[], AsyncIterator[bytes]]) -> Any:
@@ -282,8 +317,9 @@ def streamed_answer(path: str, content_type: str, parts: Callable[[], AsyncItera
 async def test_a_large_answer_streams_through_before_it_ends(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path
 ) -> None:
-    """Past the limit the proxy holds nothing: the client reads the answer's first bytes
-    while the upstream is still sending it."""
+    """Past the limit the proxy holds nothing but the answer's last ANSWER_END_BYTES
+    (where the usage is): the client reads the bytes before them while the upstream is
+    still sending."""
     release = asyncio.Event()
     first = b'{"object": "list", "data": [' + b" " * (2 * ANSWER_LIMIT)
 
@@ -302,7 +338,8 @@ async def test_a_large_answer_streams_through_before_it_ends(
     )
     resp = await client.post("/v1/embeddings", json=REQUESTS["/v1/embeddings"])
     assert resp.status == 200
-    assert await asyncio.wait_for(resp.content.readexactly(len(first)), 10) == first
+    early = len(first) - ANSWER_END_BYTES
+    assert await asyncio.wait_for(resp.content.readexactly(early), 10) == first[:early]
     release.set()
     assert (await resp.read()).endswith(b'"total_tokens": 3}}')
 

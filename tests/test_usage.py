@@ -16,6 +16,7 @@ from proxy.usage import (
     read_usage,
     reading_of,
     rewrite_usage,
+    usage_at_end,
 )
 
 RERANK = (
@@ -233,3 +234,44 @@ def test_metered_usage_is_read_as_a_client_reads_it(
     if form == "bom":
         payload = b"\xef\xbb\xbf" + payload
     assert read_usage(payload) == _as_a_client_reads_it(payload)
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.sampled_from(["usage", "data", "x"]), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+_TRAPS = st.sampled_from(['"usage":{"prompt_tokens":1}}', '"usage":', "}", '\\"usage\\":{}}'])
+
+
+@settings(max_examples=500)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["usage", "data", "object"]), _JSON | _TRAPS | _USAGE),
+        max_size=5,
+    ),
+    st.sampled_from([(",", ":"), (", ", ": ")]),
+    st.integers(1, 400),
+)
+@example([("data", '"usage":{"prompt_tokens":1}}')], (",", ":"), 400)
+@example([("usage", {"prompt_tokens": 3}), ("data", {"usage": {}})], (",", ":"), 400)
+@example([("usage", {"prompt_tokens": 1}), ("usage", {"prompt_tokens": 7})], (",", ":"), 40)
+def test_usage_at_the_end_is_the_usage_a_client_reads(
+    members: list[tuple[str, object]], separators: tuple[str, str], window: int
+) -> None:
+    """Property: read from any last ``window`` bytes of any JSON object (repeated members,
+    nested ``usage`` objects, strings holding ``"usage":`` included), ``usage_at_end``
+    finds nothing or the usage ``json.loads`` reads, and it finds it whenever ``usage``
+    is the last member and fits in the window."""
+    comma, colon = separators
+    text = "{" + comma.join(f"{json.dumps(k)}{colon}{json.dumps(v)}" for k, v in members) + "}"
+    payload = text.encode()
+    found = usage_at_end(payload[-window:])
+    usage = json.loads(payload).get("usage")
+    assert found is None or found == usage
+    last = f'"usage"{colon}{json.dumps(usage)}}}'.encode()
+    if members and members[-1][0] == "usage" and isinstance(usage, dict) and len(last) <= window:
+        assert found == usage

@@ -148,3 +148,34 @@ def windows_covering(
             return mine
         time.sleep(0.2)
     raise AssertionError(f"no reconciliation windows accounting for {engine} tokens")
+
+
+@pytest.mark.parametrize("version", ["0.29.0", "0.32.0"])
+def test_answers_too_large_to_hold_are_billed_from_their_end(
+    cluster: Cluster, tmp_path: Path, version: str
+) -> None:
+    """With --max-answer-bytes below the answers' size (a 384-dimension embedding is
+    about 8 KB of JSON), every metered answer passes through unheld and is still billed,
+    from the usage vLLM writes at its end: exactly the engine counter's growth."""
+    pair = cluster.pairs[("bi-encoder", version)]
+    journal = tmp_path / "journal.sqlite"
+    proxy = start_proxy(
+        pair.vllm, tmp_path, "--max-answer-bytes", "2048", "--journal", str(journal)
+    )
+    try:
+        proxy.wait_ready("/readyz", 60)
+        jobs = [
+            ("/v1/embeddings", {"input": [Q, *DOCS]}),
+            ("/v1/embeddings", {"input": "single text", "model": ""}),
+            ("/invocations", {"input": DOCS}),
+        ]
+        before = metric(pair.vllm)
+        answers = [post_with_headers(proxy.url + path, body, {}) for path, body in jobs]
+        grown = int(metric(pair.vllm) - before)
+    finally:
+        proxy.stop()
+    assert [status for status, _, _ in answers] == [200] * len(jobs)
+    assert all(len(body) > 2048 and json.loads(body)["usage"] for _, _, body in answers)
+    records = [json.loads(b) for b in read_journal(journal)]
+    assert [r["verdict"] for r in records] == ["reported"] * len(jobs)
+    assert sum(r["prompt_tokens_billed"] for r in records) == grown > 0
