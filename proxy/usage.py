@@ -248,21 +248,40 @@ _USAGE_MEMBER = re.compile(rb'"usage"[ \t\n\r]*:')
 
 
 def usage_at_end(tail: bytes) -> dict[str, Any] | None:
-    """The ``usage`` object that ends a JSON answer, read from its last bytes only; None
-    when the answer does not end with it.
+    """The ``usage`` object near the end of a JSON answer, read from its last bytes only;
+    None when it is not there.
 
-    For an answer too large to hold (vLLM writes ``usage`` last, after ``data``). The
-    match needs ``"usage":`` then an object then the closing ``}`` and the end: inside a
-    string every ``"`` is escaped, so ``"usage":`` is a member name; and a member followed
-    by the answer's end is the top-level object's last, the one a client reads (for a
-    repeated member the last counts). What the proxy cannot see is whether the bytes before
-    the tail are well formed: vLLM writes them, no client can."""
+    For an answer too large to hold: vLLM writes ``usage`` after ``data`` and
+    ``choices``, followed at most by a few small members (``kv_transfer_params``,
+    ``metrics``, mostly null). The match needs ``"usage":``, an object, other members
+    and the closing ``}`` then the end: inside a string every ``"`` is escaped, so
+    ``"usage":`` is a member name, and a member followed by members and the answer's
+    end belongs to the top-level object. No ``usage`` member may follow it (for a
+    repeated member a client reads the last), nor an ``error``. What the proxy cannot
+    see is whether the bytes before the tail are well formed: vLLM writes them, no
+    client can."""
     for found in reversed(list(_USAGE_MEMBER.finditer(tail))):
         try:
             text = tail[found.start() :].decode("utf-8")
             value, end = _DECODER.raw_decode(text, _skip_ws(text, found.end() - found.start()))
+            if _members_then_end(text, end):
+                return value if isinstance(value, dict) else None
         except (ValueError, UnicodeDecodeError, RecursionError):
             continue
-        if isinstance(value, dict) and text[end:].strip(_WS) == "}":
-            return value
     return None
+
+
+def _members_then_end(text: str, i: int) -> bool:
+    """From ``i``: any ``, "name": value`` (none named usage or error), then ``}`` and
+    nothing but whitespace."""
+    while True:
+        i = _skip_ws(text, i)
+        if text[i : i + 1] == "}":
+            return not text[i + 1 :].strip(_WS)
+        if text[i : i + 1] != ",":
+            return False
+        key, i = _DECODER.raw_decode(text, _skip_ws(text, i + 1))
+        i = _skip_ws(text, i)
+        if not isinstance(key, str) or key in ("usage", "error") or text[i : i + 1] != ":":
+            return False
+        _, i = _DECODER.raw_decode(text, _skip_ws(text, i + 1))

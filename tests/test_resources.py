@@ -272,6 +272,30 @@ async def test_an_answer_above_the_limit_is_never_held(
         assert invalid not in metrics
 
 
+async def test_a_chat_answer_too_large_to_hold_is_billed_from_its_end(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """vLLM's chat answer has members after ``usage`` (``prompt_logprobs``,
+    ``kv_transfer_params``, ... mostly null): the usage is still read from the end."""
+    fake, client = await fake_and_proxy(
+        aiohttp_server, aiohttp_client, minilm_path, max_answer_bytes=ANSWER_LIMIT
+    )
+    sent: list[bytes] = []
+    pad = padded(sent, b'"usage"')
+    trailing = b',"prompt_logprobs":null,"prompt_token_ids":null,"kv_transfer_params":null}'
+    fake.tamper = lambda body, headers: pad(body[:-1] + trailing, headers)
+    resp = await client.post("/v1/chat/completions", json={"messages": []})
+    assert resp.status == 200
+    assert await resp.read() == sent[0]
+    (line,) = read_journal(tmp_path / "journal.sqlite")
+    record = UsageRecord.from_json(line)
+    assert (record.verdict, record.prompt_tokens_billed, record.completion_tokens_billed) == (
+        "reported",
+        5,
+        3,
+    )
+
+
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
 async def test_a_metered_answer_too_large_and_not_ending_with_usage_is_invalid(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path, chunked: bool
