@@ -27,7 +27,7 @@ from proxy.exchanges import (
 from proxy.metering import METER
 from proxy.metrics import METRICS, upstream_failure
 from proxy.records import OPERATIONS
-from proxy.relay import abort, pass_on_then_settle, pass_on_unread
+from proxy.relay import abort, pass_on_then_settle, pass_on_unread, send
 from proxy.sse import UsageScanner
 from proxy.upstream import SESSION, UpstreamError, exchange, response_headers
 from proxy.usage import Reading, read_usage, reading_of, usage_at_end
@@ -65,9 +65,10 @@ class MeteredRelay:
                 payload, whole = await read_answer(upstream, self._limit)
                 if not whole and not content_codings(upstream.headers.get("Content-Encoding")):
 
-                    def settle(end: bytes) -> Awaitable[dict[str, str]]:
+                    def settle(end: bytes, aborted: bool) -> Awaitable[dict[str, str]]:
                         reading = _reading_at_end(end, self._limit)
-                        return self._settle(request, prepared, reading, upstream.status, started)
+                        status = upstream.status
+                        return self._settle(request, prepared, reading, status, started, aborted)
 
                     return await pass_on_then_settle(request, upstream, payload, settle)
                 if not whole:  # encoded: its end cannot be read as it passes
@@ -111,7 +112,7 @@ class MeteredRelay:
             async for chunk in upstream.content.iter_any():
                 out = scanner.feed(chunk)
                 if out and not client_gone:
-                    client_gone = not await _send(reply, out)
+                    client_gone = not await send(reply, out)
         except (aiohttp.ClientError, TimeoutError) as exc:
             abort(request, exc)  # an interrupted upstream stream is not billed
             return reply
@@ -128,7 +129,7 @@ class MeteredRelay:
             await self._settle(request, prepared, reading, upstream.status, started, client_gone)
         if client_gone:
             return reply
-        if await _send(reply, tail + scanner.held):
+        if await send(reply, tail + scanner.held):
             await reply.write_eof()
         return reply
 
@@ -167,15 +168,6 @@ class MeteredRelay:
         )
         journaled = await meter.record(record)
         return meter.headers(record, journaled)
-
-
-async def _send(reply: web.StreamResponse, data: bytes) -> bool:
-    """Write to the client; False when the client has gone away."""
-    try:
-        await reply.write(data)
-    except (ConnectionError, aiohttp.ClientConnectionResetError):
-        return False
-    return True
 
 
 def _reading_at_end(end: bytes, limit: int) -> Reading:

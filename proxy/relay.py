@@ -15,7 +15,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from proxy.exchanges import body_timeout, read_within
-from proxy.metrics import upstream_failure
+from proxy.metrics import METRICS, upstream_failure
 from proxy.upstream import SESSION, UpstreamError, exchange, response_headers
 
 log = structlog.get_logger("proxy.relay")
@@ -85,13 +85,15 @@ async def pass_on_then_settle(
     request: web.Request,
     upstream: aiohttp.ClientResponse,
     head: bytes,
-    settle: Callable[[bytes], Awaitable[object]],
+    settle: Callable[[bytes, bool], Awaitable[object]],
 ) -> web.StreamResponse:
     """An answer above --max-answer-bytes is never held: it is passed on as it arrives,
     but for its last ANSWER_END_BYTES. A successful one is then settled with those last
-    bytes, where its usage is, before they are released; the record's headers cannot
-    ride on an answer already under way. A failure mid-body cuts the client connection
-    and settles nothing (an interrupted answer is not billed)."""
+    bytes, where its usage is, and whether the client left before its end (``settle(end,
+    aborted)``), before they are released; the record's headers cannot ride on an answer
+    already under way. A client that hangs up does not make the engine's work free: the
+    upstream is read to its end all the same. An upstream failure mid-body cuts the client
+    connection and settles nothing (an interrupted answer is not billed)."""
     headers = response_headers(upstream.headers, keep_length=True)
     reply = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
     await reply.prepare(request)
@@ -104,22 +106,27 @@ async def pass_on_then_settle(
         abort(request, exc)
         return reply
     last = end.bytes()
+    if end.client_gone:
+        log.info("client_disconnected", path=request.path)
+        request.app[METRICS].aborted.labels(request.path).inc()
     if 200 <= upstream.status < 300:
         log.warning("answer_passed_on_unread", path=request.path, read="its end")
-        await settle(last)
-    await reply.write(last)
-    await reply.write_eof()
+        await settle(last, end.client_gone)
+    if not end.client_gone and await send(reply, last):
+        await reply.write_eof()
     return reply
 
 
 class _End:
     """Writes what it is given to ``reply`` but for the last ANSWER_END_BYTES, which it
-    holds (copying at most that many bytes per chunk)."""
+    holds (copying at most that many bytes per chunk); once the client has gone, it only
+    keeps the end."""
 
     def __init__(self, reply: web.StreamResponse) -> None:
         self._reply = reply
         self._held: deque[bytes] = deque()
         self._size = 0
+        self.client_gone = False
 
     async def add(self, chunk: bytes) -> None:
         self._held.append(chunk)
@@ -129,17 +136,26 @@ class _End:
             first = self._held[0]
             if len(first) <= excess:
                 self._held.popleft()
-                await self._reply.write(first)
-                cut = len(first)
+                out: bytes | memoryview = first
             else:
-                await self._reply.write(memoryview(first)[:excess])
+                out = memoryview(first)[:excess]
                 self._held[0] = first[excess:]
-                cut = excess
-            self._size -= cut
-            excess -= cut
+            self._size -= len(out)
+            excess -= len(out)
+            if not self.client_gone:
+                self.client_gone = not await send(self._reply, out)
 
     def bytes(self) -> bytes:
         return b"".join(self._held)
+
+
+async def send(reply: web.StreamResponse, data: bytes | memoryview) -> bool:
+    """Write to the client; False when the client has gone away."""
+    try:
+        await reply.write(data)
+    except (ConnectionError, aiohttp.ClientConnectionResetError):
+        return False
+    return True
 
 
 async def pass_on(
@@ -149,16 +165,22 @@ async def pass_on(
     headers: CIMultiDict[str],
 ) -> web.StreamResponse:
     """Stream the upstream's answer to the client as it arrives: ``head`` (the part
-    already read), then the rest. A failure mid-body cuts the client connection."""
+    already read), then the rest. An upstream failure mid-body cuts the client
+    connection; a client that hangs up ends the exchange (nothing here is metered)."""
     reply = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=headers)
     await reply.prepare(request)
     try:
-        if head:
-            await reply.write(head)
-        async for chunk in upstream.content.iter_any():
-            await reply.write(chunk)
+        gone = bool(head) and not await send(reply, head)
+        if not gone:
+            async for chunk in upstream.content.iter_any():
+                if not await send(reply, chunk):
+                    gone = True
+                    break
     except (aiohttp.ClientError, TimeoutError) as exc:
         abort(request, exc)
+        return reply
+    if gone:
+        log.info("client_disconnected", path=request.path)
         return reply
     await reply.write_eof()
     return reply

@@ -12,9 +12,11 @@ from typing import Any
 from urllib.request import urlopen
 
 import pytest
+from structlog.testing import capture_logs
 
 from proxy.exchanges import BODIES
 from proxy.journal import read_journal
+from proxy.metrics import METRICS
 from proxy.records import UsageRecord
 from proxy.relay import ANSWER_END_BYTES
 from proxy.upstream import SESSION
@@ -294,6 +296,56 @@ async def test_a_chat_answer_too_large_to_hold_is_billed_from_its_end(
         5,
         3,
     )
+
+
+async def test_a_client_leaving_a_large_answer_still_pays(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """Regression: a client that hung up while an answer above the limit was passed on
+    (a large batch of embeddings, the engine's work done) left no record at all. The
+    upstream is read to its end and the usage billed, the record marked aborted."""
+    release = asyncio.Event()
+    first = b'{"object": "list", "data": [' + b" " * (4 * ANSWER_LIMIT)
+
+    async def parts() -> AsyncIterator[bytes]:
+        yield first
+        await release.wait()
+        yield b'], "usage": {"prompt_tokens": 3, "total_tokens": 3}}'
+
+    slow = streamed_answer("/v1/embeddings", "application/json", parts)
+    _, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        middlewares=(slow,),
+        max_answer_bytes=ANSWER_LIMIT,
+    )
+    reader, writer = await asyncio.open_connection("127.0.0.1", client.server.port)
+    body = json.dumps(REQUESTS["/v1/embeddings"]).encode()
+    writer.write(
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+    await writer.drain()
+    seen = b""
+    while len(seen) < 2 * ANSWER_LIMIT:
+        seen += await asyncio.wait_for(reader.read(65536), 10)
+    with capture_logs() as logs:
+        writer.close()
+        await asyncio.sleep(0.2)  # the proxy notices on its next write
+        release.set()
+        await eventually(lambda: _has_records(tmp_path / "journal.sqlite"))
+    events = [entry["event"] for entry in logs]
+    assert "client_disconnected" in events
+    assert "upstream_failed_mid_body" not in events  # it used to blame the upstream
+    (line,) = read_journal(tmp_path / "journal.sqlite")
+    record = UsageRecord.from_json(line)
+    assert (record.verdict, record.prompt_tokens_billed, record.aborted) == ("reported", 3, True)
+    assert client.app[METRICS].aborted.labels("/v1/embeddings")._value.get() == 1
+
+
+async def _has_records(journal: Path) -> bool:
+    return bool(read_journal(journal))
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
