@@ -304,21 +304,8 @@ async def test_a_client_leaving_a_large_answer_still_pays(
     """Regression: a client that hung up while an answer above the limit was passed on
     (a large batch of embeddings, the engine's work done) left no record at all. The
     upstream is read to its end and the usage billed, the record marked aborted."""
-    release = asyncio.Event()
-    first = b'{"object": "list", "data": [' + b" " * (4 * ANSWER_LIMIT)
-
-    async def parts() -> AsyncIterator[bytes]:
-        yield first
-        await release.wait()
-        yield b'], "usage": {"prompt_tokens": 3, "total_tokens": 3}}'
-
-    slow = streamed_answer("/v1/embeddings", "application/json", parts)
-    _, client = await fake_and_proxy(
-        aiohttp_server,
-        aiohttp_client,
-        minilm_path,
-        middlewares=(slow,),
-        max_answer_bytes=ANSWER_LIMIT,
+    client, _, release = await slow_embeddings(
+        aiohttp_server, aiohttp_client, minilm_path, 4 * ANSWER_LIMIT
     )
     reader, writer = await asyncio.open_connection("127.0.0.1", client.server.port)
     body = json.dumps(REQUESTS["/v1/embeddings"]).encode()
@@ -390,14 +377,14 @@ def streamed_answer(path: str, content_type: str, parts: Callable[[], AsyncItera
     return answer
 
 
-async def test_a_large_answer_streams_through_before_it_ends(
-    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path
-) -> None:
-    """Past the limit the proxy holds nothing but the answer's last ANSWER_END_BYTES
-    (where the usage is): the client reads the bytes before them while the upstream is
-    still sending."""
+async def slow_embeddings(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, padding: int
+) -> tuple[Any, bytes, asyncio.Event]:
+    """A proxy (--max-answer-bytes ANSWER_LIMIT) whose upstream answers embeddings with
+    ``first`` (``padding`` bytes into ``data``), then waits for ``release`` to send the
+    rest and the usage (3 tokens)."""
     release = asyncio.Event()
-    first = b'{"object": "list", "data": [' + b" " * (2 * ANSWER_LIMIT)
+    first = b'{"object": "list", "data": [' + b" " * padding
 
     async def parts() -> AsyncIterator[bytes]:
         yield first
@@ -411,6 +398,18 @@ async def test_a_large_answer_streams_through_before_it_ends(
         minilm_path,
         middlewares=(slow,),
         max_answer_bytes=ANSWER_LIMIT,
+    )
+    return client, first, release
+
+
+async def test_a_large_answer_streams_through_before_it_ends(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path
+) -> None:
+    """Past the limit the proxy holds nothing but the answer's last ANSWER_END_BYTES
+    (where the usage is): the client reads the bytes before them while the upstream is
+    still sending."""
+    client, first, release = await slow_embeddings(
+        aiohttp_server, aiohttp_client, minilm_path, 2 * ANSWER_LIMIT
     )
     resp = await client.post("/v1/embeddings", json=REQUESTS["/v1/embeddings"])
     assert resp.status == 200
