@@ -74,4 +74,7 @@ OPERATIONS = {
     "/pooling": "pooling",
     "/v1/completions": "completions",
     "/v1/chat/completions": "chat",
+    # N conversations in one request, never streamed, one usage summing them (in vLLM
+    # 0.32.0, not yet in 0.29.0)
+    "/v1/chat/completions/batch": "chat",
 }

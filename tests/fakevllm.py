@@ -147,6 +147,7 @@ class FakeVLLM:
         posted["/invocations"] = self.handle_invocations
         posted["/v1/embeddings"] = self.handle_embeddings
         posted["/v1/chat/completions"] = self.handle_chat
+        posted["/v1/chat/completions/batch"] = self.handle_chat  # usage as for one chat
         for path, handler in posted.items():
             app.router.add_post(path, handler)
         app.router.add_route("*", "/echo/{tail:.*}", self.handle_echo)

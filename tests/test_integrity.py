@@ -238,6 +238,22 @@ async def test_lax_stream_flag_is_metered(open_proxy: Any, tmp_path: Path, strea
     assert (record.prompt_tokens_billed, record.completion_tokens_billed) == (5, 3)
 
 
+async def test_batch_chat_is_metered(open_proxy: Any, tmp_path: Path) -> None:
+    """Regression: vLLM 0.32.0's ``/v1/chat/completions/batch`` (N conversations, one
+    usage summing them) was relayed without a record: engine work for free."""
+    _, client = open_proxy
+    conversations = [[{"role": "user", "content": "hi"}], [{"role": "user", "content": "yo"}]]
+    resp = await client.post("/v1/chat/completions/batch", json={"messages": conversations})
+    assert resp.status == 200
+    (record,) = records(tmp_path / "journal.sqlite")
+    assert (record.operation, record.prompt_tokens_billed, record.completion_tokens_billed) == (
+        "chat",
+        5,
+        3,
+    )
+    assert resp.headers["x-usage-record-id"] == record.record_id
+
+
 # --- 5. clients that hang up ------------------------------------------------------------
 
 
