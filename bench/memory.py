@@ -5,8 +5,9 @@
 Starts a minimal upstream that answers like vLLM to an over-long input (400, after
 reading the body) and the real proxy, then measures the proxy's RSS (VmRSS) and peak
 (VmHWM, reset between scenarios) for: one body of 2, 8 and 60 MiB of one-character words;
-20 concurrent 8 MiB bodies; 10 uploads stalled one byte short; and a small rerank sent
-while two 3 MiB bodies keep the tokenizer busy. Prints a markdown table.
+20 concurrent 8 MiB bodies; 10 uploads stalled one byte short; a small rerank sent
+while two 3 MiB bodies keep the tokenizer busy; and four concurrent 100 MiB embeddings
+answers, with small reranks sent beside them. Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -62,12 +63,33 @@ async def upstream_app() -> web.Application:
         usage = {"prompt_tokens": 25, "total_tokens": 25}
         return web.json_response({"id": "x", "model": "minilm", "usage": usage, "results": []})
 
+    answer = big_answer(ANSWER_MIB)
+
+    async def embeddings(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=answer, content_type="application/json")
+
     app = web.Application(client_max_size=1 << 30)
+    app.router.add_post("/v1/embeddings", embeddings)
     app.router.add_get("/version", version)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", version)
     app.router.add_post("/rerank", scoring)
     return app
+
+
+ANSWER_MIB = 100
+
+
+def big_answer(mib: int) -> bytes:
+    """An embeddings answer of about ``mib`` MiB, as vLLM writes it (usage last)."""
+    vector = json.dumps([round(0.001 * i - 0.5, 9) for i in range(1024)])
+    item = '{"index":%d,"object":"embedding","embedding":' + vector + "}"
+    count = mib * MIB // len(item)
+    data = ",".join(item % i for i in range(count))
+    usage = f'"usage":{{"prompt_tokens":{count},"total_tokens":{count}}}'
+    head = '{"id":"embd-1","object":"list","created":1,"model":"minilm","data":['
+    return f"{head}{data}],{usage}}}".encode()
 
 
 def big_body(mib: int) -> bytes:
@@ -171,6 +193,28 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[tuple[str, str]]:
             counted = "counted in time" if verdict != "unaudited" else "NOT counted in time"
             rows.append(
                 ("small rerank beside two 3 MiB bodies", f"{counted}, {took * 1000:.0f} ms")
+            )
+            embed = proxy.url + "/v1/embeddings"
+            request = json.dumps({"input": ["a"]}).encode()
+            reset_peak(pid)
+            started = time.monotonic()
+            answers = [asyncio.create_task(post(session, embed, request)) for _ in range(4)]
+            await asyncio.sleep(0.2)
+            beside = []
+            while not all(a.done() for a in answers):
+                began = time.monotonic()
+                await post(session, url, small)
+                beside.append(time.monotonic() - began)
+            took = time.monotonic() - started
+            statuses = sorted({s for s, _ in await asyncio.gather(*answers)})
+            await asyncio.sleep(1)
+            rows.append(
+                (
+                    f"4 concurrent {ANSWER_MIB} MiB embeddings answers",
+                    f"statuses {statuses}, {took:.1f} s, peak {mb(pid, 'VmHWM'):.0f} MB, after "
+                    f"{mb(pid):.0f} MB; small reranks beside them: slowest "
+                    f"{max(beside, default=0) * 1000:.0f} ms of {len(beside)}",
+                )
             )
             rows.append(("after everything", f"RSS {mb(pid):.0f} MB (idle was {idle:.0f})"))
     finally:

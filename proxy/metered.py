@@ -35,6 +35,12 @@ from proxy.usage import Reading, read_usage, reading_of, usage_at_end
 log = structlog.get_logger("proxy.metered")
 
 METERED_PATHS = frozenset(p for p, op in OPERATIONS.items() if op not in ("score", "rerank"))
+# Metered answers larger than this (below --max-answer-bytes) are not held either: they are
+# passed on as they arrive and billed from the usage at their end, so a large batch of
+# embeddings takes neither the proxy's memory nor the event loop's time to parse it
+# (pydantic-core holds the GIL about 20 ms per 16 MB). Smaller ones are read whole, as a
+# client reads them, and carry the x-usage-* headers.
+HELD_ANSWER_BYTES = 8 * 1024 * 1024
 
 
 class MeteredRelay:
@@ -62,11 +68,13 @@ class MeteredRelay:
             ) as upstream:
                 if upstream.content_type == "text/event-stream":
                     return await self._stream(request, upstream, prepared, started)
-                payload, whole = await read_answer(upstream, self._limit)
-                if not whole and not content_codings(upstream.headers.get("Content-Encoding")):
+                encoded = bool(content_codings(upstream.headers.get("Content-Encoding")))
+                held = self._limit if encoded else min(self._limit, HELD_ANSWER_BYTES)
+                payload, whole = await read_answer(upstream, held)
+                if not whole and not encoded:
 
                     def settle(end: bytes, aborted: bool) -> Awaitable[dict[str, str]]:
-                        reading = _reading_at_end(end, self._limit)
+                        reading = _reading_at_end(end, held)
                         status = upstream.status
                         return self._settle(request, prepared, reading, status, started, aborted)
 
@@ -170,10 +178,11 @@ class MeteredRelay:
         return meter.headers(record, journaled)
 
 
-def _reading_at_end(end: bytes, limit: int) -> Reading:
-    """The usage of an answer too large to hold, from its last bytes (vLLM ends every
-    answer with it); invalid when it is not there."""
+def _reading_at_end(end: bytes, held: int) -> Reading:
+    """The usage of an answer passed on as it came, from its last bytes (vLLM writes it
+    last but for a few small members); invalid when it is not there."""
     usage = usage_at_end(end)
     if usage is None:
-        return Reading(None, None, f"{too_large(limit)}, and no usage at its end")
+        problem = f"answer larger than {held} bytes passed on as it came, no usage at its end"
+        return Reading(None, None, problem)
     return reading_of(usage)

@@ -87,9 +87,9 @@ class Settings(BaseSettings):
         256 * 1024 * 1024,
         gt=0,
         description="Largest upstream answer (as sent, and decoded) read into memory to audit "
-        "or meter it; a larger one is passed on to the client as it arrives, a metered one "
-        "billed from the usage at its end (its last 64 KiB are held until then), anything "
-        "else recorded invalid (nothing billed).",
+        "it (uncompressed metered answers: at most 8 MiB); a larger one is passed on as it "
+        "arrives, a metered one billed from the usage at its end (its last 64 KiB held "
+        "until then), anything else recorded invalid (nothing billed).",
     )
     max_inflight_body_bytes: int = Field(
         128 * 1024 * 1024,

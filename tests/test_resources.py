@@ -298,6 +298,41 @@ async def test_a_chat_answer_too_large_to_hold_is_billed_from_its_end(
     )
 
 
+async def test_a_large_metered_answer_is_not_held_even_below_the_limit(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """Regression: a metered answer of up to --max-answer-bytes (256 MiB) was held whole
+    and parsed (memory, and the GIL: about 20 ms per 16 MB). Above HELD_ANSWER_BYTES it
+    streams through like one above the limit, billed from its end."""
+    from proxy.metered import HELD_ANSWER_BYTES
+
+    release = asyncio.Event()
+    first = b'{"object": "list", "data": [' + b" " * HELD_ANSWER_BYTES
+
+    async def parts() -> AsyncIterator[bytes]:
+        yield first
+        await release.wait()
+        yield b'], "usage": {"prompt_tokens": 3, "total_tokens": 3}}'
+
+    slow = streamed_answer("/v1/embeddings", "application/json", parts)
+    _, client = await fake_and_proxy(
+        aiohttp_server, aiohttp_client, minilm_path, middlewares=(slow,)
+    )
+    early = len(first) - ANSWER_END_BYTES
+    try:  # headers and all but the end arrive while the upstream still sends
+        post = client.post("/v1/embeddings", json=REQUESTS["/v1/embeddings"])
+        resp = await asyncio.wait_for(post, 10)
+        assert resp.status == 200
+        assert await asyncio.wait_for(resp.content.readexactly(early), 10) == first[:early]
+    finally:
+        release.set()
+    assert (await resp.read()).endswith(b'"total_tokens": 3}}')
+    (line,) = read_journal(tmp_path / "journal.sqlite")
+    record = UsageRecord.from_json(line)
+    assert (record.verdict, record.prompt_tokens_billed) == ("reported", 3)
+    assert "x-usage-record-id" not in resp.headers  # sent before the usage came
+
+
 async def test_a_client_leaving_a_large_answer_still_pays(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
 ) -> None:
