@@ -109,8 +109,7 @@ async def pass_on_then_settle(
     if end.client_gone:
         log.info("client_disconnected", path=request.path)
         request.app[METRICS].aborted.labels(request.path).inc()
-    if 200 <= upstream.status < 300:
-        log.warning("answer_passed_on_unread", path=request.path, read="its end")
+    if 200 <= upstream.status < 300:  # a usage not found there is logged as invalid_usage
         await settle(last, end.client_gone)
     if not end.client_gone and await send(reply, last):
         await reply.write_eof()
