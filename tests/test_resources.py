@@ -306,17 +306,8 @@ async def test_a_large_metered_answer_is_not_held_even_below_the_limit(
     streams through like one above the limit, billed from its end."""
     from proxy.metered import HELD_ANSWER_BYTES
 
-    release = asyncio.Event()
-    first = b'{"object": "list", "data": [' + b" " * HELD_ANSWER_BYTES
-
-    async def parts() -> AsyncIterator[bytes]:
-        yield first
-        await release.wait()
-        yield b'], "usage": {"prompt_tokens": 3, "total_tokens": 3}}'
-
-    slow = streamed_answer("/v1/embeddings", "application/json", parts)
-    _, client = await fake_and_proxy(
-        aiohttp_server, aiohttp_client, minilm_path, middlewares=(slow,)
+    client, first, release = await slow_embeddings(
+        aiohttp_server, aiohttp_client, minilm_path, HELD_ANSWER_BYTES, limit=None
     )
     early = len(first) - ANSWER_END_BYTES
     try:  # headers and all but the end arrive while the upstream still sends
@@ -413,11 +404,15 @@ def streamed_answer(path: str, content_type: str, parts: Callable[[], AsyncItera
 
 
 async def slow_embeddings(
-    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, padding: int
+    aiohttp_server: Any,
+    aiohttp_client: Any,
+    minilm_path: Path,
+    padding: int,
+    limit: int | None = ANSWER_LIMIT,
 ) -> tuple[Any, bytes, asyncio.Event]:
-    """A proxy (--max-answer-bytes ANSWER_LIMIT) whose upstream answers embeddings with
-    ``first`` (``padding`` bytes into ``data``), then waits for ``release`` to send the
-    rest and the usage (3 tokens)."""
+    """A proxy (--max-answer-bytes ``limit``, None: the default) whose upstream answers
+    embeddings with ``first`` (``padding`` bytes into ``data``), then waits for
+    ``release`` to send the rest and the usage (3 tokens)."""
     release = asyncio.Event()
     first = b'{"object": "list", "data": [' + b" " * padding
 
@@ -427,12 +422,9 @@ async def slow_embeddings(
         yield b'], "usage": {"prompt_tokens": 3, "total_tokens": 3}}'
 
     slow = streamed_answer("/v1/embeddings", "application/json", parts)
+    options = {} if limit is None else {"max_answer_bytes": limit}
     _, client = await fake_and_proxy(
-        aiohttp_server,
-        aiohttp_client,
-        minilm_path,
-        middlewares=(slow,),
-        max_answer_bytes=ANSWER_LIMIT,
+        aiohttp_server, aiohttp_client, minilm_path, middlewares=(slow,), **options
     )
     return client, first, release
 
