@@ -27,7 +27,7 @@ from proxy.exchanges import (
 from proxy.metering import METER
 from proxy.metrics import METRICS, upstream_failure
 from proxy.records import OPERATIONS
-from proxy.relay import abort, pass_on_then_settle, pass_on_unread, send
+from proxy.relay import abort, client_left, pass_on_then_settle, pass_on_unread, send
 from proxy.sse import UsageScanner
 from proxy.upstream import SESSION, UpstreamError, exchange, response_headers
 from proxy.usage import Reading, read_usage, reading_of, usage_at_end
@@ -71,23 +71,22 @@ class MeteredRelay:
                 encoded = bool(content_codings(upstream.headers.get("Content-Encoding")))
                 held = self._limit if encoded else min(self._limit, HELD_ANSWER_BYTES)
                 payload, whole = await read_answer(upstream, held)
-                if not whole and not encoded:
-
-                    def settle(end: bytes, aborted: bool) -> Awaitable[dict[str, str]]:
-                        reading = _reading_at_end(end, held)
-                        status = upstream.status
-                        return self._settle(request, prepared, reading, status, started, aborted)
-
-                    return await pass_on_then_settle(request, upstream, payload, settle)
-                if not whole:  # encoded: its end cannot be read as it passes
+                status, headers = upstream.status, upstream.headers
+                if not whole and encoded:  # its end cannot be read as it passes
                     unread = Reading(None, None, too_large(self._limit))
                     return await pass_on_unread(
                         request,
                         upstream,
                         payload,
-                        lambda: self._settle(request, prepared, unread, upstream.status, started),
+                        lambda: self._settle(request, prepared, unread, status, started),
                     )
-                status, headers = upstream.status, upstream.headers
+                if not whole:
+
+                    def settle(end: bytes, aborted: bool) -> Awaitable[dict[str, str]]:
+                        reading = _reading_at_end(end, held)
+                        return self._settle(request, prepared, reading, status, started, aborted)
+
+                    return await pass_on_then_settle(request, upstream, payload, settle)
         except UpstreamError as exc:
             return upstream_failure(request, exc)
         success = 200 <= status < 300
@@ -126,8 +125,7 @@ class MeteredRelay:
             return reply
         tail = scanner.finish()
         if client_gone:
-            log.info("client_disconnected", path=request.path, billed=scanner.usage is not None)
-            request.app[METRICS].aborted.labels(request.path).inc()
+            client_left(request, billed=scanner.usage is not None)
         reading = None
         if scanner.problem is not None:  # usage not known: billed nothing, never missing
             reading = Reading(None, None, scanner.problem)

@@ -87,8 +87,8 @@ async def pass_on_then_settle(
     head: bytes,
     settle: Callable[[bytes, bool], Awaitable[object]],
 ) -> web.StreamResponse:
-    """An answer above --max-answer-bytes is never held: it is passed on as it arrives,
-    but for its last ANSWER_END_BYTES. A successful one is then settled with those last
+    """A metered answer too large to hold is passed on as it arrives, but for its last
+    ANSWER_END_BYTES. A successful one is then settled with those last
     bytes, where its usage is, and whether the client left before its end (``settle(end,
     aborted)``), before they are released; the record's headers cannot ride on an answer
     already under way. A client that hangs up does not make the engine's work free: the
@@ -107,8 +107,7 @@ async def pass_on_then_settle(
         return reply
     last = end.bytes()
     if end.client_gone:
-        log.info("client_disconnected", path=request.path)
-        request.app[METRICS].aborted.labels(request.path).inc()
+        client_left(request)
     if 200 <= upstream.status < 300:  # a usage not found there is logged as invalid_usage
         await settle(last, end.client_gone)
     if not end.client_gone and await send(reply, last):
@@ -146,6 +145,13 @@ class _End:
 
     def bytes(self) -> bytes:
         return b"".join(self._held)
+
+
+def client_left(request: web.Request, **context: object) -> None:
+    """A client hung up before its metered answer ended (it is still billed): logged and
+    counted in usage_proxy_client_aborted_total."""
+    log.info("client_disconnected", path=request.path, **context)
+    request.app[METRICS].aborted.labels(request.path).inc()
 
 
 async def send(reply: web.StreamResponse, data: bytes | memoryview) -> bool:
