@@ -26,7 +26,8 @@ RERANK = json.dumps({"query": "What is the capital of France?", "documents": ["P
 
 
 async def trickle(port: int, path: str, length: int, first: bytes) -> tuple[Any, Any]:
-    """Open a request announcing ``length`` body bytes and send only ``first``."""
+    """Open a request announcing ``length`` body bytes and send only ``first`` (all of
+    it when ``first`` is the whole body)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(
         f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -333,13 +334,8 @@ async def test_a_client_leaving_a_large_answer_still_pays(
     client, _, release = await slow_embeddings(
         aiohttp_server, aiohttp_client, minilm_path, 4 * ANSWER_LIMIT
     )
-    reader, writer = await asyncio.open_connection("127.0.0.1", client.server.port)
     body = json.dumps(REQUESTS["/v1/embeddings"]).encode()
-    writer.write(
-        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
-    )
-    await writer.drain()
+    reader, writer = await trickle(client.server.port, "/v1/embeddings", len(body), body)
     seen = b""
     while len(seen) < 2 * ANSWER_LIMIT:
         seen += await asyncio.wait_for(reader.read(65536), 10)
