@@ -24,6 +24,7 @@ from proxy.metered import METERED_PATHS, MeteredRelay
 from proxy.metering import METER, attribution, meter_context
 from proxy.metrics import METRICS, Metrics, admin_context, serve_metrics
 from proxy.relay import Relay
+from proxy.sendwatch import SENDS, send_watch_context
 from proxy.settings import Settings
 from proxy.settler import settler_context
 from proxy.shapes import INVOCATIONS_PATH, RERANK_PATHS, SCORE_PATHS
@@ -51,7 +52,9 @@ async def guard(
     request: web.Request, handler: Callable[[web.Request], object]
 ) -> web.StreamResponse:
     """The proxy only ever talks to its upstream: no CONNECT, no absolute-form targets;
-    aiohttp's 413 for an audited body above --max-body-bytes comes in vLLM's shape."""
+    aiohttp's 413 for an audited body above --max-body-bytes comes in vLLM's shape. Every
+    client that makes a request must keep reading its answers (``SendWatch``)."""
+    request.app[SENDS].watch(request.transport)
     if request.method == "CONNECT":
         return error_response(405, "CONNECT is not supported by this proxy")
     if not request.raw_path.startswith("/"):
@@ -107,6 +110,7 @@ def create_app(
     app.cleanup_ctx.append(settler_context(settings))
     metrics = Metrics(settings)
     app[METRICS] = metrics
+    app.cleanup_ctx.append(send_watch_context(settings.send_timeout))
     app[BODIES] = BodyBudget(
         settings.max_inflight_body_bytes, settings.max_body_bytes, settings.body_read_timeout
     )

@@ -145,6 +145,11 @@ class Metrics:
             ("endpoint",),
             registry=r,
         )
+        self.stalled_clients = Counter(
+            "usage_proxy_stalled_clients",
+            "Client connections closed for accepting no answer byte for --send-timeout.",
+            registry=r,
+        )
         self.engine_prompt = Counter(
             "usage_proxy_engine_prompt_tokens",
             "Growth of the upstream's vllm:prompt_tokens_total observed since start.",

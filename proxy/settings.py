@@ -103,6 +103,14 @@ class Settings(BaseSettings):
         gt=0,
         description="Seconds to receive a whole audited/metered request body; past it, 408.",
     )
+    send_timeout: float = Field(
+        30.0,
+        gt=0,
+        description="Seconds a client may go without accepting any byte of its answer (as "
+        "nginx's send_timeout): one that reads nothing for this long, its connection's send "
+        "buffer full, is disconnected, so it cannot hold an upstream connection or a held "
+        "answer's memory. A metered answer is still read to its end and billed (aborted).",
+    )
     keepalive_timeout: float = Field(
         75.0,
         gt=0,

@@ -4,8 +4,10 @@ uploads that must not hold an upstream connection, and upstream answers too larg
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
+import socket
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -405,10 +407,11 @@ async def slow_embeddings(
     minilm_path: Path,
     padding: int,
     limit: int | None = ANSWER_LIMIT,
+    **settings: Any,
 ) -> tuple[Any, bytes, asyncio.Event]:
-    """A proxy (--max-answer-bytes ``limit``, None: the default) whose upstream answers
-    embeddings with ``first`` (``padding`` bytes into ``data``), then waits for
-    ``release`` to send the rest and the usage (3 tokens)."""
+    """A proxy (--max-answer-bytes ``limit``, None: the default; other ``settings`` as
+    given) whose upstream answers embeddings with ``first`` (``padding`` bytes into
+    ``data``), then waits for ``release`` to send the rest and the usage (3 tokens)."""
     release = asyncio.Event()
     first = b'{"object": "list", "data": [' + b" " * padding
 
@@ -418,7 +421,7 @@ async def slow_embeddings(
         yield b'], "usage": {"prompt_tokens": 3, "total_tokens": 3}}'
 
     slow = streamed_answer("/v1/embeddings", "application/json", parts)
-    options = {} if limit is None else {"max_answer_bytes": limit}
+    options = settings if limit is None else {"max_answer_bytes": limit, **settings}
     _, client = await fake_and_proxy(
         aiohttp_server, aiohttp_client, minilm_path, middlewares=(slow,), **options
     )
@@ -574,3 +577,147 @@ async def test_freed_memory_is_given_back_after_a_large_body(
 
     await eventually(trimmed)
     assert client.app[BODIES].held == 0
+
+
+async def reads_nothing(port: int, path: str, body: bytes, limit: int = 1 << 16) -> tuple[Any, Any]:
+    """Send one request, then read nothing: with a 64 KiB receive buffer (and the stream
+    reader's buffer of twice ``limit``), the proxy's send buffer fills after a few MiB of
+    answer and stays full."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=limit)
+    writer.write(
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    await writer.drain()
+    return reader, writer
+
+
+STALLED_ANSWER = 6 * 1024 * 1024
+
+
+async def test_a_client_that_reads_nothing_lets_go_of_its_upstream_connection(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """Regression: a client that stopped reading an answer passed on as it came kept the
+    upstream connection for as long as it kept its own open; --upstream-connections such
+    clients (two here, 256 by default) made every other request wait for a connection and
+    fail with 504. A client that accepts no byte for --send-timeout is now disconnected;
+    the answer is still read to its end and billed, the record marked aborted."""
+    client, _, release = await slow_embeddings(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        STALLED_ANSWER,
+        send_timeout=0.5,
+        upstream_connections=1,
+        connect_timeout=5,
+    )
+    release.set()
+    body = json.dumps(REQUESTS["/v1/embeddings"]).encode()
+    _, writer = await reads_nothing(client.server.port, "/v1/embeddings", body)
+    await asyncio.sleep(0.3)  # its answer holds the one upstream connection
+    resp = await client.post("/rerank", json=REQUESTS["/rerank"])
+    assert resp.status == 200, await resp.text()
+    writer.close()
+
+    async def billed() -> bool:
+        return len(read_journal(tmp_path / "journal.sqlite")) == 2
+
+    await eventually(billed)
+    records = [UsageRecord.from_json(line) for line in read_journal(tmp_path / "journal.sqlite")]
+    (embedded,) = [r for r in records if r.operation == "embeddings"]
+    assert (embedded.prompt_tokens_billed, embedded.aborted) == (3, True)
+    assert client.app[METRICS].stalled_clients._value.get() == 1
+
+
+async def test_a_client_that_reads_nothing_does_not_pin_a_held_answer(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path
+) -> None:
+    """Regression: an answer held whole (a metered answer up to 8 MiB, a scoring answer)
+    stayed in memory for as long as its client kept the connection open without reading:
+    40 such clients of 7 MiB answers held 370 MB, for good. Such a client is now
+    disconnected after --send-timeout and the answer freed."""
+    client, first, release = await slow_embeddings(
+        aiohttp_server, aiohttp_client, minilm_path, STALLED_ANSWER, limit=None, send_timeout=0.5
+    )
+    release.set()
+    body = json.dumps(REQUESTS["/v1/embeddings"]).encode()
+    reader, writer = await reads_nothing(client.server.port, "/v1/embeddings", body)
+
+    async def cut() -> bool:
+        return bool(client.app[METRICS].stalled_clients._value.get() == 1)
+
+    await eventually(cut, 5)
+    got = 0
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := await asyncio.wait_for(reader.read(1 << 20), 5):
+            got += len(chunk)
+    writer.close()
+    assert got < len(first)  # the connection was closed, the rest never sent
+
+
+class Buffered(asyncio.WriteTransport):
+    """A client connection whose unsent bytes the test sets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unsent, self.aborted = 0, False
+
+    def get_write_buffer_size(self) -> int:
+        return self.unsent
+
+    def is_closing(self) -> bool:
+        return self.aborted
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+def test_only_a_send_buffer_that_does_not_move_for_the_timeout_is_cut() -> None:
+    """The rule behind --send-timeout: an empty send buffer, or one whose size changed
+    since the last sweep (the client read some, or the proxy wrote more), is progress;
+    the same unsent bytes for the whole timeout are a client that accepts nothing."""
+    from proxy.metrics import Metrics
+    from proxy.sendwatch import SendWatch
+    from proxy.settings import Settings
+
+    watch = SendWatch(1.0, Metrics(Settings(upstream="http://127.0.0.1:1")))
+    reading, idle, stalled = Buffered(), Buffered(), Buffered()
+    for transport in (reading, idle, stalled):
+        watch.watch(transport)
+    stalled.unsent = 70_000
+    for tick in range(40):  # 10 s in sweeps of a quarter timeout
+        reading.unsent = 70_000 - 1_000 * (tick % 2)  # drains a little, refilled
+        watch.sweep(tick * 0.25)
+        assert stalled.aborted == (tick >= 4), tick  # cut once unmoved for 1 s
+    assert not reading.aborted
+    assert not idle.aborted
+    assert watch.interval == 0.25
+
+
+async def test_a_slow_client_that_keeps_reading_gets_the_whole_answer(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path
+) -> None:
+    """A client that reads in bursts, with pauses shorter than --send-timeout, is never
+    cut, however much longer the whole answer takes: what it takes from the kernel's
+    queue counts, even while the proxy's own buffer has not moved."""
+    client, first, release = await slow_embeddings(
+        aiohttp_server, aiohttp_client, minilm_path, STALLED_ANSWER, limit=None, send_timeout=0.5
+    )
+    release.set()
+    body = json.dumps(REQUESTS["/v1/embeddings"]).encode()
+    reader, writer = await reads_nothing(client.server.port, "/v1/embeddings", body, 1 << 17)
+    answer = b""
+    while not answer.endswith(b'"total_tokens": 3}}'):
+        await asyncio.sleep(0.3)
+        burst = await asyncio.wait_for(reader.read(1 << 20), 5)
+        assert burst, "cut"
+        answer += burst
+    writer.close()
+    assert len(answer) > len(first)
+    assert client.app[METRICS].stalled_clients._value.get() == 0
