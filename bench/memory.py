@@ -7,7 +7,8 @@ reading the body) and the real proxy, then measures the proxy's RSS (VmRSS) and 
 (VmHWM, reset between scenarios) for: one body of 2, 8 and 60 MiB of one-character words;
 20 concurrent 8 MiB bodies; 10 uploads stalled one byte short; a small rerank sent
 while two 3 MiB bodies keep the tokenizer busy; and four concurrent 100 MiB embeddings
-answers, with small reranks sent beside them. Prints a markdown table.
+answers, with small reranks sent beside them; 40 clients that read none of their 7 MiB
+embeddings answers. Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import socket
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -63,10 +66,11 @@ async def upstream_app() -> web.Application:
         usage = {"prompt_tokens": 25, "total_tokens": 25}
         return web.json_response({"id": "x", "model": "minilm", "usage": usage, "results": []})
 
-    answer = big_answer(ANSWER_MIB)
+    answers = {ANSWER_MIB: big_answer(ANSWER_MIB), STALLED_MIB: big_answer(STALLED_MIB)}
 
     async def embeddings(request: web.Request) -> web.Response:
         await request.read()
+        answer = answers[int(request.query.get("mib", ANSWER_MIB))]
         return web.Response(body=answer, content_type="application/json")
 
     app = web.Application(client_max_size=1 << 30)
@@ -119,6 +123,25 @@ async def stalled_upload(port: int, size: int, hold: float) -> None:
     writer.close()
 
 
+STALLED_CLIENTS, STALLED_MIB, SEND_TIMEOUT = 40, 7, 5
+
+
+async def reads_nothing(port: int, body: bytes) -> tuple[Any, Any]:
+    """An embeddings request (a ``STALLED_MIB`` MiB answer) whose client reads nothing."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    writer.write(
+        f"POST /v1/embeddings?mib={STALLED_MIB} HTTP/1.1\r\nHost: x\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    await writer.drain()
+    return reader, writer
+
+
 async def run(args: argparse.Namespace, workdir: Path) -> list[tuple[str, str]]:
     runner = web.AppRunner(await upstream_app())
     await runner.setup()
@@ -131,6 +154,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[tuple[str, str]]:
         str(workdir / "j.sqlite"),
         "--log-level",
         "warning",
+        "--send-timeout",
+        str(SEND_TIMEOUT),
         *args.proxy_extra.split(),
     )
     await asyncio.to_thread(proxy.wait_ready, "/readyz", 60)
@@ -214,6 +239,24 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[tuple[str, str]]:
                     f"statuses {statuses}, {took:.1f} s, peak {mb(pid, 'VmHWM'):.0f} MB, after "
                     f"{mb(pid):.0f} MB; small reranks beside them: slowest "
                     f"{max(beside, default=0) * 1000:.0f} ms of {len(beside)}",
+                )
+            )
+            reset_peak(pid)
+            stalled = [
+                await reads_nothing(int(proxy.url.rsplit(":", 1)[1]), request)
+                for _ in range(STALLED_CLIENTS)
+            ]
+            await asyncio.sleep(3)
+            during = mb(pid)
+            await asyncio.sleep(SEND_TIMEOUT + 2)
+            for _, writer in stalled:
+                writer.close()
+            rows.append(
+                (
+                    f"{STALLED_CLIENTS} clients reading none of their {STALLED_MIB} MiB "
+                    f"embeddings answers (--send-timeout {SEND_TIMEOUT})",
+                    f"RSS {during:.0f} MB while they wait, peak {mb(pid, 'VmHWM'):.0f} MB, "
+                    f"{mb(pid):.0f} MB once they are cut",
                 )
             )
             rows.append(("after everything", f"RSS {mb(pid):.0f} MB (idle was {idle:.0f})"))

@@ -27,7 +27,14 @@ from proxy.exchanges import (
 from proxy.metering import METER
 from proxy.metrics import METRICS, upstream_failure
 from proxy.records import OPERATIONS
-from proxy.relay import abort, client_left, pass_on_then_settle, pass_on_unread, send
+from proxy.relay import (
+    abort,
+    client_left,
+    pass_on_then_settle,
+    pass_on_unread,
+    send,
+    write_now,
+)
 from proxy.sse import UsageScanner
 from proxy.upstream import SESSION, UpstreamError, exchange, response_headers
 from proxy.usage import Reading, read_usage, reading_of, usage_at_end
@@ -41,12 +48,37 @@ METERED_PATHS = frozenset(p for p, op in OPERATIONS.items() if op not in ("score
 # (pydantic-core holds the GIL about 20 ms per 16 MB). Smaller ones are read whole, as a
 # client reads them, and carry the x-usage-* headers.
 HELD_ANSWER_BYTES = 8 * 1024 * 1024
+# All the metered answers held whole at once: past it, one more is passed on the same way
+# (billed from its end, without x-usage-* headers), so many clients fetching answers of a
+# few MiB, or not reading them (for up to --send-timeout), cannot add up to gigabytes.
+HELD_ANSWERS_TOTAL = 64 * 1024 * 1024
+
+
+class AnswerRoom:
+    """Room for the metered answers held whole at once (``HELD_ANSWERS_TOTAL``)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.held = 0
+
+    def take(self, length: int | None, most: int) -> int:
+        """Bytes reserved to hold an answer of ``length`` (None: unknown, ``most`` is
+        reserved) whole; 0 when it is not to be held: above ``most``, or no room now."""
+        size = most if length is None else length
+        if size > most or self.held + size > self.total:
+            return 0
+        self.held += size
+        return size
+
+    def give(self, size: int) -> None:
+        self.held -= size
 
 
 class MeteredRelay:
     def __init__(self, upstream_base: str, max_answer_bytes: int) -> None:
         self._base = upstream_base
         self._limit = max_answer_bytes
+        self.room = AnswerRoom(HELD_ANSWERS_TOTAL)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
@@ -62,6 +94,7 @@ class MeteredRelay:
         self, request: web.Request, prepared: Prepared, started: float
     ) -> web.StreamResponse:
         """Forward ``prepared`` and record the usage of a successful answer."""
+        reserved = 0
         try:
             async with exchange(
                 request.app[SESSION], self._base, request, prepared.body, metered=True
@@ -69,7 +102,11 @@ class MeteredRelay:
                 if upstream.content_type == "text/event-stream":
                     return await self._stream(request, upstream, prepared, started)
                 encoded = bool(content_codings(upstream.headers.get("Content-Encoding")))
-                held = self._limit if encoded else min(self._limit, HELD_ANSWER_BYTES)
+                if encoded:  # held to be decoded, up to the limit
+                    held = self._limit
+                else:
+                    most = min(self._limit, HELD_ANSWER_BYTES)
+                    held = reserved = self.room.take(upstream.content_length, most)
                 payload, whole = await read_answer(upstream, held)
                 status, headers = upstream.status, upstream.headers
                 if not whole and encoded:  # its end cannot be read as it passes
@@ -81,26 +118,34 @@ class MeteredRelay:
                         lambda: self._settle(request, prepared, unread, status, started),
                     )
                 if not whole:
+                    self.room.give(reserved)
+                    reserved = 0
 
                     def settle(end: bytes, aborted: bool) -> Awaitable[dict[str, str]]:
-                        reading = _reading_at_end(end, held)
+                        reading = _reading_at_end(end)
                         return self._settle(request, prepared, reading, status, started, aborted)
 
                     return await pass_on_then_settle(request, upstream, payload, settle)
+            success = 200 <= status < 300
+            try:
+                payload = await readable_body(payload, headers, self._limit)
+                out_headers = reply_headers(headers)
+                reading = await off_loop(read_usage, payload, payload) if success else None
+            except UnreadableBody as exc:  # passed on as sent; recorded, billed nothing
+                out_headers = response_headers(headers, keep_length=False)
+                reading = Reading(None, None, f"unreadable answer: {exc}") if success else None
+            reply = web.Response(body=payload, status=status, headers=out_headers)
+            if reading is not None:
+                reply.headers.update(
+                    await self._settle(request, prepared, reading, status, started)
+                )
+            if reserved:  # written while its room is still taken
+                await write_now(request, reply)
+            return reply
         except UpstreamError as exc:
             return upstream_failure(request, exc)
-        success = 200 <= status < 300
-        try:
-            payload = await readable_body(payload, headers, self._limit)
-            out_headers = reply_headers(headers)
-            reading = await off_loop(read_usage, payload, payload) if success else None
-        except UnreadableBody as exc:  # passed on as sent; recorded, billed nothing
-            out_headers = response_headers(headers, keep_length=False)
-            reading = Reading(None, None, f"unreadable answer: {exc}") if success else None
-        reply = web.Response(body=payload, status=status, headers=out_headers)
-        if reading is not None:
-            reply.headers.update(await self._settle(request, prepared, reading, status, started))
-        return reply
+        finally:
+            self.room.give(reserved)
 
     async def _stream(
         self, request: web.Request, upstream: Any, prepared: Prepared, started: float
@@ -176,11 +221,11 @@ class MeteredRelay:
         return meter.headers(record, journaled)
 
 
-def _reading_at_end(end: bytes, held: int) -> Reading:
+def _reading_at_end(end: bytes) -> Reading:
     """The usage of an answer passed on as it came, from its last bytes (vLLM writes it
     last but for a few small members); invalid when it is not there."""
     usage = usage_at_end(end)
     if usage is None:
-        problem = f"answer larger than {held} bytes passed on as it came, no usage at its end"
+        problem = "answer passed on as it came (too large to hold, or no room), no usage at its end"
         return Reading(None, None, problem)
     return reading_of(usage)

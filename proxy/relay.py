@@ -163,6 +163,16 @@ async def send(reply: web.StreamResponse, data: bytes | memoryview) -> bool:
     return True
 
 
+async def write_now(request: web.Request, reply: web.Response) -> None:
+    """Write ``reply`` before the handler returns it (aiohttp would write it after), so
+    what holds it can be let go once it has gone; a client that left is no error."""
+    try:
+        await reply.prepare(request)
+        await reply.write_eof()
+    except (ConnectionError, aiohttp.ClientConnectionResetError):
+        pass
+
+
 async def pass_on(
     request: web.Request,
     upstream: aiohttp.ClientResponse,

@@ -327,6 +327,41 @@ async def test_a_large_metered_answer_is_not_held_even_below_the_limit(
     assert "x-usage-record-id" not in resp.headers  # sent before the usage came
 
 
+async def test_metered_answers_held_at_once_are_bounded(
+    aiohttp_server: Any,
+    aiohttp_client: Any,
+    minilm_path: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression: every metered answer up to 8 MiB was held whole whatever the others
+    held, so many clients fetching answers of a few MiB (or not reading them) added up
+    without bound. Past HELD_ANSWERS_TOTAL held at once, the next one is passed on as it
+    comes and billed from its end; its room is given back once each answer has gone."""
+    import proxy.metered
+
+    monkeypatch.setattr(proxy.metered, "HELD_ANSWER_BYTES", 600_000)
+    monkeypatch.setattr(proxy.metered, "HELD_ANSWERS_TOTAL", 1_000_000)
+    client, _, release = await slow_embeddings(
+        aiohttp_server, aiohttp_client, minilm_path, 100_000, limit=None
+    )
+    held = asyncio.create_task(client.post("/v1/embeddings", json=REQUESTS["/v1/embeddings"]))
+    await asyncio.sleep(0.3)  # its room (length unknown: 600,000 bytes) is taken
+    passed = asyncio.create_task(client.post("/v1/embeddings", json=REQUESTS["/v1/embeddings"]))
+    await asyncio.sleep(0.3)
+    release.set()
+    answers = await asyncio.gather(held, passed)
+    for resp in answers:
+        assert resp.status == 200
+        assert (await resp.read()).endswith(b'"total_tokens": 3}}')
+    assert "x-usage-record-id" in answers[0].headers  # held whole, read, then sent
+    assert "x-usage-record-id" not in answers[1].headers  # passed on as it came
+    records = [UsageRecord.from_json(line) for line in read_journal(tmp_path / "journal.sqlite")]
+    assert [(r.verdict, r.prompt_tokens_billed) for r in records] == [("reported", 3)] * 2
+    again = await client.post("/v1/embeddings", json=REQUESTS["/v1/embeddings"])
+    assert "x-usage-record-id" in again.headers  # the room was given back
+
+
 async def test_a_client_leaving_a_large_answer_still_pays(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
 ) -> None:
