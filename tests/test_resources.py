@@ -27,10 +27,15 @@ from tests.conftest import eventually, fake_and_proxy
 RERANK = json.dumps({"query": "What is the capital of France?", "documents": ["Paris."]})
 
 
-async def trickle(port: int, path: str, length: int, first: bytes) -> tuple[Any, Any]:
+async def trickle(
+    port: int, path: str, length: int, first: bytes, sock: socket.socket | None = None
+) -> tuple[Any, Any]:
     """Open a request announcing ``length`` body bytes and send only ``first`` (all of
-    it when ``first`` is the whole body)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    it when ``first`` is the whole body); on ``sock`` when given, already connected."""
+    if sock is None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    else:  # a stream reader's buffer of 256 KiB
+        reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 17)
     writer.write(
         f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         f"Content-Length: {length}\r\n\r\n".encode()
@@ -614,22 +619,15 @@ async def test_freed_memory_is_given_back_after_a_large_body(
     assert client.app[BODIES].held == 0
 
 
-async def reads_nothing(port: int, path: str, body: bytes, limit: int = 1 << 16) -> tuple[Any, Any]:
+async def reads_nothing(port: int, path: str, body: bytes) -> tuple[Any, Any]:
     """Send one request, then read nothing: with a 64 KiB receive buffer (and the stream
-    reader's buffer of twice ``limit``), the proxy's send buffer fills after a few MiB of
-    answer and stays full."""
+    reader's 256 KiB), the proxy's send buffer fills after a few MiB of answer and stays
+    full."""
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
     sock.setblocking(False)
     await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
-    reader, writer = await asyncio.open_connection(sock=sock, limit=limit)
-    writer.write(
-        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n".encode()
-        + body
-    )
-    await writer.drain()
-    return reader, writer
+    return await trickle(port, path, len(body), body, sock)
 
 
 STALLED_ANSWER = 6 * 1024 * 1024
@@ -746,7 +744,7 @@ async def test_a_slow_client_that_keeps_reading_gets_the_whole_answer(
     )
     release.set()
     body = json.dumps(REQUESTS["/v1/embeddings"]).encode()
-    reader, writer = await reads_nothing(client.server.port, "/v1/embeddings", body, 1 << 17)
+    reader, writer = await reads_nothing(client.server.port, "/v1/embeddings", body)
     answer = b""
     while not answer.endswith(b'"total_tokens": 3}}'):
         await asyncio.sleep(0.3)
