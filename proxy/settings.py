@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import yaml
-from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AnyHttpUrl,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -238,7 +245,9 @@ class Settings(BaseSettings):
     )
     admin_host: str = Field("0.0.0.0", description="Address for --admin-port.")
     metrics_tenant_label: bool = Field(
-        False, description="Label token metrics by tenant (capped by --metrics-max-tenants)."
+        False,
+        description="Label token metrics by tenant (capped by --metrics-max-tenants); needs "
+        "--admin-port, since /metrics on the main port needs no key.",
     )
     metrics_max_tenants: int = Field(
         100, ge=1, description="Distinct tenant label values before folding into 'other'."
@@ -247,6 +256,17 @@ class Settings(BaseSettings):
         default_factory=dict,
         description="Per served-model overrides (config file or JSON in the environment).",
     )
+
+    @field_validator("metrics_tenant_label")
+    @classmethod
+    def _tenants_not_on_the_main_port(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("admin_port") is None:
+            raise ValueError(
+                "needs --admin-port: tenant names and their token volumes must not be served "
+                "on the main port, where /metrics needs no key and every tenant could read "
+                "them; put /metrics on a port tenants cannot reach"
+            )
+        return value
 
     @field_validator("log_level")
     @classmethod

@@ -20,6 +20,7 @@ from proxy.metrics import METRICS
 from proxy.records import MAX_TOKENS, UsageRecord
 from proxy.tenancy import key_digest
 from proxy.upstream import SESSION
+from scripts.vllm_cpu import free_port
 from tests.conftest import fake_and_proxy
 
 QUERY = "What is the capital of France?"
@@ -46,6 +47,8 @@ async def keyed(aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp
         tenant_header="X-Tenant-Id",
         metrics_tenant_label=True,
         metrics_max_tenants=1,
+        admin_port=free_port(),  # tenant labels are never served on the main port
+        admin_host="127.0.0.1",
     )
     return fake, client, tmp_path / "journal.sqlite"
 

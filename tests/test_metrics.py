@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from pydantic import ValidationError
 
 from proxy.app import create_app
 from proxy.metrics import Metrics
@@ -66,7 +68,9 @@ async def test_upstream_errors_counted(aiohttp_client: Any) -> None:
 def test_tenant_label_cap() -> None:
     """Past the cap, new tenants fold into 'other'; known ones keep their label."""
     metrics = Metrics(
-        Settings(upstream="http://x", metrics_tenant_label=True, metrics_max_tenants=2)
+        Settings(
+            upstream="http://x", metrics_tenant_label=True, metrics_max_tenants=2, admin_port=9
+        )
     )
     assert [metrics.tenant(t) for t in ("a", "b", "c", "a")] == [("a",), ("b",), ("other",), ("a",)]
     assert Metrics(Settings(upstream="http://x")).tenant("a") == ()
@@ -88,3 +92,15 @@ async def test_admin_port_serves_metrics_and_health(
                 assert resp.status == 200, path
     main = await client.get("/metrics")
     assert "usage_proxy_audited_requests" not in await main.text()
+
+
+def test_tenant_labels_are_never_served_where_tenants_can_read_them() -> None:
+    """Regression: with --metrics-tenant-label and no --admin-port, /metrics on the main
+    port (which needs no key, as vLLM's) showed every tenant's name and token volumes to
+    any tenant. The combination is now refused with a message that says what to do."""
+    with pytest.raises(ValidationError) as refused:
+        Settings(upstream="http://x", metrics_tenant_label=True)
+    (error,) = refused.value.errors()
+    assert error["loc"] == ("metrics_tenant_label",)
+    assert "--admin-port" in error["msg"]
+    assert Settings(upstream="http://x", metrics_tenant_label=True, admin_port=9001).admin_port
