@@ -754,3 +754,40 @@ async def test_a_slow_client_that_keeps_reading_gets_the_whole_answer(
     writer.close()
     assert len(answer) > len(first)
     assert client.app[METRICS].stalled_clients._value.get() == 0
+
+
+async def test_a_stream_whose_client_reads_nothing_is_still_billed(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """A streamed completion whose client stops reading is cut after --send-timeout like
+    any answer; the events after the cut are still read from vLLM and the usage billed,
+    the record marked aborted."""
+    event = b'data: {"choices":[{"text":"' + b"x" * 65_000 + b'"}]}\n\n'
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2}}\n\n'
+
+    async def parts() -> AsyncIterator[bytes]:
+        for _ in range(STALLED_ANSWER // len(event)):
+            yield event
+        yield usage
+        yield b"data: [DONE]\n\n"
+
+    stream = streamed_answer("/v1/completions", "text/event-stream", parts)
+    _, client = await fake_and_proxy(
+        aiohttp_server, aiohttp_client, minilm_path, middlewares=(stream,), send_timeout=0.5
+    )
+    body = json.dumps({"stream": True, "prompt": "a prompt"}).encode()
+    _, writer = await reads_nothing(client.server.port, "/v1/completions", body)
+
+    async def billed() -> bool:
+        return bool(read_journal(tmp_path / "journal.sqlite"))
+
+    await eventually(billed)
+    writer.close()
+    (line,) = read_journal(tmp_path / "journal.sqlite")
+    record = UsageRecord.from_json(line)
+    assert (record.prompt_tokens_billed, record.completion_tokens_billed, record.aborted) == (
+        5,
+        2,
+        True,
+    )
+    assert client.app[METRICS].stalled_clients._value.get() == 1
