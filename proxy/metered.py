@@ -54,6 +54,13 @@ HELD_ANSWER_BYTES = 8 * 1024 * 1024
 HELD_ANSWERS_TOTAL = 64 * 1024 * 1024
 
 
+# A background Responses request is answered at once, queued, with no usage; the engine
+# works on and the result is fetched later (GET /v1/responses/{id}, any number of times).
+NOT_IN_THE_ANSWER = (
+    "no usage in the answer (a background response): the engine's work is not billed"
+)
+
+
 class AnswerRoom:
     """Room for the metered answers held whole at once (``HELD_ANSWERS_TOTAL``)."""
 
@@ -131,6 +138,8 @@ class MeteredRelay:
                 payload = await readable_body(payload, headers, self._limit)
                 out_headers = reply_headers(headers)
                 reading = await off_loop(read_usage, payload, payload) if success else None
+                if reading is None and success and prepared.operation == "responses":
+                    reading = Reading(None, None, NOT_IN_THE_ANSWER)
             except UnreadableBody as exc:  # passed on as sent; recorded, billed nothing
                 out_headers = response_headers(headers, keep_length=False)
                 reading = Reading(None, None, f"unreadable answer: {exc}") if success else None

@@ -77,4 +77,10 @@ OPERATIONS = {
     # N conversations in one request, never streamed, one usage summing them (in vLLM
     # 0.32.0, not yet in 0.29.0)
     "/v1/chat/completions/batch": "chat",
+    # Usage as input_tokens/output_tokens: in the answer, or streamed in message_delta
+    # (Anthropic Messages) or the final response.completed event (Responses)
+    "/v1/messages": "messages",
+    "/v1/responses": "responses",
+    # Structured decisions (vLLM 0.32.0): one usage summing the engine requests it made
+    "/v1/systemone": "decisions",
 }

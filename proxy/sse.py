@@ -10,6 +10,12 @@ from typing import Any
 from proxy.jsonio import loads
 
 DONE = b"data: [DONE]"
+# The last event of vLLM's other streams, held back as ``[DONE]`` is: the Anthropic
+# Messages API's ``message_stop``; the Responses API's end, which carries the response
+# and its usage (vLLM writes ``response.completed``; the API names two other ends).
+_LAST_EVENTS = frozenset(
+    {"message_stop", "response.completed", "response.incomplete", "response.failed"}
+)
 
 
 # The longest event the scanner holds while waiting for its end (vLLM's are a few KiB,
@@ -28,7 +34,8 @@ class UsageScanner:
     """Feed stream bytes; get back the bytes to forward now.
 
     With ``strip`` the usage-only chunk (``choices == []`` with ``usage``) that the proxy
-    asked for on the client's behalf is dropped; the ``[DONE]`` event is held back in
+    asked for on the client's behalf is dropped; the stream's last event (``[DONE]``,
+    ``message_stop`` or the Responses API's end, with anything after it) is held back in
     ``held`` so the caller can commit the usage record before releasing it.
 
     Each byte is searched for an event end once, so the cost is linear in the stream
@@ -122,21 +129,33 @@ class UsageScanner:
 
     def _route(self, event: bytes) -> bytes:
         data = _data(event)
-        if data is None:
-            return event
+        if self.held or data is None:  # nothing overtakes a held end
+            return self._hold(event) if self.held else event
         if data.strip() == b"[DONE]":
-            self.held += event
-            return b""
+            return self._hold(event)
         try:
             parsed = loads(data)
         except ValueError:
             return event
-        if isinstance(parsed, dict) and isinstance(parsed.get("usage"), dict):
-            self.usage = parsed["usage"]
+        if not isinstance(parsed, dict):
+            return event
+        kind = parsed.get("type")
+        ending = kind in _LAST_EVENTS
+        # A Responses stream's usage is in its last event, inside the response.
+        holder = (
+            parsed["response"] if ending and isinstance(parsed.get("response"), dict) else parsed
+        )
+        if isinstance(holder.get("usage"), dict):
+            self.usage = holder["usage"]
             self._unread_usage = False
-            if self._strip and not parsed.get("choices"):
+            if self._strip and holder is parsed and not parsed.get("choices"):
                 return b""
-        return event
+        return self._hold(event) if ending else event
+
+    def _hold(self, event: bytes) -> bytes:
+        """Keep the stream's end for the caller to release once the record is committed."""
+        self.held += event
+        return b""
 
 
 def _event_end(buffer: bytes | bytearray, start: int) -> int:

@@ -211,17 +211,35 @@ class Reading:
     problem: str | None = None
 
 
+# The Responses and Anthropic Messages APIs name the counts input_tokens and output_tokens.
+# vLLM's Messages API leaves out of input_tokens the prompt tokens its cache served or
+# filled, and reports them apart; the engine's prompt is the sum (Responses' input_tokens
+# already is the whole prompt, and has neither member).
+_NAMES = (("prompt_tokens",), ("completion_tokens",))
+_IO_NAMES = (
+    ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"),
+    ("output_tokens",),
+)
+
+
 def reading_of(usage: dict[str, Any]) -> Reading:
     """Validate a usage object: every count present must be a token count."""
-    counts: dict[str, int | None] = {}
-    for key in ("prompt_tokens", "completion_tokens"):
-        if usage.get(key) is None:
-            counts[key] = None
-            continue
-        counts[key] = token_count(usage[key])
-        if counts[key] is None:
-            return Reading(None, None, f"usage.{key} is {json.dumps(usage[key])[:40]}")
-    return Reading(counts["prompt_tokens"], counts["completion_tokens"])
+    names = _IO_NAMES if "prompt_tokens" not in usage and "input_tokens" in usage else _NAMES
+    counts: list[int | None] = []
+    for parts in names:
+        total: int | None = None
+        for key in parts:
+            if usage.get(key) is None:
+                continue
+            count = token_count(usage[key])
+            if count is None:
+                return Reading(None, None, f"usage.{key} is {json.dumps(usage[key])[:40]}")
+            total = count if total is None else total + count
+        counts.append(total)
+    prompt, completion = counts
+    if prompt is not None and prompt > MAX_TOKENS:
+        return Reading(None, None, f"usage.{names[0][0]} and its parts sum to {prompt}")
+    return Reading(prompt, completion)
 
 
 class _Deciding(BaseModel):

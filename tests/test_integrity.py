@@ -257,6 +257,64 @@ async def test_batch_chat_is_metered(open_proxy: Any, tmp_path: Path) -> None:
     assert resp.headers["x-usage-record-id"] == record.record_id
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/responses"])
+async def test_messages_and_responses_are_metered(
+    open_proxy: Any, tmp_path: Path, path: str, stream: bool
+) -> None:
+    """Regression: the Anthropic Messages and Responses APIs (in every supported release)
+    were relayed without a record, so a tenant could generate for free by switching API.
+    Their usage (``input_tokens``/``output_tokens``; Messages reports the cached part of
+    the prompt apart) is billed as the engine's prompt and completion, and a stream's
+    last event is released once the record is committed."""
+    fake, client = open_proxy
+    body = {"model": "minilm", "stream": stream, "max_tokens": 8}
+    body |= {"messages": [{"role": "user", "content": "hi"}]} if path == "/v1/messages" else {}
+    body |= {"input": "hi"} if path == "/v1/responses" else {}
+    resp = await client.post(path, json=body)
+    assert resp.status == 200
+    text = await resp.text()
+    (record,) = records(tmp_path / "journal.sqlite")
+    assert (record.operation, record.verdict) == (path.rsplit("/", 1)[1], "reported")
+    assert (record.prompt_tokens_billed, record.completion_tokens_billed) == (12, 3)
+    assert fake.prompt_tokens_total == 12  # what the engine's counter says
+    if stream:
+        last = "message_stop" if path == "/v1/messages" else "response.completed"
+        assert text.rstrip().split("\n\n")[-1].startswith(f"event: {last}")
+    else:
+        assert resp.headers["x-usage-record-id"] == record.record_id
+
+
+async def test_structured_decisions_are_metered(open_proxy: Any, tmp_path: Path) -> None:
+    """Regression: vLLM 0.32.0's ``/v1/systemone`` (structured decisions, its usage as
+    ``input_tokens``/``output_tokens``) was relayed without a record."""
+    _, client = open_proxy
+    resp = await client.post("/v1/systemone", json={"model": "minilm", "state": "s"})
+    assert resp.status == 200
+    (record,) = records(tmp_path / "journal.sqlite")
+    assert (record.operation, record.prompt_tokens_billed, record.completion_tokens_billed) == (
+        "decisions",
+        12,
+        3,
+    )
+
+
+async def test_a_background_response_is_recorded_not_billed(
+    open_proxy: Any, tmp_path: Path
+) -> None:
+    """A background Responses request is answered ``queued`` at once, with no usage: the
+    engine's work is never in an answer the proxy sees. It is recorded ``invalid``
+    (flagged, billed nothing, tenant known) rather than not at all."""
+    _, client = open_proxy
+    body = {"model": "minilm", "input": "hi", "background": True, "store": True}
+    resp = await client.post("/v1/responses", json=body, headers={"X-Tenant-Id": "acme"})
+    assert resp.status == 200
+    assert (await resp.json())["status"] == "queued"
+    (record,) = records(tmp_path / "journal.sqlite")
+    assert (record.operation, record.verdict, record.tenant) == ("responses", "invalid", "acme")
+    assert record.prompt_tokens_billed is None
+
+
 # --- 5. clients that hang up ------------------------------------------------------------
 
 

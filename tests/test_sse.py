@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -153,3 +156,101 @@ def test_the_end_of_a_passed_on_event_is_found_at_every_split(newline: bytes) ->
         out += scanner.feed(rest[: cut - 120]) + scanner.feed(rest[cut - 120 :])
         assert out + scanner.finish() == long, cut
         assert scanner.usage == {"prompt_tokens": 5, "completion_tokens": 2}, cut
+
+
+def sse(event: str, data: dict[str, Any]) -> bytes:
+    """One event as vLLM's Responses and Messages APIs write it."""
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+MESSAGES = [
+    sse(
+        "message_start",
+        {
+            "type": "message_start",
+            "message": {
+                "id": "chatcmpl-1",
+                "type": "message",
+                "role": "assistant",
+                "content": [],
+                "model": "m",
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {"input_tokens": 4, "cache_read_input_tokens": 8, "output_tokens": 0},
+            },
+        },
+    ),
+    sse(
+        "content_block_start",
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+    ),
+    sse(
+        "content_block_delta",
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi"}},
+    ),
+    sse("content_block_stop", {"type": "content_block_stop", "index": 0}),
+    sse(
+        "message_delta",
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+            "usage": {"input_tokens": 4, "cache_read_input_tokens": 8, "output_tokens": 3},
+        },
+    ),
+    sse("message_stop", {"type": "message_stop"}),
+]
+
+
+def _response(status: str, usage: dict[str, Any] | None) -> dict[str, Any]:
+    return {"id": "resp_1", "object": "response", "status": status, "output": [], "usage": usage}
+
+
+RESPONSES = [
+    sse(
+        "response.created",
+        {
+            "type": "response.created",
+            "sequence_number": 0,
+            "response": _response("in_progress", None),
+        },
+    ),
+    sse(
+        "response.output_text.delta",
+        {"type": "response.output_text.delta", "sequence_number": 1, "delta": "hi"},
+    ),
+    sse(
+        "response.completed",
+        {
+            "type": "response.completed",
+            "sequence_number": 2,
+            "response": _response(
+                "completed", {"input_tokens": 12, "output_tokens": 3, "total_tokens": 15}
+            ),
+        },
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("events", "usage"),
+    [
+        (MESSAGES, {"input_tokens": 4, "cache_read_input_tokens": 8, "output_tokens": 3}),
+        (RESPONSES, {"input_tokens": 12, "output_tokens": 3, "total_tokens": 15}),
+    ],
+    ids=["messages", "responses"],
+)
+@pytest.mark.parametrize("size", [1, 7, 64, 4096])
+def test_messages_and_responses_streams_are_read_and_their_last_event_held(
+    events: list[bytes], usage: dict[str, Any], size: int
+) -> None:
+    """A Messages stream's usage is in its ``message_delta`` (``message_start`` holds
+    the prompt only, inside ``message``); a Responses stream's in ``response.completed``,
+    inside ``response``. Their last event (``message_stop``, ``response.completed``)
+    is held back as ``[DONE]`` is, so the record is committed before the stream ends."""
+    stream = b"".join(events)
+    scanner = UsageScanner(strip=False)
+    out = b"".join(scanner.feed(stream[i : i + size]) for i in range(0, len(stream), size))
+    assert out + scanner.finish() == b"".join(events[:-1])
+    assert scanner.held == events[-1]
+    assert scanner.usage == usage
+    assert scanner.problem is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from hypothesis import example, given, settings
@@ -288,3 +289,51 @@ def test_usage_at_the_end_is_the_usage_a_client_reads(
 def names_after_usage(members: list[tuple[str, object]]) -> list[str]:
     names = [k for k, _ in members]
     return names[len(names) - names[::-1].index("usage") :] if "usage" in names else []
+
+
+@pytest.mark.parametrize(
+    ("usage", "expected"),
+    [
+        # vLLM's Responses API: input_tokens is the whole prompt, cached tokens included
+        (
+            {
+                "input_tokens": 12,
+                "input_tokens_details": {"cached_tokens": 8},
+                "output_tokens": 4,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": 16,
+            },
+            Reading(12, 4),
+        ),
+        # vLLM's Anthropic Messages API: input_tokens leaves out what the cache served
+        (
+            {"input_tokens": 4, "cache_read_input_tokens": 8, "output_tokens": 3},
+            Reading(12, 3),
+        ),
+        (
+            {
+                "input_tokens": 2,
+                "cache_read_input_tokens": 8,
+                "cache_creation_input_tokens": 2,
+                "output_tokens": 3,
+            },
+            Reading(12, 3),
+        ),
+        ({"input_tokens": 5, "output_tokens": 0}, Reading(5, 0)),
+        ({"input_tokens": 5, "output_tokens": True}, None),
+        ({"input_tokens": -1, "output_tokens": 2}, None),
+        ({"input_tokens": 5, "cache_read_input_tokens": "8", "output_tokens": 2}, None),
+    ],
+)
+def test_input_and_output_tokens_are_the_prompt_and_the_completion(
+    usage: dict[str, Any], expected: Reading | None
+) -> None:
+    """The Responses and Messages APIs name the counts ``input_tokens`` and
+    ``output_tokens``; the engine's prompt is the input plus, for Messages, the cached
+    parts it reports apart. What is not a token count is invalid, as for any usage."""
+    reading = reading_of(usage)
+    if expected is None:
+        assert reading.problem is not None
+        assert (reading.prompt, reading.completion) == (None, None)
+    else:
+        assert reading == expected
