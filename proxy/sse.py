@@ -128,9 +128,11 @@ class UsageScanner:
         return rest
 
     def _route(self, event: bytes) -> bytes:
+        if self.held:  # nothing overtakes a held end
+            return self._hold(event)
         data = _data(event)
-        if self.held or data is None:  # nothing overtakes a held end
-            return self._hold(event) if self.held else event
+        if data is None:
+            return event
         if data.strip() == b"[DONE]":
             return self._hold(event)
         try:
@@ -140,7 +142,7 @@ class UsageScanner:
         if not isinstance(parsed, dict):
             return event
         kind = parsed.get("type")
-        ending = kind in _LAST_EVENTS
+        ending = isinstance(kind, str) and kind in _LAST_EVENTS
         # A Responses stream's usage is in its last event, inside the response.
         holder = (
             parsed["response"] if ending and isinstance(parsed.get("response"), dict) else parsed

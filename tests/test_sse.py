@@ -254,3 +254,12 @@ def test_messages_and_responses_streams_are_read_and_their_last_event_held(
     assert scanner.held == events[-1]
     assert scanner.usage == usage
     assert scanner.problem is None
+
+
+def test_odd_members_and_events_after_the_end_change_nothing() -> None:
+    """A ``type`` that is no string is just data; whatever follows a held end stays
+    behind it, in order."""
+    odd = b'data: {"type":{"a":1},"choices":[]}\n\n'
+    scanner = UsageScanner(strip=False)
+    assert scanner.feed(odd + USAGE + DONE + b": ping\n\n") == odd + USAGE
+    assert scanner.held == DONE + b": ping\n\n"
