@@ -34,6 +34,8 @@ log = structlog.get_logger("proxy.sendwatch")
 
 
 class SendWatch:
+    """The client connections that made a request, swept for ones that take nothing."""
+
     def __init__(self, timeout: float, metrics: Metrics) -> None:
         self.timeout = timeout
         self.interval = min(1.0, timeout / 4)
@@ -79,7 +81,10 @@ class SendWatch:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.interval)
-            self.sweep(loop.time())
+            try:
+                self.sweep(loop.time())
+            except Exception:  # one odd connection must not end the watch for all
+                log.exception("send_watch_failed")
 
 
 def in_kernel(transport: asyncio.BaseTransport) -> int:
