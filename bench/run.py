@@ -737,6 +737,29 @@ of that (parse and count 53 us, `find_usage` 31 us, the record about 12 us): bet
 requests their data and code leave the CPU's caches. The largest part, parse and count
 (14 % of the proxy's CPU), is mostly what it must do: parse the 34 KB body and hash its
 texts for the cache. The goals need a structural change (see above), not more of these.
+
+## Saturation by thread and mode (third pass, 2026-11-30)
+
+Rerank 1x64 with cache hits, 16 clients for 4 s, per-thread CPU from /proc (two rounds
+per mode), and py-spy `--gil` over 6 s (GIL-held samples per request):
+
+| mode | requests/s | event loop, CPU per request | journal thread | GIL-held Python per request |
+|---|---|---|---|---|
+| `--journal off` | 1,437-1,807 | 549-680 us | - | 518 us |
+| `--durability async` | 1,303-1,324 | 706-710 us | 56-59 us | 520 us |
+| `--durability sync` | 869-1,032 | 862-1,015 us | 104-121 us | 614 us |
+
+- The machine was not the bound: 1.3-2.0 of its 8 core-seconds stayed idle. The event
+  loop ran at 92-98 % of a core.
+- The profile is flat. Its largest item, the JSON parse of the 34 KB body, is 6 %.
+- The sync journal adds about 100 us of GIL-held Python per request:
+  - `Journal.append` 28 us, of which the record's JSON is 9.5 us and the hand-off 8.7 us;
+  - the thread's drain 21 us, of which the INSERT is 14 us;
+  - the rest is slower everything else while two threads take turns with the GIL.
+- The floor of any ledger that commits before it answers (the relay with an fsync'd
+  ledger, above) added +0.59 to +0.76 ms p50 over the plain relay in four runs today, at
+  1.49-1.64x its CPU. So the latency goal is out of reach in sync mode on this disk,
+  whatever the audit costs.
 """
 
 
