@@ -20,7 +20,7 @@ from proxy.catalog import CATALOG, Catalog, catalog_context
 from proxy.dispatch import SCORING_OPERATIONS, prepare
 from proxy.exchanges import BODIES, BodyBudget, handle_admitted, off_loop, tune_allocator
 from proxy.logs import configure_logging
-from proxy.metered import METERED_PATHS, MeteredRelay
+from proxy.metered import METERED, METERED_PATHS, MeteredRelay
 from proxy.metering import METER, attribution, meter_context
 from proxy.metrics import METRICS, Metrics, admin_context, serve_metrics
 from proxy.relay import Relay
@@ -119,7 +119,7 @@ def create_app(
         app.router.add_get("/metrics", serve_metrics)
     app.cleanup_ctx.append(admin_context(settings, _admin_routes, shared=(CATALOG, METER)))
     auditor = ScoringAuditor(settings, catalog, pool)
-    metered = MeteredRelay(settings.upstream_base, settings.max_answer_bytes)
+    metered = app[METERED] = MeteredRelay(settings.upstream_base, settings.max_answer_bytes)
     posted: dict[str, Handler] = {path: auditor.handle for path in SCORE_PATHS | RERANK_PATHS}
     posted |= {path: metered.handle for path in METERED_PATHS}
     posted[INVOCATIONS_PATH] = Invocations(auditor, metered, catalog).handle

@@ -230,6 +230,9 @@ class MeteredRelay:
         return meter.headers(record, journaled)
 
 
+METERED = web.AppKey("metered_relay", MeteredRelay)
+
+
 def _reading_at_end(end: bytes) -> Reading:
     """The usage of an answer passed on as it came, from its last bytes (vLLM writes it
     last but for a few small members); invalid when it is not there."""

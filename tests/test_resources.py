@@ -18,6 +18,7 @@ from structlog.testing import capture_logs
 
 from proxy.exchanges import BODIES
 from proxy.journal import read_journal
+from proxy.metered import METERED
 from proxy.metrics import METRICS
 from proxy.records import UsageRecord
 from proxy.relay import ANSWER_END_BYTES
@@ -350,12 +351,18 @@ async def test_metered_answers_held_at_once_are_bounded(
     client, _, release = await slow_embeddings(
         aiohttp_server, aiohttp_client, minilm_path, 100_000, limit=None
     )
+    room = client.app[METERED].room
     held = asyncio.create_task(client.post("/v1/embeddings", json=REQUESTS["/v1/embeddings"]))
-    await asyncio.sleep(0.3)  # its room (length unknown: 600,000 bytes) is taken
-    passed = asyncio.create_task(client.post("/v1/embeddings", json=REQUESTS["/v1/embeddings"]))
-    await asyncio.sleep(0.3)
+
+    async def taken() -> bool:  # length unknown: the most one answer may hold
+        return room.held == 600_000
+
+    await eventually(taken)
+    # no room left: passed on as it comes, its headers before the upstream is done
+    post = client.post("/v1/embeddings", json=REQUESTS["/v1/embeddings"])
+    passed = await asyncio.wait_for(post, 10)
     release.set()
-    answers = await asyncio.gather(held, passed)
+    answers = [await held, passed]
     for resp in answers:
         assert resp.status == 200
         assert (await resp.read()).endswith(b'"total_tokens": 3}}')
@@ -363,8 +370,9 @@ async def test_metered_answers_held_at_once_are_bounded(
     assert "x-usage-record-id" not in answers[1].headers  # passed on as it came
     records = [UsageRecord.from_json(line) for line in read_journal(tmp_path / "journal.sqlite")]
     assert [(r.verdict, r.prompt_tokens_billed) for r in records] == [("reported", 3)] * 2
+    assert room.held == 0  # given back once each answer has gone
     again = await client.post("/v1/embeddings", json=REQUESTS["/v1/embeddings"])
-    assert "x-usage-record-id" in again.headers  # the room was given back
+    assert "x-usage-record-id" in again.headers
 
 
 async def test_a_client_leaving_a_large_answer_still_pays(
@@ -740,7 +748,7 @@ async def test_a_slow_client_that_keeps_reading_gets_the_whole_answer(
     cut, however much longer the whole answer takes: what it takes from the kernel's
     queue counts, even while the proxy's own buffer has not moved."""
     client, first, release = await slow_embeddings(
-        aiohttp_server, aiohttp_client, minilm_path, STALLED_ANSWER, limit=None, send_timeout=0.5
+        aiohttp_server, aiohttp_client, minilm_path, STALLED_ANSWER, limit=None, send_timeout=1.0
     )
     release.set()
     body = json.dumps(REQUESTS["/v1/embeddings"]).encode()
