@@ -107,12 +107,17 @@ async def post(session: aiohttp.ClientSession, url: str, body: bytes) -> tuple[i
         return r.status, r.headers.get("x-usage-verdict", "-")
 
 
+def request_head(path: str, length: int) -> bytes:
+    """A JSON POST's request line and headers, announcing ``length`` body bytes."""
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    ).encode()
+
+
 async def stalled_upload(port: int, size: int, hold: float) -> None:
     _, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(
-        b"POST /rerank HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        + f"Content-Length: {size}\r\n\r\n".encode()
-    )
+    writer.write(request_head("/rerank", size))
     chunk = b" " * MIB
     sent = 0
     while sent + MIB < size:
@@ -133,11 +138,7 @@ async def reads_nothing(port: int, body: bytes) -> tuple[Any, Any]:
     sock.setblocking(False)
     await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
     reader, writer = await asyncio.open_connection(sock=sock)
-    writer.write(
-        f"POST /v1/embeddings?mib={STALLED_MIB} HTTP/1.1\r\nHost: x\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
-        + body
-    )
+    writer.write(request_head(f"/v1/embeddings?mib={STALLED_MIB}", len(body)) + body)
     await writer.drain()
     return reader, writer
 
