@@ -154,11 +154,15 @@ def client_left(request: web.Request, **context: object) -> None:
     request.app[METRICS].aborted.labels(request.path).inc()
 
 
+# What a write raises once the client has gone (hung up, or cut by SendWatch).
+CLIENT_GONE = (ConnectionError, aiohttp.ClientConnectionResetError)
+
+
 async def send(reply: web.StreamResponse, data: bytes | memoryview) -> bool:
     """Write to the client; False when the client has gone away."""
     try:
         await reply.write(data)
-    except (ConnectionError, aiohttp.ClientConnectionResetError):
+    except CLIENT_GONE:
         return False
     return True
 
@@ -169,7 +173,7 @@ async def write_now(request: web.Request, reply: web.Response) -> None:
     try:
         await reply.prepare(request)
         await reply.write_eof()
-    except (ConnectionError, aiohttp.ClientConnectionResetError):
+    except CLIENT_GONE:
         pass
 
 
