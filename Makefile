@@ -30,6 +30,7 @@ lint: install
 	$(BIN)/ruff check proxy tests scripts bench
 	$(BIN)/ruff format --check proxy tests scripts bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 test: install lint provision  ## everything, including the real-vLLM end-to-end suite
 	$(BIN)/python -m pytest

@@ -18,9 +18,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from proxy import __version__
-from proxy.journal import list_dead_letters, read_journal, requeue_dead_letters
-from proxy.records import UsageRecord
-from proxy.report import FORMATS, GROUPS, aggregate
+from proxy.ledger.journal import list_dead_letters, read_journal, requeue_dead_letters
+from proxy.ledger.records import UsageRecord
+from proxy.ledger.report import FORMATS, GROUPS, aggregate
+from proxy.ledger.sinks.postgres import read_ledger
 from proxy.settings import (
     ENV_PREFIX,
     Mode,
@@ -29,7 +30,6 @@ from proxy.settings import (
     display_default,
     load_settings,
 )
-from proxy.sinks.postgres import read_ledger
 
 # Not flags: structured (models) or secret (headers: argv is visible to every local user).
 _FILE_ONLY = {"models", "cloudevents_headers"}
@@ -298,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"usage-proxy: {exc}", file=sys.stderr)
         return 2
-    from proxy.app import run
+    from proxy.serving.process import run  # not at the top: the other commands need no server
 
     run(settings)
     return 0

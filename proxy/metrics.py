@@ -7,12 +7,11 @@ past ``--metrics-max-tenants`` are folded into ``other``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Gauge,
@@ -20,8 +19,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from proxy.accounting.verdicts import Audit
 from proxy.settings import Settings
-from proxy.upstream import UpstreamError
 
 OTHER = "other"
 # OpenTelemetry GenAI semantic conventions: gen_ai.client.token.usage bucket boundaries.
@@ -58,209 +57,264 @@ LATENCY_BUCKETS = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    kind: type[Counter] | type[Gauge] | type[Histogram]
+    name: str
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] | None = None
+    unit: str = ""
+    tenant: bool = False  # carries the tenant label when --metrics-tenant-label is on
+
+    def build(self, registry: CollectorRegistry, tenant: tuple[str, ...]) -> Any:
+        labels = (*self.labels, *tenant) if self.tenant else self.labels
+        extra: dict[str, Any] = {"buckets": self.buckets} if self.buckets else {}
+        if self.unit:
+            extra["unit"] = self.unit
+        return self.kind(self.name, self.help, labels, registry=registry, **extra)
+
+
+# Every metric the proxy exports, by the attribute that holds it.
+SPECS: dict[str, _Spec] = {
+    "requests": _Spec(
+        Counter,
+        "usage_proxy_audited_requests",
+        "Audited scoring responses by verdict.",
+        ("endpoint", "model", "verdict"),
+        tenant=True,
+    ),
+    "reported": _Spec(
+        Counter,
+        "usage_proxy_reported_prompt_tokens",
+        "Prompt tokens the upstream reported.",
+        ("endpoint", "model"),
+        tenant=True,
+    ),
+    "billed": _Spec(
+        Counter,
+        "usage_proxy_billed_prompt_tokens",
+        "Prompt tokens billed (engine-level when proven, else reported).",
+        ("endpoint", "model"),
+        tenant=True,
+    ),
+    "over": _Spec(
+        Counter,
+        "usage_proxy_over_reported_prompt_tokens",
+        "Prompt tokens the upstream over-reported (corrected verdicts).",
+        ("endpoint", "model"),
+        tenant=True,
+    ),
+    "tokenization": _Spec(
+        Histogram,
+        "usage_proxy_accounting_seconds",
+        "CPU time spent parsing and recounting a request.",
+        (),
+        buckets=LATENCY_BUCKETS,
+    ),
+    "added": _Spec(
+        Histogram,
+        "usage_proxy_added_latency_seconds",
+        "Time the proxy added on top of the upstream call (audited requests).",
+        (),
+        buckets=LATENCY_BUCKETS,
+    ),
+    "upstream_errors": _Spec(
+        Counter,
+        "usage_proxy_upstream_errors",
+        "Upstream unreachable (502) or timed out (504).",
+        ("status",),
+    ),
+    "journal_failures": _Spec(
+        Counter, "usage_proxy_journal_failures", "Usage records that could not be journaled.", ()
+    ),
+    "journal_ready": _Spec(
+        Gauge,
+        "usage_proxy_journal_ready",
+        "1 while records can be journaled, 0 while writes fail or stall (alarm on 0).",
+        (),
+    ),
+    "journal_replaced": _Spec(
+        Counter,
+        "usage_proxy_journal_replaced",
+        "Times the journal file was found deleted or replaced and was recreated.",
+        (),
+    ),
+    "refused": _Spec(
+        Counter,
+        "usage_proxy_refused_requests",
+        "Requests refused before forwarding (401 no/unknown key, 400 bad tenant header).",
+        ("status",),
+    ),
+    "invalid_usage": _Spec(
+        Counter,
+        "usage_proxy_invalid_usage",
+        "Successful answers whose usage is not a valid token count (billed nothing).",
+        ("endpoint",),
+    ),
+    "aborted": _Spec(
+        Counter,
+        "usage_proxy_client_aborted",
+        "Metered exchanges the client hung up on before the end (still recorded).",
+        ("endpoint",),
+    ),
+    "stalled_clients": _Spec(
+        Counter,
+        "usage_proxy_stalled_clients",
+        "Client connections closed for accepting no answer byte for --send-timeout.",
+        (),
+    ),
+    "engine_prompt": _Spec(
+        Counter,
+        "usage_proxy_engine_prompt_tokens",
+        "Growth of the upstream's vllm:prompt_tokens_total observed since start.",
+        (),
+    ),
+    "unbilled_prompt": _Spec(
+        Counter,
+        "usage_proxy_unbilled_prompt_tokens",
+        "Engine prompt tokens in settled windows that no record accounts for.",
+        (),
+    ),
+    "overbilled_prompt": _Spec(
+        Counter,
+        "usage_proxy_overbilled_prompt_tokens",
+        "Billed prompt tokens in settled windows beyond what the engine processed.",
+        (),
+    ),
+    "engine_completion": _Spec(
+        Counter,
+        "usage_proxy_engine_completion_tokens",
+        "Growth of the upstream's vllm:generation_tokens_total observed since start.",
+        (),
+    ),
+    "unbilled_completion": _Spec(
+        Counter,
+        "usage_proxy_unbilled_completion_tokens",
+        "Engine generation tokens in settled windows that no record accounts for.",
+        (),
+    ),
+    "overbilled_completion": _Spec(
+        Counter,
+        "usage_proxy_overbilled_completion_tokens",
+        "Billed completion tokens in settled windows beyond what the engine generated.",
+        (),
+    ),
+    "windows": _Spec(
+        Counter,
+        "usage_proxy_reconcile_windows",
+        "Reconciliation windows closed, by status (settled, counter_reset).",
+        ("status",),
+    ),
+    "last_settled": _Spec(
+        Gauge,
+        "usage_proxy_reconcile_last_settled_timestamp_seconds",
+        "End of the last closed reconciliation window (Unix time).",
+        (),
+    ),
+    "dead_records": _Spec(
+        Gauge,
+        "usage_proxy_export_dead_records",
+        "Records a sink rejected permanently, kept in the dead-letter store.",
+        ("sink",),
+    ),
+    "exported": _Spec(
+        Counter, "usage_proxy_export_delivered_records", "Records delivered, by sink.", ("sink",)
+    ),
+    "export_failures": _Spec(
+        Counter, "usage_proxy_export_failures", "Failed delivery attempts, by sink.", ("sink",)
+    ),
+    "backlog": _Spec(
+        Gauge,
+        "usage_proxy_export_backlog_records",
+        "Journaled records a sink has not acknowledged.",
+        ("sink",),
+    ),
+    "tasks": _Spec(
+        Gauge, "usage_proxy_event_loop_tasks", "Tasks alive on the event loop (leak canary).", ()
+    ),
+    "genai": _Spec(
+        Histogram,
+        "gen_ai_client_token_usage",
+        "Tokens per request (OpenTelemetry GenAI semantics).",
+        ("gen_ai_operation_name", "gen_ai_token_type", "gen_ai_request_model"),
+        buckets=TOKEN_BUCKETS,
+        unit="token",
+    ),
+}
+
+
 class Metrics:
-    def __init__(self, settings: Settings) -> None:
+    """One registry per application, holding the metrics of ``SPECS``."""
+
+    requests: Counter
+    reported: Counter
+    billed: Counter
+    over: Counter
+    tokenization: Histogram
+    added: Histogram
+    upstream_errors: Counter
+    journal_failures: Counter
+    journal_ready: Gauge
+    journal_replaced: Counter
+    refused: Counter
+    invalid_usage: Counter
+    aborted: Counter
+    stalled_clients: Counter
+    engine_prompt: Counter
+    unbilled_prompt: Counter
+    overbilled_prompt: Counter
+    engine_completion: Counter
+    unbilled_completion: Counter
+    overbilled_completion: Counter
+    windows: Counter
+    last_settled: Gauge
+    dead_records: Gauge
+    exported: Counter
+    export_failures: Counter
+    backlog: Gauge
+    tasks: Gauge
+    genai: Histogram
+
+    def __init__(self, settings: Settings, trusted_tenants: Iterable[str] = ()) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._tenants = settings.metrics_tenant_label
         self._max_tenants = settings.metrics_max_tenants
         self._seen: set[str] = set()
         # Tenants from the API-key map are a known, bounded set: never folded into 'other'.
-        self.trusted_tenants: frozenset[str] = frozenset()
+        self._trusted = frozenset(trusted_tenants)
         # Labelled series already looked up, by label values (as bounded as the series).
         self._children: dict[tuple[str, ...], tuple[Any, Any, Any, Any]] = {}
         self._genai_children: dict[tuple[str, str, str], Any] = {}
         tenant = ("tenant",) if self._tenants else ()
-        r = self.registry
-        self.requests = Counter(
-            "usage_proxy_audited_requests",
-            "Audited scoring responses by verdict.",
-            ("endpoint", "model", "verdict", *tenant),
-            registry=r,
-        )
-        self.reported = Counter(
-            "usage_proxy_reported_prompt_tokens",
-            "Prompt tokens the upstream reported.",
-            ("endpoint", "model", *tenant),
-            registry=r,
-        )
-        self.billed = Counter(
-            "usage_proxy_billed_prompt_tokens",
-            "Prompt tokens billed (engine-level when proven, else reported).",
-            ("endpoint", "model", *tenant),
-            registry=r,
-        )
-        self.over = Counter(
-            "usage_proxy_over_reported_prompt_tokens",
-            "Prompt tokens the upstream over-reported (corrected verdicts).",
-            ("endpoint", "model", *tenant),
-            registry=r,
-        )
-        self.tokenization = Histogram(
-            "usage_proxy_accounting_seconds",
-            "CPU time spent parsing and recounting a request.",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.added = Histogram(
-            "usage_proxy_added_latency_seconds",
-            "Time the proxy added on top of the upstream call (audited requests).",
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.upstream_errors = Counter(
-            "usage_proxy_upstream_errors",
-            "Upstream unreachable (502) or timed out (504).",
-            ("status",),
-            registry=r,
-        )
-        self.journal_failures = Counter(
-            "usage_proxy_journal_failures", "Usage records that could not be journaled.", registry=r
-        )
-        self.journal_ready = Gauge(
-            "usage_proxy_journal_ready",
-            "1 while records can be journaled, 0 while writes fail or stall (alarm on 0).",
-            registry=r,
-        )
+        for attr, spec in SPECS.items():
+            setattr(self, attr, spec.build(self.registry, tenant))
         self.journal_ready.set(1)  # the journal's own health once metering starts
-        self.journal_replaced = Counter(
-            "usage_proxy_journal_replaced",
-            "Times the journal file was found deleted or replaced and was recreated.",
-            registry=r,
-        )
-        self.refused = Counter(
-            "usage_proxy_refused_requests",
-            "Requests refused before forwarding (401 no/unknown key, 400 bad tenant header).",
-            ("status",),
-            registry=r,
-        )
-        self.invalid_usage = Counter(
-            "usage_proxy_invalid_usage",
-            "Successful answers whose usage is not a valid token count (billed nothing).",
-            ("endpoint",),
-            registry=r,
-        )
-        self.aborted = Counter(
-            "usage_proxy_client_aborted",
-            "Metered exchanges the client hung up on before the end (still recorded).",
-            ("endpoint",),
-            registry=r,
-        )
-        self.stalled_clients = Counter(
-            "usage_proxy_stalled_clients",
-            "Client connections closed for accepting no answer byte for --send-timeout.",
-            registry=r,
-        )
-        self.engine_prompt = Counter(
-            "usage_proxy_engine_prompt_tokens",
-            "Growth of the upstream's vllm:prompt_tokens_total observed since start.",
-            registry=r,
-        )
-        self.unbilled_prompt = Counter(
-            "usage_proxy_unbilled_prompt_tokens",
-            "Engine prompt tokens in settled windows that no record accounts for.",
-            registry=r,
-        )
-        self.overbilled_prompt = Counter(
-            "usage_proxy_overbilled_prompt_tokens",
-            "Billed prompt tokens in settled windows beyond what the engine processed.",
-            registry=r,
-        )
-        self.engine_completion = Counter(
-            "usage_proxy_engine_completion_tokens",
-            "Growth of the upstream's vllm:generation_tokens_total observed since start.",
-            registry=r,
-        )
-        self.unbilled_completion = Counter(
-            "usage_proxy_unbilled_completion_tokens",
-            "Engine generation tokens in settled windows that no record accounts for.",
-            registry=r,
-        )
-        self.overbilled_completion = Counter(
-            "usage_proxy_overbilled_completion_tokens",
-            "Billed completion tokens in settled windows beyond what the engine generated.",
-            registry=r,
-        )
-        self.windows = Counter(
-            "usage_proxy_reconcile_windows",
-            "Reconciliation windows closed, by status (settled, counter_reset).",
-            ("status",),
-            registry=r,
-        )
-        self.last_settled = Gauge(
-            "usage_proxy_reconcile_last_settled_timestamp_seconds",
-            "End of the last closed reconciliation window (Unix time).",
-            registry=r,
-        )
-        self.dead_records = Gauge(
-            "usage_proxy_export_dead_records",
-            "Records a sink rejected permanently, kept in the dead-letter store.",
-            ("sink",),
-            registry=r,
-        )
-        self.exported = Counter(
-            "usage_proxy_export_delivered_records",
-            "Records delivered, by sink.",
-            ("sink",),
-            registry=r,
-        )
-        self.export_failures = Counter(
-            "usage_proxy_export_failures",
-            "Failed delivery attempts, by sink.",
-            ("sink",),
-            registry=r,
-        )
-        self.backlog = Gauge(
-            "usage_proxy_export_backlog_records",
-            "Journaled records a sink has not acknowledged.",
-            ("sink",),
-            registry=r,
-        )
-        self.tasks = Gauge(
-            "usage_proxy_event_loop_tasks",
-            "Tasks alive on the event loop (leak canary).",
-            registry=r,
-        )
         self.tasks.set_function(_task_count)
-        self.genai = Histogram(
-            "gen_ai_client_token_usage",
-            "Tokens per request (OpenTelemetry GenAI semantics).",
-            ("gen_ai_operation_name", "gen_ai_token_type", "gen_ai_request_model"),
-            buckets=TOKEN_BUCKETS,
-            unit="token",
-            registry=r,
-        )
 
     def tenant(self, name: str) -> tuple[str, ...]:
         """The tenant label values, capped for cardinality (empty when disabled)."""
         if not self._tenants:
             return ()
-        if name in self._seen or name in self.trusted_tenants:
+        if name in self._seen or name in self._trusted:
             return (name,)
         if len(self._seen) < self._max_tenants:
             self._seen.add(name)
             return (name,)
         return (OTHER,)
 
-    def audited(
-        self,
-        endpoint: str,
-        model: str,
-        verdict: str,
-        tenant: str,
-        reported: int | None,
-        billed: int | None,
-        over: int,
-    ) -> None:
+    def audited(self, endpoint: str, model: str, tenant: str, audit: Audit) -> None:
+        """One audited answer: its verdict, and the tokens reported, billed, over-reported."""
         requests, reported_c, billed_c, over_c = self._audit_children(
-            endpoint, model, verdict, self.tenant(tenant)
+            endpoint, model, audit.verdict.value, self.tenant(tenant)
         )
         requests.inc()
-        if reported is not None:
-            reported_c.inc(reported)
-        if billed is not None:
-            billed_c.inc(billed)
-        if over:
-            over_c.inc(over)
+        if audit.reported is not None:
+            reported_c.inc(audit.reported)
+        if audit.billed is not None:
+            billed_c.inc(audit.billed)
+        if audit.over_reported:
+            over_c.inc(audit.over_reported)
 
     def _audit_children(
         self, endpoint: str, model: str, verdict: str, tenant: tuple[str, ...]
@@ -302,43 +356,3 @@ def _task_count() -> float:
         return float(len(asyncio.all_tasks()))
     except RuntimeError:  # scraped outside a running loop
         return 0.0
-
-
-METRICS = web.AppKey("metrics", Metrics)
-
-
-def upstream_failure(request: web.Request, exc: UpstreamError) -> web.Response:
-    """Count a 502/504 the proxy produced, and return its vLLM-shaped answer."""
-    request.app[METRICS].upstream_errors.labels(str(exc.status)).inc()
-    return exc.response()
-
-
-async def serve_metrics(request: web.Request) -> web.Response:
-    body = request.app[METRICS].render()
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
-def admin_context(
-    settings: Settings,
-    routes: Callable[[web.Application], None],
-    shared: tuple[web.AppKey[Any], ...] = (),
-) -> Callable[[web.Application], AsyncIterator[None]]:
-    """cleanup_ctx: serve /metrics, /healthz and /readyz on ``--admin-port`` when set,
-    with the main application's ``shared`` state."""
-
-    async def ctx(app: web.Application) -> AsyncIterator[None]:
-        if settings.admin_port is None:
-            yield
-            return
-        admin = web.Application()
-        admin[METRICS] = app[METRICS]
-        for key in shared:
-            admin[key] = app[key]
-        routes(admin)
-        runner = web.AppRunner(admin, access_log=None, keepalive_timeout=settings.keepalive_timeout)
-        await runner.setup()
-        await web.TCPSite(runner, settings.admin_host, settings.admin_port).start()
-        yield
-        await runner.cleanup()
-
-    return ctx

@@ -28,7 +28,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from proxy.types import Family
+from proxy.accounting.types import Family
 
 ENV_PREFIX = "USAGE_PROXY_"
 

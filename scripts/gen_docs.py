@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from proxy.ledger.sinks.postgres import LEDGER_DDL, MIGRATE_V1
 from proxy.settings import reference_table
-from proxy.sinks.postgres import LEDGER_DDL, MIGRATE_V1
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"

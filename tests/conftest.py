@@ -13,8 +13,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from proxy.tokenizer import HFTokenizer, load_tokenizer
-from proxy.types import EngineProfile, Family, Release
+from proxy.accounting.types import EngineProfile, Family, Release
+from proxy.tokenizers.hf import HFTokenizer, load_tokenizer
 from scripts.vllm_cpu import Process, _spawn, free_port
 
 
@@ -40,6 +40,23 @@ def profile(
 ) -> EngineProfile:
     """An engine profile for tests (MiniLM has a pad token, id 0)."""
     return EngineProfile(family, max_model_len, pad, Release(version))
+
+
+@pytest.fixture(autouse=True)
+def _production_handler_cancellation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The proxy's test servers run as ``usage-proxy serve`` runs (``proxy.serving.process``):
+    a client that hangs up does not cancel its handler, where aiohttp's TestServer would.
+    The fake upstreams keep TestServer's setting."""
+    from aiohttp import test_utils, web
+
+    from proxy.serving.app import EXCHANGES
+
+    async def make_runner(self: test_utils.TestServer, **kwargs: Any) -> web.AppRunner:
+        if EXCHANGES in self.app:
+            kwargs["handler_cancellation"] = False
+        return web.AppRunner(self.app, **kwargs)
+
+    monkeypatch.setattr(test_utils.TestServer, "_make_runner", make_runner)
 
 
 @pytest.fixture(autouse=True)
@@ -82,8 +99,8 @@ async def fake_and_proxy(
     answers, cookies); ``upstream_host`` is the name the proxy is given for it."""
     from transformers import AutoTokenizer
 
-    from proxy.app import create_app
-    from proxy.catalog import CATALOG
+    from proxy.serving.app import create_app
+    from proxy.serving.catalog import CATALOG
     from proxy.settings import Settings
     from tests.fakevllm import FakeVLLM
 

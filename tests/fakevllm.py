@@ -2,7 +2,7 @@
 
 It reproduces the documented responses of vLLM 0.29.0 (inflated bi-encoder usage) and
 0.32.0 (engine-level usage) with the real tokenizer, following vLLM's own renderer steps
-(written independently of ``proxy.accounting``), including each version's error bodies.
+(written independently of ``proxy.accounting.counts``), including each version's error bodies.
 """
 
 from __future__ import annotations

@@ -6,15 +6,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.accounting import (
+from proxy.accounting.counts import (
     count_request,
     cut_text,
     derive_engine,
     recount,
     single_lengths,
 )
-from proxy.tokenizer import HFTokenizer
-from proxy.types import Family, Pairing, Release, Truncation
+from proxy.accounting.types import Family, Pairing, Release, Truncation
+from proxy.tokenizers.hf import HFTokenizer
 from tests.conftest import profile
 
 QUERY = "What is the capital of France?"
@@ -199,7 +199,7 @@ def test_unproven_release_is_announced() -> None:
     """The proxy says once what it assumes for a release outside the proven range."""
     from structlog.testing import capture_logs
 
-    from proxy.catalog import warn_if_unproven
+    from proxy.serving.catalog import warn_if_unproven
 
     with capture_logs() as logs:
         warn_if_unproven(Release("0.33.0"))
@@ -221,7 +221,7 @@ def test_padding_boundary_0_28_to_0_29(version: str | None, pads: bool) -> None:
 
 def test_padding_ignored_before_0_29_is_counted_as_the_engine_does(minilm: HFTokenizer) -> None:
     """With 0.28.0 the 1:1 padded request is billed at the unpadded engine count."""
-    from proxy.accounting import count_request
+    from proxy.accounting.counts import count_request
 
     old = profile(version="0.28.0")
     trunc = old.release.applied(Truncation(pad_to_max_length=True))

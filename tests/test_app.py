@@ -14,8 +14,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from proxy.app import create_app
-from proxy.catalog import CATALOG
+from proxy.serving.app import create_app
+from proxy.serving.catalog import CATALOG
 from proxy.settings import Mode, Settings
 from tests.fakevllm import FakeVLLM
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from proxy.accounting.types import Family
 from proxy.cli import build_parser, main
 from proxy.settings import Mode, Settings, load_settings
-from proxy.types import Family
 
 
 def test_zero_config_defaults(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,9 +8,9 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.journal import Journal
-from proxy.outbox import Outbox
-from proxy.sinks.cloudevents import BATCH_CONTENT_TYPE, CloudEventsSink
+from proxy.ledger.journal import Journal
+from proxy.ledger.outbox import Outbox
+from proxy.ledger.sinks.cloudevents import BATCH_CONTENT_TYPE, CloudEventsSink
 from tests.test_postgres_ledger import make_record
 
 
@@ -112,10 +112,9 @@ async def test_bearer_header_dead_letter_and_replay(
     rejected record is isolated and dead-lettered while the rest is delivered; after the
     receiver is fixed, `usage-proxy dead-letters replay` delivers it."""
     from proxy.cli import main
-    from proxy.journal import list_dead_letters
-    from proxy.metering import METER
-    from proxy.metrics import METRICS
-    from proxy.tenancy import key_digest
+    from proxy.ledger.journal import list_dead_letters
+    from proxy.serving.keys import METRICS, RECORDER
+    from proxy.serving.tenancy import key_digest
     from tests.conftest import eventually, fake_and_proxy
 
     receiver = StrictReceiver("om-secret-token")
@@ -138,7 +137,7 @@ async def test_bearer_header_dead_letter_and_replay(
     for key in ["k-acme"] * 3 + ["k-evil"] + ["k-acme"] * 3:
         resp = await client.post("/rerank", json=body, headers={"Authorization": f"Bearer {key}"})
         ids.append(resp.headers["x-usage-record-id"])
-    journal = client.app[METER].journal
+    journal = client.app[RECORDER].journal
     assert journal is not None
 
     async def delivered() -> bool:

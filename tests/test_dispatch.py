@@ -9,17 +9,15 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from proxy.dispatch import (
-    STREAMING_OPERATIONS,
+from proxy.accounting.dispatch import (
     Prepared,
     invocation_operation,
     lax_bool,
     model_task,
     prepare,
 )
-from proxy.records import OPERATIONS
-from proxy.shapes import INVOCATIONS_PATH
-from proxy.types import Family
+from proxy.accounting.routes import INVOCATIONS_PATH, STREAMING_OPERATIONS, operation_of
+from proxy.accounting.types import Family
 
 
 def test_request_rewrite_only_for_streams_without_usage() -> None:
@@ -130,7 +128,7 @@ def test_model_task_by_family() -> None:
 
 def _as_before(path: str, body: bytes) -> Prepared:
     """The oracle: the decision taken on the whole body as ``json.loads`` reads it."""
-    direct = OPERATIONS.get(path)
+    direct = operation_of(path)
     try:
         payload = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):

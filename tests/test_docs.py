@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from proxy.records import UsageRecord
-from proxy.sinks.postgres import LEDGER_DDL
+from proxy.ledger.records import UsageRecord
+from proxy.ledger.sinks.postgres import LEDGER_DDL
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from proxy.family import detect_family
-from proxy.types import Family
+from proxy.accounting.family import detect_family
+from proxy.accounting.types import Family
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from proxy.journal import read_journal
-from proxy.upstream import SESSION
+from proxy.ledger.journal import read_journal
+from proxy.serving.upstream import SESSION
 from tests.conftest import fake_and_proxy
 from tests.fakevllm import FakeVLLM
 

@@ -9,11 +9,13 @@ from typing import Any
 
 import pytest
 
-from proxy.analysis import INLINE_MAX_TEXTS, analyse, analyse_cached
-from proxy.app import POOL
-from proxy.catalog import CATALOG
-from proxy.jsonio import loads
-from proxy.tokenizer import EXACT_KEY_CHARS
+from proxy.accounting.analysis import INLINE_MAX_TEXTS, analyse, analyse_cached
+from proxy.serving.audited import AUDITOR
+from proxy.serving.catalog import CATALOG
+from proxy.serving.keys import POOL
+from proxy.tokenizers.cache import EXACT_KEY_CHARS
+from proxy.tokenizers.hf import CachedCounts
+from proxy.wire.jsonio import loads
 from tests.conftest import fake_and_proxy
 
 DOCS = ["Paris is the capital of France.", "Berlin lies on the Spree.", "안녕하세요 세계"]
@@ -75,8 +77,8 @@ async def test_inline_analysis_equals_the_pools(proxy: Any) -> None:
     for body in bodies:
         path = "/score" if b"text_1" in body else "/rerank"
         for full in (True, False):
-            pooled = analyse(body, path, catalog, pool, full)
-            inline = analyse_cached(body, path, catalog, full)
+            pooled = analyse(body, path, catalog.lookup, pool.local_copy, full)
+            inline = analyse_cached(body, path, catalog.lookup, CachedCounts, full)
             if b"max_tokens_per_doc" in body and full:
                 assert inline is None  # a cut needs offsets: the tokenizer, in the pool
                 continue
@@ -95,15 +97,11 @@ async def test_a_text_no_cache_key_is_made_of_goes_to_the_pool(proxy: Any) -> No
     """A long text with a lone surrogate cannot be encoded for a cache digest: the inline
     path gives way instead of failing the handler, and the pool's failure (the tokenizer
     refuses it too) is the audit's ``unaudited``."""
-    auditor = next(
-        route.handler.__self__  # type: ignore[attr-defined]
-        for route in proxy.app.router.routes()
-        if route.resource is not None and route.resource.canonical == "/rerank"
-    )
+    auditor = proxy.app[AUDITOR]
     text = "\ud800 " + "a " * EXACT_KEY_CHARS
     body = json.dumps({"model": "minilm", "query": text, "documents": ["d"]}).encode()
     with pytest.raises(UnicodeEncodeError):
-        analyse_cached(body, "/rerank", proxy.app[CATALOG], True)
+        analyse_cached(body, "/rerank", proxy.app[CATALOG].lookup, CachedCounts, True)
     counting = auditor._count(body, "/rerank")
     with pytest.raises(UnicodeEncodeError):
         await counting
@@ -127,12 +125,21 @@ def test_json_fallback_keeps_the_standard_librarys_meaning() -> None:
             loads(broken)
 
 
-def _meter() -> Any:
-    from proxy.metering import Meter
-    from proxy.settings import Settings
-    from proxy.tenancy import TenantResolver
+def _exchanges() -> Any:
+    from aiohttp.test_utils import make_mocked_request
 
-    return Meter(Settings(upstream="http://127.0.0.1:9"), None, TenantResolver(header=None))
+    from proxy.accounting.routes import BY_PATH
+    from proxy.metrics import Metrics
+    from proxy.serving.bodies import BodyBudget
+    from proxy.serving.exchange import Exchange, Exchanges
+    from proxy.serving.tenancy import Attribution
+    from proxy.settings import Settings
+
+    metrics = Metrics(Settings(upstream="http://127.0.0.1:9"))
+    exchanges = Exchanges(BodyBudget(1024, 1024, 1.0), metrics)
+    request = make_mocked_request("POST", "/rerank")
+    exchange = Exchange(request, BY_PATH["/rerank"], b"", 0, 0.0, Attribution("t", None))
+    return exchanges, exchange
 
 
 async def test_a_cancelled_handler_does_not_cancel_its_exchange() -> None:
@@ -140,34 +147,39 @@ async def test_a_cancelled_handler_does_not_cancel_its_exchange() -> None:
     shutdown): it finishes, and shutdown can wait for it."""
     import asyncio
 
-    meter, finished = _meter(), asyncio.Event()
+    from aiohttp import web
 
-    async def exchange() -> int:
+    (exchanges, exchange), finished = _exchanges(), asyncio.Event()
+
+    async def work(_: Any) -> web.Response:
         await asyncio.sleep(0.05)
         finished.set()
-        return 7
+        return web.Response(status=207)
 
-    caller = asyncio.create_task(meter.shielded(exchange()))
+    caller = asyncio.create_task(exchanges.run(exchange, work))
     await asyncio.sleep(0.01)
     caller.cancel()
     with pytest.raises(asyncio.CancelledError):
         await caller
     assert not finished.is_set()
-    await meter.finish_exchanges(1.0)
+    assert exchanges.in_flight == 1
+    await exchanges.finish(1.0)
     assert finished.is_set()
-    assert not meter._exchanges
-    assert await meter.shielded(exchange()) == 7
+    assert exchanges.in_flight == 0
+    assert (await exchanges.run(exchange, work)).status == 207
 
 
 async def test_an_exchange_that_fails_fails_its_caller() -> None:
-    meter = _meter()
+    """An exception in the work reaches the caller; the exchange ends, counted failed."""
+    exchanges, exchange = _exchanges()
 
-    async def exchange() -> int:
+    async def work(_: Any) -> Any:
         raise LookupError("upstream gone")
 
     with pytest.raises(LookupError, match="upstream gone"):
-        await meter.shielded(exchange())
-    assert not meter._exchanges
+        await exchanges.run(exchange, work)
+    assert exchanges.in_flight == 0
+    assert exchanges.failed == 1
 
 
 async def test_without_a_count_cache_every_request_counts_in_the_pool(

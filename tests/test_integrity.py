@@ -14,12 +14,13 @@ import pytest
 from aiohttp import web
 from yarl import URL
 
-from proxy.catalog import CATALOG
-from proxy.journal import read_journal
-from proxy.metrics import METRICS
-from proxy.records import MAX_TOKENS, UsageRecord
-from proxy.tenancy import key_digest
-from proxy.upstream import SESSION
+from proxy.ledger.journal import read_journal
+from proxy.ledger.records import UsageRecord
+from proxy.serving.catalog import CATALOG
+from proxy.serving.keys import METRICS
+from proxy.serving.tenancy import key_digest
+from proxy.serving.upstream import SESSION
+from proxy.wire.usage import MAX_TOKENS
 from scripts.vllm_cpu import free_port
 from tests.conftest import fake_and_proxy
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.journal import Journal, JournalError, read_journal
+from proxy.ledger.journal import Journal, JournalError, read_journal
 from tests.test_postgres_ledger import make_record
 
 

@@ -16,9 +16,8 @@ from typing import Any
 
 import pytest
 
-from proxy.journal import read_journal
-from proxy.metering import METER
-from proxy.metrics import METRICS
+from proxy.ledger.journal import read_journal
+from proxy.serving.keys import METRICS, RECORDER
 from tests.conftest import fake_and_proxy
 
 RERANK = {"query": "What is the capital of France?", "documents": ["Paris.", "Berlin."]}
@@ -134,7 +133,7 @@ async def test_frozen_file_system_bounds_the_commit(
         finally:
             run("fsfreeze", "-u", str(mnt))
         for _ in range(100):
-            if client.app[METER].journal.healthy:
+            if client.app[RECORDER].journal.healthy:
                 break
             await asyncio.sleep(0.05)
         assert (await client.get("/readyz")).status == 200

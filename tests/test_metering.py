@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from proxy.app import create_app
-from proxy.journal import read_journal
-from proxy.records import UsageRecord
+from proxy.ledger.journal import read_journal
+from proxy.ledger.records import UsageRecord
+from proxy.serving.app import create_app
+from proxy.serving.tenancy import key_digest
 from proxy.settings import Settings
-from proxy.tenancy import key_digest
 from tests.conftest import fake_and_proxy
 
 QUERY = "What is the capital of France?"
@@ -139,10 +139,10 @@ async def test_non_stream_chat_and_jsonl_export(metered: Any) -> None:
 
 async def test_journal_failure_never_fails_the_request(metered: Any) -> None:
     """A broken journal: the client still gets vLLM's answer, flagged x-usage-record."""
-    from proxy.metering import METER
+    from proxy.serving.keys import RECORDER
 
     _, client, _, _ = metered
-    meter = client.app[METER]
+    meter = client.app[RECORDER]
     assert meter.journal is not None
 
     def broken(rows: Any) -> None:

@@ -11,8 +11,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
-from proxy.app import create_app
 from proxy.metrics import Metrics
+from proxy.serving.app import create_app
 from proxy.settings import Settings
 from tests.conftest import fake_and_proxy
 

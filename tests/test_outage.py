@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 import asyncpg
 
-from proxy.sinks.cloudevents import EVENT_TYPE
+from proxy.ledger.sinks.cloudevents import EVENT_TYPE
 from scripts.vllm_cpu import Process, free_port, start_proxy
 from tests.postgres import Cluster
 from tests.test_cloudevents import Receiver

@@ -12,12 +12,13 @@ import asyncpg
 import pytest
 
 from proxy.cli import main
-from proxy.journal import Journal, list_dead_letters
+from proxy.ledger.journal import Journal, list_dead_letters
+from proxy.ledger.outbox import Outbox
+from proxy.ledger.records import UsageRecord
+from proxy.ledger.sinks.postgres import PostgresLedger, migrate, read_ledger
 from proxy.metrics import Metrics
-from proxy.outbox import Outbox
-from proxy.records import MAX_TOKENS, UsageRecord
 from proxy.settings import Settings
-from proxy.sinks.postgres import PostgresLedger, migrate, read_ledger
+from proxy.wire.usage import MAX_TOKENS
 from tests.conftest import eventually
 from tests.postgres import Cluster
 

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.accounting import Counted, Recount
-from proxy.reconcile import judge
-from proxy.types import Family, Method, Pairing, Verdict
+from proxy.accounting.counts import Counted, Recount
+from proxy.accounting.types import Family, Method, Pairing, Verdict
+from proxy.accounting.verdicts import judge
 from tests.conftest import profile
 
 FULL = Counted(Recount(36, 57, (9,), (9, 11, 7)), 9)

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from proxy.accounting.routes import BY_PATH
 from proxy.cli import main
-from proxy.journal import Journal
-from proxy.records import OPERATIONS, UsageRecord
-from proxy.report import aggregate, as_html, as_table
+from proxy.ledger.journal import Journal
+from proxy.ledger.records import UsageRecord
+from proxy.ledger.report import aggregate, as_html, as_table
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 
@@ -34,7 +35,7 @@ def rec(
         tenant=tenant,
         model="minilm",
         endpoint=endpoint,
-        operation=OPERATIONS[endpoint],
+        operation=BY_PATH[endpoint].operation,
         prompt_tokens_reported=reported,
         prompt_tokens_billed=billed,
         completion_tokens_reported=completion,

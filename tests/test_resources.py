@@ -16,13 +16,13 @@ from urllib.request import urlopen
 import pytest
 from structlog.testing import capture_logs
 
-from proxy.exchanges import BODIES
-from proxy.journal import read_journal
-from proxy.metered import METERED
-from proxy.metrics import METRICS
-from proxy.records import UsageRecord
-from proxy.relay import ANSWER_END_BYTES
-from proxy.upstream import SESSION
+from proxy.ledger.journal import read_journal
+from proxy.ledger.records import UsageRecord
+from proxy.serving.app import EXCHANGES
+from proxy.serving.downstream import ANSWER_END_BYTES
+from proxy.serving.keys import METRICS
+from proxy.serving.metered import METERED
+from proxy.serving.upstream import SESSION
 from tests.conftest import eventually, fake_and_proxy
 
 RERANK = json.dumps({"query": "What is the capital of France?", "documents": ["Paris."]})
@@ -71,7 +71,7 @@ async def test_stalled_upload_is_cut_by_the_deadline(tight: Any, path: str) -> N
     assert b"RequestTimeout" in answer
     assert fake.raw_bodies == []
     assert fake.seen_headers == []
-    assert client.app[BODIES].held == 0
+    assert client.app[EXCHANGES].budget.held == 0
 
 
 async def test_bodies_over_the_budget_get_503_with_retry_after(tight: Any) -> None:
@@ -87,7 +87,7 @@ async def test_bodies_over_the_budget_get_503_with_retry_after(tight: Any) -> No
     assert (await resp.json())["error"]["type"] == "ServiceUnavailable"
     assert (await asyncio.wait_for(reader.read(4096), 5)).startswith(b"HTTP/1.1 408")
     writer.close()
-    assert client.app[BODIES].held == 0
+    assert client.app[EXCHANGES].budget.held == 0
     ok = await client.post("/rerank", data=RERANK, headers={"Content-Type": "application/json"})
     assert ok.status == 200
 
@@ -118,7 +118,7 @@ async def test_giant_word_is_proven_by_derivation_not_tokenized(
 ) -> None:
     """A document that is one 100 KiB word is not tokenized by the proxy (memory bound);
     the correction is still proven from the query length alone, as vLLM's engine saw it."""
-    from proxy.journal import read_journal
+    from proxy.ledger.journal import read_journal
 
     _, client = await fake_and_proxy(aiohttp_server, aiohttp_client, minilm_path)
     body = {"query": "What is the capital of France?", "documents": ["a" * 100_000, "Paris."]}
@@ -205,7 +205,7 @@ def test_the_c_library_is_looked_up_once(monkeypatch: pytest.MonkeyPatch) -> Non
     ldconfig, about 2 ms) on the event loop; the lookup now happens once."""
     import ctypes.util
 
-    from proxy import exchanges
+    from proxy.serving import memory
 
     calls: list[str] = []
     real = ctypes.util.find_library
@@ -214,14 +214,14 @@ def test_the_c_library_is_looked_up_once(monkeypatch: pytest.MonkeyPatch) -> Non
         calls.append(name)
         return real(name)
 
-    exchanges._libc.cache_clear()
+    memory._libc.cache_clear()
     monkeypatch.setattr(ctypes.util, "find_library", counting)
     try:
         for _ in range(3):
-            exchanges._malloc_trim()
-        exchanges.tune_allocator()
+            memory.malloc_trim()
+        memory.tune_allocator()
     finally:
-        exchanges._libc.cache_clear()
+        memory._libc.cache_clear()
     assert calls == ["c"]
 
 
@@ -313,7 +313,7 @@ async def test_a_large_metered_answer_is_not_held_even_below_the_limit(
     """Regression: a metered answer of up to --max-answer-bytes (256 MiB) was held whole
     and parsed (memory, and the GIL: about 20 ms per 16 MB). Above HELD_ANSWER_BYTES it
     streams through like one above the limit, billed from its end."""
-    from proxy.metered import HELD_ANSWER_BYTES
+    from proxy.serving.metered import HELD_ANSWER_BYTES
 
     client, first, release = await slow_embeddings(
         aiohttp_server, aiohttp_client, minilm_path, HELD_ANSWER_BYTES, limit=None
@@ -344,10 +344,10 @@ async def test_metered_answers_held_at_once_are_bounded(
     held, so many clients fetching answers of a few MiB (or not reading them) added up
     without bound. Past HELD_ANSWERS_TOTAL held at once, the next one is passed on as it
     comes and billed from its end; its room is given back once each answer has gone."""
-    import proxy.metered
+    import proxy.serving.metered
 
-    monkeypatch.setattr(proxy.metered, "HELD_ANSWER_BYTES", 600_000)
-    monkeypatch.setattr(proxy.metered, "HELD_ANSWERS_TOTAL", 1_000_000)
+    monkeypatch.setattr(proxy.serving.metered, "HELD_ANSWER_BYTES", 600_000)
+    monkeypatch.setattr(proxy.serving.metered, "HELD_ANSWERS_TOTAL", 1_000_000)
     client, _, release = await slow_embeddings(
         aiohttp_server, aiohttp_client, minilm_path, 100_000, limit=None
     )
@@ -501,7 +501,7 @@ async def test_a_stream_event_above_the_bound_is_passed_on_and_the_stream_still_
     its end and recorded ``invalid``: the client chose not to pay. Now that event passes
     on as it comes, never held, and the usage after it is billed and hidden from the
     client that did not ask for it."""
-    from proxy.sse import MAX_EVENT_BYTES
+    from proxy.wire.sse import MAX_EVENT_BYTES
 
     usage = b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2}}\n\n'
     events = [
@@ -547,9 +547,9 @@ async def test_json_work_on_large_bodies_runs_off_the_event_loop(
     decompressing an answer always does."""
     import threading
 
-    import proxy.audit
-    import proxy.exchanges
-    import proxy.metered
+    import proxy.serving.audited
+    import proxy.serving.metered
+    import proxy.serving.upstream
 
     on_loop: dict[str, list[bool]] = {}
 
@@ -565,10 +565,10 @@ async def test_json_work_on_large_bodies_runs_off_the_event_loop(
         monkeypatch.setattr(module, name, recorded)
 
     for module, name in (
-        (proxy.metered, "prepare"),
-        (proxy.metered, "read_usage"),
-        (proxy.audit, "find_usage"),
-        (proxy.exchanges, "decode_body"),
+        (proxy.serving.metered, "prepare"),
+        (proxy.serving.metered, "read_usage"),
+        (proxy.serving.audited, "find_usage"),
+        (proxy.serving.upstream, "decode_body"),
     ):
         spy(module, name)
     fake, client = await fake_and_proxy(aiohttp_server, aiohttp_client, minilm_path)
@@ -605,10 +605,10 @@ async def test_freed_memory_is_given_back_after_a_large_body(
     """docs/reliability.md's memory guarantee: once no body is held any more after one of
     8 MiB or more, the heap's free pages are handed back (``malloc_trim``, in a worker
     thread); smaller bodies never pay for it."""
-    import proxy.exchanges
+    import proxy.serving.bodies
 
     trims: list[int] = []
-    monkeypatch.setattr(proxy.exchanges, "_malloc_trim", lambda: trims.append)
+    monkeypatch.setattr(proxy.serving.bodies, "malloc_trim", lambda: trims.append)
     _, client = await fake_and_proxy(aiohttp_server, aiohttp_client, minilm_path)
 
     async def chat(size: int) -> None:
@@ -618,13 +618,13 @@ async def test_freed_memory_is_given_back_after_a_large_body(
     await chat(1024)
     await asyncio.sleep(0.2)
     assert trims == []
-    await chat(proxy.exchanges.TRIM_AFTER_BYTES)
+    await chat(proxy.serving.bodies.TRIM_AFTER_BYTES)
 
     async def trimmed() -> bool:
         return trims == [0]
 
     await eventually(trimmed)
-    assert client.app[BODIES].held == 0
+    assert client.app[EXCHANGES].budget.held == 0
 
 
 async def reads_nothing(port: int, path: str, body: bytes) -> tuple[Any, Any]:
@@ -724,7 +724,7 @@ def test_only_a_send_buffer_that_does_not_move_for_the_timeout_is_cut() -> None:
     since the last sweep (the client read some, or the proxy wrote more), is progress;
     the same unsent bytes for the whole timeout are a client that accepts nothing."""
     from proxy.metrics import Metrics
-    from proxy.sendwatch import SendWatch
+    from proxy.serving.sendwatch import SendWatch
     from proxy.settings import Settings
 
     watch = SendWatch(1.0, Metrics(Settings(upstream="http://127.0.0.1:1")))

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from proxy.journal import read_journal
-from proxy.metering import METER
-from proxy.tenancy import key_digest
+from proxy.ledger.journal import read_journal
+from proxy.serving.keys import OUTBOX
+from proxy.serving.tenancy import key_digest
 from scripts.vllm_cpu import free_port
 from tests.conftest import fake_and_proxy
 
@@ -57,7 +57,7 @@ async def test_secrets_never_written_anywhere(
     await chat.read()
     metrics = await (await client.get("/metrics")).text()
     await asyncio.sleep(0.6)  # let the failing ledger log its retries
-    outbox = client.app[METER].outbox
+    outbox = client.app[OUTBOX]
     assert outbox is not None
     assert outbox.state["postgres"].failures >= 1
     written = "\n".join(

@@ -3,6 +3,7 @@ window by window, exactly; bypass traffic shows as unbilled, a restart as a rese
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -11,12 +12,11 @@ from typing import Any
 import pytest
 
 from proxy.cli import main
-from proxy.journal import read_journal
-from proxy.metrics import METRICS
-from proxy.records import UsageRecord
-from proxy.settlement import EngineReading, Tally, parse_engine_counters, settle
-from proxy.settler import SETTLER
-from proxy.upstream import SESSION
+from proxy.ledger.journal import read_journal
+from proxy.ledger.records import UsageRecord
+from proxy.ledger.windows import EngineReading, Tally, parse_engine_counters, settle
+from proxy.serving.keys import METRICS, RECONCILER
+from proxy.serving.upstream import SESSION
 from tests.conftest import fake_and_proxy
 
 QUERY = "What is the capital of France?"
@@ -103,9 +103,9 @@ async def rig(aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path) -> An
     fake, client = await fake_and_proxy(
         aiohttp_server, aiohttp_client, minilm_path, reconcile_interval=0
     )
-    settler = client.app[SETTLER]
+    settler = client.app[RECONCILER]
     session = client.app[SESSION]
-    assert await settler.settle_once(session) is None  # the baseline
+    assert await settler.settle_once() is None  # the baseline
     return fake, client, settler, session
 
 
@@ -126,10 +126,10 @@ async def test_traffic_through_the_proxy_settles_with_zero_drift(
 ) -> None:
     """Every token the engine counted is billed once; in front of 0.29.0 the reported
     tokens exceed the engine's by exactly what the proxy corrected."""
-    fake, client, settler, session = rig
+    fake, client, settler, _ = rig
     before = fake.prompt_tokens_total
     await mixed_traffic(client)
-    window = await settler.settle_once(session)
+    window = await settler.settle_once()
     assert window is not None
     assert window.status == "settled"
     assert window.engine_prompt_tokens == fake.prompt_tokens_total - before
@@ -154,15 +154,15 @@ async def test_traffic_through_the_proxy_settles_with_zero_drift(
 
 async def test_bypass_traffic_shows_as_unbilled(rig: Any, aiohttp_client: Any) -> None:
     """A request sent straight to vLLM is unbilled engine work, to the token."""
-    fake, client, settler, session = rig
+    fake, client, settler, _ = rig
     await mixed_traffic(client)
     upstream = client.app[SESSION]
-    base = settler._settings.upstream_base
+    base = settler._upstream
     before = fake.prompt_tokens_total
     async with upstream.post(base + "/rerank", json={"query": QUERY, "documents": DOCS}) as r:
         assert r.status == 200
     bypassed = fake.prompt_tokens_total - before
-    window = await settler.settle_once(session)
+    window = await settler.settle_once()
     assert window is not None
     assert window.unbilled_prompt_tokens == bypassed == 36
     assert window.overbilled_prompt_tokens == 0
@@ -172,16 +172,16 @@ async def test_bypass_traffic_shows_as_unbilled(rig: Any, aiohttp_client: Any) -
 async def test_restart_neither_invents_nor_hides_drift(rig: Any) -> None:
     """The window across a restart is marked counter_reset (no drift claimed); the next
     window is exact again, and drift in it is still found."""
-    fake, client, settler, session = rig
+    fake, client, settler, _ = rig
     await mixed_traffic(client)
     fake.prompt_tokens_total, fake.generation_tokens_total = 0, 0
     fake.started_at += 100
     await client.post("/rerank", json={"query": QUERY, "documents": DOCS})
-    reset = await settler.settle_once(session)
+    reset = await settler.settle_once()
     assert reset is not None
     assert reset.status == "counter_reset"
     await mixed_traffic(client)
-    exact = await settler.settle_once(session)
+    exact = await settler.settle_once()
     assert exact is not None
     assert (exact.status, exact.unbilled_prompt_tokens, exact.overbilled_prompt_tokens) == (
         "settled",
@@ -189,18 +189,25 @@ async def test_restart_neither_invents_nor_hides_drift(rig: Any) -> None:
         0,
     )
     fake.prompt_tokens_total += 11  # engine work nobody billed, after the restart
-    drift = await settler.settle_once(session)
+    drift = await settler.settle_once()
     assert drift is not None
     assert drift.unbilled_prompt_tokens == 11
 
 
 async def test_a_window_waits_for_a_quiet_moment(rig: Any) -> None:
     """With an exchange in flight the window does not close (it carries on)."""
-    _, _, settler, session = rig
-    settler.begin()
-    assert await settler.settle_once(session, patience=0.2) is None
-    settler.end(200)
-    assert await settler.settle_once(session, patience=0.2) is not None
+    _, _, settler, _ = rig
+
+    class Busy:
+        in_flight, started, failed = 1, 1, 0
+
+        async def quiet(self) -> None:
+            await asyncio.Event().wait()
+
+    real, settler._traffic = settler._traffic, Busy()
+    assert await settler.settle_once(patience=0.2) is None
+    settler._traffic = real
+    assert await settler.settle_once(patience=0.2) is not None
 
 
 async def test_the_loop_settles_by_itself(
@@ -213,7 +220,7 @@ async def test_the_loop_settles_by_itself(
         aiohttp_server, aiohttp_client, minilm_path, reconcile_interval=0.2
     )
     await client.post("/rerank", json={"query": QUERY, "documents": DOCS})
-    settler = client.app[SETTLER]
+    settler = client.app[RECONCILER]
     for _ in range(100):
         if settler.windows:
             break

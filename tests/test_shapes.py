@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from proxy.shapes import endpoint_for_path, parse_scoring_request
-from proxy.types import Pairing, Truncation
+from proxy.accounting.shapes import endpoint_for_path, parse_scoring_request
+from proxy.accounting.types import Pairing, Truncation
 
 IMAGE = {"content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}
 

@@ -12,10 +12,9 @@ from typing import Any
 import asyncpg
 import pytest
 
-from proxy.app import create_app
-from proxy.catalog import CATALOG
-from proxy.metering import METER
-from proxy.metrics import METRICS
+from proxy.serving.app import create_app
+from proxy.serving.catalog import CATALOG
+from proxy.serving.keys import METRICS, RECORDER
 from proxy.settings import Settings
 from scripts.vllm_cpu import Process, free_port, start_proxy
 from tests.fakevllm import FakeVLLM
@@ -75,7 +74,7 @@ async def test_full_journal_keeps_serving(
     server = await aiohttp_server(fake.app())
     client = await aiohttp_client(create_app(Settings(upstream=str(server.make_url("")))))
     assert await client.app[CATALOG].wait_ready(10)
-    journal = client.app[METER].journal
+    journal = client.app[RECORDER].journal
     assert journal is not None
     assert journal._db is not None
     db = journal._db

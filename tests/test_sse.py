@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.sse import UsageScanner
+from proxy.wire.sse import UsageScanner
 
 CHUNK = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n'
 USAGE = b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2}}\n\n'

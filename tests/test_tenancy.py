@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.tenancy import (
+from proxy.serving.tenancy import (
     ANONYMOUS,
     Attribution,
     Refusal,

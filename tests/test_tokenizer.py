@@ -12,7 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.tokenizer import CountCache, HFTokenizer, TokenizerPool, load_tokenizer
+from proxy.tokenizers.cache import CountCache
+from proxy.tokenizers.hf import HFTokenizer, load_tokenizer
+from proxy.tokenizers.pool import TokenizerPool
 
 TEXTS = ["Paris is the capital of France.", "", "안녕하세요", "x " * 300]
 
@@ -74,7 +76,7 @@ def test_bounded_counting_equals_the_full_count(
 ) -> None:
     """Property: chunked, bounded counting of long texts gives exactly what the tokenizer
     gives on the whole text, whenever the count is below the bound (and saturates above)."""
-    import proxy.tokenizer as module
+    import proxy.tokenizers.hf as module
 
     full = _shared(minilm_path)
     bounded = full.copy()
@@ -101,7 +103,7 @@ def test_long_text_memory_follows_the_chunk(minilm_path: Path) -> None:
     tok = load_tokenizer(minilm_path)
     tok.bound = 258
     seen: list[int] = []
-    import proxy.tokenizer as module
+    import proxy.tokenizers.hf as module
 
     inner = module.backend_lengths
 
@@ -171,7 +173,7 @@ def test_small_bodies_never_queue_behind_large_ones(minilm_path: Path) -> None:
 def test_giant_whitespace_free_run_is_not_tokenized(minilm_path: Path) -> None:
     """A 4 MiB run without whitespace would take ~290 MB of tokenizer memory: the proxy
     refuses to count it (the request is judged without a recount) instead."""
-    from proxy.tokenizer import Uncountable
+    from proxy.accounting.types import Uncountable
 
     tok = load_tokenizer(minilm_path)
     tok.bound = 258
@@ -270,7 +272,7 @@ def test_cache_holds_short_texts_exactly_and_bounds_their_bytes(minilm: HFTokeni
     are held as digests; either way counts equal the tokenizer's."""
     import sys
 
-    from proxy.tokenizer import EXACT_KEY_CHARS
+    from proxy.tokenizers.cache import EXACT_KEY_CHARS
 
     cache = CountCache(1000, held_bytes=3000)
     twin = minilm.copy()

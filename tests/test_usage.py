@@ -9,7 +9,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from proxy.usage import (
+from proxy.wire.usage import (
     Reading,
     annotate_usage,
     find_usage,

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from proxy.journal import read_journal
-from proxy.tenancy import key_digest
+from proxy.ledger.journal import read_journal
+from proxy.serving.tenancy import key_digest
 from scripts.vllm_cpu import metric, start_proxy
 from tests.e2e.conftest import Cluster
 from tests.e2e.test_real_vllm import CASES, DOCS, Q

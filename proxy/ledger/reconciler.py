@@ -1,0 +1,176 @@
+"""Reconciliation against the engine's own counters, continuously (the I/O side of
+``proxy.ledger.windows``): tally what is journaled, read the upstream's counters every
+``--reconcile-interval`` seconds at a quiet moment, journal one window per reading, and
+publish the drift as metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Protocol
+
+import structlog
+
+from proxy.ledger.journal import Journal, JournalError
+from proxy.ledger.records import UsageRecord
+from proxy.ledger.windows import EngineReading, SettledWindow, Tally, parse_engine_counters, settle
+from proxy.metrics import Metrics
+
+log = structlog.get_logger("proxy.ledger.reconciler")
+
+
+class CountersUnavailable(Exception):
+    """The upstream's counters could not be read (unreachable, no /metrics, an error)."""
+
+
+class Traffic(Protocol):
+    """The metered exchanges, as the reconciler sees them (kept by the serving side)."""
+
+    @property
+    def in_flight(self) -> int:
+        """Exchanges that may still reach the upstream or record."""
+        ...
+
+    @property
+    def started(self) -> int:
+        """Exchanges started since the process began (monotonic)."""
+        ...
+
+    @property
+    def failed(self) -> int:
+        """Exchanges that ended with an error status (monotonic)."""
+        ...
+
+    async def quiet(self) -> None:
+        """Return once no exchange is in flight."""
+        ...
+
+
+class Reconciler:
+    """Knows what was recorded since the last quiet reading of the engine's counters."""
+
+    def __init__(
+        self,
+        traffic: Traffic,
+        read_counters: Callable[[], Awaitable[str]],
+        journal: Journal | None,
+        metrics: Metrics,
+        *,
+        interval: float,
+        instance: str,
+        upstream: str,
+    ) -> None:
+        self._traffic = traffic
+        self._read_counters = read_counters
+        self._journal = journal
+        self._metrics = metrics
+        self._interval = interval
+        self._instance = instance
+        self._upstream = upstream
+        self.tally = Tally()
+        self.last: EngineReading | None = None
+        self._last_at = datetime.now(UTC)
+        self._failed_mark = 0
+        self.windows: list[SettledWindow] = []  # this process's windows, newest last
+
+    def account(self, record: UsageRecord) -> None:
+        """A record was journaled: it is billed in the current window."""
+        self.tally.add(record)
+
+    async def run(self) -> None:
+        interval = self._interval
+        failing: str | None = None
+        while True:
+            await asyncio.sleep(interval if self.last else min(interval, 1.0))
+            try:
+                await self.settle_once(patience=interval)
+            except (CountersUnavailable, ValueError) as exc:
+                # Said once per distinct cause (an upstream without /metrics would repeat
+                # it every interval); usage_proxy_reconcile_last_settled_* shows the stall.
+                if str(exc) != failing:
+                    log.warning("reconcile_failed", error=str(exc))
+                failing = str(exc)
+            except Exception:  # reconciliation is an audit; it must never stop
+                log.exception("reconcile_crashed")
+            else:
+                failing = None
+
+    async def settle_once(self, patience: float = 5.0) -> SettledWindow | None:
+        """Close the window at the next quiet moment (within ``patience`` seconds);
+        None when there was none (the window carries on) or this is the first reading."""
+        deadline = time.monotonic() + patience
+        while True:
+            remaining = deadline - time.monotonic()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._traffic.quiet(), max(remaining, 0))
+            if self._traffic.in_flight:
+                return None
+            tally, self.tally, mark = self.tally, Tally(), self._traffic.started
+            failed = self._traffic.failed
+            ended = datetime.now(UTC)
+            reading = parse_engine_counters(await self._read_counters())
+            if self._traffic.started == mark:
+                tally.upstream_errors = failed - self._failed_mark
+                self._failed_mark = failed
+                return await self._close(reading, tally, ended)
+            self.tally.merge(tally)  # traffic arrived while reading: not a boundary
+            if time.monotonic() >= deadline:
+                return None
+
+    async def _close(
+        self, reading: EngineReading, tally: Tally, ended: datetime
+    ) -> SettledWindow | None:
+        before, self.last = self.last, reading
+        started_at, self._last_at = self._last_at, ended
+        if before is None:
+            return None  # the baseline: what happened before it is not this proxy's window
+        window = settle(
+            before,
+            reading,
+            tally,
+            start=started_at,
+            end=ended,
+            instance=self._instance,
+            upstream=self._upstream,
+        )
+        self._observe(window, reading)
+        self.windows = [*self.windows[-99:], window]
+        if self._journal is not None:
+            try:
+                await self._journal.append(window)
+            except JournalError as exc:
+                log.error("reconcile_window_not_journaled", error=str(exc))
+        if window.unbilled_prompt_tokens or window.overbilled_prompt_tokens:
+            log.warning("reconcile_drift", **_summary(window))
+        else:
+            log.debug("reconcile_settled", **_summary(window))
+        return window
+
+    def _observe(self, window: SettledWindow, reading: EngineReading) -> None:
+        m = self._metrics
+        grown_p = window.engine_prompt_tokens
+        grown_c = window.engine_completion_tokens
+        # After a restart the counter's value is what the new engine has done so far.
+        m.engine_prompt.inc(reading.prompt if grown_p is None else grown_p)
+        m.engine_completion.inc(reading.generation if grown_c is None else grown_c)
+        m.unbilled_prompt.inc(window.unbilled_prompt_tokens)
+        m.overbilled_prompt.inc(window.overbilled_prompt_tokens)
+        m.unbilled_completion.inc(window.unbilled_completion_tokens)
+        m.overbilled_completion.inc(window.overbilled_completion_tokens)
+        m.windows.labels(window.status).inc()
+        m.last_settled.set(window.end.timestamp())
+
+
+def _summary(window: SettledWindow) -> dict[str, object]:
+    return {
+        "window_id": window.window_id,
+        "status": window.status,
+        "engine": window.engine_prompt_tokens,
+        "billed": window.billed_prompt_tokens,
+        "unbilled": window.unbilled_prompt_tokens,
+        "overbilled": window.overbilled_prompt_tokens,
+        "causes": window.causes,
+    }

@@ -1,0 +1,194 @@
+"""The PostgreSQL ledger: one row per record, inserted idempotently on ``record_id``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+
+from proxy.ledger.records import UsageRecord
+from proxy.ledger.sinks import PermanentDeliveryError
+from proxy.ledger.windows import Entry, SettledWindow
+
+
+async def migrate(conn: Any) -> None:
+    """Create the ledger table, or bring a schema-version-1 table to version 2."""
+    async with conn.transaction():
+        old = await conn.fetchval(
+            "SELECT 1 FROM information_schema.columns WHERE table_name = 'usage_records' "
+            "AND column_name = 'request_id' AND table_schema = current_schema()"
+        )
+        if old:
+            await conn.execute(MIGRATE_V1)
+        await conn.execute(LEDGER_DDL)
+
+
+# Also shipped as docs/ledger.sql for teams that migrate schemas themselves. Token counts
+# are bigint: the ledger holds every count a record may carry (wire.usage.MAX_TOKENS).
+LEDGER_DDL = """
+CREATE TABLE IF NOT EXISTS usage_records (
+    record_id uuid PRIMARY KEY,
+    schema_version integer NOT NULL,
+    client_request_id text,
+    time timestamptz NOT NULL,
+    tenant text NOT NULL,
+    key_hash text,
+    model text,
+    endpoint text NOT NULL,
+    operation text NOT NULL,
+    upstream_version text,
+    prompt_tokens_reported bigint,
+    prompt_tokens_billed bigint,
+    completion_tokens_reported bigint,
+    completion_tokens_billed bigint,
+    verdict text,
+    m bigint,
+    n bigint,
+    status integer NOT NULL,
+    aborted boolean NOT NULL DEFAULT false,
+    latency_ms double precision NOT NULL,
+    instance text NOT NULL,
+    inserted_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS usage_records_tenant_time ON usage_records (tenant, time);
+CREATE TABLE IF NOT EXISTS reconciliation_windows (
+    window_id uuid PRIMARY KEY,
+    instance text NOT NULL,
+    upstream text NOT NULL,
+    start_time timestamptz NOT NULL,
+    end_time timestamptz NOT NULL,
+    status text NOT NULL,
+    body jsonb NOT NULL,
+    inserted_at timestamptz NOT NULL DEFAULT now()
+);
+"""
+
+# Schema version 1 -> 2 (run once, in one transaction, when the table predates version 2).
+MIGRATE_V1 = """
+ALTER TABLE usage_records RENAME COLUMN request_id TO client_request_id;
+ALTER TABLE usage_records ALTER COLUMN client_request_id DROP NOT NULL;
+ALTER TABLE usage_records
+    ALTER COLUMN prompt_tokens_reported TYPE bigint,
+    ALTER COLUMN prompt_tokens_billed TYPE bigint,
+    ALTER COLUMN completion_tokens_reported TYPE bigint,
+    ALTER COLUMN completion_tokens_billed TYPE bigint,
+    ALTER COLUMN m TYPE bigint,
+    ALTER COLUMN n TYPE bigint,
+    ADD COLUMN IF NOT EXISTS aborted boolean NOT NULL DEFAULT false;
+"""
+
+COLUMNS_AND_TYPES = (
+    ("record_id", "uuid"),
+    ("schema_version", "int"),
+    ("client_request_id", "text"),
+    ("time", "timestamptz"),
+    ("tenant", "text"),
+    ("key_hash", "text"),
+    ("model", "text"),
+    ("endpoint", "text"),
+    ("operation", "text"),
+    ("upstream_version", "text"),
+    ("prompt_tokens_reported", "int8"),
+    ("prompt_tokens_billed", "int8"),
+    ("completion_tokens_reported", "int8"),
+    ("completion_tokens_billed", "int8"),
+    ("verdict", "text"),
+    ("m", "int8"),
+    ("n", "int8"),
+    ("status", "int"),
+    ("aborted", "bool"),
+    ("latency_ms", "float8"),
+    ("instance", "text"),
+)
+COLUMNS = tuple(c for c, _ in COLUMNS_AND_TYPES)
+_ARRAYS = ", ".join(f"${i + 1}::{t}[]" for i, (_, t) in enumerate(COLUMNS_AND_TYPES))
+INSERT = (
+    f"INSERT INTO usage_records ({', '.join(COLUMNS)}) SELECT * FROM unnest({_ARRAYS}) "
+    "ON CONFLICT (record_id) DO NOTHING"
+)
+INSERT_WINDOW = (
+    "INSERT INTO reconciliation_windows (window_id, instance, upstream, start_time, end_time, "
+    "status, body) VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb) ON CONFLICT (window_id) DO NOTHING"
+)
+# SQLSTATE classes that depend on the rows sent, not on the server's state: data
+# exceptions (22) and integrity violations (23). Everything else is retried.
+PERMANENT_SQLSTATE_CLASSES = ("22", "23")
+
+
+def _row(record: UsageRecord) -> list[Any]:
+    data = record.model_dump()
+    return [data[c] for c in COLUMNS]
+
+
+class PostgresLedger:
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.name = "postgres"
+        self._pool: asyncpg.Pool | None = None
+
+    async def _connect(self) -> asyncpg.Pool:
+        if self._pool is None:
+            pool = await asyncpg.create_pool(self.dsn, min_size=0, max_size=2, timeout=10)
+            async with pool.acquire() as conn:
+                await migrate(conn)
+            self._pool = pool
+        return self._pool
+
+    async def start(self) -> None:
+        """Connect lazily: the ledger may be down at start-up; the outbox retries."""
+        return None
+
+    async def deliver(self, records: Sequence[Entry]) -> None:
+        pool = await self._connect()
+        usage = [r for r in records if isinstance(r, UsageRecord)]
+        windows = [r for r in records if isinstance(r, SettledWindow)]
+        columns = list(zip(*(_row(r) for r in usage), strict=True))
+        try:
+            async with pool.acquire() as conn, conn.transaction():
+                if usage:
+                    await conn.execute(INSERT, *[list(c) for c in columns])
+                for w in windows:
+                    await conn.execute(
+                        INSERT_WINDOW,
+                        w.window_id,
+                        w.instance,
+                        w.upstream,
+                        w.start,
+                        w.end,
+                        w.status,
+                        w.to_json(),
+                    )
+        except asyncpg.PostgresError as exc:
+            if str(exc.sqlstate or "")[:2] in PERMANENT_SQLSTATE_CLASSES:
+                raise PermanentDeliveryError(f"{exc.sqlstate}: {exc}") from exc
+            raise
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+
+
+async def read_ledger(dsn: str, since: str | None, until: str | None) -> list[UsageRecord]:
+    """Records from the ledger in [since, until) (ISO 8601), for reports."""
+    from datetime import datetime
+
+    low = datetime.fromisoformat(since) if since else datetime.min
+    high = datetime.fromisoformat(until) if until else datetime.max
+    conn = await asyncpg.connect(dsn, timeout=10)
+    try:
+        rows = await conn.fetch(
+            f"SELECT {', '.join(COLUMNS)} FROM usage_records "
+            "WHERE time >= $1 AND time < $2 ORDER BY time",
+            _aware(low),
+            _aware(high),
+        )
+    finally:
+        await conn.close()
+    return [UsageRecord(**{**dict(r), "record_id": str(r["record_id"])}) for r in rows]
+
+
+def _aware(moment: Any) -> Any:
+    from datetime import UTC
+
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)

@@ -1,0 +1,216 @@
+"""Closed-loop proof of the ledger: compare the engine's own token counters with what this
+proxy recorded, window by window. Pure: parsing, tallies and the settled window.
+
+A window runs between two readings of the upstream's ``vllm:prompt_tokens_total`` (and
+``vllm:generation_tokens_total``) taken while no metered exchange was in flight, so every
+token the engine counted in it belongs to an exchange that finished inside it. Settled
+means exact: zero drift is zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict
+
+from proxy.ledger.records import SCHEMA_VERSION, UsageRecord, new_record_id
+
+PROMPT_COUNTER = "vllm:prompt_tokens_total"
+GENERATION_COUNTER = "vllm:generation_tokens_total"
+START_TIME = "process_start_time_seconds"
+UNPROVEN = frozenset({"mismatch", "unaudited", "invalid"})
+
+
+@dataclass(frozen=True, slots=True)
+class EngineReading:
+    """The upstream's counters at one moment (summed over every label set)."""
+
+    prompt: int
+    generation: int
+    started: float | None  # the engine process's start time: a change means a restart
+
+
+def parse_engine_counters(text: str) -> EngineReading:
+    """Read the counters from Prometheus text exposition; raises ValueError without them."""
+    totals = {PROMPT_COUNTER: 0.0, GENERATION_COUNTER: 0.0}
+    seen = set()
+    started = None
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in totals:
+            totals[name] += float(line.rsplit(" ", 1)[1])
+            seen.add(name)
+        elif name == START_TIME:
+            started = float(line.rsplit(" ", 1)[1])
+    if PROMPT_COUNTER not in seen:
+        raise ValueError(f"no {PROMPT_COUNTER} in the upstream's metrics")
+    return EngineReading(round(totals[PROMPT_COUNTER]), round(totals[GENERATION_COUNTER]), started)
+
+
+@dataclass(slots=True)
+class Tally:
+    """What this proxy recorded (journaled) and saw fail since the window opened."""
+
+    records: int = 0
+    prompt_reported: int = 0
+    prompt_billed: int = 0
+    completion_reported: int = 0
+    completion_billed: int = 0
+    unproven: int = 0
+    aborted: int = 0
+    upstream_errors: int = 0
+    verdicts: dict[str, int] = field(default_factory=dict)
+
+    def merge(self, other: Tally) -> None:
+        """Carry another tally (an attempt to close the window that was abandoned)."""
+        for name in ("records", "prompt_reported", "prompt_billed", "completion_reported"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in ("completion_billed", "unproven", "aborted", "upstream_errors"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for verdict, count in other.verdicts.items():
+            self.verdicts[verdict] = self.verdicts.get(verdict, 0) + count
+
+    def add(self, record: UsageRecord) -> None:
+        self.records += 1
+        self.prompt_reported += record.prompt_tokens_reported or 0
+        self.prompt_billed += record.prompt_tokens_billed or 0
+        self.completion_reported += record.completion_tokens_reported or 0
+        self.completion_billed += record.completion_tokens_billed or 0
+        verdict = record.verdict or "none"
+        self.verdicts[verdict] = self.verdicts.get(verdict, 0) + 1
+        self.unproven += verdict in UNPROVEN
+        self.aborted += record.aborted
+
+
+class SettledWindow(BaseModel):
+    """One reconciliation window: the engine's growth against this proxy's records."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: str = "reconciliation"
+    schema_version: int = SCHEMA_VERSION
+    window_id: str
+    instance: str
+    upstream: str
+    start: datetime
+    end: datetime
+    status: str  # settled | counter_reset
+    records: int
+    engine_prompt_tokens: int | None
+    reported_prompt_tokens: int
+    billed_prompt_tokens: int
+    unbilled_prompt_tokens: int
+    overbilled_prompt_tokens: int
+    engine_completion_tokens: int | None
+    reported_completion_tokens: int
+    billed_completion_tokens: int
+    unbilled_completion_tokens: int
+    overbilled_completion_tokens: int
+    upstream_errors: int
+    verdicts: dict[str, int]
+    causes: list[str]
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+    # The journal and the sinks handle windows beside usage records by these three.
+    @property
+    def record_id(self) -> str:
+        return self.window_id
+
+    @property
+    def time(self) -> datetime:
+        return self.end
+
+    @property
+    def tenant(self) -> str:
+        return ""
+
+
+# What the journal holds and the sinks deliver.
+Entry = UsageRecord | SettledWindow
+
+
+def parse_entry(body: str | bytes) -> Entry:
+    """A journaled body back as a usage record or a reconciliation window."""
+    if b'"kind":"reconciliation"' in (body.encode() if isinstance(body, str) else body):
+        return SettledWindow.model_validate_json(body)
+    return UsageRecord.from_json(body)
+
+
+def settle(
+    before: EngineReading,
+    after: EngineReading,
+    tally: Tally,
+    *,
+    start: datetime,
+    end: datetime,
+    instance: str,
+    upstream: str,
+) -> SettledWindow:
+    """The window between two quiet readings. A counter that went down, or a changed
+    engine start time, is a restart: the engine's growth is then unknown, so the window
+    is reported (``counter_reset``) but no drift is claimed for it."""
+    reset = after.prompt < before.prompt or after.generation < before.generation
+    reset = reset or (before.started is not None and after.started != before.started)
+    engine_prompt = None if reset else after.prompt - before.prompt
+    engine_generation = None if reset else after.generation - before.generation
+    unbilled_p, over_p = _drift(engine_prompt, tally.prompt_billed)
+    unbilled_c, over_c = _drift(engine_generation, tally.completion_billed)
+    return SettledWindow(
+        window_id=new_record_id(),
+        instance=instance,
+        upstream=upstream,
+        start=start,
+        end=end,
+        status="counter_reset" if reset else "settled",
+        records=tally.records,
+        engine_prompt_tokens=engine_prompt,
+        reported_prompt_tokens=tally.prompt_reported,
+        billed_prompt_tokens=tally.prompt_billed,
+        unbilled_prompt_tokens=unbilled_p,
+        overbilled_prompt_tokens=over_p,
+        engine_completion_tokens=engine_generation,
+        reported_completion_tokens=tally.completion_reported,
+        billed_completion_tokens=tally.completion_billed,
+        unbilled_completion_tokens=unbilled_c,
+        overbilled_completion_tokens=over_c,
+        upstream_errors=tally.upstream_errors,
+        verdicts=dict(tally.verdicts),
+        causes=causes(reset, unbilled_p + unbilled_c, over_p + over_c, tally),
+    )
+
+
+def _drift(engine: int | None, billed: int) -> tuple[int, int]:
+    """(unbilled, overbilled) tokens; none claimed when the engine's growth is unknown."""
+    if engine is None:
+        return 0, 0
+    return max(engine - billed, 0), max(billed - engine, 0)
+
+
+def causes(reset: bool, unbilled: int, overbilled: int, tally: Tally) -> list[str]:
+    """What can explain a drift, from what the proxy saw in the window."""
+    found = []
+    if reset:
+        found.append("counter_reset: the engine restarted; this window's growth is unknown")
+    if unbilled and tally.upstream_errors:
+        found.append(
+            f"upstream_errors: {tally.upstream_errors} metered request(s) failed upstream "
+            "(work done before an error, e.g. prefill, is not billed)"
+        )
+    if unbilled:
+        found.append(
+            "unmetered_traffic: engine work without a record of this proxy (requests that "
+            "bypassed it, or paths it does not meter)"
+        )
+    if (unbilled or overbilled) and tally.unproven:
+        found.append(
+            f"unproven_records: {tally.unproven} record(s) billed as reported without proof "
+            "(mismatch, unaudited or invalid: tokenizer, family or release assumptions)"
+        )
+    if overbilled and not tally.unproven:
+        found.append("overbilled: records exceed the engine's count (a counting defect)")
+    return found

@@ -1,0 +1,80 @@
+"""The proxy's own endpoints, answered here and never forwarded: liveness, readiness and
+its Prometheus metrics, on the main port or on ``--admin-port``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from proxy.ledger.journal import Journal
+from proxy.metrics import Metrics
+from proxy.serving.catalog import Catalog
+from proxy.settings import Settings
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """The process is alive and its event loop answers."""
+    return web.json_response({"status": "ok"})
+
+
+def readiness(catalog: Catalog, journal: Journal | None) -> Handler:
+    """Ready when discovery has reached the upstream, every served model can be audited,
+    and records can be journaled (a load balancer then drains a pod whose disk failed)."""
+
+    async def readyz(request: web.Request) -> web.Response:
+        problems = {name: m.problem for name, m in catalog.models.items() if m.problem}
+        if journal is not None and not journal.healthy and not await journal.probe():
+            problems["journal"] = journal.problem or "records cannot be journaled"
+        ready = catalog.ready.is_set() and not problems and bool(catalog.models)
+        body = {
+            "status": "ready" if ready else "not ready",
+            "upstream_version": catalog.release.version,
+            "models": sorted(catalog.models),
+            "problems": problems,
+        }
+        return web.json_response(body, status=200 if ready else 503)
+
+    return readyz
+
+
+def metrics_page(metrics: Metrics) -> Handler:
+    async def serve_metrics(request: web.Request) -> web.Response:
+        return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    return serve_metrics
+
+
+def add_routes(
+    app: web.Application,
+    catalog: Catalog,
+    journal: Journal | None,
+    metrics: Metrics | None = None,
+) -> None:
+    """Health and readiness; the metrics page too when ``metrics`` is given."""
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readiness(catalog, journal))
+    if metrics is not None:
+        app.router.add_get("/metrics", metrics_page(metrics))
+
+
+def admin_context(
+    settings: Settings, routes: Callable[[web.Application], None]
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    """cleanup_ctx: serve ``routes`` on ``--admin-port`` when set."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        if settings.admin_port is None:
+            yield
+            return
+        admin = web.Application()
+        routes(admin)
+        runner = web.AppRunner(admin, access_log=None, keepalive_timeout=settings.keepalive_timeout)
+        await runner.setup()
+        await web.TCPSite(runner, settings.admin_host, settings.admin_port).start()
+        yield
+        await runner.cleanup()
+
+    return ctx

@@ -1,0 +1,127 @@
+"""Wiring: build the aiohttp application from settings and its collaborators.
+
+Every resource is built here, in order, and handed to what uses it as a parameter; the
+``cleanup_ctx`` entries only open and close them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+from aiohttp import web
+
+from proxy.accounting.routes import Handling
+from proxy.ledger.exporters import build_sinks
+from proxy.ledger.journal import Journal
+from proxy.ledger.outbox import Outbox
+from proxy.ledger.reconciler import Reconciler
+from proxy.ledger.recorder import Recorder
+from proxy.ledger.sinks import Sink
+from proxy.metrics import Metrics
+from proxy.serving import admin
+from proxy.serving.attribution import attribution, build_resolver
+from proxy.serving.audited import AUDITOR, ScoringAuditor
+from proxy.serving.bodies import BodyBudget
+from proxy.serving.catalog import Catalog, catalog_context
+from proxy.serving.exchange import Exchanges, Work
+from proxy.serving.keys import METRICS, OUTBOX, POOL, RECONCILER, RECORDER
+from proxy.serving.lifetimes import counters_reader, ledger_context, reconciler_context
+from proxy.serving.metered import METERED, MeteredRelay
+from proxy.serving.relayed import Relay
+from proxy.serving.routing import Invocations, guard, router
+from proxy.serving.sendwatch import SendWatch, send_watch_context
+from proxy.serving.upstream import SESSION, session_context
+from proxy.settings import Durability, Settings
+from proxy.tokenizers.pool import TokenizerPool
+
+EXCHANGES = web.AppKey("exchanges", Exchanges)
+
+
+def pool_context(pool: TokenizerPool) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        yield
+        pool.shutdown()
+
+    return ctx
+
+
+def build_journal(settings: Settings, metrics: Metrics) -> Journal | None:
+    """The journal the settings ask for (None: --journal off, nothing is metered)."""
+    if not settings.metering:
+        return None
+    return Journal(
+        Path(settings.journal),
+        sync=settings.durability is Durability.SYNC,
+        commit_timeout=settings.journal_commit_timeout,
+        commit_interval=settings.commit_interval,
+        on_replaced=lambda carried: metrics.journal_replaced.inc(),
+    )
+
+
+def create_app(
+    settings: Settings,
+    *,
+    catalog: Catalog | None = None,
+    pool: TokenizerPool | None = None,
+    sinks: list[Sink] | None = None,
+) -> web.Application:
+    """The proxy application; tests pass their own catalog (e.g. a tokenizer loader)."""
+    resolver = build_resolver(settings)
+    metrics = Metrics(settings, trusted_tenants=resolver.key_tenants)
+    pool = pool or TokenizerPool(settings.tokenizer_threads)
+    catalog = catalog or Catalog(settings, pool=pool)
+    journal = build_journal(settings, metrics)
+    if journal is not None:
+        metrics.journal_ready.set_function(lambda: float(journal.healthy))
+    outbox = None
+    if journal is not None:
+        exporters = build_sinks(settings) if sinks is None else sinks
+        retention = settings.journal_retention * 3600
+        outbox = Outbox(journal, exporters, metrics=metrics, retention=retention)
+    budget = BodyBudget(
+        settings.max_inflight_body_bytes, settings.max_body_bytes, settings.body_read_timeout
+    )
+    exchanges = Exchanges(budget, metrics)
+    sends = SendWatch(settings.send_timeout, metrics)
+    app = web.Application(
+        client_max_size=settings.max_body_bytes,
+        middlewares=[guard(sends), attribution(resolver, metrics)],
+    )
+    reconciler = Reconciler(
+        exchanges,
+        counters_reader(
+            lambda: app[SESSION], settings.upstream_base + settings.reconcile_metrics_path
+        ),
+        journal,
+        metrics,
+        interval=settings.reconcile_interval,
+        instance=settings.instance,
+        upstream=settings.upstream_base,
+    )
+    recorder = Recorder(journal, metrics, subscribers=[reconciler.account])
+    auditor = ScoringAuditor(settings, catalog, pool, recorder, metrics)
+    metered = MeteredRelay(settings, catalog, recorder, metrics)
+    handlers: dict[Handling, Work] = {
+        Handling.AUDITED: auditor,
+        Handling.METERED: metered,
+        Handling.DISPATCHED: Invocations(auditor, metered, catalog),
+    }
+    app[METRICS], app[POOL], app[RECORDER], app[RECONCILER] = metrics, pool, recorder, reconciler
+    app[EXCHANGES], app[METERED], app[AUDITOR] = exchanges, metered, auditor
+    if outbox is not None:
+        app[OUTBOX] = outbox
+    app.cleanup_ctx.append(session_context(settings))
+    app.cleanup_ctx.append(catalog_context(catalog))
+    app.cleanup_ctx.append(pool_context(pool))
+    app.cleanup_ctx.append(ledger_context(settings, journal, outbox, exchanges))
+    app.cleanup_ctx.append(reconciler_context(settings, reconciler))
+    app.cleanup_ctx.append(send_watch_context(sends))
+    on_main_port = metrics if settings.admin_port is None else None
+    admin.add_routes(app, catalog, journal, on_main_port)
+    app.cleanup_ctx.append(
+        admin.admin_context(settings, lambda a: admin.add_routes(a, catalog, journal, metrics))
+    )
+    relay = Relay(settings.upstream_base, settings.body_read_timeout, metrics)
+    app.router.add_route("*", "/{tail:.*}", router(exchanges, handlers, relay))
+    return app

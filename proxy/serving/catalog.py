@@ -1,0 +1,227 @@
+"""Model knowledge, discovered: upstream version and served models, tokenizers and families.
+
+Owns its AppKey and a cleanup_ctx with the background refresh task. The sidecar may start
+before vLLM is ready, so discovery retries quickly until it first succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+from proxy.accounting.dispatch import model_task
+from proxy.accounting.family import detect_family, is_generative
+from proxy.accounting.types import EngineProfile, Family, Release, ServedModel
+from proxy.serving.upstream import SESSION, UpstreamError, get_json
+from proxy.settings import ModelOverride, Settings
+from proxy.tokenizers.cache import CountCache
+from proxy.tokenizers.hf import HFTokenizer, load_tokenizer
+from proxy.tokenizers.pool import TokenizerPool
+
+log = structlog.get_logger("proxy.serving.catalog")
+
+TokenizerLoader = Callable[[str], HFTokenizer]
+_RETRY_SECONDS = 2.0
+
+
+def read_model_config(source: str) -> dict[str, Any] | None:
+    """``config.json`` of a local model directory or of an HF id in the local cache."""
+    path = Path(source) / "config.json"
+    if not path.is_file():
+        from huggingface_hub import try_to_load_from_cache
+
+        try:
+            cached = try_to_load_from_cache(source, "config.json")
+        except ValueError:  # not a valid HF id either (e.g. a missing absolute path)
+            return None
+        if not isinstance(cached, str):
+            return None
+        path = Path(cached)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def build_model(
+    entry: dict[str, Any],
+    release: Release,
+    override: ModelOverride | None,
+    loader: TokenizerLoader,
+) -> ServedModel:
+    """Resolve the tokenizer and family of one ``/v1/models`` entry (blocking: files)."""
+    name = str(entry.get("id"))
+    root = str(entry.get("root") or name)
+    max_model_len = int(entry.get("max_model_len") or 0)
+    source = (override.tokenizer if override else None) or root
+
+    config = read_model_config(source)
+    family: Family | None = override.family if override else None
+    if family is None and config is not None:
+        family = detect_family(config)
+    task = model_task(family, generates=config is not None and is_generative(config))
+
+    def broken(problem: str) -> ServedModel:
+        return ServedModel(name, root, max_model_len, None, None, problem, task)
+
+    if max_model_len <= 0:
+        return broken("upstream did not report max_model_len")
+    if family is None:
+        if config is None:
+            return broken(f"no readable config.json at {source}; set models.{name}.family")
+        return broken("model has no score API (classifier with more than one label)")
+    try:
+        tokenizer = loader(source)
+    except Exception as exc:  # any loader failure leaves the model unaudited, never down
+        return broken(f"tokenizer not loadable from {source}: {type(exc).__name__}: {exc}")
+    profile = EngineProfile(family, max_model_len, tokenizer.pad_token_id is not None, release)
+    return ServedModel(name, root, max_model_len, profile, tokenizer, task=task)
+
+
+def warn_if_unproven(release: Release) -> None:
+    """Once per release seen: say when it is outside what the proxy proved on a real engine."""
+    if release.proven is False:
+        fixed = release.reports_engine_usage
+        log.warning(
+            "release_outside_proven_range",
+            upstream_version=release.version,
+            proven="0.27.0 - 0.32.x (docs/compatibility.md)",
+            assumes="usage is engine-level: numbers are checked, never changed"
+            if fixed
+            else "pre-fix inflation per the release table: only proven corrections change a "
+            "number; anything else is billed as reported and flagged mismatch",
+        )
+
+
+class Catalog:
+    """The upstream's version and models; refreshed in the background."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        loader: TokenizerLoader = load_tokenizer,
+        pool: TokenizerPool | None = None,
+    ) -> None:
+        self._settings = settings
+        self._loader = loader
+        self._pool = pool
+        size = settings.count_cache_size
+        self.cache = CountCache(size) if size else None
+        self.release = Release(None)
+        self.models: dict[str, ServedModel] = {}
+        self.last_success: float | None = None
+        self.ready = asyncio.Event()
+        self._lock = asyncio.Lock()
+
+    async def wait_ready(self, within: float) -> bool:
+        """Wait (bounded) for the first successful discovery; True once it has happened."""
+        if not self.ready.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.ready.wait(), within)
+        return self.ready.is_set()
+
+    def lookup(self, name: str | None) -> ServedModel | None:
+        """The served model a request names. Omitted, null or ``""`` mean vLLM's default:
+        the first served name (with ``--served-model-name a b`` both name one model)."""
+        if not name:
+            return next(iter(self.models.values()), None)
+        return self.models.get(name)
+
+    def task_of(self, name: str | None) -> str | None:
+        model = self.lookup(name)
+        return model.task if model else None
+
+    def model_name(self, name: str | None) -> str | None:
+        """The served name a request is billed under (the default's name when it names none)."""
+        model = self.lookup(name)
+        return model.name if model else name or None
+
+    async def refresh(self, session: aiohttp.ClientSession) -> None:
+        """Read /version and /v1/models; (re)load models that are new or changed."""
+        async with self._lock:
+            base = self._settings.upstream_base
+            version = await get_json(session, f"{base}/version")
+            listing = await get_json(session, f"{base}/v1/models")
+            release = Release(str(version.get("version")) if isinstance(version, dict) else None)
+            entries = listing.get("data", []) if isinstance(listing, dict) else []
+            models: dict[str, ServedModel] = {}
+            for entry in entries:
+                if isinstance(entry, dict) and entry.get("id"):
+                    models[str(entry["id"])] = await self._resolve(entry, release)
+            if release != self.release:
+                warn_if_unproven(release)
+            self.release, self.models = release, models
+            self.last_success = time.monotonic()
+            self.ready.set()
+
+    async def _resolve(self, entry: dict[str, Any], release: Release) -> ServedModel:
+        name = str(entry["id"])
+        known = self.models.get(name)
+        if (
+            known is not None
+            and known.root == str(entry.get("root") or name)
+            and known.max_model_len == entry.get("max_model_len")
+            and known.profile is not None
+            and known.profile.release == release
+        ):
+            return known
+        override = self._settings.models.get(name)
+        loop = asyncio.get_running_loop()
+        model = await loop.run_in_executor(
+            None, build_model, entry, release, override, self._loader
+        )
+        if isinstance(model.tokenizer, HFTokenizer):
+            model.tokenizer.cache = self.cache
+            model.tokenizer.bound = model.max_model_len + 2
+            if self._pool is not None:
+                await loop.run_in_executor(None, self._pool.warm, model.tokenizer)
+        log.info(
+            "model_discovered",
+            model=name,
+            root=model.root,
+            family=model.profile.family.value if model.profile else None,
+            max_model_len=model.max_model_len,
+            upstream_version=release.version,
+            problem=model.problem,
+        )
+        return model
+
+    async def run(self, session: aiohttp.ClientSession) -> None:
+        """Refresh forever: every few seconds until the first success, then periodically."""
+        while True:
+            try:
+                await self.refresh(session)
+            except UpstreamError as exc:
+                log.warning("discovery_failed", error=exc.message)
+            except Exception:  # discovery must outlive any surprise; requests go unaudited
+                log.exception("discovery_crashed")
+            delay = self._settings.refresh_interval if self.last_success else _RETRY_SECONDS
+            await asyncio.sleep(delay)
+
+
+CATALOG = web.AppKey("catalog", Catalog)
+
+
+def catalog_context(catalog: Catalog) -> Callable[[web.Application], AsyncIterator[None]]:
+    """cleanup_ctx: publish the catalog and own its refresh task (cancelled on shutdown)."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        app[CATALOG] = catalog
+        task = asyncio.create_task(catalog.run(app[SESSION]), name="catalog-refresh")
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    return ctx

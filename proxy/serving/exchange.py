@@ -1,0 +1,170 @@
+"""One exchange per metered request: created once its body is admitted, run as one task,
+released in one ``finally``.
+
+The task is the exchange's own, so a client that hangs up (or a handler cancelled at
+shutdown) cannot cut it short: the upstream answer is still read and recorded. The live
+set is also what the reconciler asks about (in flight, started, failed) and what shutdown
+waits for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from proxy.accounting.routes import Route
+from proxy.ledger.records import UsageRecord
+from proxy.metrics import Metrics
+from proxy.serving.attribution import WHO, client_request_id
+from proxy.serving.bodies import BodyBudget, Refused
+from proxy.serving.tenancy import Attribution
+
+
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    """A metered request whose body the proxy holds."""
+
+    request: web.Request
+    route: Route
+    body: bytes
+    reserved: int  # bytes of the body budget it holds until it ends
+    started: float  # time.perf_counter() when it arrived
+    who: Attribution
+
+    @property
+    def path(self) -> str:
+        return self.request.path
+
+    @property
+    def elapsed_ms(self) -> float:
+        return (time.perf_counter() - self.started) * 1000
+
+    def record(
+        self,
+        *,
+        operation: str,
+        model: str | None,
+        upstream_version: str | None,
+        prompt: Billing,
+        completion: Billing,
+        verdict: str,
+        status: int,
+        aborted: bool,
+        instance: str,
+        m: int | None = None,
+        n: int | None = None,
+    ) -> UsageRecord:
+        """The usage record of this exchange, with a fresh proxy-minted id."""
+        return UsageRecord(
+            client_request_id=client_request_id(self.request.headers),
+            tenant=self.who.tenant,
+            key_hash=self.who.key_hash,
+            model=model,
+            endpoint=self.path,
+            operation=operation,
+            upstream_version=upstream_version,
+            prompt_tokens_reported=prompt.reported,
+            prompt_tokens_billed=prompt.billed,
+            completion_tokens_reported=completion.reported,
+            completion_tokens_billed=completion.billed,
+            verdict=verdict,
+            m=m,
+            n=n,
+            status=status,
+            aborted=aborted,
+            latency_ms=round(self.elapsed_ms, 3),
+            instance=instance,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Billing:
+    """Tokens of one kind (prompt or completion): what the upstream reported, what is billed."""
+
+    reported: int | None
+    billed: int | None
+
+
+Work = Callable[[Exchange], Awaitable[web.StreamResponse]]
+
+
+class Exchanges:
+    """The live exchanges, and admission into them."""
+
+    def __init__(self, budget: BodyBudget, metrics: Metrics) -> None:
+        self.budget = budget
+        self._metrics = metrics
+        self._live: set[asyncio.Task[Any]] = set()
+        self._quiet = asyncio.Event()
+        self._quiet.set()
+        self.started = 0
+        self.failed = 0
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._live)
+
+    async def quiet(self) -> None:
+        await self._quiet.wait()
+
+    async def serve(self, request: web.Request, route: Route, work: Work) -> web.StreamResponse:
+        """Admit and read the body, then run ``work`` on the exchange in its own task."""
+        started = time.perf_counter()
+        try:
+            body, reserved = await self.budget.admit(request)
+        except Refused as exc:
+            self._metrics.refused.labels(str(exc.response.status)).inc()
+            return exc.response
+        return await self.run(Exchange(request, route, body, reserved, started, request[WHO]), work)
+
+    async def run(self, exchange: Exchange, work: Work) -> web.StreamResponse:
+        """``work(exchange)`` in a task of its own, which the caller's cancellation does not
+        reach; its reservation is released when it ends."""
+        loop = asyncio.get_running_loop()
+        outcome: asyncio.Future[web.StreamResponse] = loop.create_future()
+        task = loop.create_task(self._run(exchange, work, outcome))
+        self._live.add(task)
+        self.started += 1
+        self._quiet.clear()
+        return await outcome
+
+    async def _run(
+        self, exchange: Exchange, work: Work, outcome: asyncio.Future[web.StreamResponse]
+    ) -> None:
+        """A cancelled caller cancels only ``outcome``; the exchange runs to its end."""
+        status = 500
+        try:
+            reply = await work(exchange)
+            status = reply.status
+            if not outcome.done():
+                outcome.set_result(reply)
+        except asyncio.CancelledError:
+            outcome.cancel()
+            raise
+        except BaseException as exc:
+            if not outcome.done():
+                outcome.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self._end(exchange, status)
+
+    def _end(self, exchange: Exchange, status: int) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._live.discard(task)
+        self.budget.release(exchange.reserved)
+        if status >= 400:
+            self.failed += 1
+        if not self._live:
+            self._quiet.set()
+
+    async def finish(self, timeout: float) -> None:
+        """Shutdown: let exchanges whose client left finish recording, bounded."""
+        if self._live:
+            await asyncio.wait(list(self._live), timeout=timeout)

@@ -1,0 +1,271 @@
+"""Metered pass-through for the other endpoints that report usage (embeddings, classify,
+pooling, completions, chat, and ``/invocations`` bodies that vLLM dispatches to them): the
+answer is vLLM's, the record is committed before the response (or the final ``[DONE]`` of
+a stream) is released."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import Any
+
+import aiohttp
+import structlog
+from aiohttp import web
+from multidict import CIMultiDictProxy
+
+from proxy.accounting.dispatch import Prepared, prepare
+from proxy.ledger.recorder import Recorder
+from proxy.metrics import Metrics
+from proxy.serving.bodies import off_loop
+from proxy.serving.catalog import Catalog
+from proxy.serving.downstream import (
+    abort,
+    client_left,
+    pass_on_then_settle,
+    pass_on_unread,
+    record_headers,
+    send,
+    write_now,
+)
+from proxy.serving.exchange import Billing, Exchange
+from proxy.serving.upstream import (
+    SESSION,
+    UpstreamError,
+    forward,
+    read_answer,
+    readable_body,
+    reply_headers,
+    response_headers,
+    too_large,
+    upstream_failure,
+)
+from proxy.settings import Settings
+from proxy.wire.encoding import UnreadableBody, content_codings
+from proxy.wire.sse import UsageScanner
+from proxy.wire.usage import Reading, read_usage, reading_of, usage_at_end
+
+log = structlog.get_logger("proxy.serving.metered")
+
+# Metered answers larger than this (below --max-answer-bytes) are not held either: they are
+# passed on as they arrive and billed from the usage at their end, so a large batch of
+# embeddings takes neither the proxy's memory nor the event loop's time to parse it
+# (pydantic-core holds the GIL about 20 ms per 16 MB). Smaller ones are read whole, as a
+# client reads them, and carry the x-usage-* headers.
+HELD_ANSWER_BYTES = 8 * 1024 * 1024
+# All the metered answers held whole at once: past it, one more is passed on the same way
+# (billed from its end, without x-usage-* headers), so many clients fetching answers of a
+# few MiB, or not reading them (for up to --send-timeout), cannot add up to gigabytes.
+HELD_ANSWERS_TOTAL = 64 * 1024 * 1024
+
+
+# A background Responses request is answered at once, queued, with no usage; the engine
+# works on and the result is fetched later (GET /v1/responses/{id}, any number of times).
+NOT_IN_THE_ANSWER = (
+    "no usage in the answer (a background response): the engine's work is not billed"
+)
+
+
+class AnswerRoom:
+    """Room for the metered answers held whole at once (``HELD_ANSWERS_TOTAL``)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.held = 0
+
+    def take(self, length: int | None, most: int) -> int:
+        """Bytes reserved to hold an answer of ``length`` (None: unknown, ``most`` is
+        reserved) whole; 0 when it is not to be held: above ``most``, or no room now."""
+        size = most if length is None else length
+        if size > most or self.held + size > self.total:
+            return 0
+        self.held += size
+        return size
+
+    def give(self, size: int) -> None:
+        self.held -= size
+
+
+class MeteredRelay:
+    """The handler for the endpoints that report usage (and /invocations bodies that vLLM
+    dispatches to them)."""
+
+    def __init__(
+        self, settings: Settings, catalog: Catalog, recorder: Recorder, metrics: Metrics
+    ) -> None:
+        self._base = settings.upstream_base
+        self._limit = settings.max_answer_bytes
+        self._instance = settings.instance
+        self._catalog = catalog
+        self._recorder = recorder
+        self._metrics = metrics
+        self.room = AnswerRoom(HELD_ANSWERS_TOTAL)
+
+    async def __call__(self, exchange: Exchange) -> web.StreamResponse:
+        body, task_of = exchange.body, self._catalog.task_of
+        prepared = await off_loop(prepare, body, exchange.path, body, task_of)
+        return await self.relay(exchange, prepared)
+
+    async def relay(self, exchange: Exchange, prepared: Prepared) -> web.StreamResponse:
+        """Forward ``prepared`` and record the usage of a successful answer."""
+        request = exchange.request
+        reserved = 0
+        try:
+            async with forward(
+                request.app[SESSION], self._base, request, prepared.body, metered=True
+            ) as upstream:
+                if upstream.content_type == "text/event-stream":
+                    return await self._stream(exchange, upstream, prepared)
+                encoded = bool(content_codings(upstream.headers.get("Content-Encoding")))
+                if encoded:  # held to be decoded, up to the limit
+                    held = self._limit
+                else:
+                    most = min(self._limit, HELD_ANSWER_BYTES)
+                    held = reserved = self.room.take(upstream.content_length, most)
+                payload, whole = await read_answer(upstream, held)
+                if not whole:
+                    self.room.give(reserved)
+                    reserved = 0
+                    return await self._pass_on(exchange, prepared, upstream, payload, encoded)
+                status, headers = upstream.status, upstream.headers
+            reply = await self._whole(exchange, prepared, payload, status, headers)
+            if reserved:  # written while its room is still taken
+                await write_now(request, reply)
+            return reply
+        except UpstreamError as exc:
+            return upstream_failure(self._metrics, exc)
+        finally:
+            self.room.give(reserved)
+
+    async def _whole(
+        self,
+        exchange: Exchange,
+        prepared: Prepared,
+        payload: bytes,
+        status: int,
+        headers: CIMultiDictProxy[str],
+    ) -> web.Response:
+        """An answer read whole: passed on decoded, its usage recorded."""
+        success = 200 <= status < 300
+        try:
+            payload = await readable_body(payload, headers, self._limit)
+            out_headers = reply_headers(headers)
+            reading = await off_loop(read_usage, payload, payload) if success else None
+            if reading is None and success and prepared.operation == "responses":
+                reading = Reading(None, None, NOT_IN_THE_ANSWER)
+        except UnreadableBody as exc:  # passed on as sent; recorded, billed nothing
+            out_headers = response_headers(headers, keep_length=False)
+            reading = Reading(None, None, f"unreadable answer: {exc}") if success else None
+        reply = web.Response(body=payload, status=status, headers=out_headers)
+        if reading is not None:
+            reply.headers.update(await self._settle(exchange, prepared, reading, status))
+        return reply
+
+    async def _pass_on(
+        self,
+        exchange: Exchange,
+        prepared: Prepared,
+        upstream: aiohttp.ClientResponse,
+        payload: bytes,
+        encoded: bool,
+    ) -> web.StreamResponse:
+        """An answer too large to hold: passed on as it arrives, billed from its end (an
+        encoded one, whose end cannot be read as it passes, is recorded invalid)."""
+        request, status = exchange.request, upstream.status
+        if encoded:
+            unread = Reading(None, None, too_large(self._limit))
+            return await pass_on_unread(
+                request,
+                upstream,
+                payload,
+                lambda: self._settle(exchange, prepared, unread, status),
+            )
+
+        def settle(end: bytes, aborted: bool) -> Awaitable[dict[str, str]]:
+            return self._settle(exchange, prepared, _reading_at_end(end), status, aborted)
+
+        return await pass_on_then_settle(request, upstream, payload, settle, self._metrics)
+
+    async def _stream(
+        self, exchange: Exchange, upstream: Any, prepared: Prepared
+    ) -> web.StreamResponse:
+        """Relay events as they come. A client that hangs up does not make the engine's
+        work free: the upstream is read to its end and the record is marked aborted."""
+        request = exchange.request
+        reply = web.StreamResponse(
+            status=upstream.status,
+            reason=upstream.reason,
+            headers=response_headers(upstream.headers, keep_length=False),
+        )
+        await reply.prepare(request)
+        scanner = UsageScanner(strip=prepared.strip_usage)
+        client_gone = False
+        try:
+            async for chunk in upstream.content.iter_any():
+                out = scanner.feed(chunk)
+                if out and not client_gone:
+                    client_gone = not await send(reply, out)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            abort(request, exc)  # an interrupted upstream stream is not billed
+            return reply
+        tail = scanner.finish()
+        if client_gone:
+            client_left(request, self._metrics, billed=scanner.usage is not None)
+        reading = _reading_of_stream(scanner)
+        if reading is not None and 200 <= upstream.status < 300:
+            await self._settle(exchange, prepared, reading, upstream.status, client_gone)
+        if client_gone:
+            return reply
+        if await send(reply, tail + scanner.held):
+            await reply.write_eof()
+        return reply
+
+    async def _settle(
+        self,
+        exchange: Exchange,
+        prepared: Prepared,
+        reading: Reading,
+        status: int,
+        aborted: bool = False,
+    ) -> dict[str, str]:
+        """Record and journal one metered exchange; the headers its answer carries."""
+        model = self._catalog.model_name(prepared.model)
+        path = exchange.path
+        if reading.problem:
+            self._metrics.invalid_usage.labels(path).inc()
+            log.warning("invalid_usage", path=path, problem=reading.problem)
+        self._metrics.token_usage(
+            prepared.operation, model or "unknown", reading.prompt, reading.completion
+        )
+        record = exchange.record(
+            operation=prepared.operation,
+            model=model,
+            upstream_version=self._catalog.release.version,
+            prompt=Billing(reading.prompt, reading.prompt),
+            completion=Billing(reading.completion, reading.completion),
+            verdict="invalid" if reading.problem else "reported",
+            status=status,
+            aborted=aborted,
+            instance=self._instance,
+        )
+        journaled = await self._recorder.record(record)
+        return record_headers(record, journaled)
+
+
+METERED = web.AppKey("metered_relay", MeteredRelay)
+
+
+def _reading_of_stream(scanner: UsageScanner) -> Reading | None:
+    """The usage a stream carried; invalid when it could not be known, never missing."""
+    if scanner.problem is not None:
+        return Reading(None, None, scanner.problem)
+    return reading_of(scanner.usage) if scanner.usage is not None else None
+
+
+def _reading_at_end(end: bytes) -> Reading:
+    """The usage of an answer passed on as it came, from its last bytes (vLLM writes it
+    last but for a few small members); invalid when it is not there."""
+    usage = usage_at_end(end)
+    if usage is None:
+        problem = "answer passed on as it came (too large to hold, or no room), no usage at its end"
+        return Reading(None, None, problem)
+    return reading_of(usage)

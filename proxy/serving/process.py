@@ -1,0 +1,139 @@
+"""The process: serve the application until SIGINT/SIGTERM, with the limits a sidecar
+needs (open files, client connections) and a heap the garbage collector walks cheaply."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import json
+import resource
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from proxy import __version__
+from proxy.logs import configure_logging
+from proxy.metrics import Metrics
+from proxy.serving.app import create_app
+from proxy.serving.catalog import CATALOG, Catalog
+from proxy.serving.keys import METRICS
+from proxy.serving.memory import tune_allocator
+from proxy.settings import Settings
+
+log = structlog.get_logger("proxy.serving.process")
+
+
+def raise_open_files_limit() -> None:
+    """Every client and upstream connection is a file descriptor: use the hard limit
+    (often 1,024 soft), so connection floods meet the proxy's own bounds first."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    log.info("open_files_limit", limit=max(soft, hard))
+
+
+def run(settings: Settings) -> None:
+    """Serve until SIGINT/SIGTERM."""
+    tune_allocator()
+    configure_logging(settings.log_level)
+    raise_open_files_limit()
+    log.info(
+        "starting",
+        version=__version__,
+        upstream=settings.upstream_base,
+        listen=f"{settings.host}:{settings.port}",
+        mode=settings.mode.value,
+    )
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    main = loop.create_task(serve(settings))
+    try:
+        with contextlib.suppress(web.GracefulExit, KeyboardInterrupt):
+            loop.run_until_complete(main)
+    finally:
+        # As aiohttp's run_app: first let the server's own shutdown run (drain requests,
+        # finish exchanges, deliver records) while its background tasks are still alive;
+        # only then cancel whatever is left.
+        _cancel(loop, {main})
+        _cancel(loop, asyncio.all_tasks(loop))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+def _cancel(loop: asyncio.AbstractEventLoop, tasks: set[asyncio.Task[Any]]) -> None:
+    pending = {t for t in tasks if not t.done()}
+    for task in pending:
+        task.cancel()
+    if pending:
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+
+
+async def serve(settings: Settings) -> None:
+    """aiohttp's run_app, plus the client connection cap (which run_app cannot take)."""
+    app = create_app(settings)
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=True,
+        shutdown_timeout=30,
+        keepalive_timeout=settings.keepalive_timeout,  # aiohttp's handler default: 3,630 s
+        # A client that hangs up does not cancel its handler (aiohttp's default, said
+        # here because the exchanges rely on it and the tests run with it too).
+        handler_cancellation=False,
+    )
+    await runner.setup()
+    assert runner.server is not None
+    cap_connections(runner.server, settings.max_connections, app[METRICS])
+    await web.TCPSite(runner, settings.host, settings.port).start()
+    freeze = asyncio.create_task(freeze_heap(app[CATALOG]), name="freeze-heap")
+    try:
+        await asyncio.Event().wait()  # until SIGINT/SIGTERM (GracefulExit)
+    finally:
+        freeze.cancel()
+        await runner.cleanup()
+
+
+async def freeze_heap(catalog: Catalog) -> None:
+    """Once the first discovery has loaded the tokenizers, move every object made so far
+    (modules, tokenizers, validators) out of the cyclic garbage collector's reach: its
+    full collections then walk what requests allocate, not the whole interpreter."""
+    await catalog.ready.wait()
+    gc.collect()
+    gc.freeze()
+
+
+def busy_answer() -> bytes:
+    """What a client beyond --max-connections gets before its connection is closed."""
+    error = {
+        "message": "too many connections to the proxy; retry",
+        "type": "ServiceUnavailable",
+        "param": None,
+        "code": 503,
+    }
+    body = json.dumps({"error": error}).encode()
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+        f"Retry-After: 1\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def cap_connections(server: web.Server, limit: int, metrics: Metrics) -> None:
+    """Refuse connections beyond ``limit`` at once (a 503 in vLLM's error shape, then
+    closed), so a flood of idle or trickling connections cannot use up the process's file
+    descriptors and starve everyone else."""
+    admit = server.connection_made
+    answer = busy_answer()
+
+    def connection_made(handler: Any, transport: asyncio.Transport) -> None:
+        if len(server.connections) >= limit:
+            metrics.refused.labels("503").inc()
+            log.warning("connection_refused", open=len(server.connections), limit=limit)
+            transport.write(answer)
+            transport.close()
+            return
+        admit(handler, transport)
+
+    server.connection_made = connection_made  # type: ignore[method-assign]

@@ -1,0 +1,229 @@
+"""The upstream connection: one reused ClientSession, header hygiene, and the one place
+where transport failures become HTTP answers (502 unreachable, 504 timeout)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from proxy.metrics import Metrics
+from proxy.serving.tenancy import connection_tokens
+from proxy.settings import Settings
+from proxy.wire.encoding import content_codings, decode_body
+
+SESSION = web.AppKey("upstream_session", aiohttp.ClientSession)
+
+# RFC 9110 section 7.6.1 hop-by-hop fields, plus the ones the transport sets itself.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+# Headers only this proxy may set: an upstream (or anything before it) must not be able
+# to forge what the proxy vouches for.
+PROXY_HEADER_PREFIXES = ("x-usage-", "x-litellm-")
+
+
+class UpstreamError(Exception):
+    """The upstream could not be reached or did not answer in time."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+    def response(self) -> web.Response:
+        return error_response(self.status, self.message)
+
+
+def error_response(status: int, message: str, param: str | None = None) -> web.Response:
+    """An error in vLLM's shape: ``{"error": {"message", "type", "param", "code"}}``."""
+    kind = {
+        400: "BadRequestError",
+        401: "Unauthorized",
+        405: "MethodNotAllowed",
+        408: "RequestTimeout",
+        413: "RequestEntityTooLarge",
+        429: "TooManyRequests",
+        503: "ServiceUnavailable",
+        502: "BadGatewayError",
+        504: "GatewayTimeoutError",
+    }
+    body = {
+        "error": {
+            "message": message,
+            "type": kind.get(status, "ProxyError"),
+            "param": param,
+            "code": status,
+        }
+    }
+    return web.json_response(body, status=status)
+
+
+def upstream_failure(metrics: Metrics, exc: UpstreamError) -> web.Response:
+    """Count a 502/504 the proxy produced, and return its vLLM-shaped answer."""
+    metrics.upstream_errors.labels(str(exc.status)).inc()
+    return exc.response()
+
+
+def unauthorized() -> web.Response:
+    """vLLM's own answer to a missing or wrong API key (its authentication middleware)."""
+    return web.json_response({"error": "Unauthorized"}, status=401)
+
+
+def request_headers(headers: Any) -> CIMultiDict[str]:
+    """Client headers to send upstream: all but hop-by-hop ones and Host."""
+    drop = connection_tokens(headers) | HOP_BY_HOP | {"host"}
+    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in drop)
+
+
+def response_headers(headers: Any, *, keep_length: bool) -> CIMultiDict[str]:
+    """Upstream headers to send back: all but hop-by-hop (and the length when re-framed)."""
+    drop = connection_tokens(headers) | HOP_BY_HOP
+    if not keep_length:
+        drop = drop | {"content-length"}
+    return CIMultiDict(
+        (k, v)
+        for k, v in headers.items()
+        if k.lower() not in drop and not k.lower().startswith(PROXY_HEADER_PREFIXES)
+    )
+
+
+@contextmanager
+def translated(what: str) -> Iterator[None]:
+    """The one place where transport failures become 502 (unreachable/invalid) or 504."""
+    try:
+        yield
+    except TimeoutError as exc:
+        raise UpstreamError(504, f"{what}: upstream did not answer in time") from exc
+    except aiohttp.ClientResponseError as exc:
+        raise UpstreamError(
+            502, f"{what}: upstream sent an invalid response: {exc.message}"
+        ) from exc
+    except aiohttp.ClientError as exc:
+        raise UpstreamError(502, f"{what}: upstream unreachable: {type(exc).__name__}") from exc
+
+
+@asynccontextmanager
+async def forward(
+    session: aiohttp.ClientSession,
+    base: str,
+    request: web.Request,
+    data: Any,
+    *,
+    metered: bool = False,
+) -> AsyncIterator[aiohttp.ClientResponse]:
+    """Send ``request`` (with ``data`` as its body) to the upstream; translate failures.
+
+    On ``metered`` paths the upstream is asked for an uncompressed answer (the proxy must
+    read its usage); the client's answer is re-framed anyway.
+    Failures inside the caller's block are translated too (e.g. reading a buffered body);
+    a caller that has already started streaming to the client must catch them itself.
+    """
+    url = base + request.rel_url.raw_path_qs
+    headers = request_headers(request.headers)
+    if isinstance(data, bytes):
+        headers.popall("Content-Length", None)  # recomputed from the bytes we send
+    if metered:
+        headers["Accept-Encoding"] = "identity"
+    with translated(request.path):
+        async with session.request(
+            request.method,
+            url,
+            headers=headers,
+            data=data,
+            allow_redirects=False,
+        ) as response:
+            yield response
+
+
+async def get_json(session: aiohttp.ClientSession, url: str) -> Any:
+    """GET a JSON document from the upstream (discovery); raises UpstreamError."""
+    with translated(url):
+        async with session.get(url, allow_redirects=False) as response:
+            response.raise_for_status()
+            body = await response.read()
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise UpstreamError(502, f"{url}: upstream sent invalid JSON") from exc
+
+
+def session_context(settings: Settings) -> Any:
+    """cleanup_ctx: the one ClientSession, with explicit timeouts and no decompression.
+
+    It keeps no cookies: the session is shared by every client, so a cookie set in one
+    client's answer (by the upstream, or a sticky load balancer before it) must reach that
+    client only, never ride along with anyone else's request. Cookies pass through as
+    headers, both ways."""
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=settings.connect_timeout, sock_read=settings.read_timeout
+        )
+        connector = aiohttp.TCPConnector(limit=settings.upstream_connections, keepalive_timeout=30)
+        async with aiohttp.ClientSession(
+            timeout=timeout,
+            connector=connector,
+            auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
+        ) as session:
+            app[SESSION] = session
+            yield
+
+    return ctx
+
+
+async def read_answer(upstream: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
+    """The upstream's answer read whole, ``(body, True)``, when it is at most ``limit``
+    bytes; otherwise ``(the part read, False)`` as soon as that shows (its Content-Length,
+    or more than ``limit`` bytes received), for the caller to pass on unread."""
+    length = upstream.content_length
+    if length is not None:
+        return (await upstream.read(), True) if length <= limit else (b"", False)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in upstream.content.iter_any():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            return b"".join(chunks), False
+    return b"".join(chunks), True
+
+
+def too_large(limit: int) -> str:
+    """The problem recorded for an answer passed on unread."""
+    return f"answer larger than {limit} bytes (--max-answer-bytes): passed on unread"
+
+
+async def readable_body(payload: bytes, headers: Any, limit: int) -> bytes:
+    """The answer with any Content-Encoding undone (raises UnreadableBody)."""
+    codings = headers.get("Content-Encoding")
+    if not content_codings(codings):
+        return payload
+    return await asyncio.get_running_loop().run_in_executor(
+        None, decode_body, payload, codings, limit
+    )
+
+
+def reply_headers(upstream: CIMultiDictProxy[str] | CIMultiDict[str]) -> CIMultiDict[str]:
+    """Headers for a re-framed answer whose body the proxy holds decoded."""
+    headers = response_headers(upstream, keep_length=False)
+    headers.popall("Content-Encoding", None)
+    return headers

@@ -1,0 +1,248 @@
+"""Hugging Face tokenizers behind the accounting ``Tokenizer`` protocol, and a thread pool.
+
+vLLM tokenizes through the transformers call API. Pairs and offsets go through that API
+here too. Single-text lengths, the bulk of every recount, come from the same Rust
+backend that call uses, set up as the call sets it up (no truncation or padding from the
+tokenizer file): the call only converts ids, masks and offsets to Python lists around
+it, and counting needs lengths (``encode_batch_fast``: no offsets either). A fast
+tokenizer must not be used by two threads at once, so every worker thread gets its own
+copy (made on first use) and no shared instance is ever mutated.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from proxy.accounting.types import NotCached, Tokenizer, Uncountable
+from proxy.tokenizers.cache import CountCache
+
+_keys = itertools.count()
+# Texts longer than this are counted chunk by chunk, each chunk ending before a
+# whitespace character (a pre-token boundary for the BERT, Metaspace and byte-level
+# pre-tokenizers), stopping once the count passes the bound: the tokenizer's memory then
+# follows the chunk, not the text (one 2 MiB text used to take ~600 MB).
+LONG_TEXT_CHARS = 32 * 1024
+CHUNK_CHARS = 16 * 1024
+# A whitespace-free run is one pre-token and must be tokenized whole (about 70 MB of
+# tokenizer memory per MiB with MiniLM); longer runs are not counted at all.
+MAX_RUN_CHARS = 64 * 1024
+
+
+_LAST_SPACE = re.compile(r"\s\S*\Z")
+_SPACE = re.compile(r"\s")
+
+
+def whitespace_chunks(text: str, size: int) -> list[tuple[int, int]]:
+    """(start, end) pieces of ``text`` of about ``size`` characters, each cut right before
+    a whitespace character; a whitespace-free run longer than ``size`` stays whole, and
+    one longer than MAX_RUN_CHARS raises Uncountable."""
+    pieces: list[tuple[int, int]] = []
+    start = 0
+    while len(text) - start > size:
+        last = _LAST_SPACE.search(text, start + 1, start + size + 1)
+        cut = last.start() if last else _next_space(text, start + size)
+        end = len(text) if cut < 0 else cut
+        if end - start > MAX_RUN_CHARS:
+            raise Uncountable(f"a whitespace-free run of more than {MAX_RUN_CHARS} characters")
+        if cut < 0:
+            break
+        pieces.append((start, cut))
+        start = cut
+    pieces.append((start, len(text)))
+    return pieces
+
+
+def _next_space(text: str, low: int) -> int:
+    found = _SPACE.search(text, low)
+    return found.start() if found else -1
+
+
+def backend_lengths(tokenizer: Any, texts: list[str], *, add_special_tokens: bool) -> list[int]:
+    """Token counts from ``tokenizer``'s Rust backend, set up as the transformers call
+    sets it up for an untruncated, unpadded batch: no truncation and no padding (a
+    tokenizer file may carry its own), special tokens split as the call splits them.
+    ``encode_batch_fast`` (tokenizers >= 0.21) computes no offsets. The backend belongs
+    to the calling thread's own tokenizer copy (see TokenizerPool)."""
+    backend = tokenizer.backend_tokenizer
+    if backend.truncation is not None:
+        backend.no_truncation()
+    if backend.padding is not None:
+        backend.no_padding()
+    split = bool(getattr(tokenizer, "split_special_tokens", False))
+    if backend.encode_special_tokens != split:
+        backend.encode_special_tokens = split
+    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+    return [len(e) for e in encode(texts, add_special_tokens=add_special_tokens)]
+
+
+class HFTokenizer:
+    """Adapter from a transformers tokenizer to the accounting protocol."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tok = tokenizer
+        self.key = next(_keys)
+        self.cache: CountCache | None = None
+        # Token counts above this never matter (set to max_model_len + 2 by discovery: any
+        # engine input longer than max_model_len is refused or cut by vLLM); None: exact.
+        self.bound: int | None = None
+        self._specials = int(tokenizer.num_special_tokens_to_add(pair=False))
+        self._pair_specials = int(tokenizer.num_special_tokens_to_add(pair=True))
+
+    @property
+    def pad_token_id(self) -> int | None:
+        value = self._tok.pad_token_id
+        return None if value is None else int(value)
+
+    @property
+    def truncation_side(self) -> str:
+        return str(self._tok.truncation_side)
+
+    def lengths(self, texts: Sequence[str], *, max_length: int | None) -> list[int]:
+        if self.cache is not None:
+            return self.cache.lengths(self, texts, max_length)
+        return self.encode_lengths(texts, max_length=max_length)
+
+    def encode_lengths(self, texts: Sequence[str], *, max_length: int | None) -> list[int]:
+        if not texts:
+            return []
+        long = {i for i, t in enumerate(texts) if self._is_long(t)}
+        short = [t for i, t in enumerate(texts) if i not in long]
+        counted = iter(self._batch_lengths(short, max_length) if short else [])
+        out = []
+        for i, text in enumerate(texts):
+            if i in long:
+                n = self._content_length(text) + self._specials
+                out.append(n if max_length is None else min(n, max_length))
+            else:
+                out.append(next(counted))
+        return out
+
+    def _batch_lengths(self, texts: Sequence[str], max_length: int | None) -> list[int]:
+        """Lengths with special tokens. Truncating one text to ``max_length`` (at least its
+        special tokens, see accounting._MIN_CAP) keeps ``min(length, max_length)``."""
+        lengths = backend_lengths(self._tok, list(texts), add_special_tokens=True)
+        if max_length is None:
+            return lengths
+        return [min(n, max_length) for n in lengths]
+
+    def _is_long(self, text: str) -> bool:
+        return self.bound is not None and len(text) > LONG_TEXT_CHARS
+
+    def _content_length(self, text: str) -> int:
+        """Content tokens of a long text, chunk by chunk, stopping past the bound."""
+        assert self.bound is not None
+        total = 0
+        for start, end in whitespace_chunks(text, CHUNK_CHARS):
+            total += backend_lengths(self._tok, [text[start:end]], add_special_tokens=False)[0]
+            if total > self.bound:
+                break
+        return total
+
+    def pair_length(
+        self, text: str, pair: str, *, max_length: int | None, only_second: bool
+    ) -> int:
+        if self._is_long(text) or self._is_long(pair):
+            # [CLS] q [SEP] d [SEP]: truncation keeps max_length when it can (vLLM answers
+            # 400 when only_second cannot reach it; the count is then never billed).
+            total = (
+                self._content_length(text)
+                + self._content_length(pair)
+                + self.num_special_tokens_pair()
+            )
+            return total if max_length is None else min(total, max_length)
+        truncation: bool | str = max_length is not None
+        if only_second:
+            truncation = "only_second"
+        out = self._tok(
+            text=text,
+            text_pair=pair,
+            add_special_tokens=True,
+            truncation=truncation,
+            max_length=max_length,
+        )
+        return len(out["input_ids"])
+
+    def content_offsets(self, text: str) -> list[tuple[int, int]]:
+        if not self._is_long(text):
+            out = self._tok(text, add_special_tokens=False, return_offsets_mapping=True)
+            return [(int(a), int(b)) for a, b in out["offset_mapping"]]
+        assert self.bound is not None
+        offsets: list[tuple[int, int]] = []
+        for start, end in whitespace_chunks(text, CHUNK_CHARS):
+            out = self._tok(text[start:end], add_special_tokens=False, return_offsets_mapping=True)
+            offsets.extend((start + int(a), start + int(b)) for a, b in out["offset_mapping"])
+            if len(offsets) > self.bound:
+                break
+        return offsets
+
+    def num_special_tokens_pair(self) -> int:
+        return self._pair_specials
+
+    def copy(self) -> HFTokenizer:
+        twin = HFTokenizer(copy.deepcopy(self._tok))
+        twin.key = self.key
+        twin.cache = self.cache
+        twin.bound = self.bound
+        return twin
+
+
+class CachedCounts:
+    """The accounting protocol over the shared count cache alone: it never calls the
+    tokenizer, so it may run on the event loop; any count not cached raises NotCached
+    and the request is counted in the tokenizer pool instead."""
+
+    def __init__(self, base: Tokenizer) -> None:
+        if not isinstance(base, HFTokenizer):
+            raise NotCached
+        self._base = base
+
+    @property
+    def pad_token_id(self) -> int | None:
+        return self._base.pad_token_id
+
+    @property
+    def truncation_side(self) -> str:
+        return self._base.truncation_side
+
+    def lengths(self, texts: Sequence[str], *, max_length: int | None) -> list[int]:
+        cache = self._base.cache
+        found = None if cache is None else cache.cached(self._base, texts, max_length)
+        if found is None:
+            raise NotCached
+        return found
+
+    def pair_length(
+        self, text: str, pair: str, *, max_length: int | None, only_second: bool
+    ) -> int:
+        raise NotCached
+
+    def content_offsets(self, text: str) -> list[tuple[int, int]]:
+        raise NotCached
+
+    def num_special_tokens_pair(self) -> int:
+        return self._base.num_special_tokens_pair()
+
+
+def load_tokenizer(source: str | Path) -> HFTokenizer:
+    """Load a tokenizer from a local directory or the local HF cache, never the network."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    # One tokenizer call per request on one thread: the pool threads give parallelism
+    # across requests. Rayon's threads inside a call cost about 1.6x the CPU (they spin
+    # while waiting) for half the wall time of one batch; a sidecar pays CPU, not wall.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+    tok = AutoTokenizer.from_pretrained(str(source), local_files_only=True)
+    if not getattr(tok, "is_fast", False):
+        raise ValueError(f"{source}: a fast tokenizer is required (offset mappings)")
+    return HFTokenizer(tok)

@@ -1,0 +1,308 @@
+"""Read and edit the ``usage`` object of a scoring response without re-serialising the body.
+
+Edits are surgical: only the bytes of the numbers we change move, so scores, key order,
+whitespace and float formatting stay exactly as vLLM wrote them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from proxy.wire.jsonio import top_members
+
+# The largest token count a record carries: every JSON parser reads it exactly and
+# every sink column (bigint) holds it. Larger or non-integer usage is `invalid`.
+MAX_TOKENS = 2**53 - 1
+
+_DECODER = json.JSONDecoder()
+_WS = " \t\n\r"
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    start: int
+    end: int
+
+
+def _skip_ws(text: str, i: int) -> int:
+    while i < len(text) and text[i] in _WS:
+        i += 1
+    return i
+
+
+class DuplicateKey(ValueError):
+    """An object names the same member twice: parsers disagree on which one counts."""
+
+
+def object_spans(
+    text: str, start: int = 0, stop_at: str | None = None
+) -> tuple[dict[str, Span], int]:
+    """Top-level member value spans of the JSON object starting at ``start``, and its end.
+
+    With ``stop_at``, scanning ends right after that member (its end is then returned):
+    vLLM's rerank puts ``usage`` before the large ``results``. Raises DuplicateKey when a
+    member name repeats (most JSON clients read the last one, a scanner that stops early
+    would read the first), ValueError when the scanned part is not well formed.
+    """
+    i = _skip_ws(text, start)
+    if i >= len(text) or text[i] != "{":
+        raise ValueError("not a JSON object")
+    spans: dict[str, Span] = {}
+    i = _skip_ws(text, i + 1)
+    if i < len(text) and text[i] == "}":
+        return spans, i + 1
+    while True:
+        key, i = _DECODER.raw_decode(text, i)
+        if not isinstance(key, str):
+            raise ValueError("object key is not a string")
+        i = _skip_ws(text, i)
+        if i >= len(text) or text[i] != ":":
+            raise ValueError("expected ':'")
+        value_start = _skip_ws(text, i + 1)
+        _, value_end = _DECODER.raw_decode(text, value_start)
+        if key in spans:
+            raise DuplicateKey(f"member {key!r} appears twice")
+        spans[key] = Span(value_start, value_end)
+        if key == stop_at:
+            return spans, value_end
+        i = _skip_ws(text, value_end)
+        if i < len(text) and text[i] == ",":
+            i = _skip_ws(text, i + 1)
+            continue
+        if i < len(text) and text[i] == "}":
+            return spans, i + 1
+        raise ValueError("expected ',' or '}'")
+
+
+def token_count(value: Any) -> int | None:
+    """``value`` as a token count, or None when it is not one (bool, float, string,
+    negative, or too large for every parser and ledger column to hold exactly)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_TOKENS:
+        return value
+    return None
+
+
+def is_error_body(members: dict[str, Any]) -> bool:
+    """vLLM's error shapes: ``{"error": {...}}`` (0.10.1+) or ``{"object": "error", ...}``.
+
+    Releases up to 0.17 could send them with HTTP 200; they are never a billable result.
+    """
+    return "error" in members or members.get("object") == "error"
+
+
+@dataclass(frozen=True, slots=True)
+class UsageView:
+    """Where the usage numbers sit in a response body, and the reported prompt count.
+
+    ``problem`` says why the usage cannot be billed as reported (``invalid`` verdict).
+    """
+
+    text: str
+    usage: Span
+    fields: dict[str, Span]
+    reported: int | None = None
+    problem: str | None = None
+    raw: bytes = b""  # the body ``text`` was decoded from (edits splice these bytes)
+
+
+def _reported(text: str, fields: dict[str, Span]) -> tuple[int | None, str | None]:
+    """``prompt_tokens`` (``total_tokens`` for pre-0.13 rerank usage), or the problem."""
+    for key in ("prompt_tokens", "total_tokens"):
+        span = fields.get(key)
+        if span is not None:
+            raw = text[span.start : span.end]
+            count = token_count(json.loads(raw))
+            return (count, None) if count is not None else (None, f"usage.{key} is {raw[:40]}")
+    return None, "usage has no prompt_tokens"
+
+
+def find_usage(body: bytes) -> UsageView | None:
+    """The usage object of a successful JSON response body, or None when there is none
+    to audit (not JSON, not an object, an error body, no ``usage`` object)."""
+    try:
+        text = body.decode("utf-8")
+        spans, end = _top_level(text)
+        if _skip_ws(text, end) != len(text):
+            return None  # trailing bytes: not one complete object
+        if "error" in spans or _is_error_marker(text, spans.get("object")):
+            return None
+        usage = spans.get("usage")
+        if usage is None or text[usage.start] != "{":
+            return None
+        fields, _ = object_spans(text, usage.start)
+    except DuplicateKey as exc:
+        return _duplicated(text, str(exc))
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    return UsageView(text, usage, fields, *_reported(text, fields), raw=body)
+
+
+# Member names that, appearing after ``usage``, could change the verdict (a second usage,
+# an error marker); when none of them occurs in the rest of the text at all, the rest
+# need not be parsed. One regex pass costs a third of three ``str.find`` passes.
+_LATER_NAMES = re.compile(r'"(?:usage|error|object)"')
+
+
+def _top_level(text: str) -> tuple[dict[str, Span], int]:
+    """The top-level members up to ``usage``, and the whole object's end when the rest
+    cannot matter (the common case: a rerank's large ``results`` is never parsed);
+    otherwise every member, so duplicates and error markers are seen."""
+    spans, end = object_spans(text, stop_at="usage")
+    if "usage" in spans and _LATER_NAMES.search(text, end) is None:
+        tail = text.rstrip(_WS)
+        return spans, len(tail) if tail.endswith("}") else end
+    return object_spans(text)
+
+
+def _is_error_marker(text: str, span: Span | None) -> bool:
+    return span is not None and json.loads(text[span.start : span.end]) == "error"
+
+
+def _duplicated(text: str, problem: str) -> UsageView | None:
+    """A body with a repeated member: invalid if it carries usage at all, else not audited."""
+    if '"usage"' not in text:
+        return None
+    return UsageView(text, Span(0, 0), {}, None, f"ambiguous body: {problem}")
+
+
+def _splice(view: UsageView, edits: list[tuple[Span, str]]) -> bytes:
+    """The body with each span's characters replaced, built in one copy of the body's
+    bytes (the answer is large, the edits are a few digits)."""
+    raw = view.raw or view.text.encode("utf-8")
+    ascii_only = len(raw) == len(view.text)  # then character and byte offsets agree
+
+    def offset(i: int) -> int:
+        return i if ascii_only else len(view.text[:i].encode("utf-8"))
+
+    pieces: list[bytes | memoryview] = []
+    at, whole = 0, memoryview(raw)
+    for span, new in sorted(edits, key=lambda e: e[0].start):
+        start = offset(span.start)
+        pieces += (whole[at:start], new.encode("utf-8"))
+        at = offset(span.end)
+    pieces.append(whole[at:])
+    return b"".join(pieces)
+
+
+def rewrite_usage(view: UsageView, engine: int) -> bytes:
+    """The body a fixed vLLM would send: prompt and total tokens set to the engine count."""
+    names = ("prompt_tokens", "total_tokens")
+    return _splice(view, [(view.fields[k], str(engine)) for k in names if k in view.fields])
+
+
+def annotate_usage(view: UsageView, engine: int | None, verdict: str) -> bytes:
+    """Keep the reported numbers and add ``engine_prompt_tokens`` and ``usage_verdict``."""
+    close = view.usage.end - 1  # position of the usage object's closing brace
+    members = {"engine_prompt_tokens": engine, "usage_verdict": verdict}
+    extra = json.dumps(members, separators=(",", ":"))[1:-1]
+    separator = "," if view.fields else ""
+    return _splice(view, [(Span(close, close), separator + extra)])
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """The usage of a metered answer as its client reads it; ``problem`` when invalid
+    (then nothing is billed)."""
+
+    prompt: int | None
+    completion: int | None
+    problem: str | None = None
+
+
+# The Responses and Anthropic Messages APIs name the counts input_tokens and output_tokens.
+# vLLM's Messages API leaves out of input_tokens the prompt tokens its cache served or
+# filled, and reports them apart; the engine's prompt is the sum (Responses' input_tokens
+# already is the whole prompt, and has neither member).
+_NAMES = (("prompt_tokens",), ("completion_tokens",))
+_IO_NAMES = (
+    ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens"),
+    ("output_tokens",),
+)
+
+
+def reading_of(usage: dict[str, Any]) -> Reading:
+    """Validate a usage object: every count present must be a token count."""
+    names = _IO_NAMES if "prompt_tokens" not in usage and "input_tokens" in usage else _NAMES
+    counts: list[int | None] = []
+    for parts in names:
+        total: int | None = None
+        for key in parts:
+            if usage.get(key) is None:
+                continue
+            count = token_count(usage[key])
+            if count is None:
+                return Reading(None, None, f"usage.{key} is {json.dumps(usage[key])[:40]}")
+            total = count if total is None else total + count
+        counts.append(total)
+    prompt, completion = counts
+    if prompt is not None and prompt > MAX_TOKENS:
+        return Reading(None, None, f"usage.{names[0][0]} and its parts sum to {prompt}")
+    return Reading(prompt, completion)
+
+
+class _Deciding(BaseModel):
+    """The top-level members of an answer that decide what it bills."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    usage: Any = None
+    error: Any = None
+    object: Any = None
+
+
+def read_usage(payload: bytes) -> Reading | None:
+    """The usage of a successful JSON answer, read like its client reads it (for a
+    repeated member the last one counts); None when there is nothing to bill."""
+    members = top_members(payload, _Deciding)
+    if members is None or is_error_body(members):
+        return None
+    usage = members.get("usage")
+    return reading_of(usage) if isinstance(usage, dict) else None
+
+
+_USAGE_MEMBER = re.compile(rb'"usage"[ \t\n\r]*:')
+
+
+def usage_at_end(tail: bytes) -> dict[str, Any] | None:
+    """The ``usage`` object near the end of a JSON answer, read from its last bytes only;
+    None when it is not there.
+
+    For an answer too large to hold: vLLM writes ``usage`` after ``data`` and
+    ``choices``, followed at most by a few small members (``kv_transfer_params``,
+    ``metrics``, mostly null). The match needs ``"usage":``, an object, other members
+    and the closing ``}`` then the end: inside a string every ``"`` is escaped, so
+    ``"usage":`` is a member name, and a member followed by members and the answer's
+    end belongs to the top-level object. No ``usage`` member may follow it (for a
+    repeated member a client reads the last), nor an ``error``. What the proxy cannot
+    see is whether the bytes before the tail are well formed: vLLM writes them, no
+    client can."""
+    for found in reversed(list(_USAGE_MEMBER.finditer(tail))):
+        try:
+            text = tail[found.start() :].decode("utf-8")
+            value, end = _DECODER.raw_decode(text, _skip_ws(text, found.end() - found.start()))
+            if _members_then_end(text, end):
+                return value if isinstance(value, dict) else None
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            continue
+    return None
+
+
+def _members_then_end(text: str, i: int) -> bool:
+    """From ``i``: any ``, "name": value`` (none named usage or error), then ``}`` and
+    nothing but whitespace."""
+    while True:
+        i = _skip_ws(text, i)
+        if text[i : i + 1] == "}":
+            return not text[i + 1 :].strip(_WS)
+        if text[i : i + 1] != ",":
+            return False
+        key, i = _DECODER.raw_decode(text, _skip_ws(text, i + 1))
+        i = _skip_ws(text, i)
+        if not isinstance(key, str) or key in ("usage", "error") or text[i : i + 1] != ":":
+            return False
+        _, i = _DECODER.raw_decode(text, _skip_ws(text, i + 1))
