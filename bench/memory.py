@@ -26,19 +26,20 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scripts.vllm_cpu import free_port, minilm_dir, start_proxy  # noqa: E402
+from bench.harness import (
+    JSON,
+    Process,
+    free_port,
+    minilm_dir,
+    port_of,
+    start_audited_proxy,
+    status_kb,
+)
 
 MIB = 1024 * 1024
-
-
-def status_kb(pid: int, field: str) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return float(line.split()[1])
-    return 0.0
+Row = tuple[str, str]
 
 
 def reset_peak(pid: int) -> None:
@@ -48,6 +49,10 @@ def reset_peak(pid: int) -> None:
 
 def mb(pid: int, field: str = "VmRSS") -> float:
     return status_kb(pid, field) / 1024
+
+
+def peak_and_after(pid: int) -> str:
+    return f"peak {mb(pid, 'VmHWM'):.0f} MB, after {mb(pid):.0f} MB"
 
 
 async def upstream_app() -> web.Application:
@@ -102,7 +107,7 @@ def big_body(mib: int) -> bytes:
 
 
 async def post(session: aiohttp.ClientSession, url: str, body: bytes) -> tuple[int, str]:
-    async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
+    async with session.post(url, data=body, headers=JSON) as r:
         await r.read()
         return r.status, r.headers.get("x-usage-verdict", "-")
 
@@ -143,123 +148,139 @@ async def reads_nothing(port: int, body: bytes) -> tuple[Any, Any]:
     return reader, writer
 
 
-async def run(args: argparse.Namespace, workdir: Path) -> list[tuple[str, str]]:
+SMALL = json.dumps(
+    {"query": "What is the capital of France?", "documents": ["Paris.", "Berlin."]}
+).encode()
+EMBED = json.dumps({"input": ["a"]}).encode()
+WARM_UP = json.dumps({"query": "q", "documents": ["d"]}).encode()
+
+
+async def one_body(session: aiohttp.ClientSession, proxy: Process) -> list[Row]:
+    """One body at a time, of each size."""
+    rows = []
+    for mib in (2, 8, 60):
+        reset_peak(proxy.popen.pid)
+        started = time.monotonic()
+        status, _ = await post(session, proxy.url + "/rerank", big_body(mib))
+        took = time.monotonic() - started
+        await asyncio.sleep(1)
+        detail = f"status {status}, {took:.1f} s, {peak_and_after(proxy.popen.pid)}"
+        rows.append((f"one {mib} MiB body", detail))
+    return rows
+
+
+async def concurrent_bodies(session: aiohttp.ClientSession, proxy: Process) -> list[Row]:
+    """Twenty bodies at once: what admission lets the proxy hold together."""
+    reset_peak(proxy.popen.pid)
+    body = big_body(8)
+    started = time.monotonic()
+    url = proxy.url + "/rerank"
+    statuses = await asyncio.gather(*(post(session, url, body) for _ in range(20)))
+    took = time.monotonic() - started
+    await asyncio.sleep(2)
+    codes = sorted({s for s, _ in statuses})
+    detail = f"statuses {codes}, {took:.1f} s, {peak_and_after(proxy.popen.pid)}"
+    return [("20 concurrent 8 MiB bodies", detail)]
+
+
+async def stalled_uploads(session: aiohttp.ClientSession, proxy: Process) -> list[Row]:
+    """Uploads that never finish: what their buffered bytes cost while they are held."""
+    reset_peak(proxy.popen.pid)
+    port = port_of(proxy.url)
+    await asyncio.gather(*(stalled_upload(port, 60 * MIB, 40) for _ in range(10)))
+    await asyncio.sleep(2)
+    name = "10 uploads of 60 MiB stalled 1 MiB short, held 40 s"
+    return [(name, peak_and_after(proxy.popen.pid))]
+
+
+async def beside_tokenizer(session: aiohttp.ClientSession, proxy: Process) -> list[Row]:
+    """A small rerank while two large bodies keep the tokenizer busy: counted in time?"""
+    url = proxy.url + "/rerank"
+    neighbours = [asyncio.create_task(post(session, url, big_body(3))) for _ in range(2)]
+    await asyncio.sleep(0.3)
+    started = time.monotonic()
+    _, verdict = await post(session, url, SMALL)
+    took = time.monotonic() - started
+    await asyncio.gather(*neighbours)
+    counted = "counted in time" if verdict != "unaudited" else "NOT counted in time"
+    return [("small rerank beside two 3 MiB bodies", f"{counted}, {took * 1000:.0f} ms")]
+
+
+async def big_answers(session: aiohttp.ClientSession, proxy: Process) -> list[Row]:
+    """Large embeddings answers at once, and how slow small reranks get beside them."""
+    pid = proxy.popen.pid
+    reset_peak(pid)
+    started = time.monotonic()
+    embed = proxy.url + "/v1/embeddings"
+    answers = [asyncio.create_task(post(session, embed, EMBED)) for _ in range(4)]
+    await asyncio.sleep(0.2)
+    beside = []
+    while not all(a.done() for a in answers):
+        began = time.monotonic()
+        await post(session, proxy.url + "/rerank", SMALL)
+        beside.append(time.monotonic() - began)
+    took = time.monotonic() - started
+    statuses = sorted({s for s, _ in await asyncio.gather(*answers)})
+    await asyncio.sleep(1)
+    detail = (
+        f"statuses {statuses}, {took:.1f} s, {peak_and_after(pid)}; small reranks beside "
+        f"them: slowest {max(beside, default=0) * 1000:.0f} ms of {len(beside)}"
+    )
+    return [(f"4 concurrent {ANSWER_MIB} MiB embeddings answers", detail)]
+
+
+async def unread_answers(session: aiohttp.ClientSession, proxy: Process) -> list[Row]:
+    """Clients that read nothing, held until ``--send-timeout`` cuts them."""
+    pid = proxy.popen.pid
+    reset_peak(pid)
+    port = port_of(proxy.url)
+    stalled = [await reads_nothing(port, EMBED) for _ in range(STALLED_CLIENTS)]
+    await asyncio.sleep(3)
+    during = mb(pid)
+    await asyncio.sleep(SEND_TIMEOUT + 2)
+    for _, writer in stalled:
+        writer.close()
+    name = (
+        f"{STALLED_CLIENTS} clients reading none of their {STALLED_MIB} MiB "
+        f"embeddings answers (--send-timeout {SEND_TIMEOUT})"
+    )
+    detail = (
+        f"RSS {during:.0f} MB while they wait, peak {mb(pid, 'VmHWM'):.0f} MB, "
+        f"{mb(pid):.0f} MB once they are cut"
+    )
+    return [(name, detail)]
+
+
+# Run in this order, on one proxy: each row's "after" is where the next one starts.
+SCENARIOS = (
+    one_body,
+    concurrent_bodies,
+    stalled_uploads,
+    beside_tokenizer,
+    big_answers,
+    unread_answers,
+)
+
+
+async def run(args: argparse.Namespace, workdir: Path) -> list[Row]:
     runner = web.AppRunner(await upstream_app())
     await runner.setup()
     up_port = free_port()
     await web.TCPSite(runner, "127.0.0.1", up_port).start()
-    proxy = start_proxy(
-        f"http://127.0.0.1:{up_port}",
-        workdir,
-        "--journal",
-        str(workdir / "j.sqlite"),
-        "--log-level",
-        "warning",
-        "--send-timeout",
-        str(SEND_TIMEOUT),
-        *args.proxy_extra.split(),
-    )
+    extra = ("--send-timeout", str(SEND_TIMEOUT), *args.proxy_extra.split())
+    upstream = f"http://127.0.0.1:{up_port}"
+    proxy = start_audited_proxy(upstream, workdir, workdir / "j.sqlite", *extra)
     await asyncio.to_thread(proxy.wait_ready, "/readyz", 60)
-    pid, url = proxy.popen.pid, proxy.url + "/rerank"
-    rows: list[tuple[str, str]] = []
+    pid = proxy.popen.pid
+    rows: list[Row] = []
     timeout = aiohttp.ClientTimeout(total=300)
     try:
         async with aiohttp.ClientSession(timeout=timeout) as session:
-            await post(session, url, json.dumps({"query": "q", "documents": ["d"]}).encode())
+            await post(session, proxy.url + "/rerank", WARM_UP)
             idle = mb(pid)
             rows.append(("idle", f"RSS {idle:.0f} MB"))
-            for mib in (2, 8, 60):
-                reset_peak(pid)
-                started = time.monotonic()
-                status, _ = await post(session, url, big_body(mib))
-                took = time.monotonic() - started
-                await asyncio.sleep(1)
-                rows.append(
-                    (
-                        f"one {mib} MiB body",
-                        f"status {status}, {took:.1f} s, peak {mb(pid, 'VmHWM'):.0f} MB, "
-                        f"after {mb(pid):.0f} MB",
-                    )
-                )
-            reset_peak(pid)
-            body = big_body(8)
-            started = time.monotonic()
-            statuses = await asyncio.gather(*(post(session, url, body) for _ in range(20)))
-            took = time.monotonic() - started
-            await asyncio.sleep(2)
-            codes = sorted({s for s, _ in statuses})
-            rows.append(
-                (
-                    "20 concurrent 8 MiB bodies",
-                    f"statuses {codes}, {took:.1f} s, peak {mb(pid, 'VmHWM'):.0f} MB, "
-                    f"after {mb(pid):.0f} MB",
-                )
-            )
-            reset_peak(pid)
-            started = time.monotonic()
-            await asyncio.gather(
-                *(stalled_upload(int(proxy.url.rsplit(":", 1)[1]), 60 * MIB, 40) for _ in range(10))
-            )
-            await asyncio.sleep(2)
-            rows.append(
-                (
-                    "10 uploads of 60 MiB stalled 1 MiB short, held 40 s",
-                    f"peak {mb(pid, 'VmHWM'):.0f} MB, after {mb(pid):.0f} MB",
-                )
-            )
-            small = json.dumps(
-                {"query": "What is the capital of France?", "documents": ["Paris.", "Berlin."]}
-            ).encode()
-            neighbours = [asyncio.create_task(post(session, url, big_body(3))) for _ in range(2)]
-            await asyncio.sleep(0.3)
-            started = time.monotonic()
-            status, verdict = await post(session, url, small)
-            took = time.monotonic() - started
-            await asyncio.gather(*neighbours)
-            counted = "counted in time" if verdict != "unaudited" else "NOT counted in time"
-            rows.append(
-                ("small rerank beside two 3 MiB bodies", f"{counted}, {took * 1000:.0f} ms")
-            )
-            embed = proxy.url + "/v1/embeddings"
-            request = json.dumps({"input": ["a"]}).encode()
-            reset_peak(pid)
-            started = time.monotonic()
-            answers = [asyncio.create_task(post(session, embed, request)) for _ in range(4)]
-            await asyncio.sleep(0.2)
-            beside = []
-            while not all(a.done() for a in answers):
-                began = time.monotonic()
-                await post(session, url, small)
-                beside.append(time.monotonic() - began)
-            took = time.monotonic() - started
-            statuses = sorted({s for s, _ in await asyncio.gather(*answers)})
-            await asyncio.sleep(1)
-            rows.append(
-                (
-                    f"4 concurrent {ANSWER_MIB} MiB embeddings answers",
-                    f"statuses {statuses}, {took:.1f} s, peak {mb(pid, 'VmHWM'):.0f} MB, after "
-                    f"{mb(pid):.0f} MB; small reranks beside them: slowest "
-                    f"{max(beside, default=0) * 1000:.0f} ms of {len(beside)}",
-                )
-            )
-            reset_peak(pid)
-            stalled = [
-                await reads_nothing(int(proxy.url.rsplit(":", 1)[1]), request)
-                for _ in range(STALLED_CLIENTS)
-            ]
-            await asyncio.sleep(3)
-            during = mb(pid)
-            await asyncio.sleep(SEND_TIMEOUT + 2)
-            for _, writer in stalled:
-                writer.close()
-            rows.append(
-                (
-                    f"{STALLED_CLIENTS} clients reading none of their {STALLED_MIB} MiB "
-                    f"embeddings answers (--send-timeout {SEND_TIMEOUT})",
-                    f"RSS {during:.0f} MB while they wait, peak {mb(pid, 'VmHWM'):.0f} MB, "
-                    f"{mb(pid):.0f} MB once they are cut",
-                )
-            )
+            for scenario in SCENARIOS:
+                rows += await scenario(session, proxy)
             rows.append(("after everything", f"RSS {mb(pid):.0f} MB (idle was {idle:.0f})"))
     finally:
         proxy.stop()

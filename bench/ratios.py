@@ -27,25 +27,27 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.run import (  # noqa: E402
-    SCENARIOS,
-    cpu_seconds,
+from bench.harness import (
+    Process,
+    cpu_per_request,
+    minilm_dir,
     pct,
     sequential,
+    start_audited_proxy,
     start_relay,
     start_upstream,
     throughput,
-    unique_bodies,
 )
-from scripts.vllm_cpu import Process, minilm_dir, start_proxy  # noqa: E402
+from bench.workload import request, unique_bodies
 
 GOALS = {
     "hit_cpu_ratio": ("CPU per audited request (cache hits) <= 2.0x the relay", 2.0, "<="),
@@ -54,21 +56,29 @@ GOALS = {
     "added_p50_ms": ("added p50 over the relay <= 0.5 ms (0 ms upstream)", 0.5, "<="),
 }
 
+# The proxy's durability modes, each measured in a run of its own; the first is its default.
+DURABILITIES = ("sync", "async")
 
-async def cpu_per_request(
-    session: aiohttp.ClientSession, target: Process, path: str, bodies: list[bytes]
-) -> tuple[float, list[float]]:
-    """(CPU ms per request, latencies) for ``bodies`` sent sequentially to ``target``."""
-    pid = target.popen.pid
-    before = cpu_seconds(pid)
-    values = await sequential(session, target.url + path, bodies)
-    return (cpu_seconds(pid) - before) / len(bodies) * 1000, values
+Batches = list[list[str]]
 
 
-def raw_tokenizer(bodies: list[bytes]) -> Any:
-    """A function timing one raw batched transformers call per body (query and documents),
-    in this process; returns CPU ms per call. Parallelism off, as in the proxy (the
-    stricter floor: with rayon's threads the same call costs about 1.6x the CPU)."""
+@dataclass
+class Tally:
+    """What the blocks add up to, by target: CPU ms, latencies, saturation requests."""
+
+    cpu: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(("relay", "durable", "proxy", "recount", "raw"), 0.0)
+    )
+    lat: dict[str, list[float]] = field(
+        default_factory=lambda: {"relay": [], "durable": [], "proxy": []}
+    )
+    done: dict[str, int] = field(default_factory=lambda: {"relay": 0, "durable": 0, "proxy": 0})
+
+
+def raw_tokenizer(bodies: list[bytes]) -> tuple[Batches, Callable[[Batches], float]]:
+    """The texts of each body (query and documents) and a function timing one raw batched
+    transformers call per body, in this process, in CPU ms. Parallelism off, as in the
+    proxy: the stricter floor (docs/performance.md)."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     from transformers import AutoTokenizer
 
@@ -76,7 +86,7 @@ def raw_tokenizer(bodies: list[bytes]) -> Any:
     texts = [[p["query"], *p["documents"]] for p in map(json.loads, bodies)]
     tok(texts[0], add_special_tokens=True)
 
-    def timed(batches: list[list[str]]) -> float:
+    def timed(batches: Batches) -> float:
         started = time.process_time()
         for batch in batches:
             tok(batch, add_special_tokens=True)
@@ -85,56 +95,77 @@ def raw_tokenizer(bodies: list[bytes]) -> Any:
     return texts, timed
 
 
+def start_targets(args: argparse.Namespace, workdir: Path) -> tuple[Process, dict[str, Process]]:
+    """The fake upstream (ready), and the relay, the relay with a durable ledger and the
+    proxy in front of it (starting)."""
+    upstream = start_upstream(0.0, workdir)
+    try:
+        upstream.wait_ready("/health", 60)
+    except BaseException:
+        upstream.stop()
+        raise
+    journal = workdir / "journal.sqlite"
+    return upstream, {
+        "relay": start_relay(upstream.url, workdir),
+        "durable": start_relay(upstream.url, workdir, workdir / "relay-journal.sqlite"),
+        "proxy": start_audited_proxy(upstream.url, workdir, journal, *args.proxy_extra.split()),
+    }
+
+
+async def alternate(
+    args: argparse.Namespace, upstream: Process, targets: dict[str, Process], tally: Tally
+) -> None:
+    """Cache hits on each target in turn, then new texts on the proxy and through the raw
+    tokenizer, ``--rounds`` times."""
+    path, hit = request("rerank 1x64")
+    unique = unique_bodies(7, args.recounts)
+    texts, raw = raw_tokenizer(unique)
+    block, per_round = args.hits // args.rounds, args.recounts // args.rounds
+    async with aiohttp.ClientSession() as session:
+        for target in targets.values():  # warm each, and the fake's answer cache
+            await sequential(session, target.url + path, [hit] * 20)
+        await sequential(session, upstream.url + path, unique)
+        for r in range(args.rounds):
+            for name, target in targets.items():
+                spent, values = await cpu_per_request(session, target, path, [hit] * block)
+                tally.cpu[name] += spent * block
+                tally.lat[name] += values
+            chunk = slice(r * per_round, (r + 1) * per_round)
+            spent, _ = await cpu_per_request(session, targets["proxy"], path, unique[chunk])
+            tally.cpu["recount"] += spent * per_round
+            tally.cpu["raw"] += raw(texts[chunk])
+
+
+async def saturate(args: argparse.Namespace, targets: dict[str, Process], tally: Tally) -> None:
+    """Concurrent clients on each target in turn, ``--rounds`` times."""
+    path, hit = request("rerank 1x64")
+    for _ in range(args.rounds):
+        for name, target in targets.items():
+            seconds = args.seconds / args.rounds
+            tally.done[name] += await throughput(target.url + path, hit, seconds, args.clients)
+
+
 async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     """Relay and proxy measured in alternating blocks (``--rounds``), so drift in what
     else the machine does falls on both alike."""
-    path, payload = SCENARIOS["rerank 1x64"]
-    hit = json.dumps(payload).encode()
-    upstream = start_upstream(0.0, workdir)
-    upstream.wait_ready("/health", 60)
-    relay = start_relay(upstream.url, workdir)
-    durable = start_relay(upstream.url, workdir, workdir / "relay-journal.sqlite")
-    proxy = start_proxy(
-        upstream.url,
-        workdir,
-        "--journal",
-        str(workdir / "journal.sqlite"),
-        "--log-level",
-        "warning",
-        *args.proxy_extra.split(),
-    )
-    targets = (("relay", relay), ("durable", durable), ("proxy", proxy))
-    cpu = {"relay": 0.0, "durable": 0.0, "proxy": 0.0, "recount": 0.0, "raw": 0.0}
-    lat: dict[str, list[float]] = {"relay": [], "durable": [], "proxy": []}
-    done = {"relay": 0, "durable": 0, "proxy": 0}
+    upstream, targets = start_targets(args, workdir)
+    tally = Tally()
     try:
-        relay.wait_ready("/health", 60)
-        durable.wait_ready("/health", 60)
-        proxy.wait_ready("/readyz", 60)
-        unique = unique_bodies(7, args.recounts)
-        texts, raw = raw_tokenizer(unique)
-        block, per_round = args.hits // args.rounds, args.recounts // args.rounds
-        async with aiohttp.ClientSession() as session:
-            for _, target in targets:  # warm each, and the fake's answer cache
-                await sequential(session, target.url + path, [hit] * 20)
-            await sequential(session, upstream.url + path, unique)
-            for r in range(args.rounds):
-                for name, target in targets:
-                    spent, values = await cpu_per_request(session, target, path, [hit] * block)
-                    cpu[name] += spent * block
-                    lat[name] += values
-                chunk = slice(r * per_round, (r + 1) * per_round)
-                spent, _ = await cpu_per_request(session, proxy, path, unique[chunk])
-                cpu["recount"] += spent * per_round
-                cpu["raw"] += raw(texts[chunk])
-        for _ in range(args.rounds):
-            for name, target in targets:
-                seconds = args.seconds / args.rounds
-                done[name] += await throughput(target.url + path, hit, seconds, args.clients)
+        for name, target in targets.items():
+            target.wait_ready("/readyz" if name == "proxy" else "/health", 60)
+        await alternate(args, upstream, targets, tally)
+        await saturate(args, targets, tally)
     finally:
-        for p in (proxy, durable, relay, upstream):
-            p.stop()
-    hits, recounts = block * args.rounds, per_round * args.rounds
+        for process in (*reversed(targets.values()), upstream):
+            process.stop()
+    return figures(args, tally)
+
+
+def figures(args: argparse.Namespace, tally: Tally) -> dict[str, Any]:
+    """The per-request figures and their ratios, from the sums in ``tally``."""
+    cpu, lat, done = tally.cpu, tally.lat, tally.done
+    hits = args.hits // args.rounds * args.rounds
+    recounts = args.recounts // args.rounds * args.rounds
     relay_cpu, proxy_cpu = cpu["relay"] / hits, cpu["proxy"] / hits
     recount_cpu, raw_ms = cpu["recount"] / recounts, cpu["raw"] / recounts
     relay_p50, proxy_p50 = pct(lat["relay"], 0.5) * 1000, pct(lat["proxy"], 0.5) * 1000

@@ -17,18 +17,28 @@ from pathlib import Path
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.run import SCENARIOS, rss_mb, start_upstream  # noqa: E402
-from scripts.vllm_cpu import start_proxy  # noqa: E402
+from bench.harness import (
+    JSON,
+    Process,
+    rss_mb,
+    start_audited_proxy,
+    start_upstream,
+)
+from bench.workload import request
 
 
 def open_files(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def size_mb(path: Path) -> float:
+    return round(path.stat().st_size / 2**20, 2)
+
+
 async def metric(session: aiohttp.ClientSession, url: str, name: str) -> float:
+    """An unlabelled series from the proxy's /metrics; -1 if it is missing."""
     async with session.get(url + "/metrics") as resp:
         for line in (await resp.text()).splitlines():
             if line.startswith(name + " "):
@@ -36,69 +46,75 @@ async def metric(session: aiohttp.ClientSession, url: str, name: str) -> float:
     return -1.0
 
 
-async def soak(args: argparse.Namespace, workdir: Path) -> list[dict[str, float]]:
-    upstream = start_upstream(args.latency, workdir)
-    upstream.wait_ready("/health", 60)
-    journal = workdir / "journal.sqlite"
-    proxy = start_proxy(
-        upstream.url,
-        workdir,
-        "--journal",
-        str(journal),
-        "--log-level",
-        "warning",
-        *args.proxy_extra.split(),
-    )
-    proxy.wait_ready("/readyz", 60)
-    path, payload = SCENARIOS["rerank 1x64"]
-    body = json.dumps(payload).encode()
+class Counts:
+    """Requests sent and failed so far."""
+
+    def __init__(self) -> None:
+        self.sent = self.failed = 0
+
+
+async def send(session: aiohttp.ClientSession, url: str, body: bytes, counts: Counts) -> None:
+    """One request; a failure is counted, never raised, so the rate holds."""
+    try:
+        async with session.post(url, data=body, headers=JSON) as r:
+            await r.read()
+            counts.failed += r.status != 200
+    except aiohttp.ClientError:
+        counts.failed += 1
+
+
+async def sample(
+    session: aiohttp.ClientSession, proxy: Process, journal: Path, elapsed: float, counts: Counts
+) -> dict[str, float]:
+    pid = proxy.popen.pid
+    return {
+        "t": round(elapsed, 1),
+        "sent": counts.sent,
+        "failed": counts.failed,
+        "rss_mb": round(rss_mb(pid), 1),
+        "open_files": open_files(pid),
+        "tasks": await metric(session, proxy.url, "usage_proxy_event_loop_tasks"),
+        "journal_mb": size_mb(journal),
+    }
+
+
+async def drive(args: argparse.Namespace, proxy: Process, journal: Path) -> list[dict[str, float]]:
+    """``--rate`` requests per second for ``--minutes``, sampled every ``--sample`` s."""
+    path, body = request("rerank 1x64")
     samples: list[dict[str, float]] = []
     deadline = time.monotonic() + args.minutes * 60
-    sent = failed = 0
-    try:
-        async with aiohttp.ClientSession() as session:
-            pending: set[asyncio.Task[None]] = set()
-
-            async def one() -> None:
-                nonlocal failed
-                try:
-                    async with session.post(
-                        proxy.url + path, data=body, headers={"Content-Type": "application/json"}
-                    ) as r:
-                        await r.read()
-                        failed += r.status != 200
-                except aiohttp.ClientError:
-                    failed += 1
-
-            next_sample = time.monotonic()
-            while time.monotonic() < deadline:
-                task = asyncio.create_task(one())
-                pending.add(task)
-                task.add_done_callback(pending.discard)
-                sent += 1
-                if time.monotonic() >= next_sample:
-                    pid = proxy.popen.pid
-                    samples.append(
-                        {
-                            "t": round(args.minutes * 60 - (deadline - time.monotonic()), 1),
-                            "sent": sent,
-                            "failed": failed,
-                            "rss_mb": round(rss_mb(pid), 1),
-                            "open_files": open_files(pid),
-                            "tasks": await metric(
-                                session, proxy.url, "usage_proxy_event_loop_tasks"
-                            ),
-                            "journal_mb": round(journal.stat().st_size / 2**20, 2),
-                        }
-                    )
-                    print(json.dumps(samples[-1]), flush=True)
-                    next_sample += args.sample
-                await asyncio.sleep(1 / args.rate)
-            await asyncio.gather(*pending)
-    finally:
-        proxy.stop()
-        upstream.stop()
+    counts = Counts()
+    async with aiohttp.ClientSession() as session:
+        pending: set[asyncio.Task[None]] = set()  # the loop holds tasks only weakly
+        next_sample = time.monotonic()
+        while time.monotonic() < deadline:
+            task = asyncio.create_task(send(session, proxy.url + path, body, counts))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+            counts.sent += 1
+            if time.monotonic() >= next_sample:
+                elapsed = args.minutes * 60 - (deadline - time.monotonic())
+                samples.append(await sample(session, proxy, journal, elapsed, counts))
+                print(json.dumps(samples[-1]), flush=True)
+                next_sample += args.sample
+            await asyncio.sleep(1 / args.rate)
+        await asyncio.gather(*pending)
     return samples
+
+
+async def soak(args: argparse.Namespace, workdir: Path) -> list[dict[str, float]]:
+    upstream = start_upstream(args.latency, workdir)
+    journal = workdir / "journal.sqlite"
+    proxy: Process | None = None
+    try:
+        upstream.wait_ready("/health", 60)  # the proxy reads its /version and /v1/models
+        proxy = start_audited_proxy(upstream.url, workdir, journal, *args.proxy_extra.split())
+        proxy.wait_ready("/readyz", 60)
+        return await drive(args, proxy, journal)
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        upstream.stop()
 
 
 def main() -> int:

@@ -1,0 +1,291 @@
+"""The benchmark's results as the markdown of docs/performance.md's generated block."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from bench import ratios
+from bench.costs import IDLE_APPENDS, IDLE_SECONDS
+
+# Only the text between these markers is rewritten; the rest of the file is written by hand.
+START = "<!-- bench:start -->"
+END = "<!-- bench:end -->"
+
+MS = 1000
+RELAY, PROXY = "minimal aiohttp relay", "proxy rewrite"
+
+
+@dataclass(frozen=True)
+class Report:
+    """Everything one run measured, and how it was run."""
+
+    date: str
+    machine: str
+    requests: int
+    clients: int
+    seconds: float
+    rounds: int
+    results: dict[str, Any]
+    accounting: dict[str, float]
+    journal: dict[str, float]
+    goals: dict[str, dict[str, Any]]
+
+
+def splice(document: str, block: str) -> str:
+    """``document`` with the text between its markers replaced by ``block``."""
+    if document.count(START) != 1 or document.count(END) != 1:
+        raise ValueError(f"expected one {START} and one {END}")
+    head, _, rest = document.partition(START)
+    _, _, tail = rest.partition(END)
+    if END in head:
+        raise ValueError(f"{END} comes before {START}")
+    return f"{head}{START}\n{block.strip()}\n{END}{tail}"
+
+
+def new_document(block: str) -> str:
+    """A performance file for a path that has none yet."""
+    return f"# Performance\n\n{START}\n{block.strip()}\n{END}\n"
+
+
+def render(report: Report) -> str:
+    """The generated block: the run's settings, then a section per measurement."""
+    sections = [
+        header(report),
+        goals(report),
+        section("Targets", ("target", "measured", "met"), targets(report)),
+        latency(report.results["latency"]),
+        throughput(report.results["throughput"]),
+        sse(report.results["sse"]),
+        resources(report.results["resources"]),
+        accounting(report.accounting),
+        journal(report.journal),
+        scale(report.results, report.accounting),
+    ]
+    return "\n\n".join("\n".join(s) for s in sections if s) + "\n"
+
+
+def header(r: Report) -> list[str]:
+    return [
+        f"Latest `make bench` run, {r.date}, on {r.machine}.",
+        "",
+        f"Sequential requests per cell: {r.requests}; saturation: {r.clients} clients for "
+        f"{r.seconds} s.",
+    ]
+
+
+def goals(r: Report) -> list[str]:
+    """The cost goals per durability mode, then sync against the durable relay."""
+    lines = [
+        "## Cost goals (issue #14)",
+        "",
+        f"From `bench/ratios.py`, one run per durability mode, {r.rounds} alternating blocks "
+        "each (how: above).",
+    ]
+    for mode, figures in r.goals.items():
+        default = " (the default)" if mode == ratios.DURABILITIES[0] else ""
+        lines += ["", f"`--durability {mode}`{default}:", "", *ratios.table(figures)]
+    if "sync" in r.goals:
+        lines += [
+            "",
+            "`--durability sync` against the relay with an fsync'd ledger (the floor of any "
+            "ledger that commits before it answers, not the issue's floor):",
+            "",
+            *ratios.durable_table(r.goals["sync"]),
+        ]
+    return lines
+
+
+def row(*cells: str) -> str:
+    """One markdown table row."""
+    return "| " + " | ".join(cells) + " |"
+
+
+def section(title: str, columns: tuple[str, ...], rows: Iterable[str]) -> list[str]:
+    """A heading and a markdown table under it."""
+    return [f"## {title}", "", row(*columns), "|" + "---|" * len(columns), *rows]
+
+
+def ms(seconds: float, sign: str = "") -> str:
+    return f"{seconds * MS:{sign}.2f}"
+
+
+def latency(rows: list[dict[str, Any]]) -> list[str]:
+    columns = ("upstream", "scenario", "target", "p50", "p99", "added p50", "added p99")
+    return section(
+        "Latency (ms)",
+        columns,
+        (
+            row(
+                f"{r['latency_ms']:g} ms",
+                f"{r['scenario']} ({r['body_kb']:.0f} KB)",
+                r["target"],
+                ms(r["p50"]),
+                ms(r["p99"]),
+                ms(r["added_p50"], "+"),
+                ms(r["added_p99"], "+"),
+            )
+            for r in rows
+        ),
+    )
+
+
+def throughput(rows: list[dict[str, Any]]) -> list[str]:
+    return section(
+        "Throughput at saturation (0 ms upstream)",
+        ("scenario", "target", "requests/s"),
+        (row(r["scenario"], r["target"], f"{r['rps']:.0f}") for r in rows),
+    )
+
+
+def sse(rows: list[dict[str, Any]]) -> list[str]:
+    columns = ("target", "first byte p50 (ms)", "chunk gap p50 (ms)", "chunk gap p99 (ms)")
+    return section(
+        "SSE streaming (20 chunks, 5 ms apart)",
+        columns,
+        (row(r["target"], ms(r["ttfb_p50"]), ms(r["gap_p50"]), ms(r["gap_p99"])) for r in rows),
+    )
+
+
+def resources(rows: list[dict[str, Any]]) -> list[str]:
+    columns = ("target", "RSS (MB)", "CPU ms/request rerank 1x64", "CPU ms/request embeddings")
+    return section(
+        "Process resources (after the runs above)",
+        columns,
+        (
+            row(
+                r["target"],
+                f"{r['rss_mb']:.0f}",
+                f"{r.get('cpu_ms_per_req rerank 1x64', 0):.2f}",
+                f"{r.get('cpu_ms_per_req embeddings', 0):.2f}",
+            )
+            for r in rows
+        ),
+    )
+
+
+def accounting(a: dict[str, float]) -> list[str]:
+    return [
+        "## Accounting CPU (rerank 1x64, in-process)",
+        "",
+        f"- raw batched tokenizer call on the same 65 texts: {a['raw_batch_ms']:.2f} ms",
+        f"- full recount (`count_request`): {a['recount_ms']:.2f} ms "
+        f"= {a['recount_ratio']:.2f}x raw",
+        f"- derivation path (query only): {a['derivation_ms']:.3f} ms "
+        f"= {a['derivation_ratio']:.3f}x raw",
+    ]
+
+
+def journal(j: dict[str, float]) -> list[str]:
+    def wall_cpu(name: str) -> str:
+        return f"{j[f'{name}_ms']:.3f} / {j[f'{name}_cpu_ms']:.3f}"
+
+    return [
+        "## The sync commit and its parts (sequential, per record, wall / CPU ms)",
+        "",
+        "- one sync journal append (hand-off to the writer thread, INSERT, fsync, settle): "
+        + wall_cpu("append"),
+        f"- the same append after {IDLE_SECONDS * 1000:g} ms of idle, as between requests to "
+        f"a real upstream (p50 of {IDLE_APPENDS}, wall): {j['append_after_idle_ms']:.3f}",
+        "- the same INSERT committed inline, `synchronous=FULL` (with fsync): "
+        + wall_cpu("commit_full"),
+        "- the same INSERT committed inline, `synchronous=NORMAL` (no fsync): "
+        + wall_cpu("commit_normal"),
+        "- event loop -> thread -> event loop with nothing to do: " + wall_cpu("round_trip"),
+    ]
+
+
+def cell(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
+    """The first row whose fields equal ``match``."""
+    for row in rows:
+        if all(row.get(k) == v for k, v in match.items()):
+            return row
+    return None
+
+
+def verdict(name: str, value: str, ok: bool) -> str:
+    return row(name, value, "yes" if ok else "no")
+
+
+def targets(report: Report) -> list[str]:
+    """The issue's targets, each with the measured figure and met / not met."""
+    results, a = report.results, report.accounting
+    out = latency_targets(results["latency"])
+    out.append(
+        verdict(
+            "full recount CPU <= 1.2x raw batched tokenizer",
+            f"{a['recount_ratio']:.2f}x",
+            a["recount_ratio"] <= 1.2,
+        )
+    )
+    out.append(
+        verdict(
+            "derivation path CPU <= 0.1x raw",
+            f"{a['derivation_ratio']:.3f}x",
+            a["derivation_ratio"] <= 0.1,
+        )
+    )
+    r = cell(results["throughput"], scenario="pass-through", target=RELAY)
+    p = cell(results["throughput"], scenario="pass-through", target=PROXY)
+    if r and p:
+        ratio = p["rps"] / r["rps"]
+        name = "pass-through (unmetered path) throughput >= 0.8x the relay"
+        out.append(verdict(name, f"{ratio:.2f}x", ratio >= 0.8))
+    d, s = cell(results["sse"], target="direct"), cell(results["sse"], target=PROXY)
+    if d and s:
+        gap = (s["ttfb_p50"] - d["ttfb_p50"]) * MS
+        out.append(verdict("SSE first byte within 1 ms of direct", f"{gap:+.2f} ms", gap <= 1))
+    m = cell(results["resources"], target=PROXY)
+    if m:
+        name, mb = "RSS <= 200 MB with the MiniLM tokenizer", m["rss_mb"]
+        out.append(verdict(name, f"{mb:.0f} MB", mb <= 200))
+    return out
+
+
+def latency_targets(rows: list[dict[str, Any]]) -> list[str]:
+    """Rewrite mode's added latency beyond the relay's, 1x64 rerank at 25 ms upstream."""
+    relay = cell(rows, latency_ms=25.0, scenario="rerank 1x64", target=RELAY)
+    proxy = cell(rows, latency_ms=25.0, scenario="rerank 1x64", target=PROXY)
+    if not (relay and proxy):
+        return []
+    p50 = (proxy["added_p50"] - relay["added_p50"]) * MS
+    p99 = (proxy["added_p99"] - relay["added_p99"]) * MS
+    return [
+        verdict(
+            "1x64 rerank, 25 ms upstream: rewrite adds <= 0.5 ms p50 beyond the relay",
+            f"{p50:+.2f} ms",
+            p50 <= 0.5,
+        ),
+        verdict("... and <= 3 ms p99 beyond the relay", f"{p99:+.2f} ms", p99 <= 3),
+    ]
+
+
+def scale(results: dict[str, Any], a: dict[str, float]) -> list[str]:
+    """Proxy processes per vLLM pod, from the CPU each request costs."""
+    m = cell(results["resources"], target=PROXY) or {}
+    hit = m.get("cpu_ms_per_req rerank 1x64", 0.0)
+    if not hit:
+        return []
+    miss = hit + a["recount_ms"]
+    derived = hit + a["derivation_ms"]
+    sampled = derived + 0.05 * a["recount_ms"]
+    return [
+        "## Scale",
+        "",
+        "CPU per request of the proxy in rewrite mode, from this run (why it decides the size: "
+        "above):",
+        "",
+        f"- rerank 1x64, documents seen before (count cache hits): {hit:.2f} CPU ms/request "
+        f"-> about {1000 / hit:.0f} requests/s per core",
+        f"- rerank 1x64, all documents new (full recount): {miss:.2f} CPU ms/request "
+        f"-> about {1000 / miss:.0f} requests/s per core",
+        f"- rerank 1x64, `--recount-fraction 0` (derivation only): {derived:.2f} CPU "
+        f"ms/request -> about {1000 / derived:.0f} requests/s per core",
+        "",
+        "Cores for the proxy = requests/s x CPU ms/request / 1000; set `--tokenizer-threads` "
+        "to that many. For 300 new-document 1x64 reranks/s: "
+        f"{300 * miss / 1000:.1f} cores at `--recount-fraction 1`, "
+        f"{300 * sampled / 1000:.2f} cores at `--recount-fraction 0.05` (correction still "
+        f"verified on every 20th request), {300 * derived / 1000:.2f} cores at 0.",
+    ]
