@@ -91,7 +91,7 @@ async def _appends(tmp: Path, records: int, out: dict[str, float]) -> None:
 
 async def _round_trips(records: int, out: dict[str, float]) -> None:
     """The journal's own hand-off to its thread and back, with nothing to do."""
-    from proxy.ledger.journal import SqliteThread
+    from proxy.ledger.sqlite import SqliteThread
 
     thread = SqliteThread()
     thread.start()
@@ -104,17 +104,17 @@ async def _round_trips(records: int, out: dict[str, float]) -> None:
 
 def _inline(tmp: Path, mode: str, records: int, out: dict[str, float]) -> None:
     """The journal's INSERT committed on this thread with ``synchronous=mode``."""
-    from proxy.ledger.journal import _create, _insert_sql, as_row
+    from proxy.ledger.sqlite import as_row, create_schema, insert_sql
     from tests.test_postgres_ledger import make_record
 
     db = sqlite3.connect(tmp / f"{mode}.sqlite", isolation_level=None)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute(f"PRAGMA synchronous={mode}")
-    _create(db)
+    create_schema(db)
     rows = [make_record(i) for i in range(records)]
     clock = _Clock(out, records)
     for r in rows:
-        db.execute(_insert_sql(1), as_row(r))
+        db.execute(insert_sql(1), as_row(r))
     clock.stop(f"commit_{mode.lower()}")
     db.close()
 

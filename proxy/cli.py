@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from proxy import __version__
-from proxy.ledger.journal import list_dead_letters, read_journal, requeue_dead_letters
+from proxy.ledger.journal_files import list_dead_letters, read_journal, requeue_dead_letters
 from proxy.ledger.records import UsageRecord
 from proxy.ledger.report import FORMATS, GROUPS, aggregate
 from proxy.ledger.sinks.postgres import read_ledger

@@ -112,7 +112,7 @@ async def test_bearer_header_dead_letter_and_replay(
     rejected record is isolated and dead-lettered while the rest is delivered; after the
     receiver is fixed, `usage-proxy dead-letters replay` delivers it."""
     from proxy.cli import main
-    from proxy.ledger.journal import list_dead_letters
+    from proxy.ledger.journal_files import list_dead_letters
     from proxy.serving.keys import METRICS, RECORDER
     from proxy.serving.tenancy import key_digest
     from tests.conftest import eventually, fake_and_proxy

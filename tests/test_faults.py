@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from proxy.ledger.journal import read_journal
+from proxy.ledger.journal_files import read_journal
 from proxy.serving.upstream import SESSION
 from tests.conftest import fake_and_proxy
 from tests.fakevllm import FakeVLLM

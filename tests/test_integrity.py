@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 from yarl import URL
 
-from proxy.ledger.journal import read_journal
+from proxy.ledger.journal_files import read_journal
 from proxy.ledger.records import UsageRecord
 from proxy.serving.catalog import CATALOG
 from proxy.serving.keys import METRICS

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.ledger.journal import Journal, JournalError, read_journal
+from proxy.ledger.journal import Journal, JournalError
+from proxy.ledger.journal_files import read_journal
 from tests.test_postgres_ledger import make_record
 
 

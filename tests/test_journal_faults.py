@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from proxy.ledger.journal import read_journal
+from proxy.ledger.journal_files import read_journal
 from proxy.serving.keys import METRICS, RECORDER
 from tests.conftest import fake_and_proxy
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from proxy.ledger.journal import read_journal
+from proxy.ledger.journal_files import read_journal
 from proxy.ledger.records import UsageRecord
 from proxy.serving.app import create_app
 from proxy.serving.tenancy import key_digest

@@ -12,7 +12,8 @@ import asyncpg
 import pytest
 
 from proxy.cli import main
-from proxy.ledger.journal import Journal, list_dead_letters
+from proxy.ledger.journal import Journal
+from proxy.ledger.journal_files import list_dead_letters
 from proxy.ledger.outbox import Outbox
 from proxy.ledger.records import UsageRecord
 from proxy.ledger.sinks.postgres import PostgresLedger, migrate, read_ledger

@@ -16,7 +16,7 @@ from urllib.request import urlopen
 import pytest
 from structlog.testing import capture_logs
 
-from proxy.ledger.journal import read_journal
+from proxy.ledger.journal_files import read_journal
 from proxy.ledger.records import UsageRecord
 from proxy.serving.app import EXCHANGES
 from proxy.serving.downstream import ANSWER_END_BYTES
@@ -118,7 +118,7 @@ async def test_giant_word_is_proven_by_derivation_not_tokenized(
 ) -> None:
     """A document that is one 100 KiB word is not tokenized by the proxy (memory bound);
     the correction is still proven from the query length alone, as vLLM's engine saw it."""
-    from proxy.ledger.journal import read_journal
+    from proxy.ledger.journal_files import read_journal
 
     _, client = await fake_and_proxy(aiohttp_server, aiohttp_client, minilm_path)
     body = {"query": "What is the capital of France?", "documents": ["a" * 100_000, "Paris."]}

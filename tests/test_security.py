@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from proxy.ledger.journal import read_journal
+from proxy.ledger.journal_files import read_journal
 from proxy.serving.keys import OUTBOX
 from proxy.serving.tenancy import key_digest
 from scripts.vllm_cpu import free_port

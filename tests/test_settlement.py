@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from proxy.cli import main
-from proxy.ledger.journal import read_journal
+from proxy.ledger.journal_files import read_journal
 from proxy.ledger.records import UsageRecord
 from proxy.ledger.windows import EngineReading, Tally, parse_engine_counters, settle
 from proxy.serving.keys import METRICS, RECONCILER

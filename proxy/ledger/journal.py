@@ -13,57 +13,31 @@ after delivery (at-least-once; record ids make redelivery idempotent).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import os
-import queue
 import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import structlog
 
-from proxy.ledger.records import UsageRecord
+from proxy.ledger.sqlite import (
+    GROUP_MAX,
+    Row,
+    SqliteThread,
+    as_row,
+    create_schema,
+    insert_sql,
+    transaction,
+)
 from proxy.ledger.windows import Entry, parse_entry
 
 log = structlog.get_logger("proxy.ledger.journal")
 T = TypeVar("T")
-_Row = tuple[str, str, str, str, str]  # record_id, time, tenant, body, kind
 # The future answers a sync appender; async appenders have none.
-_Item = tuple[_Row, "asyncio.Future[None] | None"]
-# A group is committed by one multi-row INSERT in autocommit mode: one statement is one
-# transaction (one fsync) and one call into SQLite, where BEGIN, executemany and COMMIT
-# were three, each a hand-off of the GIL with the event loop. SQLite before 3.32 allows
-# 999 parameters in one statement: 199 rows of 5.
-_GROUP_MAX = 999 // 5
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS records (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    record_id TEXT NOT NULL UNIQUE,
-    time TEXT NOT NULL,
-    tenant TEXT NOT NULL,
-    body TEXT NOT NULL,
-    kind TEXT NOT NULL DEFAULT 'usage'
-);
-CREATE INDEX IF NOT EXISTS records_time ON records(time);
-CREATE TABLE IF NOT EXISTS cursors (sink TEXT PRIMARY KEY, seq INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS heartbeat (id INTEGER PRIMARY KEY CHECK (id = 1), at TEXT);
-CREATE TABLE IF NOT EXISTS dead_letters (
-    sink TEXT NOT NULL,
-    record_id TEXT NOT NULL,
-    body TEXT NOT NULL,
-    error TEXT NOT NULL,
-    at TEXT NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 1,
-    requeued INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (sink, record_id)
-);
-"""
+_Item = tuple[Row, "asyncio.Future[None] | None"]
 
 
 class JournalError(Exception):
@@ -118,7 +92,7 @@ class Journal:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
-        _create(db)
+        create_schema(db)
         self._db = db
         stat = os.stat(self.path)
         self._identity = (stat.st_dev, stat.st_ino)
@@ -144,7 +118,7 @@ class Journal:
         old.close()
         self._open()
         assert self._db is not None
-        with _transaction(self._db):
+        with transaction(self._db):
             self._db.executemany(
                 "INSERT OR IGNORE INTO records(seq, record_id, time, tenant, body, kind) "
                 "VALUES (?,?,?,?,?,?)",
@@ -202,7 +176,7 @@ class Journal:
     def _heartbeat(self) -> None:
         assert self._db is not None
         self._check_file()
-        with _transaction(self._db):
+        with transaction(self._db):
             self._db.execute("INSERT OR REPLACE INTO heartbeat VALUES (1, datetime('now'))")
 
     def _drain(self) -> None:
@@ -233,8 +207,8 @@ class Journal:
 
     def _take(self) -> list[_Item]:
         """The next group to commit (lock held); none left ends the drain."""
-        group = self._pending[:_GROUP_MAX]
-        del self._pending[:_GROUP_MAX]
+        group = self._pending[:GROUP_MAX]
+        del self._pending[:GROUP_MAX]
         if not group:
             self._draining = False
         return group
@@ -256,10 +230,10 @@ class Journal:
                 future.set_result(None)
         self.committed.set()
 
-    def _insert(self, rows: list[_Row]) -> None:
+    def _insert(self, rows: list[Row]) -> None:
         assert self._db is not None
         self._check_file()
-        self._db.execute(_insert_sql(len(rows)), [value for row in rows for value in row])
+        self._db.execute(insert_sql(len(rows)), [value for row in rows for value in row])
 
     async def batch(self, sink: str, limit: int) -> list[tuple[int, Entry]]:
         """Up to ``limit`` entries the sink has not acknowledged, oldest first."""
@@ -283,7 +257,7 @@ class Journal:
 
     def _ack(self, sink: str, seq: int) -> None:
         assert self._db is not None
-        with _transaction(self._db):
+        with transaction(self._db):
             self._db.execute(
                 "INSERT INTO cursors(sink, seq) VALUES (?, ?) "
                 "ON CONFLICT(sink) DO UPDATE SET seq = max(seq, excluded.seq)",
@@ -296,7 +270,7 @@ class Journal:
 
     def _dead_letter(self, sink: str, record_id: str, body: str, error: str) -> None:
         assert self._db is not None
-        with _transaction(self._db):
+        with transaction(self._db):
             self._db.execute(
                 "INSERT INTO dead_letters(sink, record_id, body, error, at) "
                 "VALUES (?,?,?,?,datetime('now')) ON CONFLICT(sink, record_id) DO UPDATE SET "
@@ -320,7 +294,7 @@ class Journal:
 
     def _revive(self, sink: str, record_ids: list[str]) -> None:
         assert self._db is not None
-        with _transaction(self._db):
+        with transaction(self._db):
             self._db.executemany(
                 "DELETE FROM dead_letters WHERE sink = ? AND record_id = ?",
                 [(sink, r) for r in record_ids],
@@ -346,7 +320,7 @@ class Journal:
     def _prune(self, before: str, sinks: list[str]) -> int:
         assert self._db is not None
         delivered = min(self._cursor(s) for s in sinks)
-        with _transaction(self._db):
+        with transaction(self._db):
             cursor = self._db.execute(
                 "DELETE FROM records WHERE seq <= ? AND time < ?", (delivered, before)
             )
@@ -369,171 +343,3 @@ class Journal:
             # their settle callbacks are scheduled ahead of this await's wake-up.
             await self._run(self._db.close)
         self._thread.stop()
-
-
-class SqliteThread:
-    """The journal's one thread: runs SQLite jobs in the order they are handed over.
-
-    Handing a job over is a queue put (about 0.05 us), where an executor's ``submit``
-    builds a future and a work item and checks its threads (about 19 us here); that is
-    paid once per audited request. Daemon: an interpreter that exits without closing the
-    journal does not wait for it (SQLite transactions are atomic either way).
-    """
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, name="journal", daemon=True)
-            self._thread.start()
-
-    def _serve(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            job()
-
-    def post(self, job: Callable[[], None]) -> None:
-        """Run ``job`` on the thread; it reports its own outcome."""
-        self._jobs.put(job)
-
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on the thread; its result or exception, back on the event loop.
-        A caller that stops waiting (a timeout) does not stop the job."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
-
-        def job() -> None:
-            try:
-                result = fn(*args)
-            except BaseException as exc:  # handed to the awaiting caller
-                loop.call_soon_threadsafe(_reject, future, exc)
-            else:
-                loop.call_soon_threadsafe(_resolve, future, result)
-
-        self._jobs.put(job)
-        return await future
-
-    def stop(self) -> None:
-        """Finish the jobs handed over so far, then end the thread (blocking)."""
-        if self._thread is not None:
-            self._jobs.put(None)
-            self._thread.join()
-            self._thread = None
-
-
-def _resolve(future: asyncio.Future[T], result: T) -> None:
-    if not future.done():
-        future.set_result(result)
-
-
-def _reject(future: asyncio.Future[Any], exc: BaseException) -> None:
-    if not future.done():
-        future.set_exception(exc)
-
-
-@contextlib.contextmanager
-def _transaction(db: sqlite3.Connection) -> Any:
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    except BaseException:
-        if db.in_transaction:  # SQLite already rolled back on e.g. SQLITE_FULL
-            db.execute("ROLLBACK")
-        raise
-    db.execute("COMMIT")
-
-
-@functools.lru_cache(maxsize=_GROUP_MAX)
-def _insert_sql(rows: int) -> str:
-    """``INSERT OR IGNORE`` of ``rows`` records in one statement."""
-    values = ",".join(["(?,?,?,?,?)"] * rows)
-    return f"INSERT OR IGNORE INTO records(record_id, time, tenant, body, kind) VALUES {values}"
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    sink: str
-    record_id: str
-    error: str
-    at: str
-    attempts: int
-    requeued: bool
-    body: str
-
-
-def list_dead_letters(path: Path, sink: str | None = None) -> list[DeadLetter]:
-    """Dead letters straight from a journal file (``usage-proxy dead-letters list``)."""
-    db = _open_existing(path, writable=False)
-    try:
-        if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'dead_letters'").fetchone():
-            return []
-        query = (
-            "SELECT sink, record_id, error, at, attempts, requeued, body FROM dead_letters "
-            "WHERE ? IS NULL OR sink = ? ORDER BY at"
-        )
-        return [
-            DeadLetter(s, r, e, a, int(n), bool(q), b)
-            for s, r, e, a, n, q, b in db.execute(query, (sink, sink))
-        ]
-    finally:
-        db.close()
-
-
-def requeue_dead_letters(path: Path, sink: str | None = None) -> int:
-    """Mark dead letters for replay; the running (or next) proxy delivers them again."""
-    db = _open_existing(path, writable=True)
-    try:
-        db.execute("PRAGMA busy_timeout = 5000")
-        with db:
-            cursor = db.execute(
-                "UPDATE dead_letters SET requeued = 1 WHERE ? IS NULL OR sink = ?", (sink, sink)
-            )
-        return int(cursor.rowcount)
-    finally:
-        db.close()
-
-
-def _open_existing(path: Path, *, writable: bool) -> sqlite3.Connection:
-    if not path.exists():
-        raise FileNotFoundError(f"no journal at {path}")
-    db = sqlite3.connect(f"file:{path}?mode={'rw' if writable else 'ro'}", uri=True)
-    if writable:
-        _create(db)
-    return db
-
-
-def read_journal(
-    path: Path, since: str | None = None, until: str | None = None, kind: str = "usage"
-) -> list[str]:
-    """Entry bodies of one kind (``usage`` records or ``reconciliation`` windows) straight
-    from a journal file, for ``usage-proxy report`` and ``usage-proxy reconcile``."""
-    db = _open_existing(path, writable=False)
-    try:
-        columns = {row[1] for row in db.execute("PRAGMA table_info(records)")}
-        if "kind" not in columns:  # a journal from before reconciliation: usage only
-            if kind != "usage":
-                return []
-            query = "SELECT body FROM records WHERE time >= ? AND time < ? ORDER BY seq"
-            return [str(b) for (b,) in db.execute(query, (since or "", until or "\uffff"))]
-        query = "SELECT body FROM records WHERE time >= ? AND time < ? AND kind = ? ORDER BY seq"
-        return [str(b) for (b,) in db.execute(query, (since or "", until or "\uffff", kind))]
-    finally:
-        db.close()
-
-
-def _create(db: sqlite3.Connection) -> None:
-    """The schema; a journal made before entries had a kind gets the column (usage)."""
-    db.executescript(SCHEMA)
-    columns = {row[1] for row in db.execute("PRAGMA table_info(records)")}
-    if "kind" not in columns:
-        db.execute("ALTER TABLE records ADD COLUMN kind TEXT NOT NULL DEFAULT 'usage'")
-
-
-def as_row(entry: Entry) -> _Row:
-    """The ``records`` columns of one entry, in ``_insert_sql`` order."""
-    return (entry.record_id, entry.time.isoformat(), entry.tenant, entry.to_json(), _kind(entry))
-
-
-def _kind(entry: Entry) -> str:
-    return "usage" if isinstance(entry, UsageRecord) else "reconciliation"

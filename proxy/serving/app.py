@@ -46,16 +46,41 @@ def pool_context(pool: TokenizerPool) -> Callable[[web.Application], AsyncIterat
     return ctx
 
 
-def build_journal(settings: Settings, metrics: Metrics) -> Journal | None:
-    """The journal the settings ask for (None: --journal off, nothing is metered)."""
+def build_ledger(
+    settings: Settings, metrics: Metrics, sinks: list[Sink] | None
+) -> tuple[Journal | None, Outbox | None]:
+    """The journal and its outbox as the settings ask (none with --journal off)."""
     if not settings.metering:
-        return None
-    return Journal(
+        return None, None
+    journal = Journal(
         Path(settings.journal),
         sync=settings.durability is Durability.SYNC,
         commit_timeout=settings.journal_commit_timeout,
         commit_interval=settings.commit_interval,
         on_replaced=lambda carried: metrics.journal_replaced.inc(),
+    )
+    metrics.journal_ready.set_function(lambda: float(journal.healthy))
+    exporters = build_sinks(settings) if sinks is None else sinks
+    retention = settings.journal_retention * 3600
+    return journal, Outbox(journal, exporters, metrics=metrics, retention=retention)
+
+
+def build_reconciler(
+    settings: Settings,
+    app: web.Application,
+    exchanges: Exchanges,
+    journal: Journal | None,
+    metrics: Metrics,
+) -> Reconciler:
+    url = settings.upstream_base + settings.reconcile_metrics_path
+    return Reconciler(
+        exchanges,
+        counters_reader(lambda: app[SESSION], url),
+        journal,
+        metrics,
+        interval=settings.reconcile_interval,
+        instance=settings.instance,
+        upstream=settings.upstream_base,
     )
 
 
@@ -71,14 +96,7 @@ def create_app(
     metrics = Metrics(settings, trusted_tenants=resolver.key_tenants)
     pool = pool or TokenizerPool(settings.tokenizer_threads)
     catalog = catalog or Catalog(settings, pool=pool)
-    journal = build_journal(settings, metrics)
-    if journal is not None:
-        metrics.journal_ready.set_function(lambda: float(journal.healthy))
-    outbox = None
-    if journal is not None:
-        exporters = build_sinks(settings) if sinks is None else sinks
-        retention = settings.journal_retention * 3600
-        outbox = Outbox(journal, exporters, metrics=metrics, retention=retention)
+    journal, outbox = build_ledger(settings, metrics, sinks)
     budget = BodyBudget(
         settings.max_inflight_body_bytes, settings.max_body_bytes, settings.body_read_timeout
     )
@@ -88,17 +106,7 @@ def create_app(
         client_max_size=settings.max_body_bytes,
         middlewares=[guard(sends), attribution(resolver, metrics)],
     )
-    reconciler = Reconciler(
-        exchanges,
-        counters_reader(
-            lambda: app[SESSION], settings.upstream_base + settings.reconcile_metrics_path
-        ),
-        journal,
-        metrics,
-        interval=settings.reconcile_interval,
-        instance=settings.instance,
-        upstream=settings.upstream_base,
-    )
+    reconciler = build_reconciler(settings, app, exchanges, journal, metrics)
     recorder = Recorder(journal, metrics, subscribers=[reconciler.account])
     auditor = ScoringAuditor(settings, catalog, pool, recorder, metrics)
     metered = MeteredRelay(settings, catalog, recorder, metrics)
@@ -111,17 +119,17 @@ def create_app(
     app[EXCHANGES], app[METERED], app[AUDITOR] = exchanges, metered, auditor
     if outbox is not None:
         app[OUTBOX] = outbox
-    app.cleanup_ctx.append(session_context(settings))
-    app.cleanup_ctx.append(catalog_context(catalog))
-    app.cleanup_ctx.append(pool_context(pool))
-    app.cleanup_ctx.append(ledger_context(settings, journal, outbox, exchanges))
-    app.cleanup_ctx.append(reconciler_context(settings, reconciler))
-    app.cleanup_ctx.append(send_watch_context(sends))
-    on_main_port = metrics if settings.admin_port is None else None
-    admin.add_routes(app, catalog, journal, on_main_port)
-    app.cleanup_ctx.append(
-        admin.admin_context(settings, lambda a: admin.add_routes(a, catalog, journal, metrics))
-    )
+    for context in (
+        session_context(settings),
+        catalog_context(catalog),
+        pool_context(pool),
+        ledger_context(settings, journal, outbox, exchanges),
+        reconciler_context(settings, reconciler),
+        send_watch_context(sends),
+        admin.admin_context(settings, lambda a: admin.add_routes(a, catalog, journal, metrics)),
+    ):
+        app.cleanup_ctx.append(context)
+    admin.add_routes(app, catalog, journal, metrics if settings.admin_port is None else None)
     relay = Relay(settings.upstream_base, settings.body_read_timeout, metrics)
     app.router.add_route("*", "/{tail:.*}", router(exchanges, handlers, relay))
     return app
