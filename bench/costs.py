@@ -70,7 +70,7 @@ class _Clock:
 async def _appends(tmp: Path, records: int, out: dict[str, float]) -> None:
     """Sync ``Journal.append`` back to back, then after idle pauses."""
     from proxy.ledger.journal import Journal
-    from tests.test_postgres_ledger import make_record
+    from tests.support.records import make_record
 
     journal = Journal(tmp / "j.sqlite")
     await journal.open()
@@ -105,7 +105,7 @@ async def _round_trips(records: int, out: dict[str, float]) -> None:
 def _inline(tmp: Path, mode: str, records: int, out: dict[str, float]) -> None:
     """The journal's INSERT committed on this thread with ``synchronous=mode``."""
     from proxy.ledger.sqlite import as_row, create_schema, insert_sql
-    from tests.test_postgres_ledger import make_record
+    from tests.support.records import make_record
 
     db = sqlite3.connect(tmp / f"{mode}.sqlite", isolation_level=None)
     db.execute("PRAGMA journal_mode=WAL")

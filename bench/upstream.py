@@ -1,6 +1,6 @@
 """A fast fake vLLM for benchmarks: correct pre-fix (0.29.0) usage, fixed added latency.
 
-Responses are computed once per distinct body with the real tokenizer (tests/fakevllm.py)
+Responses are computed once per distinct body with the real tokenizer (tests/support/fakevllm/)
 and then served from a cache, so the upstream costs almost nothing but its latency.
 
     python bench/upstream.py PORT LATENCY_MS MODEL_DIR
@@ -17,7 +17,7 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.fakevllm import FakeVLLM, dumps
+from tests.support.fakevllm import FakeVLLM, dumps
 
 CHUNKS = 20
 CHUNK_INTERVAL = 0.005

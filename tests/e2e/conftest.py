@@ -14,7 +14,6 @@ import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,35 +27,13 @@ from scripts.vllm_cpu import (
     start_proxy,
     start_vllm,
 )
+from tests.e2e.cases import FAMILIES, MODEL_NAMES, REPORT, Cluster, Pair
 
 VERSIONS = E2E_VERSIONS
 STARTUP_BUDGET_S = float(os.environ.get("E2E_STARTUP_BUDGET", "900"))
 START_CONCURRENCY = int(os.environ.get("E2E_START_CONCURRENCY", "3"))
 TEST_TIMEOUT_S = 300
-FAMILIES = ("bi-encoder", "cross-encoder", "late-interaction")
-MODEL_NAMES = {
-    "bi-encoder": "minilm",
-    "cross-encoder": "tiny-ce",
-    "late-interaction": "tiny-colbert",
-}
-
-
-@dataclass(frozen=True)
-class Pair:
-    """One vLLM server and the proxy (rewrite mode) in front of it."""
-
-    vllm: str
-    proxy: str
-    model: str
-
-
 TIMINGS: dict[str, float] = {}
-
-
-@dataclass(frozen=True)
-class Cluster:
-    pairs: dict[tuple[str, str], Pair]
-    timings: dict[str, float]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -130,8 +107,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """Print the matrix: reported vs processed vs billed, and 0.32's figure beside it."""
-    from tests.e2e.test_real_vllm import REPORT
-
     if not REPORT:
         return
     write = terminalreporter.write_line

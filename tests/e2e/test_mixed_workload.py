@@ -16,8 +16,7 @@ import pytest
 from proxy.ledger.journal_files import read_journal
 from proxy.serving.tenancy import key_digest
 from scripts.vllm_cpu import metric, start_proxy
-from tests.e2e.conftest import Cluster
-from tests.e2e.test_real_vllm import CASES, DOCS, Q
+from tests.e2e.cases import CASES, DOCS, Cluster, Q
 
 pytestmark = pytest.mark.e2e
 
@@ -33,6 +32,16 @@ EXTRA = [
     # vLLM's server decodes an encoded slash before routing: these are rerank and embeddings
     ("/v1%2Frerank", {"query": Q, "documents": DOCS}),
     ("/v1%2Fembeddings", {"input": [Q, *DOCS]}),
+    # Hostile spellings (issue #26): each is the endpoint vLLM serves for it, billed as it
+    ("/x/../rerank", {"query": Q, "documents": DOCS}),
+    ("/v1/%2e/embeddings", {"input": [Q, *DOCS]}),
+    ("/v1/rerank/", {"query": Q, "documents": DOCS}),
+    ("/v1/embeddings", {"input": [Q, *DOCS], "encoding_format": "bytes"}),
+    ("/invocations", {"input": [Q, "as raw tensors"], "encoding_format": "bytes"}),
+    # Refused before vLLM: no usage would come back, or not an endpoint at all
+    ("/v1/embeddings", {"input": [Q], "encoding_format": "bytes_only"}),
+    ("/v1/audio/transcriptions", {}),
+    ("/v1/%2e%2e/no-such-endpoint", {"input": [Q]}),
 ]
 
 

@@ -1,0 +1,78 @@
+"""Prometheus metrics: verdicts, tokens, GenAI histogram, tenant cap, admin port."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.serving.app import create_app
+from proxy.settings import Settings
+from tests.support.proxies import fake_and_proxy
+from tests.support.texts import DOCS, QUERY
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+async def start(aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, **options: Any) -> Any:
+    _, client = await fake_and_proxy(aiohttp_server, aiohttp_client, minilm_path, **options)
+    return client
+
+
+async def test_scoring_metrics(aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path) -> None:
+    """Two corrected reranks: 114 reported, 72 billed, 42 over-reported; GenAI input tokens."""
+    client = await start(aiohttp_server, aiohttp_client, minilm_path)
+    for _ in range(2):
+        await client.post("/rerank", json={"query": QUERY, "documents": DOCS})
+    got = samples(await (await client.get("/metrics")).text())
+    labels = (("endpoint", "/rerank"), ("model", "minilm"))
+    assert got[("usage_proxy_audited_requests_total", (*labels, ("verdict", "corrected")))] == 2
+    assert got[("usage_proxy_reported_prompt_tokens_total", labels)] == 114
+    assert got[("usage_proxy_billed_prompt_tokens_total", labels)] == 72
+    assert got[("usage_proxy_over_reported_prompt_tokens_total", labels)] == 42
+    genai = (
+        ("gen_ai_operation_name", "rerank"),
+        ("gen_ai_request_model", "minilm"),
+        ("gen_ai_token_type", "input"),
+    )
+    assert got[("gen_ai_client_token_usage_token_sum", genai)] == 72
+    assert got[("usage_proxy_added_latency_seconds_count", ())] == 2
+
+
+async def test_upstream_errors_counted(aiohttp_client: Any) -> None:
+    """A 502 the proxy produced is counted by status."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    settings = Settings(upstream=f"http://127.0.0.1:{port}", accounting_timeout=0.1)
+    client = await aiohttp_client(create_app(settings))
+    assert (await client.get("/v1/models")).status == 502
+    got = samples(await (await client.get("/metrics")).text())
+    assert got[("usage_proxy_upstream_errors_total", (("status", "502"),))] == 1
+
+
+async def test_admin_port_serves_metrics_and_health(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path
+) -> None:
+    """With --admin-port, /metrics moves there (not forwarded upstream from the main port)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        admin_port = sock.getsockname()[1]
+    client = await start(
+        aiohttp_server, aiohttp_client, minilm_path, admin_port=admin_port, admin_host="127.0.0.1"
+    )
+    async with aiohttp.ClientSession() as session:
+        for path in ("/metrics", "/healthz", "/readyz"):
+            async with session.get(f"http://127.0.0.1:{admin_port}{path}") as resp:
+                assert resp.status == 200, path
+    main = await client.get("/metrics")
+    assert "usage_proxy_audited_requests" not in await main.text()

@@ -1,0 +1,150 @@
+"""Closed-loop reconciliation (issue #13): the engine's own counters against the records,
+window by window, exactly; bypass traffic shows as unbilled, a restart as a reset."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.cli import main
+from proxy.ledger.journal_files import read_journal
+from proxy.serving.keys import METRICS, RECONCILER
+from proxy.serving.upstream import SESSION
+from tests.support.proxies import fake_and_proxy
+from tests.support.texts import DOCS, QUERY
+
+
+@pytest.fixture
+async def rig(aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path) -> Any:
+    """Fake vLLM 0.29.0 with its counters, the proxy with reconciliation driven by hand."""
+    fake, client = await fake_and_proxy(
+        aiohttp_server, aiohttp_client, minilm_path, reconcile_interval=0
+    )
+    settler = client.app[RECONCILER]
+    session = client.app[SESSION]
+    assert await settler.settle_once() is None  # the baseline
+    return fake, client, settler, session
+
+
+async def mixed_traffic(client: Any) -> None:
+    assert (await client.post("/rerank", json={"query": QUERY, "documents": DOCS})).status == 200
+    assert (await client.post("/score", json={"text_1": [QUERY, QUERY], "text_2": DOCS[:2]})).ok
+    assert (await client.post("/v1/embeddings", json={"input": DOCS})).status == 200
+    assert (await client.post("/invocations", json={"query": QUERY, "documents": DOCS})).ok
+    chat = {"stream": True, "messages": []}
+    assert "[DONE]" in await (await client.post("/v1/chat/completions", json=chat)).text()
+    assert (
+        await client.post("/score", json={"text_1": [QUERY, "b"], "text_2": DOCS})
+    ).status == 400
+
+
+async def test_traffic_through_the_proxy_settles_with_zero_drift(
+    rig: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every token the engine counted is billed once; in front of 0.29.0 the reported
+    tokens exceed the engine's by exactly what the proxy corrected."""
+    fake, client, settler, _ = rig
+    before = fake.prompt_tokens_total
+    await mixed_traffic(client)
+    window = await settler.settle_once()
+    assert window is not None
+    assert window.status == "settled"
+    assert window.engine_prompt_tokens == fake.prompt_tokens_total - before
+    assert (window.unbilled_prompt_tokens, window.overbilled_prompt_tokens) == (0, 0)
+    assert window.engine_completion_tokens == window.billed_completion_tokens == 3
+    assert (window.unbilled_completion_tokens, window.overbilled_completion_tokens) == (0, 0)
+    records = [json.loads(b) for b in read_journal(tmp_path / "journal.sqlite")]
+    corrected = sum(r["prompt_tokens_reported"] - r["prompt_tokens_billed"] for r in records)
+    assert corrected > 0
+    assert window.reported_prompt_tokens - window.engine_prompt_tokens == corrected
+    assert window.upstream_errors == 1  # the 400: no engine work, no record
+    assert window.records == 5
+    text = client.app[METRICS].render().decode()
+    assert "usage_proxy_unbilled_prompt_tokens_total 0.0" in text
+    assert "usage_proxy_reconcile_last_settled_timestamp_seconds 0.0" not in text
+    (journaled,) = read_journal(tmp_path / "journal.sqlite", kind="reconciliation")
+    assert json.loads(journaled)["window_id"] == window.window_id
+    assert main(["reconcile", "--journal", str(tmp_path / "journal.sqlite")]) == 0
+    out = capsys.readouterr().out
+    assert "1 window(s), prompt-token drift 0" in out
+
+
+async def test_bypass_traffic_shows_as_unbilled(rig: Any, aiohttp_client: Any) -> None:
+    """A request sent straight to vLLM is unbilled engine work, to the token."""
+    fake, client, settler, _ = rig
+    await mixed_traffic(client)
+    upstream = client.app[SESSION]
+    base = settler._upstream
+    before = fake.prompt_tokens_total
+    async with upstream.post(base + "/rerank", json={"query": QUERY, "documents": DOCS}) as r:
+        assert r.status == 200
+    bypassed = fake.prompt_tokens_total - before
+    window = await settler.settle_once()
+    assert window is not None
+    assert window.unbilled_prompt_tokens == bypassed == 36
+    assert window.overbilled_prompt_tokens == 0
+    assert any(c.startswith("unmetered_traffic") for c in window.causes)
+
+
+async def test_restart_neither_invents_nor_hides_drift(rig: Any) -> None:
+    """The window across a restart is marked counter_reset (no drift claimed); the next
+    window is exact again, and drift in it is still found."""
+    fake, client, settler, _ = rig
+    await mixed_traffic(client)
+    fake.prompt_tokens_total, fake.generation_tokens_total = 0, 0
+    fake.started_at += 100
+    await client.post("/rerank", json={"query": QUERY, "documents": DOCS})
+    reset = await settler.settle_once()
+    assert reset is not None
+    assert reset.status == "counter_reset"
+    await mixed_traffic(client)
+    exact = await settler.settle_once()
+    assert exact is not None
+    assert (exact.status, exact.unbilled_prompt_tokens, exact.overbilled_prompt_tokens) == (
+        "settled",
+        0,
+        0,
+    )
+    fake.prompt_tokens_total += 11  # engine work nobody billed, after the restart
+    drift = await settler.settle_once()
+    assert drift is not None
+    assert drift.unbilled_prompt_tokens == 11
+
+
+async def test_a_window_waits_for_a_quiet_moment(rig: Any) -> None:
+    """With an exchange in flight the window does not close (it carries on)."""
+    _, _, settler, _ = rig
+
+    class Busy:
+        in_flight, started, failed = 1, 1, 0
+
+        async def quiet(self) -> None:
+            await asyncio.Event().wait()
+
+    real, settler._traffic = settler._traffic, Busy()
+    assert await settler.settle_once(patience=0.2) is None
+    settler._traffic = real
+    assert await settler.settle_once(patience=0.2) is not None
+
+
+async def test_the_loop_settles_by_itself(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path
+) -> None:
+    """--reconcile-interval runs it in the background; the timestamp metric moves."""
+    import asyncio
+
+    _, client = await fake_and_proxy(
+        aiohttp_server, aiohttp_client, minilm_path, reconcile_interval=0.2
+    )
+    await client.post("/rerank", json={"query": QUERY, "documents": DOCS})
+    settler = client.app[RECONCILER]
+    for _ in range(100):
+        if settler.windows:
+            break
+        await asyncio.sleep(0.05)
+    assert settler.windows
+    assert settler.windows[-1].unbilled_prompt_tokens == 0

@@ -1,0 +1,123 @@
+"""The benchmark harness runs end to end (tiny smoke run; no timing is asserted), its
+renderer rewrites only the generated block of docs/performance.md, and bench/'s modules
+import one way."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.render import END, START, splice
+
+ROOT = Path(__file__).resolve().parents[2]
+PERFORMANCE = ROOT / "docs" / "performance.md"
+
+# Each bench module may import only modules of a lower layer.
+LAYERS = {
+    "workload": 0,
+    "harness": 0,
+    "upstream": 0,
+    "minimal_relay": 0,
+    "costs": 1,
+    "ratios": 1,
+    "soak": 1,
+    "memory": 1,
+    "render": 2,
+    "run": 3,
+}
+
+
+def test_bench_smoke() -> None:
+    """bench/run.py --smoke measures every target and prints every table."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run.py"), "--smoke"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        check=True,
+    ).stdout
+    for heading in (
+        "## Cost goals (issue #14)",
+        "## Latency",
+        "## Throughput",
+        "## SSE",
+        "## Process resources",
+        "## Accounting CPU",
+        "## The sync commit and its parts",
+    ):
+        assert heading in out
+    for mode in ("`--durability sync` (the default)", "`--durability async`"):
+        assert mode in out  # the cost goals, measured once per durability mode
+    assert "| against the relay with an fsync'd ledger |" in out
+    for target in (
+        "direct",
+        "minimal aiohttp relay",
+        "proxy shadow",
+        "proxy annotate",
+        "proxy rewrite",
+    ):
+        assert f"| {target} |" in out
+
+
+def test_splice_replaces_only_the_marked_block() -> None:
+    """The text before and after the markers comes back byte for byte; the old block goes."""
+    before = "# Performance\n\nHow it is measured.\n\n"
+    after = "\n\n## History\n\nWhat each change bought.\n"
+    document = f"{before}{START}\nold figures\n{END}{after}"
+    spliced = splice(document, "new figures\n")
+    assert spliced == f"{before}{START}\nnew figures\n{END}{after}"
+    assert splice(spliced, "new figures\n") == spliced
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        "no markers at all",
+        f"only {START} and no end",
+        f"{END} before {START}",
+        f"{START} a {END} and {START} b {END}",
+    ],
+)
+def test_splice_refuses_a_document_without_one_marked_block(document: str) -> None:
+    """Without exactly one block to replace, nothing is written over hand-written text."""
+    with pytest.raises(ValueError, match="bench"):
+        splice(document, "figures")
+
+
+def test_performance_doc_keeps_its_prose_outside_the_block() -> None:
+    """docs/performance.md has one generated block, and the method and history sit outside
+    it, so a bench run cannot overwrite them; splicing its own block changes nothing."""
+    document = PERFORMANCE.read_text()
+    head, _, rest = document.partition(START)
+    block, _, tail = rest.partition(END)
+    assert "## How the figures are taken" in head
+    assert "## What each change bought" in tail
+    assert "## Cost goals (issue #14)" in block
+    assert splice(document, block) == document
+
+
+def bench_imports(path: Path) -> set[str]:
+    """The bench modules that the module at ``path`` imports."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ImportFrom) or node.module is None:
+            continue
+        if node.module == "bench":
+            names |= {alias.name for alias in node.names}
+        elif node.module.startswith("bench."):
+            names.add(node.module.removeprefix("bench."))
+    return names
+
+
+def test_bench_modules_import_only_lower_layers() -> None:
+    """No import loop among bench/'s modules: each imports only modules below its layer."""
+    modules = {path.stem: path for path in (ROOT / "bench").glob("*.py")}
+    assert set(modules) == set(LAYERS)  # a new module is placed in a layer
+    for name, path in modules.items():
+        for other in bench_imports(path):
+            assert LAYERS[other] < LAYERS[name], f"bench/{name}.py imports bench/{other}.py"

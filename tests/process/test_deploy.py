@@ -1,0 +1,148 @@
+"""Deployment artifacts: compose, Kubernetes manifests, Dockerfile, Grafana dashboard."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from proxy.metrics import Metrics
+from proxy.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "deploy" / "kubernetes" / "base"
+
+
+def compose() -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "compose.yaml").read_text())
+
+
+def test_compose_services_ports_volumes() -> None:
+    """Every service, port and volume the README mentions is defined."""
+    data = compose()
+    assert set(data["services"]) == {
+        "vllm",
+        "vllm-cpu",
+        "proxy",
+        "postgres",
+        "prometheus",
+        "grafana",
+    }
+    assert data["services"]["vllm"]["profiles"] == ["gpu"]
+    assert data["services"]["vllm-cpu"]["profiles"] == ["cpu"]
+    assert set(data["services"]["proxy"]["ports"]) == {"8080:8080", "9090:9090"}
+    assert "3000:3000" in data["services"]["grafana"]["ports"]
+    assert set(data["volumes"]) == {"models", "journal", "ledger"}
+    env = data["services"]["proxy"]["environment"]
+    assert env["USAGE_PROXY_UPSTREAM"] == "http://vllm:8000"
+    for name in env:
+        if name.startswith("USAGE_PROXY_"):
+            assert name.removeprefix("USAGE_PROXY_").lower() in Settings.model_fields
+    for service in data["services"].values():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            assert source in data["volumes"] or (ROOT / source).exists(), volume
+    readme = (ROOT / "README.md").read_text()
+    for port in ("8080", "9090", "3000", "9091"):
+        assert f"localhost:{port}" in readme
+
+
+@pytest.mark.skipif(
+    subprocess.run(["docker", "compose", "version"], capture_output=True).returncode != 0
+    if shutil.which("docker")
+    else True,
+    reason="no docker compose client here",
+)
+def test_docker_compose_config() -> None:
+    """`docker compose config` accepts the file where a compose client exists."""
+    subprocess.run(["docker", "compose", "config", "-q"], cwd=ROOT, check=True)
+
+
+def k8s_documents() -> list[dict[str, Any]]:
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    docs = []
+    for name in kustomization["resources"]:
+        docs.extend(d for d in yaml.safe_load_all((K8S / name).read_text()) if d)
+    return docs
+
+
+def test_kubernetes_manifests_validate() -> None:
+    """Core resources validate strictly against the Kubernetes 1.30 schemas."""
+    kinds = []
+    for doc in k8s_documents():
+        kinds.append(doc["kind"])
+        if doc["apiVersion"].startswith("monitoring.coreos.com"):
+            endpoint_ports = {e["port"] for e in doc["spec"]["podMetricsEndpoints"]}
+            assert endpoint_ports == {"admin", "vllm"}
+            continue
+        kubernetes_validate.validate(doc, "1.30", strict=True)
+    assert sorted(kinds) == ["ConfigMap", "Deployment", "PodMonitor", "Service"]
+
+
+def test_sidecar_shares_model_volume_and_service_targets_proxy() -> None:
+    """The proxy mounts vLLM's model path; the Service only exposes the proxy port."""
+    docs = {d["kind"]: d for d in k8s_documents()}
+    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in pod["containers"]}
+    mounts = {
+        c: {m["name"]: m["mountPath"] for m in containers[c]["volumeMounts"]} for c in containers
+    }
+    assert mounts["vllm"]["models"] == mounts["usage-proxy"]["models"]
+    assert containers["usage-proxy"]["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert containers["usage-proxy"]["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert [p["targetPort"] for p in docs["Service"]["spec"]["ports"]] == ["http"]
+    config = docs["ConfigMap"]["data"]
+    for name in config:
+        if name.startswith("USAGE_PROXY_"):
+            assert name.removeprefix("USAGE_PROXY_").lower() in Settings.model_fields
+
+
+def test_dockerfile_is_multistage_and_non_root() -> None:
+    """Two stages, a numeric non-root user, usage-proxy serve as entrypoint."""
+    text = (ROOT / "deploy" / "Dockerfile").read_text()
+    assert len(re.findall(r"^FROM ", text, re.M)) == 2
+    assert re.search(r"^USER 10001$", text, re.M)
+    assert 'ENTRYPOINT ["usage-proxy", "serve"]' in text
+    final = text.split("\nFROM ")[-1]
+    assert "gcc" not in final
+    assert "build-essential" not in final
+
+
+def test_dashboard_queries_known_metrics() -> None:
+    """Every metric a Grafana panel queries is one the proxy exports."""
+    dashboard = json.loads((ROOT / "deploy/grafana/dashboards/usage-proxy.json").read_text())
+    registry = Metrics(Settings(upstream="http://x")).registry
+    exported = set()
+    for family in registry.collect():
+        exported.add(family.name)
+        exported.update(s.name for s in family.samples)
+    exported.update(f"{n}_total" for n in list(exported))
+    exported.update(f"{n}_bucket" for n in list(exported))
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            for name in re.findall(r"\b(usage_proxy_[a-z_]+|gen_ai_[a-z_]+)", target["expr"]):
+                assert name in exported, (panel["title"], name)
+
+
+def test_alert_rules_query_known_metrics() -> None:
+    """The Prometheus alert rules parse, are loaded by prometheus.yml and compose, and
+    every metric they use is one the proxy exports (the reconciliation drift alert)."""
+    rules = yaml.safe_load((ROOT / "deploy/prometheus/alerts.yml").read_text())
+    config = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    assert config["rule_files"] == ["/etc/prometheus/alerts.yml"]
+    assert "alerts.yml:/etc/prometheus/alerts.yml" in (ROOT / "compose.yaml").read_text()
+    registry = Metrics(Settings(upstream="http://x")).registry
+    exported = {s.name for family in registry.collect() for s in family.samples}
+    exported |= {family.name for family in registry.collect()}
+    alerts = {r["alert"]: r["expr"] for g in rules["groups"] for r in g["rules"]}
+    assert "UsageLedgerDrift" in alerts
+    for name, expr in alerts.items():
+        for metric in re.findall(r"\busage_proxy_[a-z_]+", expr):
+            assert metric in exported, (name, metric)

@@ -1,0 +1,62 @@
+"""A fake vLLM OpenAI-compatible server for integration and fault tests.
+
+It reproduces the documented responses of vLLM 0.29.0 (inflated bi-encoder usage) and
+0.32.0 (engine-level usage) with the real tokenizer, following vLLM's own renderer steps
+(written independently of ``proxy.accounting.counts``), including each version's error
+bodies. Each API family lives in its own module; this one assembles the routes.
+"""
+
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+
+from tests.support.fakevllm.base import FakeState, dumps, error
+from tests.support.fakevllm.discovery import DiscoveryAPI
+from tests.support.fakevllm.generation import GenerationAPI
+from tests.support.fakevllm.pooling import EmbeddingsAPI
+from tests.support.fakevllm.scoring import RERANK_PATHS, SCORE_PATHS, ScoringAPI
+
+__all__ = ["FakeState", "FakeVLLM", "dumps", "error"]
+
+
+class FakeVLLM(ScoringAPI, EmbeddingsAPI, GenerationAPI, DiscoveryAPI):
+    """Knobs: version, family, delays and faults are plain attributes tests may change."""
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=1 << 26)
+        app.router.add_get("/version", self.handle_version)
+        app.router.add_get("/v1/models", self.handle_models)
+        app.router.add_get("/health", self.handle_health)
+        posted = {path: self.handle_scoring for path in (*SCORE_PATHS, *RERANK_PATHS)}
+        posted["/invocations"] = self.handle_invocations
+        posted["/v1/embeddings"] = self.handle_embeddings
+        posted["/v1/chat/completions"] = self.handle_chat
+        posted["/v1/chat/completions/batch"] = self.handle_chat  # usage as for one chat
+        posted["/v1/messages"] = self.handle_messages
+        posted["/v1/responses"] = self.handle_responses
+        posted["/v1/systemone"] = self.handle_decisions
+        for path, handler in posted.items():
+            app.router.add_post(path, handler)
+        app.router.add_route("*", "/echo/{tail:.*}", self.handle_echo)
+        app.router.add_get("/fake/prompt_tokens_total", self.handle_counter)
+        app.router.add_get("/metrics", self.handle_metrics)
+
+        async def decoded(request: web.Request) -> web.StreamResponse:
+            """vLLM's server routes the percent-decoded path, ``%2F`` included (checked
+            against uvicorn 0.54 and Starlette 1.10): ``POST /v1%2Frerank`` is a rerank."""
+            handler = posted.get(request.path) if request.method == "POST" else None
+            if handler is None:
+                raise web.HTTPNotFound()
+            return await handler(request)
+
+        app.router.add_route("*", "/{tail:.*}", decoded)
+        return app
+
+    async def handle_invocations(self, request: web.Request) -> web.StreamResponse:
+        """SageMaker dispatch for an embedding model: embeddings, then rerank, then score."""
+        body = json.loads(await request.read())
+        if isinstance(body, dict) and ("input" in body or "messages" in body):
+            return await self.handle_embeddings(request)
+        return await self.handle_scoring(request)

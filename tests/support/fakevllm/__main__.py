@@ -1,0 +1,26 @@
+"""Run the fake as a process: ``python -m tests.support.fakevllm --port P --root DIR``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from aiohttp import web
+from transformers import AutoTokenizer
+
+from tests.support.fakevllm import FakeVLLM
+
+
+def main() -> None:
+    """Serve one fake vLLM on 127.0.0.1 with the tokenizer in ``--root``."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--root", type=Path, required=True)
+    parser.add_argument("--version", default="0.29.0")
+    args = parser.parse_args()
+    fake = FakeVLLM(AutoTokenizer.from_pretrained(str(args.root)), args.root, version=args.version)
+    web.run_app(fake.app(), host="127.0.0.1", port=args.port, print=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""The fake vLLM and the proxy as processes of their own, for tests that kill or signal."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from scripts.vllm_cpu import Process, _spawn, free_port, start_proxy
+
+
+def start_fake(root: Path, workdir: Path) -> Process:
+    """``python -m tests.support.fakevllm`` (0.29.0, the tokenizer in ``root``), ready."""
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "tests.support.fakevllm",
+        "--port",
+        str(port),
+        "--root",
+        str(root),
+    ]
+    fake = _spawn("fake-vllm", argv, {"HF_HUB_OFFLINE": "1"}, workdir / "fake.log", port)
+    try:
+        fake.wait_ready("/health", 60)
+    except BaseException:
+        fake.stop()
+        raise
+    return fake
+
+
+def start_ledgered_proxy(
+    upstream: str, workdir: Path, dsn: str, *args: str, port: int | None = None
+) -> Process:
+    """``usage-proxy serve`` journalling to ``workdir/j.sqlite`` and exporting to the
+    PostgreSQL ledger ``dsn`` (other flags: ``args``), ready."""
+    journal = ("--journal", str(workdir / "j.sqlite"), "--ledger-dsn", dsn)
+    proxy = start_proxy(upstream, workdir, *journal, *args, port=port or free_port())
+    proxy.wait_ready("/readyz", 60)
+    return proxy

@@ -1,0 +1,178 @@
+"""Engine-level accounting against the spec's measured numbers, with the real tokenizer."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from proxy.accounting.counts import (
+    count_request,
+    cut_text,
+    derive_engine,
+    recount,
+    single_lengths,
+)
+from proxy.accounting.types import Family, Pairing, Truncation
+from proxy.tokenizers.hf import HFTokenizer
+from tests.support.profiles import profile
+from tests.support.texts import DOCS, QUERY
+
+NONE = Truncation()
+
+
+def test_worked_example_one_to_n(minilm: HFTokenizer) -> None:
+    """Spec 5: 1:3 rerank, 0.29.0 reports 57 while the engine encoded 36 (9 + 9 + 11 + 7)."""
+    counted = recount(minilm, [QUERY], DOCS, NONE, profile())
+    assert counted is not None
+    assert counted.query_lengths == (9,)
+    assert counted.document_lengths == (9, 11, 7)
+    assert (counted.engine, counted.prefix_reported) == (36, 57)
+
+
+def test_worked_example_one_to_one(minilm: HFTokenizer) -> None:
+    """Spec 5: 1:1 with the first document: 0.29.0 reports 19, the engine encoded 18."""
+    counted = recount(minilm, [QUERY], DOCS[:1], NONE, profile())
+    assert counted is not None
+    assert (counted.engine, counted.prefix_reported) == (18, 19)
+
+
+def test_cross_encoder_pairs(minilm: HFTokenizer) -> None:
+    """Spec 5: a BERT cross-encoder with the MiniLM tokenizer reports 51 = 17 + 19 + 15."""
+    counted = recount(minilm, [QUERY], DOCS, NONE, profile(Family.CROSS_ENCODER))
+    assert counted is not None
+    assert counted.document_lengths == (17, 19, 15)
+    assert counted.engine == counted.prefix_reported == 51
+
+
+def test_n_to_n_adds_one_pad_per_pair(minilm: HFTokenizer) -> None:
+    """N:N pre-fix reports sum Q + sum D + N*p."""
+    queries = [QUERY, "Where is Berlin?"]
+    counted = recount(minilm, queries, DOCS[:2], NONE, profile())
+    assert counted is not None
+    q = sum(counted.query_lengths)
+    assert counted.engine == q + 9 + 11
+    assert counted.prefix_reported == counted.engine + 2
+
+
+def test_no_pad_token_means_no_separator(minilm: HFTokenizer) -> None:
+    """With p = 0 a 1:N report only repeats the query."""
+    counted = recount(minilm, [QUERY], DOCS, NONE, profile(pad=False))
+    assert counted is not None
+    assert counted.prefix_reported == 3 * 9 + 27
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\n\t"])
+def test_empty_inputs_are_two_tokens(minilm: HFTokenizer, text: str) -> None:
+    """An empty or whitespace-only input is [CLS] [SEP]."""
+    assert single_lengths(minilm, [text], NONE, 256) == [2]
+
+
+@pytest.mark.parametrize(
+    ("trunc", "expected"),
+    [
+        (Truncation(truncate_prompt_tokens=5), [5, 5, 5]),
+        (Truncation(truncate_prompt_tokens=10), [9, 10, 7]),
+        (Truncation(truncate_prompt_tokens=-1), [9, 11, 7]),
+        (Truncation(truncate_prompt_tokens=8, truncation_side="left"), [8, 8, 7]),
+        (Truncation(truncate_prompt_tokens=8, truncation_side="right"), [8, 8, 7]),
+        (Truncation(truncate_prompt_tokens=1), [1, 1, 1]),
+        (Truncation(truncate_prompt_tokens=0), [0, 0, 0]),
+        (Truncation(pad_to_max_length=True), [256, 256, 256]),
+        (Truncation(truncate_prompt_tokens=4, pad_to_max_length=True), [256, 256, 256]),
+    ],
+)
+def test_single_lengths_truncation_table(
+    minilm: HFTokenizer, trunc: Truncation, expected: list[int]
+) -> None:
+    """truncate_prompt_tokens keeps k tokens per input; padding fills to max_model_len."""
+    assert single_lengths(minilm, DOCS, trunc, 256) == expected
+
+
+def test_too_long_without_truncation_is_visible(minilm: HFTokenizer) -> None:
+    """Beyond max_model_len the count exceeds it (vLLM answers 400; nothing is billed)."""
+    (length,) = single_lengths(minilm, ["word " * 400], NONE, 256)
+    assert length > 256
+
+
+def test_cut_text_single_pass_and_iterative(minilm: HFTokenizer) -> None:
+    """max_tokens_per_* cuts raw text to k content tokens (ASCII: both algorithms agree)."""
+    text = "The capital of France is Paris. " * 3
+    for iterative in (False, True):
+        cut = cut_text(minilm, text, 4, iterative=iterative)
+        assert cut == "The capital of France"
+        assert len(minilm.content_offsets(cut)) == 4
+
+
+def test_cut_text_iterative_never_exceeds_limit(minilm: HFTokenizer) -> None:
+    """0.31+ iterates until the text has at most k content tokens, even for Hangul."""
+    text = "안녕하세요 세계 여러분 반갑습니다"
+    for k in range(1, 8):
+        cut = cut_text(minilm, text, k, iterative=True)
+        assert len(minilm.content_offsets(cut)) <= k
+
+
+def test_vllm_reference_figures_shape(minilm: HFTokenizer) -> None:
+    """Spec 5 reference request: limits of 10 cut query and document to 10 content tokens."""
+    query = "What is the capital of France?" * 20
+    doc = "The capital of France is Paris. " * 20
+    both = Truncation(max_tokens_per_query=10, max_tokens_per_doc=10)
+    counted = recount(minilm, [query], [doc], both, profile(version="0.32.0"))
+    assert counted is not None
+    assert counted.engine == 24
+    assert counted.prefix_reported == 25
+
+
+def test_count_request_derivation_inputs(minilm: HFTokenizer) -> None:
+    """With an image document only the query is counted, enough for the derivation."""
+    image = {"content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}
+    counted = count_request(minilm, [QUERY], [image, DOCS[0]], NONE, profile())
+    assert counted.recount is None
+    assert counted.query_length == 9
+
+
+@pytest.mark.parametrize("pairing", list(Pairing))
+def test_derive_engine_inverts_the_inflation(minilm: HFTokenizer, pairing: Pairing) -> None:
+    """E = R - (N-1)Q - Np (1:N), R - Np (N:N), R - p (1:1) recovers the recount."""
+    queries = [QUERY, "Where?", "Who?"] if pairing is Pairing.N_TO_N else [QUERY]
+    docs = DOCS[:1] if pairing is Pairing.ONE_TO_ONE else DOCS
+    counted = recount(minilm, queries, docs, NONE, profile())
+    assert counted is not None
+    derived = derive_engine(counted.prefix_reported, pairing, len(docs), 9, True)
+    assert derived == counted.engine
+
+
+texts = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=60)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    query=texts,
+    docs=st.lists(texts, min_size=1, max_size=5),
+    keep=st.one_of(st.none(), st.integers(min_value=-1, max_value=40)),
+    pad=st.booleans(),
+)
+def test_engine_never_exceeds_prefix_report(
+    minilm: HFTokenizer, query: str, docs: list[str], keep: int | None, pad: bool
+) -> None:
+    """Property: E <= pre-fix R, and the derivation from R and Q gives back E."""
+    trunc = Truncation(truncate_prompt_tokens=keep)
+    counted = recount(minilm, [query], docs, trunc, profile(pad=pad))
+    assert counted is not None
+    assert counted.engine <= counted.prefix_reported
+    pairing = Pairing.ONE_TO_ONE if len(docs) == 1 else Pairing.ONE_TO_N
+    q = counted.query_lengths[0]
+    assert derive_engine(counted.prefix_reported, pairing, len(docs), q, pad) == counted.engine
+
+
+def test_padding_ignored_before_0_29_is_counted_as_the_engine_does(minilm: HFTokenizer) -> None:
+    """With 0.28.0 the 1:1 padded request is billed at the unpadded engine count."""
+    from proxy.accounting.counts import count_request
+
+    old = profile(version="0.28.0")
+    trunc = old.release.applied(Truncation(pad_to_max_length=True))
+    counted = count_request(minilm, [QUERY], [DOCS[0]], trunc, old)
+    assert counted.recount is not None
+    assert counted.recount.engine == 9 + 9  # no padding to 256

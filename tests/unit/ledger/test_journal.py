@@ -1,0 +1,142 @@
+"""The SQLite journal: group commit, restart survival, cursors, dedup, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from proxy.ledger.journal import Journal, JournalError
+from proxy.ledger.journal_files import read_journal
+from tests.support.records import make_record
+
+
+async def test_concurrent_appends_share_commits(tmp_path: Path) -> None:
+    """200 concurrent appends all commit, in fewer transactions than records."""
+    journal = Journal(tmp_path / "j.sqlite")
+    await journal.open()
+    commits = 0
+    original = journal._insert
+
+    def counting(rows: list[tuple[str, str, str, str]]) -> None:
+        nonlocal commits
+        commits += 1
+        original(rows)
+
+    journal._insert = counting  # type: ignore[method-assign]
+    await asyncio.gather(*(journal.append(make_record(i)) for i in range(200)))
+    await journal.close()
+    assert len(read_journal(tmp_path / "j.sqlite")) == 200
+    assert commits < 200
+
+
+async def test_survives_restart_and_keeps_cursors(tmp_path: Path) -> None:
+    """Records and delivery cursors persist; a reopened journal resumes the outbox."""
+    path = tmp_path / "j.sqlite"
+    journal = Journal(path)
+    await journal.open()
+    records = [make_record(i) for i in range(10)]
+    for r in records:
+        await journal.append(r)
+    batch = await journal.batch("sink", 4)
+    await journal.ack("sink", batch[-1][0])
+    await journal.close()
+    again = Journal(path)
+    await again.open()
+    assert await again.backlog("sink") == 6
+    rest = await again.batch("sink", 100)
+    assert [r.record_id for _, r in rest] == [r.record_id for r in records[4:]]
+    await again.append(records[0])  # same record id: ignored
+    assert await again.backlog("sink") == 6
+    await again.close()
+
+
+async def test_async_durability_returns_before_commit(tmp_path: Path) -> None:
+    """async mode does not wait; close() still commits everything queued."""
+    journal = Journal(tmp_path / "j.sqlite", sync=False)
+    await journal.open()
+    for i in range(50):
+        await journal.append(make_record(i))
+    await journal.close()
+    assert len(read_journal(tmp_path / "j.sqlite")) == 50
+
+
+async def test_async_durability_commits_once_per_interval(tmp_path: Path) -> None:
+    """Sequential async appends within one commit interval share one commit, and each is
+    committed about one interval after it was appended, without waiting for close()."""
+    path = tmp_path / "j.sqlite"
+    journal = Journal(path, sync=False, commit_interval=0.2)
+    await journal.open()
+    commits = 0
+    original = journal._insert
+
+    def counting(rows: list[tuple[str, str, str, str, str]]) -> None:
+        nonlocal commits
+        commits += 1
+        original(rows)
+
+    journal._insert = counting  # type: ignore[method-assign]
+    started = asyncio.get_running_loop().time()
+    for i in range(20):  # one at a time, as sequential requests append
+        await journal.append(make_record(i))
+        await asyncio.sleep(0.001)
+    assert read_journal(path) == []  # the interval has not passed yet
+    while len(read_journal(path)) < 20:
+        assert asyncio.get_running_loop().time() - started < 5
+        await asyncio.sleep(0.02)
+    assert commits <= 2  # one per interval; 20 without the interval
+    await journal.append(make_record(20))
+    await journal.close()  # commits what is queued, without waiting for a next interval
+    assert len(read_journal(path)) == 21
+
+
+async def test_write_failure_is_reported_not_raised_elsewhere(tmp_path: Path) -> None:
+    """A failing disk surfaces as JournalError to the appender, and the journal goes on."""
+    journal = Journal(tmp_path / "j.sqlite")
+    await journal.open()
+
+    def broken(rows: list[tuple[str, str, str, str]]) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    original = journal._insert
+    journal._insert = broken  # type: ignore[method-assign]
+    with pytest.raises(JournalError, match="disk is full"):
+        await journal.append(make_record(1))
+    journal._insert = original  # type: ignore[method-assign]
+    await journal.append(make_record(2))
+    await journal.close()
+    assert journal.failed == 1
+    assert len(read_journal(tmp_path / "j.sqlite")) == 1
+
+
+async def test_append_after_close_fails(tmp_path: Path) -> None:
+    """A closed journal refuses records instead of losing them silently."""
+    journal = Journal(tmp_path / "j.sqlite")
+    await journal.open()
+    await journal.close()
+    with pytest.raises(JournalError):
+        await journal.append(make_record(1))
+
+
+async def test_prune_only_what_every_sink_has(tmp_path: Path) -> None:
+    """Retention deletes old records all sinks acknowledged, never undelivered ones."""
+    from datetime import UTC, datetime, timedelta
+
+    journal = Journal(tmp_path / "j.sqlite")
+    await journal.open()
+    old = datetime.now(UTC) - timedelta(days=10)
+    for i in range(10):
+        await journal.append(make_record(i).model_copy(update={"time": old}))
+    assert await journal.prune(datetime.now(UTC).isoformat()) == 0  # no exporter yet
+    await journal.register(["a", "b"])
+    await journal.ack("a", 6)
+    await journal.ack("b", 4)
+    cutoff = (datetime.now(UTC) - timedelta(days=1)).isoformat()
+    assert await journal.prune(cutoff) == 4
+    assert await journal.prune(cutoff) == 0
+    assert await journal.backlog("a") == 4
+    assert await journal.backlog("b") == 6
+    await journal.close()
+    assert len(read_journal(tmp_path / "j.sqlite")) == 6

@@ -1,0 +1,83 @@
+"""Settings: zero-config defaults, precedence of flag, environment and file, and clear
+errors for values and combinations the proxy refuses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from proxy.accounting.types import Family
+from proxy.cli import main
+from proxy.settings import Mode, Settings, load_settings
+
+
+def test_zero_config_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only --upstream and --port: everything else has a working default."""
+    settings = load_settings({"upstream": "http://vllm:8000/", "port": "9000"}, None)
+    assert settings.upstream_base == "http://vllm:8000"
+    assert (settings.port, settings.mode, settings.host) == (9000, Mode.REWRITE, "0.0.0.0")
+
+
+def test_precedence_flag_env_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flag beats the environment, which beats the file, which beats the default."""
+    config = tmp_path / "proxy.yaml"
+    config.write_text(
+        "upstream: http://file:1\nport: 7000\nmode: shadow\nread-timeout: 9\n"
+        "models:\n  minilm:\n    family: cross-encoder\n    tokenizer: /models/minilm\n"
+    )
+    monkeypatch.setenv("USAGE_PROXY_PORT", "7001")
+    monkeypatch.setenv("USAGE_PROXY_MODE", "annotate")
+    settings = load_settings({"mode": "rewrite", "upstream": None}, config)
+    assert settings.upstream_base == "http://file:1"
+    assert settings.port == 7001
+    assert settings.mode is Mode.REWRITE
+    assert settings.read_timeout == 9
+    assert settings.models["minilm"].family is Family.CROSS_ENCODER
+
+
+def test_toml_config(tmp_path: Path) -> None:
+    """TOML files work the same way."""
+    config = tmp_path / "proxy.toml"
+    config.write_text('upstream = "http://toml:2"\n[models.m]\nfamily = "bi-encoder"\n')
+    settings = load_settings({}, config)
+    assert settings.upstream_base == "http://toml:2"
+    assert settings.models["m"].family is Family.BI_ENCODER
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["serve"], "--upstream (USAGE_PROXY_UPSTREAM): Field required"),
+        (["serve", "--upstream", "not a url"], "--upstream"),
+        (["serve", "--upstream", "http://x", "--port", "70000"], "--port"),
+        (["serve", "--upstream", "http://x", "--log-level", "loud"], "--log-level"),
+        (
+            ["serve", "--upstream", "http://x", "--config", "/nonexistent.yaml"],
+            "cannot read config file",
+        ),
+    ],
+)
+def test_bad_values_are_clear_errors(
+    argv: list[str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Invalid options exit 2 with the flag and env var named."""
+    monkeypatch.delenv("USAGE_PROXY_UPSTREAM", raising=False)
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_tenant_labels_are_never_served_where_tenants_can_read_them() -> None:
+    """Regression: with --metrics-tenant-label and no --admin-port, /metrics on the main
+    port (which needs no key, as vLLM's) showed every tenant's name and token volumes to
+    any tenant. The combination is now refused with a message that says what to do."""
+    with pytest.raises(ValidationError) as refused:
+        Settings(upstream="http://x", metrics_tenant_label=True)
+    (error,) = refused.value.errors()
+    assert error["loc"] == ("metrics_tenant_label",)
+    assert "--admin-port" in error["msg"]
+    assert Settings(upstream="http://x", metrics_tenant_label=True, admin_port=9001).admin_port
