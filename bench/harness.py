@@ -49,9 +49,18 @@ def start_relay(upstream: str, workdir: Path, journal: Path | None = None) -> Pr
 
 def start_audited_proxy(upstream: str, workdir: Path, journal: Path, *extra: str) -> Process:
     """The real proxy (``usage-proxy serve``) journaling to ``journal``; warnings only, so
-    that writing logs is not part of what is measured."""
+    that writing logs is not part of what is measured. The pass-through scenario's echo
+    route is the fake's own (vLLM has none): relayed by the operator's opt-in."""
     return start_proxy(
-        upstream, workdir, "--journal", str(journal), "--log-level", "warning", *extra
+        upstream,
+        workdir,
+        "--journal",
+        str(journal),
+        "--log-level",
+        "warning",
+        "--allow-unmetered",
+        "/echo*",
+        *extra,
     )
 
 

@@ -18,7 +18,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from proxy import __version__
-from proxy.ledger.journal_files import list_dead_letters, read_journal, requeue_dead_letters
+from proxy.ledger.journal_files import (
+    discard_exporter,
+    list_dead_letters,
+    list_exporters,
+    read_journal,
+    requeue_dead_letters,
+)
 from proxy.ledger.records import UsageRecord
 from proxy.ledger.report import FORMATS, GROUPS, aggregate
 from proxy.ledger.sinks.postgres import read_ledger
@@ -73,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         serve.add_argument(flag, dest=name, default=None, choices=choices, help=_flag_help(name))
     _add_report(commands)
     _add_dead_letters(commands)
+    _add_exporters(commands)
     _add_reconcile(commands)
     return parser
 
@@ -172,6 +179,44 @@ def _add_dead_letters(commands: Any) -> None:
     _journal_option(dead)
 
 
+def _add_exporters(commands: Any) -> None:
+    exporters = commands.add_parser(
+        "exporters",
+        help="the exporters a journal keeps records for: list them, or discard one",
+        description="The journal keeps every record until each exporter it has had "
+        "(postgres, cloudevents, jsonl:PATH) has received it, even one the proxy no "
+        "longer runs with. 'list' shows them and their backlog; 'discard NAME' forgets "
+        "one, so its undelivered records no longer hold retention back (they are pruned "
+        "once the remaining exporters have them).",
+        epilog="example: usage-proxy exporters list; usage-proxy exporters discard postgres",
+    )
+    exporters.add_argument("action", choices=("list", "discard"))
+    exporters.add_argument("name", nargs="?", help="the exporter to discard")
+    _journal_option(exporters)
+
+
+def run_exporters(args: argparse.Namespace) -> int:
+    path = _journal_path(args)
+    if args.action == "list":
+        found = list_exporters(path)
+        print(f"{len(found)} exporter(s) in {path}")
+        for name, backlog in found.items():
+            print(f"{name:24}  {backlog} record(s) not delivered")
+        return 0
+    if not args.name:
+        print("usage-proxy exporters discard: name the exporter", file=sys.stderr)
+        return 2
+    dropped = discard_exporter(path, args.name)
+    if dropped is None:
+        print(f"usage-proxy exporters: {path} has no exporter {args.name!r}", file=sys.stderr)
+        return 2
+    print(
+        f"discarded {args.name}: {dropped} record(s) it had not received are no longer kept "
+        "for it (pruned once the other exporters have them)"
+    )
+    return 0
+
+
 def _journal_path(args: argparse.Namespace) -> Path:
     return args.journal or Path(os.environ.get(f"{ENV_PREFIX}JOURNAL") or default_journal_path())
 
@@ -248,7 +293,9 @@ TIME_HELP = "ISO 8601 date or time, UTC unless a zone is given; or today, yester
 
 
 def _iso(value: str | None, now: datetime | None = None) -> str | None:
-    """A user-given time in the journal's ISO form (UTC when no zone is given)."""
+    """A user-given time as the instant it names, in the journal's form: ISO 8601 in UTC
+    (a time without a zone is UTC). The journal compares its UTC times as text, so a
+    bound written with another offset must be converted, not kept as written."""
     if not value:
         return None
     now = now or datetime.now(UTC)
@@ -264,7 +311,7 @@ def _iso(value: str | None, now: datetime | None = None) -> str | None:
         moment = datetime.fromisoformat(value)
     except ValueError:
         raise ValueError(f"cannot read the time {value!r}: use {TIME_HELP}") from None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).isoformat()
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).astimezone(UTC).isoformat()
 
 
 def _format_errors(exc: ValidationError) -> str:
@@ -278,10 +325,11 @@ def _format_errors(exc: ValidationError) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command in ("report", "dead-letters", "reconcile"):
+    if args.command in ("report", "dead-letters", "exporters", "reconcile"):
         command = {
             "report": run_report,
             "dead-letters": run_dead_letters,
+            "exporters": run_exporters,
             "reconcile": run_reconcile,
         }[args.command]
         try:

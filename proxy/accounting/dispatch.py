@@ -40,6 +40,9 @@ class Prepared:
     model: str | None
     streamed: bool = False
     strip_usage: bool = False
+    # A feature the engine serves without a usage the proxy can bill (see
+    # ``unbillable_feature``); such a request is refused unless --allow-unmetered names it.
+    unbillable: str | None = None
 
 
 def lax_bool(value: Any) -> bool:
@@ -90,6 +93,19 @@ class _Head(BaseModel):
     model: Any = None
     stream: Any = None
     stream_options: Any = None
+    encoding_format: Any = None
+    background: Any = None
+
+
+def unbillable_feature(operation: str, payload: dict[str, Any]) -> str | None:
+    """The feature of a request whose answer carries no usage: embeddings or pooling as
+    ``bytes_only`` (raw tensors, no metadata), or a background response (answered queued,
+    the engine's work done after the answer)."""
+    if operation in ("embeddings", "pooling") and payload.get("encoding_format") == "bytes_only":
+        return "embeddings.bytes_only"
+    if operation == "responses" and lax_bool(payload.get("background")):
+        return "responses.background"
+    return None
 
 
 def prepare(
@@ -105,6 +121,9 @@ def prepare(
         return Prepared(body, direct or "other", None)
     model = payload.get("model") if isinstance(payload.get("model"), str) else None
     operation = direct or invocation_operation(payload, task_of(model))
+    unbillable = unbillable_feature(operation, payload)
+    if unbillable is not None:
+        return Prepared(body, operation, model, unbillable=unbillable)
     if operation not in STREAMING_OPERATIONS or not lax_bool(payload.get("stream")):
         return Prepared(body, operation, model)
     options = payload.get("stream_options")

@@ -1,63 +1,165 @@
-"""The route table: every path the proxy treats specially, its operation and its handling.
+"""The route table: every (method, path) any supported vLLM release serves, classified.
 
-One table for one fact. The router, the dispatcher, the records and the attribution read
-it; nothing else spells a path. Paths are the upstream's decoded paths (vLLM's router
-matches after percent-decoding).
+One table for one fact, and closed: a request whose normalized path is not in it is
+refused, never relayed. Each route is audited (scoring: recounted and judged), metered
+(the engine reports usage: recorded as reported), dispatched (``/invocations``: the body
+decides), free (no engine work: relayed, no record) or refused (engine control, or work
+the proxy cannot meter; an operator may relay it unmetered with ``--allow-unmetered``).
+The router, the dispatcher, the records and the attribution read it; nothing else spells
+a path. Held against vLLM's own routers by ``tests/e2e`` (``/openapi.json`` of each
+provisioned release) and ``tests/data/vllm_routes.json`` (every release's source).
 """
 
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 
 
 class Handling(enum.StrEnum):
-    """What the proxy does with a POST to a route."""
-
-    AUDITED = "audited"  # scoring: recounted, judged, recorded
-    METERED = "metered"  # reports usage: recorded as reported
-    DISPATCHED = "dispatched"  # /invocations: the body decides the operation
-    OPEN = "open"  # probes and metrics: no engine work, reachable without a key
+    AUDITED = "audited"
+    METERED = "metered"
+    DISPATCHED = "dispatched"
+    FREE = "free"
+    REFUSED = "refused"
 
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    path: str
-    operation: str
+    path: str  # as vLLM declares it; ``{name}`` matches one segment, a final ``*`` any rest
+    methods: frozenset[str]
     handling: Handling
+    operation: str  # the record's operation for audited and metered routes
+    keyless: bool = False  # probes: reachable without an API key
+    why: str = ""  # for refused routes: what the refusal says
 
 
-def _routes(handling: Handling, operation: str, *paths: str) -> tuple[Route, ...]:
-    return tuple(Route(path, operation, handling) for path in paths)
+def _r(
+    handling: Handling,
+    methods: str,
+    operation: str,
+    *paths: str,
+    keyless: bool = False,
+    why: str = "",
+) -> tuple[Route, ...]:
+    verbs = frozenset(methods.split(","))
+    return tuple(Route(p, verbs, handling, operation, keyless, why) for p in paths)
 
 
-A, M = Handling.AUDITED, Handling.METERED
+A, M, F, X = Handling.AUDITED, Handling.METERED, Handling.FREE, Handling.REFUSED
+CONTROL = "controls the engine (adapters, sleep, weights, caches, profiling, scaling)"
+UNMETERABLE = "does engine work whose usage vLLM does not report in a form the proxy bills"
 ROUTES: tuple[Route, ...] = (
-    *_routes(A, "score", "/score", "/v1/score"),
-    *_routes(A, "rerank", "/rerank", "/v1/rerank", "/v2/rerank"),
-    *_routes(M, "embeddings", "/v1/embeddings", "/v2/embed"),
-    *_routes(M, "classify", "/classify", "/v1/classify"),
-    *_routes(M, "pooling", "/pooling"),
-    *_routes(M, "completions", "/v1/completions"),
+    *_r(A, "POST", "score", "/score", "/v1/score"),
+    *_r(A, "POST", "rerank", "/rerank", "/v1/rerank", "/v2/rerank"),
+    *_r(M, "POST", "embeddings", "/v1/embeddings", "/v2/embed"),
+    *_r(M, "POST", "classify", "/classify"),
+    *_r(M, "POST", "pooling", "/pooling"),
+    *_r(M, "POST", "completions", "/v1/completions"),
     # /v1/chat/completions/batch (vLLM 0.32.0): N conversations, never streamed, one usage
-    *_routes(M, "chat", "/v1/chat/completions", "/v1/chat/completions/batch"),
+    *_r(M, "POST", "chat", "/v1/chat/completions", "/v1/chat/completions/batch"),
     # Usage as input_tokens/output_tokens: in the answer, or streamed in message_delta
     # (Anthropic Messages) or the final response.completed event (Responses)
-    *_routes(M, "messages", "/v1/messages"),
-    *_routes(M, "responses", "/v1/responses"),
+    *_r(M, "POST", "messages", "/v1/messages"),
+    *_r(M, "POST", "responses", "/v1/responses"),
     # Structured decisions (vLLM 0.32.0): one usage summing the engine requests it made
-    *_routes(M, "decisions", "/v1/systemone"),
-    *_routes(Handling.DISPATCHED, "invocations", "/invocations"),
-    *_routes(
-        Handling.OPEN, "probe", "/health", "/healthz", "/readyz", "/ping", "/version", "/metrics"
+    *_r(M, "POST", "decisions", "/v1/systemone"),
+    # Token ids in, token ids out (scale-out): usage as a completion's
+    *_r(M, "POST", "generate", "/inference/v1/generate"),
+    # Scoring with a generative model: usage as vLLM reports it (no pre-fix inflation)
+    *_r(M, "POST", "generative_scoring", "/generative_scoring"),
+    *_r(Handling.DISPATCHED, "POST", "invocations", "/invocations"),
+    *_r(F, "GET", "probe", "/health", "/healthz", "/readyz", "/load", "/version", keyless=True),
+    *_r(F, "GET,POST", "probe", "/ping", keyless=True),
+    *_r(F, "GET", "probe", "/metrics", keyless=True),
+    *_r(F, "GET", "kv_event_sources", "/kv_event_sources"),
+    *_r(F, "GET", "models", "/v1/models"),
+    *_r(F, "GET", "docs", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"),
+    *_r(F, "GET", "docs", "/static/*"),
+    *_r(F, "POST", "tokenize", "/tokenize", "/detokenize", "/v1/messages/count_tokens"),
+    *_r(F, "GET", "tokenize", "/tokenizer_info"),
+    # Prompts rendered to tokens and back: no engine work (derender echoes the caller's
+    # own prompt_tokens in a usage object, which is never billed)
+    *_r(
+        F,
+        "POST",
+        "render",
+        "/v1/chat/completions/render",
+        "/v1/completions/render",
+        "/v1/chat/completions/derender",
+        "/v1/completions/derender",
+        "/v1/messages/render",
+        "/v1/responses/render",
+        "/cohere/v2/chat/render",
     ),
+    # A stored response, fetched or cancelled: billed when it was made
+    *_r(F, "GET", "responses", "/v1/responses/{response_id}"),
+    *_r(F, "POST", "responses", "/v1/responses/{response_id}/cancel"),
+    *_r(F, "GET", "server_info", "/server_info", "/is_sleeping", "/is_paused", "/weight_info"),
+    *_r(F, "GET", "server_info", "/get_world_size", "/fault_tolerance/status"),
+    *_r(
+        X,
+        "POST",
+        "control",
+        "/v1/load_lora_adapter",
+        "/v1/unload_lora_adapter",
+        "/adapters",
+        "/start_profile",
+        "/stop_profile",
+        "/reset_prefix_cache",
+        "/reset_mm_cache",
+        "/reset_encoder_cache",
+        "/collective_rpc",
+        "/sleep",
+        "/wake_up",
+        "/release_kv_cache_memory",
+        "/pause",
+        "/resume",
+        "/abort_requests",
+        "/inference/v1/abort_requests",
+        "/init_weight_transfer_engine",
+        "/start_weight_update",
+        "/start_draft_weight_update",
+        "/update_weights",
+        "/finish_weight_update",
+        "/update_weight_version",
+        "/shutdown_weight_transfer_engine",
+        "/weight_checker",
+        "/scale_elastic_ep",
+        "/is_scaling_elastic_ep",
+        "/fault_tolerance/apply",
+        why=CONTROL,
+    ),
+    *_r(X, "DELETE", "control", "/adapters/{adapter_name}", why=CONTROL),
+    # Duration (not tokens) or no usage at all; multipart bodies the proxy does not rewrite
+    *_r(X, "POST", "audio", "/v1/audio/transcriptions", "/v1/audio/translations", why=UNMETERABLE),
+    *_r(X, "GET", "realtime", "/v1/realtime", why=UNMETERABLE),  # a WebSocket
+    *_r(X, "POST", "cohere_chat", "/cohere/v2/chat", why=UNMETERABLE),
 )
-BY_PATH: dict[str, Route] = {route.path: route for route in ROUTES}
+BY_PATH: dict[str, Route] = {r.path: r for r in ROUTES if "{" not in r.path and "*" not in r.path}
+
+
+def _pattern(path: str) -> re.Pattern[str]:
+    if path.endswith("/*"):
+        return re.compile(re.escape(path[:-1]) + ".+")
+    return re.compile(re.sub(r"\\\{[a-z_]+\\\}", "[^/]+", re.escape(path)))
+
+
+_TEMPLATED = tuple((_pattern(r.path), r) for r in ROUTES if r.path not in BY_PATH)
 
 SCORING_OPERATIONS = frozenset({"score", "rerank"})
-STREAMING_OPERATIONS = frozenset({"chat", "completions"})
-OPEN_PATHS = frozenset(r.path for r in ROUTES if r.handling is Handling.OPEN)
+STREAMING_OPERATIONS = frozenset({"chat", "completions", "generate"})
+KEYLESS_PATHS = frozenset(r.path for r in ROUTES if r.keyless)
 INVOCATIONS_PATH = "/invocations"
+
+
+def route_of(path: str) -> Route | None:
+    """The route a normalized path belongs to, whatever the method (None: unknown)."""
+    route = BY_PATH.get(path)
+    if route is not None:
+        return route
+    return next((r for pattern, r in _TEMPLATED if pattern.fullmatch(path)), None)
 
 
 def paths(*handlings: Handling) -> frozenset[str]:

@@ -29,6 +29,7 @@ from proxy.ledger.sqlite import (
     SqliteThread,
     as_row,
     create_schema,
+    exporter_backlogs,
     insert_sql,
     transaction,
 )
@@ -308,21 +309,43 @@ class Journal:
         row = self._db.execute("SELECT count(*) FROM dead_letters WHERE sink = ?", (sink,))
         return int(row.fetchone()[0])
 
-    async def prune(self, before: str, sinks: list[str]) -> int:
-        """Delete records older than ``before`` (ISO) that every sink has acknowledged.
+    async def register(self, sinks: list[str]) -> None:
+        """Remember every exporter configured now: the journal keeps each record until
+        every exporter it has ever had holds it (a restart without one of them does not
+        prune what it never received), unless an operator discards that exporter."""
+        await self._run(self._register, sinks)
+
+    def _register(self, sinks: list[str]) -> None:
+        assert self._db is not None
+        with transaction(self._db):
+            self._db.executemany(
+                "INSERT OR IGNORE INTO cursors(sink, seq) VALUES (?, 0)", [(s,) for s in sinks]
+            )
+
+    async def exporters(self) -> dict[str, int]:
+        """Every exporter the journal remembers, with its backlog (records not delivered)."""
+        return await self._run(self._exporters)
+
+    def _exporters(self) -> dict[str, int]:
+        assert self._db is not None
+        return exporter_backlogs(self._db)
+
+    async def prune(self, before: str) -> int:
+        """Delete records older than ``before`` (ISO, UTC) that every exporter the journal
+        remembers has acknowledged.
 
         Freed pages are reused by SQLite, so a journal with working exporters stays flat.
         """
-        if not sinks:
-            return 0
-        return await self._run(self._prune, before, sinks)
+        return await self._run(self._prune, before)
 
-    def _prune(self, before: str, sinks: list[str]) -> int:
+    def _prune(self, before: str) -> int:
         assert self._db is not None
-        delivered = min(self._cursor(s) for s in sinks)
+        row = self._db.execute("SELECT min(seq), count(*) FROM cursors").fetchone()
+        if not row[1]:
+            return 0
         with transaction(self._db):
             cursor = self._db.execute(
-                "DELETE FROM records WHERE seq <= ? AND time < ?", (delivered, before)
+                "DELETE FROM records WHERE seq <= ? AND time < ?", (int(row[0]), before)
             )
         return int(cursor.rowcount)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from proxy.ledger.sqlite import open_existing
+from proxy.ledger.sqlite import exporter_backlogs, open_existing
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,5 +67,32 @@ def read_journal(
             return [str(b) for (b,) in db.execute(query, (since or "", until or "\uffff"))]
         query = "SELECT body FROM records WHERE time >= ? AND time < ? AND kind = ? ORDER BY seq"
         return [str(b) for (b,) in db.execute(query, (since or "", until or "\uffff", kind))]
+    finally:
+        db.close()
+
+
+def list_exporters(path: Path) -> dict[str, int]:
+    """Every exporter a journal file remembers, with its backlog (``usage-proxy exporters``)."""
+    db = open_existing(path, writable=False)
+    try:
+        if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'cursors'").fetchone():
+            return {}
+        return exporter_backlogs(db)
+    finally:
+        db.close()
+
+
+def discard_exporter(path: Path, sink: str) -> int | None:
+    """Forget an exporter, so its backlog no longer holds records back from retention;
+    the records it had not received (returned; None: no such exporter) are pruned once
+    the other exporters have them. A proxy configured with it again starts it afresh."""
+    db = open_existing(path, writable=True)
+    try:
+        db.execute("PRAGMA busy_timeout = 5000")
+        backlog = exporter_backlogs(db).get(sink)
+        if backlog is not None:
+            with db:
+                db.execute("DELETE FROM cursors WHERE sink = ?", (sink,))
+        return backlog
     finally:
         db.close()

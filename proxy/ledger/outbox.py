@@ -64,6 +64,17 @@ class Outbox:
         self._prune_interval = prune_interval
 
     async def start(self) -> None:
+        names = [s.name for s in self.sinks]
+        await self.journal.register(names)
+        for name, backlog in (await self.journal.exporters()).items():
+            if name not in names:
+                log.warning(
+                    "exporter_not_configured",
+                    sink=name,
+                    undelivered=backlog,
+                    kept="its records stay in the journal until it is configured again "
+                    f"or discarded (usage-proxy exporters discard {name})",
+                )
         for sink in self.sinks:
             await sink.start()
             self._tasks.append(asyncio.create_task(self._run(sink), name=f"outbox-{sink.name}"))
@@ -72,11 +83,10 @@ class Outbox:
 
     async def _prune_loop(self) -> None:
         """Drop delivered records older than the retention, every prune interval."""
-        names = [s.name for s in self.sinks]
         while not self._stopping:
             before = datetime.now(UTC) - timedelta(seconds=self._retention)
             try:
-                removed = await self.journal.prune(before.isoformat(), names)
+                removed = await self.journal.prune(before.isoformat())
             except Exception as exc:  # pruning is housekeeping; never fatal
                 log.warning("journal_prune_failed", error=str(exc))
             else:

@@ -157,3 +157,12 @@ def open_existing(path: Path, *, writable: bool) -> sqlite3.Connection:
     if writable:
         create_schema(db)
     return db
+
+
+def exporter_backlogs(db: sqlite3.Connection) -> dict[str, int]:
+    """Each exporter the journal remembers, with the records it has not acknowledged."""
+    rows = db.execute(
+        "SELECT c.sink, (SELECT count(*) FROM records r WHERE r.seq > c.seq) "
+        "FROM cursors c ORDER BY c.sink"
+    )
+    return {str(sink): int(backlog) for sink, backlog in rows}

@@ -25,12 +25,14 @@ from proxy.serving.audited import AUDITOR, ScoringAuditor
 from proxy.serving.bodies import BodyBudget
 from proxy.serving.catalog import Catalog, catalog_context
 from proxy.serving.exchange import Exchanges, Work
+from proxy.serving.keyfile import KEYFILE, KeyFile, key_file_context
 from proxy.serving.keys import METRICS, OUTBOX, POOL, RECONCILER, RECORDER
 from proxy.serving.lifetimes import counters_reader, ledger_context, reconciler_context
 from proxy.serving.metered import METERED, MeteredRelay
 from proxy.serving.relayed import Relay
-from proxy.serving.routing import Invocations, guard, router
+from proxy.serving.routing import Invocations, Router, guard
 from proxy.serving.sendwatch import SendWatch, send_watch_context
+from proxy.serving.unmetered import Unmetered
 from proxy.serving.upstream import SESSION, session_context
 from proxy.settings import Durability, Settings
 from proxy.tokenizers.pool import TokenizerPool
@@ -109,7 +111,8 @@ def create_app(
     reconciler = build_reconciler(settings, app, exchanges, journal, metrics)
     recorder = Recorder(journal, metrics, subscribers=[reconciler.account])
     auditor = ScoringAuditor(settings, catalog, pool, recorder, metrics)
-    metered = MeteredRelay(settings, catalog, recorder, metrics)
+    unmetered = Unmetered(settings.unmetered, metrics)
+    metered = MeteredRelay(settings, catalog, recorder, metrics, unmetered)
     handlers: dict[Handling, Work] = {
         Handling.AUDITED: auditor,
         Handling.METERED: metered,
@@ -119,6 +122,9 @@ def create_app(
     app[EXCHANGES], app[METERED], app[AUDITOR] = exchanges, metered, auditor
     if outbox is not None:
         app[OUTBOX] = outbox
+    if settings.api_keys:
+        app[KEYFILE] = KeyFile(Path(settings.api_keys), resolver, metrics)
+        app.cleanup_ctx.append(key_file_context(app[KEYFILE]))
     for context in (
         session_context(settings),
         catalog_context(catalog),
@@ -131,5 +137,8 @@ def create_app(
         app.cleanup_ctx.append(context)
     admin.add_routes(app, catalog, journal, metrics if settings.admin_port is None else None)
     relay = Relay(settings.upstream_base, settings.body_read_timeout, metrics)
-    app.router.add_route("*", "/{tail:.*}", router(exchanges, handlers, relay))
+    routes = Router(
+        exchanges, handlers, relay, unmetered, admin_port=settings.admin_port is not None
+    )
+    app.router.add_route("*", "/{tail:.*}", routes.handle)
     return app

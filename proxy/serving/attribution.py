@@ -10,10 +10,10 @@ import structlog
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from proxy.accounting.routes import OPEN_PATHS
+from proxy.accounting.routes import KEYLESS_PATHS
 from proxy.metrics import Metrics
 from proxy.serving.tenancy import Attribution, Refusal, TenantResolver, load_api_keys
-from proxy.serving.upstream import error_response, unauthorized
+from proxy.serving.upstream import error_response, served_path, unauthorized
 from proxy.settings import Settings
 
 log = structlog.get_logger("proxy.serving.attribution")
@@ -47,12 +47,14 @@ def attribution(resolver: TenantResolver, metrics: Metrics) -> Middleware:
 
     @web.middleware
     async def attribute(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path in OPEN_PATHS:
+        if served_path(request) in KEYLESS_PATHS:
             return await handler(request)
         who = resolver.resolve(request.headers)
         if isinstance(who, Refusal):
             metrics.refused.labels(str(who.status)).inc()
-            log.warning("request_refused", path=request.path, status=who.status, reason=who.message)
+            log.warning(
+                "request_refused", path=served_path(request), status=who.status, reason=who.message
+            )
             if who.status == 401:
                 return unauthorized()
             return error_response(who.status, who.message)

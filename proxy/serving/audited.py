@@ -46,7 +46,7 @@ from proxy.serving.upstream import (
     upstream_failure,
 )
 from proxy.settings import Mode, Settings
-from proxy.tokenizers.hf import CachedCounts
+from proxy.tokenizers.hf import cached_for
 from proxy.tokenizers.pool import TokenizerPool
 from proxy.wire.encoding import UnreadableBody
 from proxy.wire.usage import Span, UsageView, annotate_usage, find_usage, rewrite_usage
@@ -107,10 +107,10 @@ class ScoringAuditor:
         """Forward the body, recount it meanwhile, judge and record the answer."""
         request, body = exchange.request, exchange.body
         await self._catalog.wait_ready(self._settings.accounting_timeout)
-        refusal = await self._over_limit(body, request.path)
+        refusal = await self._over_limit(body, exchange.path)
         if refusal:
             return error_response(400, refusal, param="documents")
-        counting = self._count(body, request.path)
+        counting = self._count(body, exchange.path, exchange.who.tenant)
         sent = time.perf_counter()
         limit = self._settings.max_answer_bytes
         try:
@@ -165,24 +165,25 @@ class ScoringAuditor:
         _observe(self._metrics, outcome)
         return {**usage_headers(outcome.audit), **record_headers(record, journaled)}
 
-    def _count(self, body: bytes, path: str) -> asyncio.Future[Analysis]:
+    def _count(self, body: bytes, path: str, tenant: str = "") -> asyncio.Future[Analysis]:
         """Count the request: from the count cache right here when the body is small and
-        every text was seen before, else in the tokenizer pool while the upstream works."""
+        every text was seen before (by this tenant: the cache keeps tenants apart), else
+        in the tokenizer pool while the upstream works."""
         loop = asyncio.get_running_loop()
         full = wants_full_recount(self._settings.recount_fraction)
         lookup = self._catalog.lookup
         if len(body) < INLINE_BYTES:
             try:
-                cached = analyse_cached(body, path, lookup, CachedCounts, full)
+                cached = analyse_cached(body, path, lookup, cached_for(tenant), full)
             except Exception:  # e.g. a text no cache key can be made of: the pool judges it
                 cached = None
             if cached is not None:
                 done = loop.create_future()
                 done.set_result(cached)
                 return done
-        return loop.run_in_executor(
-            self._pool.lane(len(body)), analyse, body, path, lookup, self._pool.local_copy, full
-        )
+        lane = self._pool.lane(len(body))
+        count_with = self._pool.copy_for(tenant)
+        return loop.run_in_executor(lane, analyse, body, path, lookup, count_with, full)
 
     def _record(self, o: Outcome) -> UsageRecord:
         transport = o.exchange.request.transport

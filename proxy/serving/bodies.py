@@ -48,8 +48,14 @@ class BodyBudget:
 
     async def admit(self, request: web.Request) -> tuple[bytes, int]:
         """Reserve room for the body and read it within the deadline; the caller releases
-        the returned reservation. Raises Refused (503 over budget, 408 too slow)."""
-        size = min(request.content_length or self.max_body, self.max_body)
+        the returned reservation. Raises Refused (503 over budget, 408 too slow).
+
+        A body with a ``Content-Encoding`` is inflated as it is read (aiohttp decodes it,
+        bounded by --max-body-bytes, past which the client gets 413): what it holds is its
+        decoded size, unknown until read, so it reserves the most it may decode to."""
+        encoded = request.headers.get("Content-Encoding", "identity").lower() != "identity"
+        sent = None if encoded else request.content_length
+        size = min(sent or self.max_body, self.max_body)
         if self.held + size > self.limit and self.held > 0:
             raise Refused(self._busy(size))
         self.held += size

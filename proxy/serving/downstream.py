@@ -13,7 +13,7 @@ from multidict import CIMultiDict
 
 from proxy.ledger.records import UsageRecord
 from proxy.metrics import Metrics
-from proxy.serving.upstream import response_headers
+from proxy.serving.upstream import response_headers, served_path
 
 log = structlog.get_logger("proxy.serving.downstream")
 
@@ -35,7 +35,7 @@ def abort(request: web.Request, exc: BaseException) -> None:
     Headers are already sent, so no error status is possible; a clean end of stream would
     pass a partial body off as complete.
     """
-    log.warning("upstream_failed_mid_body", path=request.path, error=type(exc).__name__)
+    log.warning("upstream_failed_mid_body", path=served_path(request), error=type(exc).__name__)
     if request.transport is not None:
         request.transport.close()
 
@@ -51,7 +51,7 @@ async def pass_on_unread(
     carries the headers ``settle`` returns."""
     headers = response_headers(upstream.headers, keep_length=True)
     if 200 <= upstream.status < 300:
-        log.warning("answer_passed_on_unread", path=request.path)
+        log.warning("answer_passed_on_unread", path=served_path(request))
         headers.update(await settle())
     return await pass_on(request, upstream, head, headers)
 
@@ -131,8 +131,8 @@ class _End:
 def client_left(request: web.Request, metrics: Metrics, **context: object) -> None:
     """A client hung up before its metered answer ended (it is still billed): logged and
     counted in usage_proxy_client_aborted_total."""
-    log.info("client_disconnected", path=request.path, **context)
-    metrics.aborted.labels(request.path).inc()
+    log.info("client_disconnected", path=served_path(request), **context)
+    metrics.aborted.labels(served_path(request)).inc()
 
 
 # What a write raises once the client has gone (hung up, or cut by SendWatch).
@@ -180,7 +180,7 @@ async def pass_on(
         abort(request, exc)
         return reply
     if gone:
-        log.info("client_disconnected", path=request.path)
+        log.info("client_disconnected", path=served_path(request))
         return reply
     await reply.write_eof()
     return reply

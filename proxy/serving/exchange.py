@@ -23,6 +23,7 @@ from proxy.metrics import Metrics
 from proxy.serving.attribution import WHO, client_request_id
 from proxy.serving.bodies import BodyBudget, Refused
 from proxy.serving.tenancy import Attribution
+from proxy.serving.upstream import served_path
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +39,8 @@ class Exchange:
 
     @property
     def path(self) -> str:
-        return self.request.path
+        """The endpoint served: the normalized path (``proxy.wire.targets``)."""
+        return served_path(self.request)
 
     @property
     def elapsed_ms(self) -> float:

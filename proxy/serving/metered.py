@@ -21,6 +21,7 @@ from proxy.serving.catalog import Catalog
 from proxy.serving.downstream import (
     abort,
     client_left,
+    pass_on,
     pass_on_then_settle,
     pass_on_unread,
     record_headers,
@@ -28,9 +29,11 @@ from proxy.serving.downstream import (
     write_now,
 )
 from proxy.serving.exchange import Billing, Exchange
+from proxy.serving.unmetered import Unmetered
 from proxy.serving.upstream import (
     SESSION,
     UpstreamError,
+    error_response,
     forward,
     read_answer,
     readable_body,
@@ -42,7 +45,7 @@ from proxy.serving.upstream import (
 from proxy.settings import Settings
 from proxy.wire.encoding import UnreadableBody, content_codings
 from proxy.wire.sse import UsageScanner
-from proxy.wire.usage import Reading, read_usage, reading_of, usage_at_end
+from proxy.wire.usage import Reading, read_usage, reading_of, usage_at_end, usage_in_metadata
 
 log = structlog.get_logger("proxy.serving.metered")
 
@@ -58,6 +61,8 @@ HELD_ANSWER_BYTES = 8 * 1024 * 1024
 HELD_ANSWERS_TOTAL = 64 * 1024 * 1024
 
 
+# The content type of a ``bytes`` embeddings or pooling answer (raw tensors).
+TENSORS = "application/octet-stream"
 # A background Responses request is answered at once, queued, with no usage; the engine
 # works on and the result is fetched later (GET /v1/responses/{id}, any number of times).
 NOT_IN_THE_ANSWER = (
@@ -90,7 +95,12 @@ class MeteredRelay:
     dispatches to them)."""
 
     def __init__(
-        self, settings: Settings, catalog: Catalog, recorder: Recorder, metrics: Metrics
+        self,
+        settings: Settings,
+        catalog: Catalog,
+        recorder: Recorder,
+        metrics: Metrics,
+        unmetered: Unmetered,
     ) -> None:
         self._base = settings.upstream_base
         self._limit = settings.max_answer_bytes
@@ -98,6 +108,7 @@ class MeteredRelay:
         self._catalog = catalog
         self._recorder = recorder
         self._metrics = metrics
+        self._unmetered = unmetered
         self.room = AnswerRoom(HELD_ANSWERS_TOTAL)
 
     async def __call__(self, exchange: Exchange) -> web.StreamResponse:
@@ -107,6 +118,8 @@ class MeteredRelay:
 
     async def relay(self, exchange: Exchange, prepared: Prepared) -> web.StreamResponse:
         """Forward ``prepared`` and record the usage of a successful answer."""
+        if prepared.unbillable is not None:
+            return await self._unbillable(exchange, prepared, prepared.unbillable)
         request = exchange.request
         reserved = 0
         try:
@@ -115,6 +128,9 @@ class MeteredRelay:
             ) as upstream:
                 if upstream.content_type == "text/event-stream":
                     return await self._stream(exchange, upstream, prepared)
+                metadata = upstream.headers.get("metadata")
+                if metadata is not None and upstream.content_type == TENSORS:
+                    return await self._tensors(exchange, upstream, prepared, metadata)
                 encoded = bool(content_codings(upstream.headers.get("Content-Encoding")))
                 if encoded:  # held to be decoded, up to the limit
                     held = self._limit
@@ -218,6 +234,43 @@ class MeteredRelay:
         if await send(reply, tail + scanner.held):
             await reply.write_eof()
         return reply
+
+    async def _unbillable(
+        self, exchange: Exchange, prepared: Prepared, feature: str
+    ) -> web.StreamResponse:
+        """A request whose answer will carry no usage: refused, or relayed unmetered where
+        --allow-unmetered names its feature (logged, counted)."""
+        if feature not in self._unmetered.features:
+            return error_response(
+                400,
+                f"{feature}: vLLM answers it without a usage, so the proxy cannot bill it; "
+                f"an operator may relay it unmetered with --allow-unmetered {feature}",
+                param=feature.partition(".")[2],
+            )
+        self._unmetered.relayed(feature)
+        request = exchange.request
+        try:
+            async with forward(request.app[SESSION], self._base, request, prepared.body) as up:
+                headers = response_headers(up.headers, keep_length=True)
+                return await pass_on(request, up, b"", headers)
+        except UpstreamError as exc:
+            return upstream_failure(self._metrics, exc)
+
+    async def _tensors(
+        self,
+        exchange: Exchange,
+        upstream: aiohttp.ClientResponse,
+        prepared: Prepared,
+        metadata: str,
+    ) -> web.StreamResponse:
+        """A ``bytes`` embeddings or pooling answer: raw tensors, the usage in its
+        ``metadata`` header. Recorded before the body is passed on (the engine's work is
+        done once the answer starts)."""
+        headers = response_headers(upstream.headers, keep_length=True)
+        if 200 <= upstream.status < 300:
+            reading = usage_in_metadata(metadata)
+            headers.update(await self._settle(exchange, prepared, reading, upstream.status))
+        return await pass_on(exchange.request, upstream, b"", headers)
 
     async def _settle(
         self,

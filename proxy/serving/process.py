@@ -8,6 +8,7 @@ import contextlib
 import gc
 import json
 import resource
+import signal
 from typing import Any
 
 import structlog
@@ -18,6 +19,7 @@ from proxy.logs import configure_logging
 from proxy.metrics import Metrics
 from proxy.serving.app import create_app
 from proxy.serving.catalog import CATALOG, Catalog
+from proxy.serving.keyfile import KEYFILE
 from proxy.serving.keys import METRICS
 from proxy.serving.memory import tune_allocator
 from proxy.settings import Settings
@@ -87,12 +89,27 @@ async def serve(settings: Settings) -> None:
     assert runner.server is not None
     cap_connections(runner.server, settings.max_connections, app[METRICS])
     await web.TCPSite(runner, settings.host, settings.port).start()
+    reload_on_hangup(app)
     freeze = asyncio.create_task(freeze_heap(app[CATALOG]), name="freeze-heap")
     try:
         await asyncio.Event().wait()  # until SIGINT/SIGTERM (GracefulExit)
     finally:
         freeze.cancel()
         await runner.cleanup()
+
+
+def reload_on_hangup(app: web.Application) -> None:
+    """SIGHUP, the usual reload signal, reloads the key file (and never ends the process:
+    its default action would, with no drain)."""
+    keys = app.get(KEYFILE)
+
+    def hangup() -> None:
+        if keys is None:
+            log.info("sighup_ignored", reason="no --api-keys file to reload")
+        else:
+            keys.reload("SIGHUP")
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, hangup)
 
 
 async def freeze_heap(catalog: Catalog) -> None:

@@ -5,32 +5,40 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from proxy.accounting.dispatch import prepare
-from proxy.accounting.routes import BY_PATH, SCORING_OPERATIONS, Handling
+from proxy.accounting.routes import SCORING_OPERATIONS, Handling, Route, route_of
 from proxy.serving.audited import ScoringAuditor
 from proxy.serving.bodies import off_loop
 from proxy.serving.catalog import Catalog
 from proxy.serving.exchange import Exchange, Exchanges, Work
 from proxy.serving.metered import MeteredRelay
 from proxy.serving.sendwatch import SendWatch
-from proxy.serving.upstream import error_response
+from proxy.serving.unmetered import Unmetered
+from proxy.serving.upstream import TARGET, error_response
+from proxy.wire.targets import BadTarget, normalize
+
+log = structlog.get_logger("proxy.serving.routing")
 
 
 def guard(sends: SendWatch) -> Middleware:
-    """The proxy only ever talks to its upstream: no CONNECT, no absolute-form targets;
-    aiohttp's 413 for an audited body above --max-body-bytes comes in vLLM's shape. Every
-    client that makes a request must keep reading its answers (``SendWatch``)."""
+    """The proxy only ever talks to its upstream: no CONNECT, and a target read as vLLM's
+    router reads it (``proxy.wire.targets``) or refused; aiohttp's 413 for an audited body
+    above --max-body-bytes comes in vLLM's shape. Every client that makes a request must
+    keep reading its answers (``SendWatch``)."""
 
     @web.middleware
     async def guarded(request: web.Request, handler: Handler) -> web.StreamResponse:
         sends.watch(request.transport)
         if request.method == "CONNECT":
             return error_response(405, "CONNECT is not supported by this proxy")
-        if not request.raw_path.startswith("/"):
-            return error_response(400, "only origin-form request targets are accepted")
+        try:
+            request[TARGET] = normalize(request.raw_path)
+        except BadTarget as exc:
+            return error_response(400, str(exc))
         try:
             return await handler(request)
         except web.HTTPRequestEntityTooLarge as exc:
@@ -54,20 +62,53 @@ class Invocations:
         return await self._metered.relay(exchange, prepared)
 
 
-def router(exchanges: Exchanges, handlers: Mapping[Handling, Work], relay: Handler) -> Handler:
-    """The catch-all route: a POST to a metered route becomes an exchange run by its
-    handler; anything else goes to the relay.
+class Router:
+    """The catch-all route: the closed world of ``proxy.accounting.routes``.
 
-    aiohttp's router matches paths with an encoded slash (``%2F``) still encoded, while
-    vLLM's server (uvicorn, then Starlette) decodes it first: ``POST /v1%2Frerank`` is
-    vLLM's rerank endpoint, so the route is looked up by the decoded path. The upstream
-    still gets the request target unchanged."""
+    The route is found by the normalized path, the one vLLM serves and the one sent (a
+    path with ``%2F``, dot segments or a trailing slash is the endpoint vLLM's router
+    makes of it). A metered route becomes an exchange run by its handler; a free one is
+    relayed; a refused or unknown one is answered here, unless the operator relays it
+    unmetered (``--allow-unmetered``), which is logged and counted."""
 
-    async def handle(request: web.Request) -> web.StreamResponse:
-        route = BY_PATH.get(request.path) if request.method == "POST" else None
-        work = handlers.get(route.handling) if route is not None else None
-        if route is None or work is None:
-            return await relay(request)
-        return await exchanges.serve(request, route, work)
+    def __init__(
+        self,
+        exchanges: Exchanges,
+        handlers: Mapping[Handling, Work],
+        relay: Handler,
+        unmetered: Unmetered,
+        *,
+        admin_port: bool,
+    ) -> None:
+        self._exchanges = exchanges
+        self._handlers = handlers
+        self._relay = relay
+        self._unmetered = unmetered
+        self._admin_port = admin_port
 
-    return handle
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        path = request[TARGET].path
+        route = route_of(path)
+        refusal = self._refusal(request.method, path, route)
+        if refusal is not None:
+            if not self._unmetered.allows(path):
+                return refusal
+            self._unmetered.relayed(path, request.method)
+            return await self._relay(request)
+        assert route is not None
+        work = self._handlers.get(route.handling)
+        if work is None or request.method != "POST":
+            return await self._relay(request)
+        return await self._exchanges.serve(request, route, work)
+
+    def _refusal(self, method: str, path: str, route: Route | None) -> web.Response | None:
+        if route is None:
+            return error_response(404, f"{path} is not an endpoint this proxy serves")
+        if method not in route.methods:
+            return error_response(405, f"{method} is not allowed on {path}")
+        if route.handling is Handling.REFUSED:
+            return error_response(403, f"{path} {route.why}: refused by the proxy")
+        if path == "/metrics":  # vLLM's own (per-model token totals) are never relayed
+            where = "the proxy's admin port" if self._admin_port else "GET /metrics exactly"
+            return error_response(404, f"the proxy's metrics are served on {where}")
+        return None

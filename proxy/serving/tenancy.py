@@ -87,6 +87,15 @@ def tenant_problem(value: str) -> str | None:
     return None
 
 
+def _values(headers: Mapping[str, str], name: str) -> list[str]:
+    """Every value of header ``name`` (a plain mapping holds at most one)."""
+    getall = getattr(headers, "getall", None)
+    if getall is not None:
+        return list(getall(name, []))
+    value = headers.get(name)
+    return [] if value is None else [value]
+
+
 def connection_tokens(headers: Any) -> set[str]:
     """Header names the client declared hop-by-hop in ``Connection`` (lower case)."""
     getall = getattr(headers, "getall", None)
@@ -112,7 +121,18 @@ class TenantResolver:
     def key_tenants(self) -> frozenset[str]:
         return frozenset(self._keys.values())
 
+    @property
+    def key_count(self) -> int:
+        return len(self._keys)
+
+    def replace_keys(self, key_tenants: Mapping[str, str]) -> None:
+        """Use a new key map from the next request on (one assignment: a request sees the
+        old map or the new one, never a mix; requests already attributed keep theirs)."""
+        self._keys = dict(key_tenants)
+
     def resolve(self, headers: Mapping[str, str]) -> Attribution | Refusal:
+        if len(_values(headers, "Authorization")) > 1:
+            return Refusal(400, "more than one Authorization header: send one key")
         key = bearer_key(headers)
         digest = key_digest(key) if key else None
         short = digest[:KEY_HASH_CHARS] if digest else None
@@ -123,9 +143,13 @@ class TenantResolver:
                 return Attribution(ANONYMOUS, short)
             return Refusal(401, "Unauthorized")
         if self._header and self._header.lower() not in connection_tokens(headers):
-            value = headers.get(self._header)
-            if value is not None:
-                value = value.strip()
+            values = _values(headers, self._header)
+            if len(values) > 1:  # a hop appended its own: which one is the gateway's?
+                return Refusal(400, f"more than one {self._header} header: send one tenant")
+            if values:
+                value = values[0].strip()
+                if "," in value:  # what a list-merging hop makes of two values
+                    return Refusal(400, f"header {self._header} holds a list: send one tenant")
                 problem = tenant_problem(value)
                 if problem:
                     return Refusal(400, f"header {self._header} {problem}")

@@ -12,11 +12,13 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
 from proxy.metrics import Metrics
 from proxy.serving.tenancy import connection_tokens
 from proxy.settings import Settings
 from proxy.wire.encoding import content_codings, decode_body
+from proxy.wire.targets import Target
 
 SESSION = web.AppKey("upstream_session", aiohttp.ClientSession)
 
@@ -34,6 +36,19 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
+# Headers whose value may be a URL naming the upstream.
+LOCATIONS = frozenset({"location", "content-location"})
+# What the upstream is sent for a request: its target normalized as vLLM routes it
+# (set by the router's guard; absent, the target as the client sent it).
+TARGET = web.RequestKey("target", Target)
+
+
+def served_path(request: web.Request) -> str:
+    """The endpoint a request is for: its normalized path (the raw one before routing)."""
+    target = request.get(TARGET)
+    return target.path if target else request.path
+
+
 # Headers only this proxy may set: an upstream (or anything before it) must not be able
 # to forge what the proxy vouches for.
 PROXY_HEADER_PREFIXES = ("x-usage-", "x-litellm-")
@@ -56,6 +71,8 @@ def error_response(status: int, message: str, param: str | None = None) -> web.R
     kind = {
         400: "BadRequestError",
         401: "Unauthorized",
+        403: "PermissionDeniedError",
+        404: "NotFoundError",
         405: "MethodNotAllowed",
         408: "RequestTimeout",
         413: "RequestEntityTooLarge",
@@ -93,15 +110,26 @@ def request_headers(headers: Any) -> CIMultiDict[str]:
 
 
 def response_headers(headers: Any, *, keep_length: bool) -> CIMultiDict[str]:
-    """Upstream headers to send back: all but hop-by-hop (and the length when re-framed)."""
+    """Upstream headers to send back: all but hop-by-hop (and the length when re-framed);
+    a location names no host (``relative``)."""
     drop = connection_tokens(headers) | HOP_BY_HOP
     if not keep_length:
         drop = drop | {"content-length"}
     return CIMultiDict(
-        (k, v)
+        (k, relative(v) if k.lower() in LOCATIONS else v)
         for k, v in headers.items()
         if k.lower() not in drop and not k.lower().startswith(PROXY_HEADER_PREFIXES)
     )
+
+
+def relative(location: str) -> str:
+    """A location as a path on the proxy: the upstream's address (which the upstream
+    builds from the Host it was sent) never reaches a client, and a redirect a client
+    follows comes back through the proxy."""
+    url = URL(location)
+    if not url.is_absolute():
+        return location
+    return url.raw_path_qs + (f"#{url.raw_fragment}" if url.raw_fragment else "")
 
 
 @contextmanager
@@ -135,13 +163,16 @@ async def forward(
     Failures inside the caller's block are translated too (e.g. reading a buffered body);
     a caller that has already started streaming to the client must catch them itself.
     """
-    url = base + request.rel_url.raw_path_qs
+    target = request.get(TARGET)
+    url = URL(base + (target.sent if target else request.rel_url.raw_path_qs), encoded=True)
     headers = request_headers(request.headers)
-    if isinstance(data, bytes):
+    if isinstance(data, bytes) or "Content-Encoding" in headers:
         headers.popall("Content-Length", None)  # recomputed from the bytes we send
+    # aiohttp decodes a compressed request body as it is read: what is sent is decoded
+    headers.popall("Content-Encoding", None)
     if metered:
         headers["Accept-Encoding"] = "identity"
-    with translated(request.path):
+    with translated(served_path(request)):
         async with session.request(
             request.method,
             url,

@@ -12,9 +12,10 @@ from typing import Protocol
 
 
 class Counts(Protocol):
-    """A tokenizer as the cache sees it: a key naming it, and uncached counting."""
+    """A tokenizer as the cache sees it: the key its entries are kept under (the
+    tokenizer and the tenant counting with it), and uncached counting."""
 
-    key: int
+    cache_key: tuple[int, str]
 
     def encode_lengths(self, texts: Sequence[str], *, max_length: int | None) -> list[int]: ...
 
@@ -27,7 +28,7 @@ EXACT_KEY_CHARS = 2048
 # Bytes of text the cache may hold as exact keys, on top of its entry limit.
 HELD_TEXT_BYTES = 32 * 1024 * 1024
 
-_Key = tuple[int, int | None, str | bytes]
+_Key = tuple[tuple[int, str], int | None, str | bytes]
 
 
 class CountCache:
@@ -50,11 +51,11 @@ class CountCache:
     @staticmethod
     def _keys(tok: Counts, texts: Sequence[str], max_length: int | None) -> list[_Key]:
         if max(map(len, texts), default=0) <= EXACT_KEY_CHARS:  # the common case
-            return list(zip(itertools.repeat(tok.key), itertools.repeat(max_length), texts))
+            return list(zip(itertools.repeat(tok.cache_key), itertools.repeat(max_length), texts))
         return [
-            (tok.key, max_length, t)
+            (tok.cache_key, max_length, t)
             if len(t) <= EXACT_KEY_CHARS
-            else (tok.key, max_length, hashlib.blake2b(t.encode(), digest_size=16).digest())
+            else (tok.cache_key, max_length, hashlib.blake2b(t.encode(), digest_size=16).digest())
             for t in texts
         ]
 

@@ -15,7 +15,7 @@ import copy
 import itertools
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,9 @@ class HFTokenizer:
     def __init__(self, tokenizer: Any) -> None:
         self._tok = tokenizer
         self.key = next(_keys)
+        # The count cache keeps each tenant's entries apart (``for_tenant``): a tenant
+        # cannot learn from a fast answer that another one sent a text.
+        self.cache_key = (self.key, "")
         self.cache: CountCache | None = None
         # Token counts above this never matter (set to max_model_len + 2 by discovery: any
         # engine input longer than max_model_len is refused or cut by vLLM); None: exact.
@@ -184,9 +187,16 @@ class HFTokenizer:
     def num_special_tokens_pair(self) -> int:
         return self._pair_specials
 
+    def for_tenant(self, tenant: str) -> HFTokenizer:
+        """This tokenizer (the same instance underneath: same thread) counting into
+        ``tenant``'s own part of the count cache."""
+        view = copy.copy(self)
+        view.cache_key = (self.key, tenant)
+        return view
+
     def copy(self) -> HFTokenizer:
         twin = HFTokenizer(copy.deepcopy(self._tok))
-        twin.key = self.key
+        twin.key, twin.cache_key = self.key, self.cache_key
         twin.cache = self.cache
         twin.bound = self.bound
         return twin
@@ -197,10 +207,10 @@ class CachedCounts:
     tokenizer, so it may run on the event loop; any count not cached raises NotCached
     and the request is counted in the tokenizer pool instead."""
 
-    def __init__(self, base: Tokenizer) -> None:
+    def __init__(self, base: Tokenizer, tenant: str = "") -> None:
         if not isinstance(base, HFTokenizer):
             raise NotCached
-        self._base = base
+        self._base = base.for_tenant(tenant)
 
     @property
     def pad_token_id(self) -> int | None:
@@ -246,3 +256,14 @@ def load_tokenizer(source: str | Path) -> HFTokenizer:
     if not getattr(tok, "is_fast", False):
         raise ValueError(f"{source}: a fast tokenizer is required (offset mappings)")
     return HFTokenizer(tok)
+
+
+def for_tenant(tokenizer: Tokenizer, tenant: str) -> Tokenizer:
+    """``tokenizer`` counting into ``tenant``'s part of the count cache (one that is not a
+    Hugging Face tokenizer has no cache)."""
+    return tokenizer.for_tenant(tenant) if isinstance(tokenizer, HFTokenizer) else tokenizer
+
+
+def cached_for(tenant: str) -> Callable[[Tokenizer], Tokenizer]:
+    """The count cache alone, ``tenant``'s part of it (``CachedCounts``)."""
+    return lambda tokenizer: CachedCounts(tokenizer, tenant)

@@ -4,10 +4,11 @@ thread (a fast tokenizer must not be used by two threads at once)."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from proxy.accounting.types import Tokenizer
-from proxy.tokenizers.hf import HFTokenizer
+from proxy.tokenizers.hf import HFTokenizer, for_tenant
 
 # Bodies up to this size count in their own lane, so a neighbour's multi-MiB request
 # never makes a small one wait for a tokenizer thread (and lose its proof to the timeout).
@@ -41,6 +42,11 @@ class TokenizerPool:
         if mine is None:
             mine = copies[base.key] = base.copy()
         return mine
+
+    def copy_for(self, tenant: str) -> Callable[[Tokenizer], Tokenizer]:
+        """What the counting thread counts with: its own copy, counting into ``tenant``'s
+        part of the count cache."""
+        return lambda base: for_tenant(self.local_copy(base), tenant)
 
     def warm(self, base: Tokenizer) -> None:
         """Give every worker thread its copy now, not on a client's request (blocking)."""

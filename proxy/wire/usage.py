@@ -253,6 +253,7 @@ class _Deciding(BaseModel):
     usage: Any = None
     error: Any = None
     object: Any = None
+    meta: Any = None
 
 
 def read_usage(payload: bytes) -> Reading | None:
@@ -262,7 +263,24 @@ def read_usage(payload: bytes) -> Reading | None:
     if members is None or is_error_body(members):
         return None
     usage = members.get("usage")
-    return reading_of(usage) if isinstance(usage, dict) else None
+    if isinstance(usage, dict):
+        return reading_of(usage)
+    return _billed_units(members.get("meta"))
+
+
+def _billed_units(meta: Any) -> Reading | None:
+    """Cohere's usage (vLLM's ``/v2/embed``): ``meta.billed_units``, whose input and image
+    tokens are together the prompt the engine encoded."""
+    units = meta.get("billed_units") if isinstance(meta, dict) else None
+    if not isinstance(units, dict):
+        return None
+    reading = reading_of({"input_tokens": units.get("input_tokens")})
+    images = reading_of({"input_tokens": units.get("image_tokens")})
+    if reading.problem or images.problem:
+        return Reading(None, None, reading.problem or images.problem)
+    if reading.prompt is None:
+        return Reading(None, None, "meta.billed_units has no input_tokens")
+    return Reading(reading.prompt + (images.prompt or 0), None)
 
 
 _USAGE_MEMBER = re.compile(rb'"usage"[ \t\n\r]*:')
@@ -306,3 +324,16 @@ def _members_then_end(text: str, i: int) -> bool:
         if not isinstance(key, str) or key in ("usage", "error") or text[i : i + 1] != ":":
             return False
         _, i = _DECODER.raw_decode(text, _skip_ws(text, i + 1))
+
+
+def usage_in_metadata(value: str) -> Reading:
+    """The usage of a ``bytes`` embeddings or pooling answer: the body is raw tensors and
+    vLLM puts the rest of the answer, usage included, in a ``metadata`` header as JSON."""
+    try:
+        metadata = json.loads(value)
+    except ValueError:
+        return Reading(None, None, "the metadata header is not JSON")
+    usage = metadata.get("usage") if isinstance(metadata, dict) else None
+    if not isinstance(usage, dict):
+        return Reading(None, None, "the metadata header has no usage object")
+    return reading_of(usage)

@@ -1,0 +1,126 @@
+"""One tenant cannot take what bounds everyone (issue #27): compressed request bodies
+are held at their decoded size."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from tests.support.proxies import fake_and_proxy
+
+MIB = 1024 * 1024
+
+
+def slow_embeddings(seconds: float, seen: list[int]) -> Any:
+    """The fake answers embeddings after ``seconds`` without tokenizing (the bodies here
+    are tens of MiB), noting each body's decoded size."""
+
+    @web.middleware
+    async def slow(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path != "/v1/embeddings":
+            return await handler(request)  # type: ignore[no-any-return]
+        seen.append(len(await request.read()))
+        await asyncio.sleep(seconds)
+        usage = {"prompt_tokens": 7, "total_tokens": 7, "completion_tokens": 0}
+        return web.json_response({"object": "list", "data": [], "usage": usage})
+
+    return slow
+
+
+def gzipped_embeddings(decoded_bytes: int) -> bytes:
+    return gzip.compress(json.dumps({"input": ["a" * decoded_bytes]}).encode())
+
+
+# The proxy forwards a decoded body it holds as bytes (aiohttp warns about large ones).
+@pytest.mark.filterwarnings("ignore:Sending a large body directly:ResourceWarning")
+async def test_a_compressed_body_reserves_its_decoded_size(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path
+) -> None:
+    """Regression: the budget reserved the compressed length (36 KB for a 21 MB body), so
+    six gzipped bodies were all admitted past an 8 MiB budget (peak 368 MB). Now a
+    compressed body reserves what it may decode to: one is admitted, the others get 503
+    with Retry-After while it is held."""
+    seen: list[int] = []
+    _, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        middlewares=(slow_embeddings(1.0, seen),),
+        max_inflight_body_bytes=8 * MIB,
+        max_body_bytes=32 * MIB,
+    )
+    body = gzipped_embeddings(21 * MIB)
+    headers = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
+
+    async def send() -> int:
+        resp = await client.post("/v1/embeddings", data=body, headers=headers)
+        await resp.read()
+        return resp.status
+
+    first = asyncio.create_task(send())
+    for _ in range(500):
+        if seen or first.done():
+            break
+        await asyncio.sleep(0.01)
+    others = await asyncio.gather(*(send() for _ in range(3)))
+    assert await first == 200
+    assert others == [503, 503, 503]
+    assert len(seen) == 1
+
+
+async def test_a_decompression_bomb_gets_413_before_it_costs_memory(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path
+) -> None:
+    """A body that inflates past --max-body-bytes is refused (413, vLLM's error shape) and
+    never reaches the upstream."""
+    seen: list[int] = []
+    _, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        middlewares=(slow_embeddings(0, seen),),
+        max_body_bytes=4 * MIB,
+    )
+    headers = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
+    resp = await client.post("/v1/embeddings", data=gzipped_embeddings(64 * MIB), headers=headers)
+    assert resp.status == 413
+    assert (await resp.json())["error"]["code"] == 413
+    assert seen == []
+
+
+async def test_the_count_cache_reveals_nothing_across_tenants(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, api_keys: Any
+) -> None:
+    """Regression: the count cache was shared, so re-sending another tenant's documents
+    was measurably faster than fresh texts (47 vs 66 ms for 10 documents): a tenant could
+    learn whether another sent a text. Each tenant's counts are its own now: another
+    tenant's texts are counted afresh (no hit), a tenant's own repeat is still a hit."""
+    from proxy.serving.catalog import CATALOG
+
+    keys = api_keys(alice="sk-alice", bob="sk-bob")
+    _, client = await fake_and_proxy(aiohttp_server, aiohttp_client, minilm_path, api_keys=keys)
+    cache = client.app[CATALOG].cache
+    assert cache is not None
+    secret = {
+        "query": "quarterly plan",
+        "documents": [f"alice's merger memo {i}" for i in range(10)],
+    }
+
+    async def rerank(key: str) -> None:
+        headers = {"Authorization": f"Bearer {key}"}
+        resp = await client.post("/rerank", json=secret, headers=headers)
+        assert resp.status == 200
+        assert resp.headers["x-usage-verdict"] == "corrected"
+
+    await rerank("sk-alice")
+    hits = cache.hits
+    await rerank("sk-bob")
+    assert cache.hits == hits  # bob's request found none of alice's counts
+    await rerank("sk-alice")
+    assert cache.hits == hits + 11  # alice's own repeat: every text a hit
