@@ -145,6 +145,16 @@ class Settings(BaseSettings):
         description="Most connections open to the upstream at once (requests beyond it "
         "wait for a free one), so slow clients cannot exhaust vLLM's connections.",
     )
+    tenant_share: float = Field(
+        0.25,
+        gt=0,
+        le=1,
+        description="Share of --upstream-connections (requests in flight) and of "
+        "--max-inflight-body-bytes kept for the other tenants: a tenant may use more while "
+        "the rest is free, but a request that would take the last share from the others "
+        "gets 429 with Retry-After (a tenant's lone request never does). Applies with "
+        "--api-keys or --tenant-header; 1 turns it off.",
+    )
     max_documents: int = Field(
         100_000,
         ge=1,

@@ -32,6 +32,7 @@ from proxy.serving.metered import METERED, MeteredRelay
 from proxy.serving.relayed import Relay
 from proxy.serving.routing import Invocations, Router, guard
 from proxy.serving.sendwatch import SendWatch, send_watch_context
+from proxy.serving.shares import TenantShares
 from proxy.serving.unmetered import Unmetered
 from proxy.serving.upstream import SESSION, session_context
 from proxy.settings import Durability, Settings
@@ -86,6 +87,21 @@ def build_reconciler(
     )
 
 
+def build_budget(settings: Settings) -> BodyBudget:
+    return BodyBudget(
+        settings.max_inflight_body_bytes, settings.max_body_bytes, settings.body_read_timeout
+    )
+
+
+def build_shares(settings: Settings, metrics: Metrics) -> TenantShares:
+    connections, bodies = settings.upstream_connections, settings.max_inflight_body_bytes
+    tenants = bool(settings.api_keys or settings.tenant_header)
+    return TenantShares(connections, bodies, settings.tenant_share, metrics, enforced=tenants)
+
+
+A, M, D = Handling.AUDITED, Handling.METERED, Handling.DISPATCHED
+
+
 def create_app(
     settings: Settings,
     *,
@@ -99,10 +115,8 @@ def create_app(
     pool = pool or TokenizerPool(settings.tokenizer_threads)
     catalog = catalog or Catalog(settings, pool=pool)
     journal, outbox = build_ledger(settings, metrics, sinks)
-    budget = BodyBudget(
-        settings.max_inflight_body_bytes, settings.max_body_bytes, settings.body_read_timeout
-    )
-    exchanges = Exchanges(budget, metrics)
+    shares = build_shares(settings, metrics)
+    exchanges = Exchanges(build_budget(settings), shares, metrics)
     sends = SendWatch(settings.send_timeout, metrics)
     app = web.Application(
         client_max_size=settings.max_body_bytes,
@@ -113,11 +127,8 @@ def create_app(
     auditor = ScoringAuditor(settings, catalog, pool, recorder, metrics)
     unmetered = Unmetered(settings.unmetered, metrics)
     metered = MeteredRelay(settings, catalog, recorder, metrics, unmetered)
-    handlers: dict[Handling, Work] = {
-        Handling.AUDITED: auditor,
-        Handling.METERED: metered,
-        Handling.DISPATCHED: Invocations(auditor, metered, catalog),
-    }
+    invocations = Invocations(auditor, metered, catalog)
+    handlers: dict[Handling, Work] = {A: auditor, M: metered, D: invocations}
     app[METRICS], app[POOL], app[RECORDER], app[RECONCILER] = metrics, pool, recorder, reconciler
     app[EXCHANGES], app[METERED], app[AUDITOR] = exchanges, metered, auditor
     if outbox is not None:
@@ -137,8 +148,7 @@ def create_app(
         app.cleanup_ctx.append(context)
     admin.add_routes(app, catalog, journal, metrics if settings.admin_port is None else None)
     relay = Relay(settings.upstream_base, settings.body_read_timeout, metrics)
-    routes = Router(
-        exchanges, handlers, relay, unmetered, admin_port=settings.admin_port is not None
-    )
+    admin_port = settings.admin_port is not None
+    routes = Router(exchanges, handlers, relay, unmetered, shares, admin_port=admin_port)
     app.router.add_route("*", "/{tail:.*}", routes.handle)
     return app

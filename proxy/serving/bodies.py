@@ -46,6 +46,12 @@ class BodyBudget:
         self._peak = 0
         self._trims: set[asyncio.Future[None]] = set()
 
+    def reservation(self, request: web.Request) -> int:
+        """The bytes a request's body is held at: its length, or the most it may be."""
+        encoded = request.headers.get("Content-Encoding", "identity").lower() != "identity"
+        sent = None if encoded else request.content_length
+        return min(sent or self.max_body, self.max_body)
+
     async def admit(self, request: web.Request) -> tuple[bytes, int]:
         """Reserve room for the body and read it within the deadline; the caller releases
         the returned reservation. Raises Refused (503 over budget, 408 too slow).
@@ -53,11 +59,9 @@ class BodyBudget:
         A body with a ``Content-Encoding`` is inflated as it is read (aiohttp decodes it,
         bounded by --max-body-bytes, past which the client gets 413): what it holds is its
         decoded size, unknown until read, so it reserves the most it may decode to."""
-        encoded = request.headers.get("Content-Encoding", "identity").lower() != "identity"
-        sent = None if encoded else request.content_length
-        size = min(sent or self.max_body, self.max_body)
-        if self.held + size > self.limit and self.held > 0:
-            raise Refused(self._busy(size))
+        size = self.reservation(request)
+        if not self.fits(size):
+            raise Refused(self.busy(size))
         self.held += size
         self._peak = max(self._peak, self.held)
         try:
@@ -76,7 +80,11 @@ class BodyBudget:
             self._peak = 0
             self._trim()
 
-    def _busy(self, size: int) -> web.Response:
+    def fits(self, size: int) -> bool:
+        """Whether a body of ``size`` is admitted now (a lone body always is)."""
+        return self.held + size <= self.limit or self.held == 0
+
+    def busy(self, size: int) -> web.Response:
         log.warning("body_budget_exhausted", held=self.held, asked=size, limit=self.limit)
         reply = error_response(
             503,

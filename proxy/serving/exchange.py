@@ -22,6 +22,7 @@ from proxy.ledger.records import UsageRecord
 from proxy.metrics import Metrics
 from proxy.serving.attribution import WHO, client_request_id
 from proxy.serving.bodies import BodyBudget, Refused
+from proxy.serving.shares import TenantShares
 from proxy.serving.tenancy import Attribution
 from proxy.serving.upstream import served_path
 
@@ -98,8 +99,9 @@ Work = Callable[[Exchange], Awaitable[web.StreamResponse]]
 class Exchanges:
     """The live exchanges, and admission into them."""
 
-    def __init__(self, budget: BodyBudget, metrics: Metrics) -> None:
+    def __init__(self, budget: BodyBudget, shares: TenantShares, metrics: Metrics) -> None:
         self.budget = budget
+        self._shares = shares
         self._metrics = metrics
         self._live: set[asyncio.Task[Any]] = set()
         self._quiet = asyncio.Event()
@@ -116,13 +118,23 @@ class Exchanges:
 
     async def serve(self, request: web.Request, route: Route, work: Work) -> web.StreamResponse:
         """Admit and read the body, then run ``work`` on the exchange in its own task."""
-        started = time.perf_counter()
+        started, who = time.perf_counter(), request[WHO]
+        size = self.budget.reservation(request)
+        refusal = None if self.budget.fits(size) else self.budget.busy(size)
+        refusal = refusal or self._shares.hold(who.tenant, size)
+        if refusal is not None:
+            self._metrics.refused.labels(str(refusal.status)).inc()
+            return refusal
         try:
             body, reserved = await self.budget.admit(request)
         except Refused as exc:
+            self._shares.release(who.tenant, size)
             self._metrics.refused.labels(str(exc.response.status)).inc()
             return exc.response
-        return await self.run(Exchange(request, route, body, reserved, started, request[WHO]), work)
+        except BaseException:
+            self._shares.release(who.tenant, size)
+            raise
+        return await self.run(Exchange(request, route, body, reserved, started, who), work)
 
     async def run(self, exchange: Exchange, work: Work) -> web.StreamResponse:
         """``work(exchange)`` in a task of its own, which the caller's cancellation does not
@@ -161,6 +173,7 @@ class Exchanges:
         if task is not None:
             self._live.discard(task)
         self.budget.release(exchange.reserved)
+        self._shares.release(exchange.who.tenant, exchange.reserved)
         if status >= 400:
             self.failed += 1
         if not self._live:

@@ -11,12 +11,14 @@ from aiohttp.typedefs import Handler, Middleware
 
 from proxy.accounting.dispatch import prepare
 from proxy.accounting.routes import SCORING_OPERATIONS, Handling, Route, route_of
+from proxy.serving.attribution import WHO
 from proxy.serving.audited import ScoringAuditor
 from proxy.serving.bodies import off_loop
 from proxy.serving.catalog import Catalog
 from proxy.serving.exchange import Exchange, Exchanges, Work
 from proxy.serving.metered import MeteredRelay
 from proxy.serving.sendwatch import SendWatch
+from proxy.serving.shares import TenantShares
 from proxy.serving.unmetered import Unmetered
 from proxy.serving.upstream import TARGET, error_response
 from proxy.wire.targets import BadTarget, normalize
@@ -77,16 +79,32 @@ class Router:
         handlers: Mapping[Handling, Work],
         relay: Handler,
         unmetered: Unmetered,
+        shares: TenantShares,
         *,
         admin_port: bool,
     ) -> None:
         self._exchanges = exchanges
+        self._shares = shares
         self._handlers = handlers
         self._relay = relay
         self._unmetered = unmetered
         self._admin_port = admin_port
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        """The request within its tenant's share of upstream connections (probes need
+        no key and have no tenant)."""
+        who = request.get(WHO)
+        if who is None:
+            return await self._route(request)
+        refusal = self._shares.enter(who.tenant)
+        if refusal is not None:
+            return refusal
+        try:
+            return await self._route(request)
+        finally:
+            self._shares.leave(who.tenant)
+
+    async def _route(self, request: web.Request) -> web.StreamResponse:
         path = request[TARGET].path
         route = route_of(path)
         refusal = self._refusal(request.method, path, route)

@@ -26,6 +26,7 @@ async def tight(aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path) -> 
         minilm_path,
         max_inflight_body_bytes=4096,
         body_read_timeout=0.5,
+        tenant_share=1.0,  # one tenant: the global budget is what is tested
     )
 
 

@@ -36,6 +36,7 @@ async def test_a_client_that_reads_nothing_lets_go_of_its_upstream_connection(
         STALLED_ANSWER,
         send_timeout=0.5,
         upstream_connections=1,
+        tenant_share=1.0,  # one tenant: the connection it leaves is what is tested
         connect_timeout=5,
     )
     release.set()

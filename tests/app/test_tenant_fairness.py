@@ -54,6 +54,7 @@ async def test_a_compressed_body_reserves_its_decoded_size(
         middlewares=(slow_embeddings(1.0, seen),),
         max_inflight_body_bytes=8 * MIB,
         max_body_bytes=32 * MIB,
+        tenant_share=1.0,  # one tenant here: the global budget is what is tested
     )
     body = gzipped_embeddings(21 * MIB)
     headers = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
@@ -124,3 +125,52 @@ async def test_the_count_cache_reveals_nothing_across_tenants(
     assert cache.hits == hits  # bob's request found none of alice's counts
     await rerank("sk-alice")
     assert cache.hits == hits + 11  # alice's own repeat: every text a hit
+
+
+def held_until(gate: asyncio.Event) -> Any:
+    """The fake holds every embeddings answer until ``gate`` opens."""
+
+    @web.middleware
+    async def held(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path == "/v1/embeddings":
+            await gate.wait()
+        return await handler(request)  # type: ignore[no-any-return]
+
+    return held
+
+
+async def test_one_tenant_cannot_hold_every_upstream_connection(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, api_keys: Any
+) -> None:
+    """Regression: with --upstream-connections 4, four of bob's requests that the upstream
+    (or bob, not reading) held made alice's rerank wait and fail with 504. A tenant holds
+    at most its share (--tenant-share): bob's third gets 429 with Retry-After, alice is
+    served while bob's two are still held."""
+    gate = asyncio.Event()
+    keys = api_keys(alice="sk-alice", bob="sk-bob")
+    _, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        middlewares=(held_until(gate),),
+        api_keys=keys,
+        upstream_connections=4,
+        tenant_share=0.5,
+        connect_timeout=2,
+    )
+    bob = {"Authorization": "Bearer sk-bob"}
+    alice = {"Authorization": "Bearer sk-alice"}
+    held = [
+        asyncio.create_task(client.post("/v1/embeddings", json={"input": "x"}, headers=bob))
+        for _ in range(2)
+    ]
+    await asyncio.sleep(0.3)
+    third = await client.post("/v1/embeddings", json={"input": "x"}, headers=bob)
+    assert third.status == 429
+    assert third.headers["Retry-After"] == "1"
+    resp = await asyncio.wait_for(
+        client.post("/rerank", json={"query": "q", "documents": ["d"]}, headers=alice), 10
+    )
+    assert resp.status == 200
+    gate.set()
+    assert [(await t).status for t in held] == [200, 200]

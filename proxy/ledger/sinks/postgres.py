@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from importlib import resources
 from typing import Any
 
 import asyncpg
@@ -10,6 +11,22 @@ import asyncpg
 from proxy.ledger.records import UsageRecord
 from proxy.ledger.sinks import PermanentDeliveryError
 from proxy.ledger.windows import Entry, SettledWindow
+
+
+def ledger_sql() -> tuple[str, str]:
+    """The ledger's DDL and the schema-version-1 migration (without its BEGIN/COMMIT:
+    the proxy runs it in its own transaction)."""
+    text = (resources.files("proxy.ledger.sinks") / "ledger.sql").read_text(encoding="utf-8")
+    ddl, _, migration = text.partition("-- migrate: schema version 1 to 2\n")
+    statements = [line for line in migration.splitlines() if not line.startswith("--")]
+    body = "\n".join(s for s in statements if s not in ("BEGIN;", "COMMIT;"))
+    return ddl, body
+
+
+# The DDL lives in ledger.sql beside this module, the one copy (teams that migrate schemas
+# themselves run the same file). Token counts are bigint: the ledger holds every count a
+# record may carry (wire.usage.MAX_TOKENS).
+LEDGER_DDL, MIGRATE_V1 = ledger_sql()
 
 
 async def migrate(conn: Any) -> None:
@@ -23,60 +40,6 @@ async def migrate(conn: Any) -> None:
             await conn.execute(MIGRATE_V1)
         await conn.execute(LEDGER_DDL)
 
-
-# Also shipped as docs/ledger.sql for teams that migrate schemas themselves. Token counts
-# are bigint: the ledger holds every count a record may carry (wire.usage.MAX_TOKENS).
-LEDGER_DDL = """
-CREATE TABLE IF NOT EXISTS usage_records (
-    record_id uuid PRIMARY KEY,
-    schema_version integer NOT NULL,
-    client_request_id text,
-    time timestamptz NOT NULL,
-    tenant text NOT NULL,
-    key_hash text,
-    model text,
-    endpoint text NOT NULL,
-    operation text NOT NULL,
-    upstream_version text,
-    prompt_tokens_reported bigint,
-    prompt_tokens_billed bigint,
-    completion_tokens_reported bigint,
-    completion_tokens_billed bigint,
-    verdict text,
-    m bigint,
-    n bigint,
-    status integer NOT NULL,
-    aborted boolean NOT NULL DEFAULT false,
-    latency_ms double precision NOT NULL,
-    instance text NOT NULL,
-    inserted_at timestamptz NOT NULL DEFAULT now()
-);
-CREATE INDEX IF NOT EXISTS usage_records_tenant_time ON usage_records (tenant, time);
-CREATE TABLE IF NOT EXISTS reconciliation_windows (
-    window_id uuid PRIMARY KEY,
-    instance text NOT NULL,
-    upstream text NOT NULL,
-    start_time timestamptz NOT NULL,
-    end_time timestamptz NOT NULL,
-    status text NOT NULL,
-    body jsonb NOT NULL,
-    inserted_at timestamptz NOT NULL DEFAULT now()
-);
-"""
-
-# Schema version 1 -> 2 (run once, in one transaction, when the table predates version 2).
-MIGRATE_V1 = """
-ALTER TABLE usage_records RENAME COLUMN request_id TO client_request_id;
-ALTER TABLE usage_records ALTER COLUMN client_request_id DROP NOT NULL;
-ALTER TABLE usage_records
-    ALTER COLUMN prompt_tokens_reported TYPE bigint,
-    ALTER COLUMN prompt_tokens_billed TYPE bigint,
-    ALTER COLUMN completion_tokens_reported TYPE bigint,
-    ALTER COLUMN completion_tokens_billed TYPE bigint,
-    ALTER COLUMN m TYPE bigint,
-    ALTER COLUMN n TYPE bigint,
-    ADD COLUMN IF NOT EXISTS aborted boolean NOT NULL DEFAULT false;
-"""
 
 COLUMNS_AND_TYPES = (
     ("record_id", "uuid"),

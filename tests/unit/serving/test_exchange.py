@@ -14,11 +14,13 @@ def _exchanges() -> Any:
     from proxy.metrics import Metrics
     from proxy.serving.bodies import BodyBudget
     from proxy.serving.exchange import Exchange, Exchanges
+    from proxy.serving.shares import TenantShares
     from proxy.serving.tenancy import Attribution
     from proxy.settings import Settings
 
     metrics = Metrics(Settings(upstream="http://127.0.0.1:9"))
-    exchanges = Exchanges(BodyBudget(1024, 1024, 1.0), metrics)
+    shares = TenantShares(8, 1024, 1.0, metrics)
+    exchanges = Exchanges(BodyBudget(1024, 1024, 1.0), shares, metrics)
     request = make_mocked_request("POST", "/rerank")
     exchange = Exchange(request, BY_PATH["/rerank"], b"", 0, 0.0, Attribution("t", None))
     return exchanges, exchange

@@ -1,4 +1,5 @@
--- usage ledger, schema version 2 (created by the proxy on first delivery)
+-- The usage ledger, schema version 2: what the proxy runs on first delivery (this file is
+-- read by proxy/ledger/sinks/postgres.py), for teams that migrate schemas themselves.
 CREATE TABLE IF NOT EXISTS usage_records (
     record_id uuid PRIMARY KEY,
     schema_version integer NOT NULL,
@@ -35,6 +36,7 @@ CREATE TABLE IF NOT EXISTS reconciliation_windows (
     inserted_at timestamptz NOT NULL DEFAULT now()
 );
 
+-- migrate: schema version 1 to 2
 -- Migrating a schema-version-1 table (the proxy does this by itself, in one transaction,
 -- when it finds the v1 column request_id; run it yourself if the proxy's role may not
 -- ALTER the table). v1 record ids were uuid5(client X-Request-Id) and stay as they are;
