@@ -58,7 +58,7 @@ def analyse(
     return replace(found, accounting_ms=(time.perf_counter() - started) * 1000)
 
 
-# Inline analysis hashes each text for its cache lookup (about 1 us each): past this many
+# Inline analysis hashes each text for its cache lookup on the event loop: past this many
 # texts a small body still goes to the pool.
 INLINE_MAX_TEXTS = 256
 

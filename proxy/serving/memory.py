@@ -12,7 +12,7 @@ from typing import Any
 
 @functools.cache
 def _libc() -> Any:
-    """The C library, looked up once (find_library runs ldconfig: about 2 ms)."""
+    """The C library, looked up once (find_library runs ldconfig, too slow for a request)."""
     name = ctypes.util.find_library("c")
     return ctypes.CDLL(name) if name else None
 

@@ -1,9 +1,9 @@
 """JSON parsing for request and answer bodies: pydantic's parser first, the standard
 library's second.
 
-pydantic-core's ``from_json`` (the jiter parser, already here with pydantic) reads a
-33 KB rerank body in about 6 us against 27 us for ``json.loads``, and keeps integers of
-any size, NaN and Infinity as ``json.loads`` does. What it refuses (a byte-order mark,
+pydantic-core's ``from_json`` (the jiter parser, already here with pydantic) is several
+times faster than ``json.loads`` on request bodies (docs/performance.md), and keeps
+integers of any size, NaN and Infinity as ``json.loads`` does. What it refuses (a byte-order mark,
 UTF-16 bodies, lone surrogate escapes, and malformed JSON) is read again by
 ``json.loads``: every body means exactly what it meant before, and what neither accepts
 raises ValueError as ``json.loads`` does.
@@ -32,9 +32,9 @@ def top_members(data: bytes, members: type[BaseModel]) -> dict[str, Any] | None:
     the last counts); None when ``data`` is not a JSON object.
 
     pydantic-core reads them straight from the bytes and skips everything else without
-    making Python objects of it: a 16 MB embeddings answer holds the GIL for 20 ms
-    instead of 50 ms, a 15 MB embeddings request for 1.3 ms and no copy instead of 2.6 ms
-    and 16 MB. What its parser refuses is read by ``loads``, as everywhere else.
+    making Python objects of it, so a large body holds the GIL for a fraction of a whole
+    parse and leaves no copy (docs/reliability.md, "event loop"). What its parser refuses
+    is read by ``loads``, as everywhere else.
     """
     try:
         found = members.model_validate_json(data)
