@@ -97,11 +97,13 @@ class _Head(BaseModel):
     background: Any = None
 
 
-def unbillable_feature(operation: str, payload: dict[str, Any]) -> str | None:
+def unbillable_feature(operation: str, payload: dict[str, Any], direct: bool) -> str | None:
     """The feature of a request whose answer carries no usage: embeddings or pooling as
-    ``bytes_only`` (raw tensors, no metadata), or a background response (answered queued,
-    the engine's work done after the answer)."""
-    if operation in ("embeddings", "pooling") and payload.get("encoding_format") == "bytes_only":
+    ``bytes_only`` (raw tensors, no metadata; on ``/invocations`` whatever operation the
+    body looks like, since vLLM may read it as another), or a background response
+    (answered queued, the engine's work done after the answer)."""
+    pooled = operation in ("embeddings", "pooling") or not direct
+    if pooled and payload.get("encoding_format") == "bytes_only":
         return "embeddings.bytes_only"
     if operation == "responses" and lax_bool(payload.get("background")):
         return "responses.background"
@@ -109,19 +111,25 @@ def unbillable_feature(operation: str, payload: dict[str, Any]) -> str | None:
 
 
 def prepare(
-    path: str, body: bytes, task_of: Callable[[str | None], str | None] = lambda _: None
+    path: str,
+    body: bytes,
+    task_of: Callable[[str | None], str | None] = lambda _: None,
+    adapter: str | None = None,
 ) -> Prepared:
     """Read one metered request; for a stream that did not ask for
     ``stream_options.include_usage``, the body to send asks for it (the proxy then hides
     that chunk from the client). A direct endpoint's request is read for its deciding
-    members only; ``/invocations`` is dispatched by its whole body."""
+    members only; ``/invocations`` is dispatched by its whole body, and the model a
+    SageMaker ``adapter`` header names replaces the body's, as vLLM's does."""
     direct = operation_of(path)
     payload = top_members(body, _Head) if direct else load_object(body)
     if payload is None:
         return Prepared(body, direct or "other", None)
+    if adapter is not None and not direct:
+        payload = {**payload, "model": adapter}
     model = payload.get("model") if isinstance(payload.get("model"), str) else None
     operation = direct or invocation_operation(payload, task_of(model))
-    unbillable = unbillable_feature(operation, payload)
+    unbillable = unbillable_feature(operation, payload, direct is not None)
     if unbillable is not None:
         return Prepared(body, operation, model, unbillable=unbillable)
     if operation not in STREAMING_OPERATIONS or not lax_bool(payload.get("stream")):

@@ -63,11 +63,6 @@ HELD_ANSWERS_TOTAL = 64 * 1024 * 1024
 
 # The content type of a ``bytes`` embeddings or pooling answer (raw tensors).
 TENSORS = "application/octet-stream"
-# A background Responses request is answered at once, queued, with no usage; the engine
-# works on and the result is fetched later (GET /v1/responses/{id}, any number of times).
-NOT_IN_THE_ANSWER = (
-    "no usage in the answer (a background response): the engine's work is not billed"
-)
 
 
 class AnswerRoom:
@@ -128,8 +123,8 @@ class MeteredRelay:
             ) as upstream:
                 if upstream.content_type == "text/event-stream":
                     return await self._stream(exchange, upstream, prepared)
-                metadata = upstream.headers.get("metadata")
-                if metadata is not None and upstream.content_type == TENSORS:
+                if upstream.content_type == TENSORS:
+                    metadata = upstream.headers.get("metadata")
                     return await self._tensors(exchange, upstream, prepared, metadata)
                 encoded = bool(content_codings(upstream.headers.get("Content-Encoding")))
                 if encoded:  # held to be decoded, up to the limit
@@ -165,9 +160,7 @@ class MeteredRelay:
         try:
             payload = await readable_body(payload, headers, self._limit)
             out_headers = reply_headers(headers)
-            reading = await off_loop(read_usage, payload, payload) if success else None
-            if reading is None and success and prepared.operation == "responses":
-                reading = Reading(None, None, NOT_IN_THE_ANSWER)
+            reading = await off_loop(_read_metered, payload, payload) if success else None
         except UnreadableBody as exc:  # passed on as sent; recorded, billed nothing
             out_headers = response_headers(headers, keep_length=False)
             reading = Reading(None, None, f"unreadable answer: {exc}") if success else None
@@ -227,7 +220,7 @@ class MeteredRelay:
         if client_gone:
             client_left(request, self._metrics, billed=scanner.usage is not None)
         reading = _reading_of_stream(scanner)
-        if reading is not None and 200 <= upstream.status < 300:
+        if 200 <= upstream.status < 300:
             await self._settle(exchange, prepared, reading, upstream.status, client_gone)
         if client_gone:
             return reply
@@ -261,14 +254,18 @@ class MeteredRelay:
         exchange: Exchange,
         upstream: aiohttp.ClientResponse,
         prepared: Prepared,
-        metadata: str,
+        metadata: str | None,
     ) -> web.StreamResponse:
         """A ``bytes`` embeddings or pooling answer: raw tensors, the usage in its
         ``metadata`` header. Recorded before the body is passed on (the engine's work is
         done once the answer starts)."""
         headers = response_headers(upstream.headers, keep_length=True)
         if 200 <= upstream.status < 300:
-            reading = usage_in_metadata(metadata)
+            reading = (
+                usage_in_metadata(metadata)
+                if metadata is not None
+                else Reading(None, None, "raw tensors without a metadata header: no usage")
+            )
             headers.update(await self._settle(exchange, prepared, reading, upstream.status))
         return await pass_on(exchange.request, upstream, b"", headers)
 
@@ -307,11 +304,20 @@ class MeteredRelay:
 METERED = web.AppKey("metered_relay", MeteredRelay)
 
 
-def _reading_of_stream(scanner: UsageScanner) -> Reading | None:
-    """The usage a stream carried; invalid when it could not be known, never missing."""
+def _read_metered(payload: bytes) -> Reading | None:
+    """What a successful metered answer bills: its usage, or an invalid reading when it
+    has none (recorded, so the unbilled work shows); None only for an error body."""
+    return read_usage(payload, missing=True)
+
+
+def _reading_of_stream(scanner: UsageScanner) -> Reading:
+    """The usage a stream carried; invalid when it could not be known or it carried
+    none (recorded, never missing)."""
     if scanner.problem is not None:
         return Reading(None, None, scanner.problem)
-    return reading_of(scanner.usage) if scanner.usage is not None else None
+    if scanner.usage is None:
+        return Reading(None, None, "no usage in the stream: the engine's work is not billed")
+    return reading_of(scanner.usage)
 
 
 def _reading_at_end(end: bytes) -> Reading:

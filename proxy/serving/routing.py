@@ -49,6 +49,10 @@ def guard(sends: SendWatch) -> Middleware:
     return guarded
 
 
+# vLLM's /invocations (SageMaker) lets this header name the model instead of the body.
+ADAPTER_HEADER = "X-Amzn-SageMaker-Adapter-Identifier"
+
+
 class Invocations:
     """``/invocations``: vLLM dispatches by body; so does the proxy, to the same operation's
     audited or metered path, so records and metrics match the direct endpoint."""
@@ -57,11 +61,16 @@ class Invocations:
         self._auditor, self._metered, self._catalog = auditor, metered, catalog
 
     async def __call__(self, exchange: Exchange) -> web.StreamResponse:
-        body = exchange.body
-        prepared = await off_loop(prepare, body, exchange.path, body, self._catalog.task_of)
+        body, task_of = exchange.body, self._catalog.task_of
+        adapter = exchange.request.headers.get(ADAPTER_HEADER)
+        prepared = await off_loop(prepare, body, exchange.path, body, task_of, adapter)
         if prepared.operation in SCORING_OPERATIONS:
             return await self._auditor.audit(exchange, prepared.operation)
         return await self._metered.relay(exchange, prepared)
+
+
+# The share that requests on keyless routes (probes) are counted under.
+KEYLESS = "(keyless)"
 
 
 class Router:
@@ -92,17 +101,16 @@ class Router:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """The request within its tenant's share of upstream connections (probes need
-        no key and have no tenant)."""
+        no key: they share one, so keyless requests cannot hold every connection)."""
         who = request.get(WHO)
-        if who is None:
-            return await self._route(request)
-        refusal = self._shares.enter(who.tenant)
+        tenant = who.tenant if who is not None else KEYLESS
+        refusal = self._shares.enter(tenant)
         if refusal is not None:
             return refusal
         try:
             return await self._route(request)
         finally:
-            self._shares.leave(who.tenant)
+            self._shares.leave(tenant)
 
     async def _route(self, request: web.Request) -> web.StreamResponse:
         path = request[TARGET].path

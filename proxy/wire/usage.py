@@ -256,16 +256,24 @@ class _Deciding(BaseModel):
     meta: Any = None
 
 
-def read_usage(payload: bytes) -> Reading | None:
+NO_USAGE = "no usage in the answer: the engine's work is not billed"
+
+
+def read_usage(payload: bytes, *, missing: bool = False) -> Reading | None:
     """The usage of a successful JSON answer, read like its client reads it (for a
-    repeated member the last one counts); None when there is nothing to bill."""
+    repeated member the last one counts); None when there is nothing to bill. With
+    ``missing``, an answer that is no error but carries no usage is an invalid reading
+    (recorded, billed nothing) instead of None: on a metered route, engine work was done."""
     members = top_members(payload, _Deciding)
-    if members is None or is_error_body(members):
+    if members is not None and is_error_body(members):
         return None
-    usage = members.get("usage")
+    usage = members.get("usage") if members is not None else None
     if isinstance(usage, dict):
         return reading_of(usage)
-    return _billed_units(members.get("meta"))
+    found = _billed_units(members.get("meta")) if members is not None else None
+    if found is None and missing:
+        return Reading(None, None, NO_USAGE)
+    return found
 
 
 def _billed_units(meta: Any) -> Reading | None:

@@ -296,3 +296,59 @@ async def test_engine_metrics_stay_private_behind_an_admin_port(
         assert resp.status == 404, raw
         assert "vllm:" not in await resp.text()
     assert len(paths) == before
+
+
+def answers_without_usage() -> Any:
+    """The fake answers /pooling as an IO-processor plugin does (no usage) and
+    /invocations with raw tensors but no metadata header."""
+
+    @web.middleware
+    async def no_usage(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path == "/pooling":
+            return web.json_response({"id": "pool-1", "data": [{"output": [1, 2]}]})
+        if request.path == "/invocations":
+            return web.Response(body=b"\x00" * 16, content_type="application/octet-stream")
+        return await handler(request)  # type: ignore[no-any-return]
+
+    return no_usage
+
+
+@pytest.mark.parametrize("path", ["/pooling", "/invocations"])
+async def test_a_successful_metered_answer_without_usage_is_recorded(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path, path: str
+) -> None:
+    """Found in review: a 2xx metered answer with no usage in it (an IO-processor
+    plugin's pooling, tensors without their metadata) left no record at all. It is
+    recorded ``invalid``: billed nothing, but the engine's work shows."""
+    _, client = await fake_and_proxy(
+        aiohttp_server, aiohttp_client, minilm_path, middlewares=(answers_without_usage(),)
+    )
+    resp = await client.post(path, json={"input": ["x"], "encoding_format": "float"})
+    assert resp.status == 200
+    (record,) = records(tmp_path / "journal.sqlite")
+    assert (record["verdict"], record["prompt_tokens_billed"]) == ("invalid", None)
+    assert resp.headers["x-usage-record-id"] == record["record_id"]
+
+
+async def test_invocations_read_the_model_as_vllm_does_and_refuse_bytes_only_anyway(
+    rig: Any, tmp_path: Path
+) -> None:
+    """Found in review: vLLM's /invocations takes the model from the SageMaker adapter
+    header over the body's, and may read a chat-looking body as an embedding request, so
+    ``bytes_only`` (no usage) got past a check keyed on the operation. It is refused
+    whatever the body looks like, and the header's model is the one billed."""
+    _, client, paths = rig
+    before = len(paths)
+    body = {"model": "nonexistent", "messages": [{"role": "user", "content": "hi"}]}
+    adapter = {"X-Amzn-SageMaker-Adapter-Identifier": "minilm"}
+    resp = await client.post(
+        "/invocations", json={**body, "encoding_format": "bytes_only"}, headers=adapter
+    )
+    assert resp.status == 400
+    assert len(paths) == before
+    resp = await client.post(
+        "/invocations", json={"input": ["x"], "model": "nope"}, headers=adapter
+    )
+    assert resp.status in (200, 404)
+    for record in records(tmp_path / "journal.sqlite"):
+        assert record["model"] == "minilm"

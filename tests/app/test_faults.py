@@ -13,9 +13,11 @@ import pytest
 from aiohttp import web
 
 from proxy.ledger.journal_files import read_journal
+from proxy.serving.app import EXCHANGES
 from proxy.serving.upstream import SESSION
 from tests.support.fakevllm import FakeVLLM
 from tests.support.proxies import fake_and_proxy
+from tests.support.waits import eventually
 
 GOOD = {"query": "What is the capital of France?", "documents": ["Paris.", "Berlin."]}
 HUGE = 20 * 1024 * 1024
@@ -153,9 +155,15 @@ async def test_fault_table(rig: Any, fault: str) -> None:
     ok = await client.post("/rerank", json=GOOD)
     assert ok.status == 200
     assert ok.headers["x-usage-verdict"] == "corrected"
-    await asyncio.sleep(0.05)
     connector = client.app[SESSION].connector
     assert connector is not None
+
+    async def settled() -> bool:
+        """Every exchange ended (its task done) and its upstream connection returned;
+        on a loaded machine that can take longer than any fixed pause."""
+        return client.app[EXCHANGES].in_flight == 0 and not connector._acquired
+
+    await eventually(settled)
     assert len(connector._acquired) == 0  # no connection left checked out
     assert len(asyncio.all_tasks()) <= baseline_tasks + 1
 
