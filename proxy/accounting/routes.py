@@ -162,10 +162,6 @@ def route_of(path: str) -> Route | None:
     return next((r for pattern, r in _TEMPLATED if pattern.fullmatch(path)), None)
 
 
-def paths(*handlings: Handling) -> frozenset[str]:
-    return frozenset(r.path for r in ROUTES if r.handling in handlings)
-
-
 def operation_of(path: str) -> str | None:
     """The operation a direct POST to ``path`` performs (None: not a metered route)."""
     route = BY_PATH.get(path)
