@@ -152,6 +152,19 @@ SPECS: dict[str, _Spec] = {
         "Successful answers whose usage is not a valid token count (billed nothing).",
         ("endpoint",),
     ),
+    "shortcuts_trusted": _Spec(
+        Gauge,
+        "usage_proxy_shortcuts_trusted",
+        "1 once full recounts of the model proved the proxy reads it right (derivation and "
+        "formula verdicts allowed), 0 while proving or after a full recount disagreed.",
+        ("model",),
+    ),
+    "recount_disagreements": _Spec(
+        Counter,
+        "usage_proxy_recount_disagreements",
+        "Models a full recount disproved (mismatch): shortcuts are off for them from then on.",
+        ("model",),
+    ),
     "aborted": _Spec(
         Counter,
         "usage_proxy_client_aborted",
@@ -278,6 +291,8 @@ class Metrics:
     journal_replaced: Counter
     refused: Counter
     invalid_usage: Counter
+    shortcuts_trusted: Gauge
+    recount_disagreements: Counter
     aborted: Counter
     stalled_clients: Counter
     unmetered: Counter

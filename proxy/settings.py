@@ -169,8 +169,16 @@ class Settings(BaseSettings):
         1.0,
         ge=0.0,
         le=1.0,
-        description="Share of bi-encoder requests recounted in full; the rest use the "
-        "derivation from the reported count and the query length (release known).",
+        description="Share of requests recounted in full once a model is trusted; the rest "
+        "are judged by a shortcut (bi-encoders: the derivation from the reported count and "
+        "the query length). Until then every request is recounted.",
+    )
+    trust_after_recounts: int = Field(
+        3,
+        ge=1,
+        description="Full recounts of a model (per release) that must agree with the upstream "
+        "(exact or corrected) before --recount-fraction's shortcuts are used for it; one "
+        "disagreement turns them off for that model.",
     )
     count_cache_size: int = Field(
         50_000,

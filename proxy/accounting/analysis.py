@@ -28,6 +28,8 @@ Lookup = Callable[[str | None], ServedModel | None]
 # The tokenizer to count with for a model's tokenizer: a worker thread's own copy, or a
 # view of the count cache alone that raises NotCached instead of tokenizing.
 CountWith = Callable[[Tokenizer], Tokenizer]
+# Whether a request for this model is recounted in full (else only its query is counted).
+RecountInFull = Callable[[ServedModel], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,13 +44,25 @@ class Analysis:
 
 
 def wants_full_recount(recount_fraction: float) -> bool:
-    """Whether this request is recounted in full; otherwise only its query is counted
-    (the derivation path), as ``--recount-fraction`` asks."""
+    """Whether this request is drawn for a full recount; otherwise only its query is
+    counted (the derivation path), as ``--recount-fraction`` asks."""
     return recount_fraction >= 1.0 or random.random() < recount_fraction
 
 
+def in_full(sampled: bool, trusted: Callable[[ServedModel], bool]) -> RecountInFull:
+    """A request is recounted in full when drawn for it, or when its model is not yet
+    trusted with the derivation (``proxy.accounting.proof``)."""
+    if sampled:
+        return _always
+    return lambda model: not trusted(model)
+
+
+def _always(model: ServedModel) -> bool:
+    return True
+
+
 def analyse(
-    body: bytes, path: str, lookup: Lookup, count_with: CountWith, full: bool = True
+    body: bytes, path: str, lookup: Lookup, count_with: CountWith, full: RecountInFull = _always
 ) -> Analysis:
     """Parse and count one request body (runs in a tokenizer thread), timed."""
     started = time.perf_counter()
@@ -64,7 +78,7 @@ INLINE_MAX_TEXTS = 256
 
 
 def analyse_cached(
-    body: bytes, path: str, lookup: Lookup, cached: CountWith, full: bool
+    body: bytes, path: str, lookup: Lookup, cached: CountWith, full: RecountInFull
 ) -> Analysis | None:
     """``analyse`` with ``cached`` counts alone, or None when a count it needs is not
     cached. Never tokenizes: small bodies whose texts were all seen before (the common
@@ -111,12 +125,12 @@ def _understand(body: bytes, path: str, lookup: Lookup) -> Analysis | Countable:
     return Countable(request, model, model.profile, model.tokenizer)
 
 
-def _count(found: Countable, tok: Tokenizer, full: bool) -> Analysis:
-    """Count in full when ``full``, falling back to the query alone when a text is beyond
-    the tokenizer's memory bound."""
+def _count(found: Countable, tok: Tokenizer, full: RecountInFull) -> Analysis:
+    """Count in full when ``full`` says so for the model, falling back to the query alone
+    when a text is beyond the tokenizer's memory bound."""
     request, profile = found.request, found.profile
     problem = None
-    for attempt in (True, False) if full else (False,):
+    for attempt in (True, False) if full(found.model) else (False,):
         try:
             counted = count_request(
                 tok,
@@ -129,7 +143,7 @@ def _count(found: Countable, tok: Tokenizer, full: bool) -> Analysis:
         except Uncountable as exc:  # memory bound: fall back to the query-only derivation
             problem = f"not counted: {exc}"
             continue
-        return Analysis(request, found.model, counted)
+        return Analysis(request, found.model, counted, problem)
     return Analysis(request, found.model, None, problem)
 
 
@@ -155,13 +169,22 @@ def over_limit(body: bytes, path: str, limit: int) -> str | None:
     return None
 
 
-def decide(analysis: Analysis, reported: int | None, problem: str | None = None) -> Audit:
+def decide(
+    analysis: Analysis,
+    reported: int | None,
+    problem: str | None = None,
+    trusted: Callable[[ServedModel], bool] = lambda model: False,
+) -> Audit:
     """Verdict for a successful response that reported ``reported`` prompt tokens
-    (``problem``: why its usage is not a valid count)."""
+    (``problem``: why its usage is not a valid count). A request that was not recounted in
+    full is judged by a shortcut only when ``trusted`` says its model has been proven."""
     if problem is not None or reported is None:
         return invalid(problem or "usage has no prompt_tokens")
     request, model, counted = analysis.request, analysis.model, analysis.counted
     if request is None or model is None or model.profile is None or counted is None:
         return unaudited(analysis.problem or "not counted", reported)
     assert request.pairing is not None
+    if counted.recount is None and not trusted(model):
+        reason = analysis.problem or "not recounted in full"
+        return unaudited(f"{reason}; no shortcut before full recounts proved the model", reported)
     return judge(reported, counted, model.profile, request.pairing, len(request.documents))

@@ -21,9 +21,11 @@ from proxy.accounting.analysis import (
     analyse,
     analyse_cached,
     decide,
+    in_full,
     over_limit,
     wants_full_recount,
 )
+from proxy.accounting.proof import Change, Proofs, Standing
 from proxy.accounting.types import Verdict
 from proxy.accounting.verdicts import Audit, invalid, unaudited
 from proxy.ledger.recorder import Recorder
@@ -99,6 +101,7 @@ class ScoringAuditor:
         self._pool = pool
         self._recorder = recorder
         self._metrics = metrics
+        self.proofs = Proofs(settings.trust_after_recounts)
 
     async def __call__(self, exchange: Exchange) -> web.StreamResponse:
         return await self.audit(exchange, exchange.route.operation)
@@ -159,6 +162,11 @@ class ScoringAuditor:
 
     async def _settle(self, outcome: Outcome) -> dict[str, str]:
         """Record, log and measure one audited exchange; the headers its answer carries."""
+        model = outcome.analysis.model if outcome.analysis else None
+        if model is not None:
+            change = self.proofs.observe(model, outcome.audit.verdict, outcome.audit.method)
+            if change is not None:
+                _standing_changed(self._metrics, change, outcome.audit)
         record = self._record(outcome)
         journaled = await self._recorder.record(record)
         _log(outcome, record.record_id)
@@ -170,7 +178,7 @@ class ScoringAuditor:
         every text was seen before (by this tenant: the cache keeps tenants apart), else
         in the tokenizer pool while the upstream works."""
         loop = asyncio.get_running_loop()
-        full = wants_full_recount(self._settings.recount_fraction)
+        full = in_full(wants_full_recount(self._settings.recount_fraction), self.proofs.trusted)
         lookup = self._catalog.lookup
         if len(body) < INLINE_BYTES:
             try:
@@ -209,7 +217,7 @@ class ScoringAuditor:
                 analysis = await asyncio.wait_for(
                     asyncio.shield(counting), self._settings.accounting_timeout
                 )
-            return decide(analysis, view.reported, view.problem)
+            return decide(analysis, view.reported, view.problem, self.proofs.trusted)
         except TimeoutError:
             if view.problem is not None:
                 return invalid(view.problem)
@@ -292,6 +300,27 @@ def _log(o: Outcome, record_id: str) -> None:
         upstream_ms=round(o.upstream_ms, 2),
         accounting_ms=round(o.analysis.accounting_ms, 2) if o.analysis else None,
         total_ms=round(o.elapsed_ms, 2),
+    )
+
+
+def _standing_changed(metrics: Metrics, change: Change, audit: Audit) -> None:
+    """A model became trusted with shortcuts, or a full recount disproved the proxy's
+    reading of it (shortcuts off for it from now on: every request recounted)."""
+    trusted = change.standing is Standing.TRUSTED
+    metrics.shortcuts_trusted.labels(change.model).set(int(trusted))
+    if trusted:
+        log.info("model_proven", model=change.model, full_recounts_agreed=change.proofs)
+        return
+    metrics.recount_disagreements.labels(change.model).inc()
+    log.warning(
+        "model_distrusted",
+        model=change.model,
+        full_recounts_agreed_before=change.proofs,
+        reported=audit.reported,
+        engine=audit.engine,
+        reason=audit.reason,
+        consequence="every request of this model is recounted in full; shortcuts "
+        "(--recount-fraction, formula verdicts) stay off until it is served anew",
     )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from structlog.testing import capture_logs
 
 from proxy.serving.app import create_app
 from proxy.serving.catalog import CATALOG
@@ -359,13 +360,18 @@ async def test_health_and_readiness(proxied: Factory, aiohttp_client: Any) -> No
 async def test_derivation_path_bills_the_same(
     proxied: Factory, path: str, body: dict[str, Any]
 ) -> None:
-    """--recount-fraction 0: only the query is counted; E = R - (N-1)Q - Np is still exact."""
+    """--recount-fraction 0: once three full recounts proved the model, only the query is
+    counted; E = R - (N-1)Q - Np is still exact."""
     fake, client = await proxied("0.29.0", recount_fraction=0.0)
-    before = fake.prompt_tokens_total
-    status, headers, raw = await post(client, path, body)
-    assert status == 200
-    assert json.loads(raw)["usage"]["prompt_tokens"] == fake.prompt_tokens_total - before
-    assert headers["x-usage-verdict"] == "corrected"
+    for attempt in range(4):  # three proving recounts, then the derivation
+        before = fake.prompt_tokens_total
+        with capture_logs() as logs:
+            status, headers, raw = await post(client, path, body)
+        assert status == 200
+        assert json.loads(raw)["usage"]["prompt_tokens"] == fake.prompt_tokens_total - before
+        assert headers["x-usage-verdict"] == "corrected"
+        (audited,) = [e for e in logs if e["event"] == "audited"]
+        assert audited["method"] == ("derived" if attempt == 3 else "recount")
 
 
 async def test_model_from_the_hf_cache(
@@ -385,3 +391,23 @@ async def test_model_from_the_hf_cache(
     status, headers, _ = await post(client, "/rerank", {"query": QUERY, "documents": DOCS})
     assert status == 200
     assert headers["x-usage-verdict"] == "corrected"
+
+
+async def test_a_misread_model_is_never_corrected_by_the_derivation(proxied: Factory) -> None:
+    """Issue #30: the proxy reads the model as a bi-encoder (its config.json says so)
+    while the engine runs it as a cross-encoder (as --hf-overrides does). With
+    --recount-fraction 0 in front of 0.29.0 the derivation used to say ``corrected`` and
+    under-bill. Now shortcuts wait for agreeing full recounts: the first full recount
+    disagrees, the model is distrusted for good, and every request is billed as the
+    engine processed it (reported, for a cross-encoder), never corrected."""
+    fake, client = await proxied("0.29.0", family="cross-encoder", recount_fraction=0.0)
+    rerank = {"query": QUERY, "documents": DOCS}
+    for _ in range(6):
+        before = fake.prompt_tokens_total
+        status, headers, raw = await post(client, "/rerank", rerank)
+        assert status == 200
+        assert headers["x-usage-verdict"] == "mismatch"
+        assert json.loads(raw)["usage"]["prompt_tokens"] == fake.prompt_tokens_total - before
+    metrics = (await (await client.get("/metrics")).text()).splitlines()
+    assert 'usage_proxy_recount_disagreements_total{model="minilm"} 1.0' in metrics
+    assert 'usage_proxy_shortcuts_trusted{model="minilm"} 0.0' in metrics

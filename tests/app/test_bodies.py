@@ -80,13 +80,20 @@ async def test_giant_word_is_proven_by_derivation_not_tokenized(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
 ) -> None:
     """A document that is one 100 KiB word is not tokenized by the proxy (memory bound);
-    the correction is still proven from the query length alone, as vLLM's engine saw it."""
+    once full recounts proved the model, the correction is still made from the query
+    length alone, as vLLM's engine saw it. Before that proof it is billed as reported."""
 
     _, client = await fake_and_proxy(aiohttp_server, aiohttp_client, minilm_path)
     body = {"query": "What is the capital of France?", "documents": ["a" * 100_000, "Paris."]}
     resp = await client.post("/rerank", json=body)
+    assert resp.headers["x-usage-verdict"] == "unaudited"  # no shortcut before the proof
+    for _ in range(3):  # --trust-after-recounts: three full recounts that agree
+        proving = await client.post("/rerank", json={"query": "q", "documents": ["a", "b"]})
+        assert proving.headers["x-usage-verdict"] == "corrected"
+    resp = await client.post("/rerank", json=body)
     assert resp.status == 200
     assert resp.headers["x-usage-verdict"] == "corrected"
-    (record,) = [json.loads(r) for r in read_journal(tmp_path / "journal.sqlite")]
+    records = [json.loads(r) for r in read_journal(tmp_path / "journal.sqlite")]
+    assert records[0]["prompt_tokens_billed"] == records[0]["prompt_tokens_reported"]
     # Q = 9; the giant word is one [UNK]: D = 3 and 4 ("Paris." is [CLS] paris . [SEP])
-    assert record["prompt_tokens_billed"] == 9 + 3 + 4
+    assert records[-1]["prompt_tokens_billed"] == 9 + 3 + 4

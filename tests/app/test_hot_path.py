@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from proxy.accounting.analysis import INLINE_MAX_TEXTS, analyse, analyse_cached
+from proxy.accounting.analysis import INLINE_MAX_TEXTS, analyse, analyse_cached, in_full
 from proxy.serving.audited import AUDITOR
 from proxy.serving.catalog import CATALOG
 from proxy.serving.keys import POOL
@@ -75,10 +75,11 @@ async def test_inline_analysis_equals_the_pools(proxy: Any) -> None:
     ]
     for body in bodies:
         path = "/score" if b"text_1" in body else "/rerank"
-        for full in (True, False):
+        for sampled in (True, False):
+            full = in_full(sampled, lambda model: True)
             pooled = analyse(body, path, catalog.lookup, pool.local_copy, full)
             inline = analyse_cached(body, path, catalog.lookup, CachedCounts, full)
-            if b"max_tokens_per_doc" in body and full:
+            if b"max_tokens_per_doc" in body and sampled:
                 assert inline is None  # a cut needs offsets: the tokenizer, in the pool
                 continue
             if b'"x"' in body:
@@ -100,7 +101,9 @@ async def test_a_text_no_cache_key_is_made_of_goes_to_the_pool(proxy: Any) -> No
     text = "\ud800 " + "a " * EXACT_KEY_CHARS
     body = json.dumps({"model": "minilm", "query": text, "documents": ["d"]}).encode()
     with pytest.raises(UnicodeEncodeError):
-        analyse_cached(body, "/rerank", proxy.app[CATALOG].lookup, CachedCounts, True)
+        analyse_cached(
+            body, "/rerank", proxy.app[CATALOG].lookup, CachedCounts, in_full(True, bool)
+        )
     counting = auditor._count(body, "/rerank")
     with pytest.raises(UnicodeEncodeError):
         await counting
