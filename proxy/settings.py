@@ -65,7 +65,21 @@ class ModelOverride(BaseModel):
     tokenizer: str | None = Field(
         None, description="Tokenizer directory or HF id in the local cache (default: root)."
     )
-    family: Family | None = Field(None, description="Scoring family (default: config.json).")
+    family: Family | None = Field(
+        None,
+        description="Scoring family (default: config.json, corrected by the routes the "
+        "server serves).",
+    )
+    template: Path | None = Field(
+        None,
+        description="The score template file the server was given as --chat-template "
+        "(LLM rerankers such as Qwen3-Reranker); the proxy renders it as vLLM does.",
+    )
+    use_sep_token: bool | None = Field(
+        None,
+        description="An LLM reranker without a template: tokenize query and document as a "
+        "pair (true) or joined (false); default as vLLM decides from the config.",
+    )
 
 
 class Settings(BaseSettings):

@@ -139,6 +139,7 @@ def _count(found: Countable, tok: Tokenizer, full: RecountInFull) -> Analysis:
                 profile.release.applied(request.truncation),
                 profile,
                 full=attempt,
+                template_kwargs=request.template_kwargs,
             )
         except Uncountable as exc:  # memory bound: fall back to the query-only derivation
             problem = f"not counted: {exc}"

@@ -6,11 +6,18 @@ the engine for one request, input by input, including its truncation and padding
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import cast
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, cast
 
-from proxy.accounting.types import EngineProfile, Family, Pairing, Tokenizer, Truncation
+from proxy.accounting.types import (
+    EngineProfile,
+    Family,
+    Pairing,
+    ScorePrompt,
+    Tokenizer,
+    Truncation,
+)
 
 # HF cannot truncate below the number of special tokens; counting with a cap at least this
 # large and then clamping gives exactly vLLM's "tokenize, then slice" length.
@@ -169,19 +176,155 @@ def recount_pairs(
     return Recount(engine, engine, (), lengths)
 
 
+# jina-reranker-m0's own score template (``JinaVLForRanking.get_score_template``); its
+# ``post_process_tokens`` appends one score token to every prompt.
+JINA_VL_TEMPLATE = "**Document**:\n{document}\n**Query**:\n{query}"
+
+
+def template_length(
+    tok: Tokenizer,
+    query: str,
+    document: str,
+    trunc: Truncation,
+    profile: EngineProfile,
+    template_kwargs: Mapping[str, Any],
+) -> int:
+    """Engine length of one LLM-reranker pair (vLLM's ``CrossEncoderIOProcessor``
+    ``get_score_prompt``): the texts are cut first, then put in the prompt, which is
+    tokenized with special tokens and truncated/padded as one input."""
+    prompt, mml = profile.prompt or ScorePrompt(), profile.max_model_len
+    iterative = profile.release.iterative_text_cut
+    if prompt.chat_template is None and prompt.builtin is None and prompt.use_sep_token:
+        return pair_length(tok, query, document, trunc, mml, iterative=iterative)
+    if trunc.max_tokens_per_query > 0:
+        query = cut_text(tok, query, trunc.max_tokens_per_query, iterative=iterative)
+    if trunc.max_tokens_per_doc > 0:
+        document = cut_text(tok, document, trunc.max_tokens_per_doc, iterative=iterative)
+    if prompt.chat_template is not None:
+        messages = ({"role": "query", "content": query}, {"role": "document", "content": document})
+        text = tok.render_chat(prompt.chat_template, messages, dict(template_kwargs))
+        return single_lengths(tok, [text], trunc, mml)[0]
+    if prompt.builtin == "jina-vl":
+        # tokenized (truncated), then the score token appended, then sliced and padded
+        text = JINA_VL_TEMPLATE.format(query=query, document=document)
+        unpadded = replace(trunc, pad_to_max_length=False)
+        length = single_lengths(tok, [text], unpadded, mml)[0] + 1
+        return _finish(length, _keep_limit(trunc, mml), trunc, mml)
+    if trunc.max_tokens_per_doc > 0 and not profile.release.joins_cut_texts:
+        # up to 0.30: the two texts' ids, without special tokens, the document's cut to k
+        q = len(tok.content_offsets(query))
+        d = min(len(tok.content_offsets(document)), trunc.max_tokens_per_doc)
+        return _finish(q + d, _keep_limit(trunc, mml), trunc, mml)
+    return single_lengths(tok, [query + document], trunc, mml)[0]
+
+
+def recount_template(
+    tok: Tokenizer,
+    queries: Sequence[str],
+    documents: Sequence[str],
+    trunc: Truncation,
+    profile: EngineProfile,
+    template_kwargs: Mapping[str, Any],
+) -> Recount:
+    """LLM reranker: one engine input per (query, document) pair; always reported right."""
+    paired = list(queries) * len(documents) if len(queries) == 1 else list(queries)
+    lengths = tuple(
+        template_length(tok, q, d, trunc, profile, template_kwargs)
+        for q, d in zip(paired, documents, strict=True)
+    )
+    engine = sum(lengths)
+    return Recount(engine, engine, (), lengths)
+
+
+# jina-reranker-v3 (``JinaRankingIOProcessorMixin.format_docs_prompts_func``, the same text
+# in 0.27.0 - 0.32.0). Special-token strings are removed from the inputs first.
+JINA_V3_SPECIALS = ("<|rerank_token|>", "<|embed_token|>")
+JINA_V3_PREFIX = (
+    "<|im_start|>system\n"
+    "You are a search relevance expert who can determine a ranking of the passages based on "
+    "how relevant they are to the query. If the query is a question, how relevant a passage "
+    "is depends on how well it answers the question. If not, try to analyze the intent of "
+    "the query and assess how well each passage satisfies the intent. If an instruction is "
+    "provided, you should follow the instruction when determining the ranking."
+    "<|im_end|>\n<|im_start|>user\n"
+)
+JINA_V3_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+
+def _sanitize(text: str) -> str:
+    for token in JINA_V3_SPECIALS:
+        text = text.replace(token, "")
+    return text
+
+
+def jina_v3_prompt(query: str, documents: Sequence[str], instruction: str | None) -> str:
+    """The one listwise prompt vLLM builds for a query and its documents."""
+    query = _sanitize(query)
+    prompt = (
+        f"I will provide you with {len(documents)} passages, each indicated by a numerical "
+        f"identifier. Rank the passages based on their relevance to query: {query}\n"
+    )
+    if instruction:
+        prompt += f"<instruct>\n{_sanitize(instruction)}\n</instruct>\n"
+    passages = (
+        f'<passage id="{i}">\n{_sanitize(d)}<|embed_token|>\n</passage>'
+        for i, d in enumerate(documents)
+    )
+    prompt += "\n".join(passages) + "\n"
+    prompt += f"<query>\n{query}<|rerank_token|>\n</query>"
+    return JINA_V3_PREFIX + prompt + JINA_V3_SUFFIX
+
+
+def recount_listwise(
+    tok: Tokenizer,
+    queries: Sequence[str],
+    documents: Sequence[str],
+    trunc: Truncation,
+    profile: EngineProfile,
+    template_kwargs: Mapping[str, Any],
+) -> Recount:
+    """jina-reranker-v3: 1:N is one prompt holding every document, N:N one prompt per pair.
+
+    The texts are cut first (``max_tokens_per_*``); the prompt is then a completion input:
+    ``truncate_prompt_tokens`` and ``truncation_side`` apply, padding does not. Before 0.30
+    a 1:N answer reports the prompt's length once per document.
+    """
+    iterative = profile.release.iterative_text_cut
+    q_texts = _cut_all(tok, queries, trunc.max_tokens_per_query, iterative=iterative)
+    d_texts = _cut_all(tok, documents, trunc.max_tokens_per_doc, iterative=iterative)
+    instruction = template_kwargs.get("instruction")
+    instruction = instruction if isinstance(instruction, str) else None
+    if len(q_texts) == 1:
+        prompts = [jina_v3_prompt(q_texts[0], d_texts, instruction)]
+    else:
+        prompts = [
+            jina_v3_prompt(q, [d], instruction) for q, d in zip(q_texts, d_texts, strict=True)
+        ]
+    completion = Truncation(trunc.truncate_prompt_tokens, trunc.truncation_side)
+    lengths = tuple(single_lengths(tok, prompts, completion, profile.max_model_len))
+    engine = sum(lengths)
+    reported = engine * len(d_texts) if len(q_texts) == 1 else engine
+    return Recount(engine, reported, (), lengths)
+
+
 def recount(
     tok: Tokenizer,
     queries: Sequence[str],
     documents: Sequence[str],
     trunc: Truncation,
     profile: EngineProfile,
-) -> Recount | None:
-    """Full recount for the families whose engine inputs we can rebuild; else None."""
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> Recount:
+    """Full recount of a request's engine inputs, family by family."""
+    kwargs = template_kwargs or {}
     if profile.family in (Family.BI_ENCODER, Family.LATE_INTERACTION):
         return recount_separate(tok, queries, documents, trunc, profile)
     if profile.family is Family.CROSS_ENCODER:
         return recount_pairs(tok, queries, documents, trunc, profile)
-    return None
+    if profile.family is Family.TEMPLATE_RERANKER:
+        return recount_template(tok, queries, documents, trunc, profile, kwargs)
+    assert profile.family is Family.JINA_V3
+    return recount_listwise(tok, queries, documents, trunc, profile, kwargs)
 
 
 def derive_engine(
@@ -221,6 +364,7 @@ def count_request(
     profile: EngineProfile,
     *,
     full: bool = True,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> Counted:
     """Full recount when every input is text; else the single query's length, if text.
 
@@ -229,10 +373,9 @@ def count_request(
     """
     if full and _all_text(queries) and _all_text(documents):
         texts_q, texts_d = cast(Sequence[str], queries), cast(Sequence[str], documents)
-        counted = recount(tok, texts_q, texts_d, trunc, profile)
-        if counted is not None:
-            query = counted.query_lengths[0] if len(counted.query_lengths) == 1 else None
-            return Counted(counted, query)
+        counted = recount(tok, texts_q, texts_d, trunc, profile, template_kwargs)
+        query = counted.query_lengths[0] if len(counted.query_lengths) == 1 else None
+        return Counted(counted, query)
     separate = profile.family in (Family.BI_ENCODER, Family.LATE_INTERACTION)
     if separate and len(queries) == 1 and isinstance(queries[0], str):
         cut = _cut_all(

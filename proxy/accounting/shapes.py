@@ -6,7 +6,8 @@ it just cannot be audited.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -38,6 +39,8 @@ class _ScoringFields(BaseModel):
     max_tokens_per_query: int = 0
     max_tokens_per_doc: int = 0
     padding: Literal["max_length", "do_not_pad"] | None = None
+    instruction: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class RerankBody(_ScoringFields):
@@ -60,6 +63,9 @@ class ScoringRequest:
     queries: tuple[Item, ...]
     documents: tuple[Item, ...]
     truncation: Truncation
+    # What a score template is rendered with: chat_template_kwargs, and the top-level
+    # ``instruction`` folded in (explicit keys win), as vLLM's request validator does.
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def pairing(self) -> Pairing | None:
@@ -81,6 +87,13 @@ def endpoint_for_path(path: str) -> Endpoint | Literal["invocations"] | None:
     if route.operation in ("score", "rerank", "invocations"):
         return route.operation  # type: ignore[return-value]
     return None
+
+
+def _template_kwargs(body: _ScoringFields) -> dict[str, Any]:
+    merged = dict(body.chat_template_kwargs or {})
+    if body.instruction is not None:
+        merged.setdefault("instruction", body.instruction)
+    return merged
 
 
 def _as_items(value: Item | list[Item]) -> tuple[Item, ...]:
@@ -109,6 +122,7 @@ def parse_rerank(payload: Any) -> ScoringRequest | None:
         queries=(body.query,),
         documents=_as_items(body.documents),
         truncation=_truncation(body),
+        template_kwargs=_template_kwargs(body),
     )
 
 
@@ -131,6 +145,7 @@ def parse_score(payload: Any) -> ScoringRequest | None:
                 queries=_as_items(body.first),
                 documents=_as_items(body.second),
                 truncation=_truncation(body),
+                template_kwargs=_template_kwargs(body),
             )
     return None
 

@@ -82,6 +82,12 @@ class Tokenizer(Protocol):
 
     def num_special_tokens_pair(self) -> int: ...
 
+    def render_chat(
+        self, template: str, messages: Sequence[dict[str, str]], kwargs: dict[str, Any]
+    ) -> str:
+        """``apply_chat_template(messages, chat_template=template, tokenize=False)``."""
+        ...
+
 
 PROVEN_RANGE = ((0, 27), (0, 32))
 
@@ -129,10 +135,29 @@ class Release:
         return truncation
 
     @property
+    def joins_cut_texts(self) -> bool:
+        """An LLM reranker without a template joins its two texts and tokenizes them from
+        0.31; up to 0.30 a ``max_tokens_per_doc`` request joined their ids instead."""
+        parsed = self._parsed
+        return parsed is None or parsed >= (0, 31)
+
+    @property
     def iterative_text_cut(self) -> bool:
         """max_tokens_per_query/doc cut text iteratively from 0.31 (assumed when unknown)."""
         parsed = self._parsed
         return parsed is None or parsed >= (0, 31)
+
+
+@dataclass(frozen=True, slots=True)
+class ScorePrompt:
+    """How vLLM builds a template reranker's prompt from a (query, document) pair, in the
+    order its scoring code tries them: the server's ``--chat-template`` (rendered with the
+    roles ``query`` and ``document``), else the model's own score template, else the pair
+    tokenizer (``use_sep_token``), else the two texts joined."""
+
+    chat_template: str | None = None
+    builtin: Literal["jina-vl"] | None = None
+    use_sep_token: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +168,7 @@ class EngineProfile:
     max_model_len: int
     has_pad_token: bool
     release: Release
+    prompt: ScorePrompt | None = None  # template rerankers: how their prompt is built
 
 
 class Uncountable(ValueError):

@@ -19,8 +19,8 @@ import structlog
 from aiohttp import web
 
 from proxy.accounting.dispatch import model_task
-from proxy.accounting.family import detect_family, is_generative
-from proxy.accounting.types import EngineProfile, Family, Release, ServedModel
+from proxy.accounting.family import Decision, ServedTasks, decide_family, is_generative
+from proxy.accounting.types import EngineProfile, Release, ServedModel
 from proxy.serving.upstream import SESSION, UpstreamError, get_json
 from proxy.settings import ModelOverride, Settings
 from proxy.tokenizers.cache import CountCache
@@ -53,11 +53,29 @@ def read_model_config(source: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def family_decision(
+    config: dict[str, Any] | None, served: ServedTasks | None, override: ModelOverride | None
+) -> Decision:
+    """The model's family and prompt: the operator's per-model settings, else its config
+    as vLLM reads it, corrected by what the server serves."""
+    template = None
+    if override is not None and override.template is not None:
+        template = override.template.read_text(encoding="utf-8")
+    family = override.family if override else None
+    sep = override.use_sep_token if override else None
+    if config is None:
+        if family is None:
+            return Decision(None)
+        config = {}
+    return decide_family(config, served, family=family, chat_template=template, use_sep_token=sep)
+
+
 def build_model(
     entry: dict[str, Any],
     release: Release,
     override: ModelOverride | None,
     loader: TokenizerLoader,
+    served: ServedTasks | None = None,
 ) -> ServedModel:
     """Resolve the tokenizer and family of one ``/v1/models`` entry (blocking: files)."""
     name = str(entry.get("id"))
@@ -66,10 +84,17 @@ def build_model(
     source = (override.tokenizer if override else None) or root
 
     config = read_model_config(source)
-    family: Family | None = override.family if override else None
-    if family is None and config is not None:
-        family = detect_family(config)
-    task = model_task(family, generates=config is not None and is_generative(config))
+    try:
+        decision = family_decision(config, served, override)
+    except OSError as exc:
+        return ServedModel(name, root, max_model_len, None, None, f"template unreadable: {exc}")
+    family = decision.family
+    if decision.warning is not None:
+        log.warning("model_served_unlike_its_checkpoint", model=name, problem=decision.warning)
+    generates = (
+        served.generate if served is not None else config is not None and is_generative(config)
+    )
+    task = model_task(family, generates=generates)
 
     def broken(problem: str) -> ServedModel:
         return ServedModel(name, root, max_model_len, None, None, problem, task)
@@ -84,8 +109,21 @@ def build_model(
         tokenizer = loader(source)
     except Exception as exc:  # any loader failure leaves the model unaudited, never down
         return broken(f"tokenizer not loadable from {source}: {type(exc).__name__}: {exc}")
-    profile = EngineProfile(family, max_model_len, tokenizer.pad_token_id is not None, release)
+    profile = EngineProfile(
+        family, max_model_len, tokenizer.pad_token_id is not None, release, decision.prompt
+    )
     return ServedModel(name, root, max_model_len, profile, tokenizer, task=task)
+
+
+async def served_tasks(session: aiohttp.ClientSession, base: str) -> ServedTasks | None:
+    """What the upstream's router serves (its ``/openapi.json``), or None when it does
+    not say (an older release, docs turned off, another server)."""
+    try:
+        spec = await get_json(session, f"{base}/openapi.json")
+    except UpstreamError:
+        return None
+    paths = spec.get("paths") if isinstance(spec, dict) else None
+    return ServedTasks.from_paths(paths) if isinstance(paths, dict) else None
 
 
 def warn_if_unproven(release: Release) -> None:
@@ -101,6 +139,18 @@ def warn_if_unproven(release: Release) -> None:
             else "pre-fix inflation per the release table: only proven corrections change a "
             "number; anything else is billed as reported and flagged mismatch",
         )
+
+
+def _prompt_source(model: ServedModel) -> str | None:
+    """How a template reranker's prompt is counted, for the discovery log line."""
+    prompt = model.profile.prompt if model.profile else None
+    if prompt is None:
+        return None
+    if prompt.chat_template is not None:
+        return "the configured score template"
+    if prompt.builtin is not None:
+        return f"the model's own score template ({prompt.builtin})"
+    return "the pair tokenizer" if prompt.use_sep_token else "the two texts joined"
 
 
 class Catalog:
@@ -120,6 +170,7 @@ class Catalog:
         self.cache = CountCache(size) if size else None
         self.release = Release(None)
         self.models: dict[str, ServedModel] = {}
+        self._served: ServedTasks | None = None
         self.last_success: float | None = None
         self.ready = asyncio.Event()
         self._lock = asyncio.Lock()
@@ -153,19 +204,22 @@ class Catalog:
             base = self._settings.upstream_base
             version = await get_json(session, f"{base}/version")
             listing = await get_json(session, f"{base}/v1/models")
+            served = await served_tasks(session, base)
             release = Release(str(version.get("version")) if isinstance(version, dict) else None)
             entries = listing.get("data", []) if isinstance(listing, dict) else []
             models: dict[str, ServedModel] = {}
             for entry in entries:
                 if isinstance(entry, dict) and entry.get("id"):
-                    models[str(entry["id"])] = await self._resolve(entry, release)
+                    models[str(entry["id"])] = await self._resolve(entry, release, served)
             if release != self.release:
                 warn_if_unproven(release)
-            self.release, self.models = release, models
+            self.release, self.models, self._served = release, models, served
             self.last_success = time.monotonic()
             self.ready.set()
 
-    async def _resolve(self, entry: dict[str, Any], release: Release) -> ServedModel:
+    async def _resolve(
+        self, entry: dict[str, Any], release: Release, served: ServedTasks | None
+    ) -> ServedModel:
         name = str(entry["id"])
         known = self.models.get(name)
         if (
@@ -174,12 +228,13 @@ class Catalog:
             and known.max_model_len == entry.get("max_model_len")
             and known.profile is not None
             and known.profile.release == release
+            and self._served == served
         ):
             return known
         override = self._settings.models.get(name)
         loop = asyncio.get_running_loop()
         model = await loop.run_in_executor(
-            None, build_model, entry, release, override, self._loader
+            None, build_model, entry, release, override, self._loader, served
         )
         if isinstance(model.tokenizer, HFTokenizer):
             model.tokenizer.cache = self.cache
@@ -191,6 +246,7 @@ class Catalog:
             model=name,
             root=model.root,
             family=model.profile.family.value if model.profile else None,
+            prompt=_prompt_source(model),
             max_model_len=model.max_model_len,
             upstream_version=release.version,
             problem=model.problem,

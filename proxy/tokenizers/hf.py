@@ -12,9 +12,10 @@ copy (made on first use) and no shared instance is ever mutated.
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 import itertools
 import os
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,44 +24,70 @@ from proxy.accounting.types import NotCached, Tokenizer, Uncountable
 from proxy.tokenizers.cache import CountCache
 
 _keys = itertools.count()
-# Texts longer than this are counted chunk by chunk, each chunk ending before a
-# whitespace character (a pre-token boundary for the BERT, Metaspace and byte-level
-# pre-tokenizers), stopping once the count passes the bound: the tokenizer's memory then
-# follows the chunk, not the text (one 2 MiB text used to take ~600 MB).
+# Texts longer than this are counted chunk by chunk, stopping once the count passes the
+# bound: the tokenizer's memory then follows the chunk, not the text (one 2 MiB text used
+# to take ~600 MB). A chunk ends right before a single space between a letter or digit and
+# a non-space character: there every pre-tokenizer vLLM's models use splits, whatever
+# follows (BERT's, Metaspace, GPT-2's and Qwen's byte-level patterns, the last of which
+# keep newline runs, and punctuation with the newlines after it, as one pre-token; a cut
+# anywhere else in whitespace could split a token the vocabulary merges, such as "\n\n").
 LONG_TEXT_CHARS = 32 * 1024
 CHUNK_CHARS = 16 * 1024
-# A whitespace-free run is one pre-token and must be tokenized whole (about 70 MB of
-# tokenizer memory per MiB with MiniLM); longer runs are not counted at all.
+# A run without such a cut is tokenized whole (about 70 MB of tokenizer memory per MiB
+# with MiniLM); longer runs are not counted at all.
 MAX_RUN_CHARS = 64 * 1024
 
 
-_LAST_SPACE = re.compile(r"\s\S*\Z")
-_SPACE = re.compile(r"\s")
+def _is_cut(text: str, i: int) -> bool:
+    """A chunk may start at ``i``: a single space after a letter or digit, before a
+    non-space character."""
+    return (
+        0 < i < len(text) - 1
+        and text[i] == " "
+        and text[i - 1].isalnum()
+        and not text[i + 1].isspace()
+    )
+
+
+def _last_cut(text: str, low: int, high: int) -> int:
+    """The last cut in ``[low, high)``, or -1."""
+    i = text.rfind(" ", low, high)
+    while i >= low:
+        if _is_cut(text, i):
+            return i
+        i = text.rfind(" ", low, i)
+    return -1
+
+
+def _next_cut(text: str, low: int) -> int:
+    """The first cut at or after ``low``, or -1."""
+    i = text.find(" ", low)
+    while i != -1:
+        if _is_cut(text, i):
+            return i
+        i = text.find(" ", i + 1)
+    return -1
 
 
 def whitespace_chunks(text: str, size: int) -> list[tuple[int, int]]:
-    """(start, end) pieces of ``text`` of about ``size`` characters, each cut right before
-    a whitespace character; a whitespace-free run longer than ``size`` stays whole, and
-    one longer than MAX_RUN_CHARS raises Uncountable."""
+    """(start, end) pieces of ``text`` of about ``size`` characters, each cut where no
+    pre-tokenizer can join the two sides (``_is_cut``); a piece without such a cut longer
+    than ``size`` stays whole, and one longer than MAX_RUN_CHARS raises Uncountable."""
     pieces: list[tuple[int, int]] = []
     start = 0
     while len(text) - start > size:
-        last = _LAST_SPACE.search(text, start + 1, start + size + 1)
-        cut = last.start() if last else _next_space(text, start + size)
+        cut = _last_cut(text, start + 1, start + size + 1)
+        if cut < 0:
+            cut = _next_cut(text, start + size)
         end = len(text) if cut < 0 else cut
         if end - start > MAX_RUN_CHARS:
-            raise Uncountable(f"a whitespace-free run of more than {MAX_RUN_CHARS} characters")
+            raise Uncountable(f"a run of more than {MAX_RUN_CHARS} characters without a cut")
         if cut < 0:
             break
         pieces.append((start, cut))
         start = cut
     pieces.append((start, len(text)))
     return pieces
-
-
-def _next_space(text: str, low: int) -> int:
-    found = _SPACE.search(text, low)
-    return found.start() if found else -1
 
 
 def backend_lengths(tokenizer: Any, texts: list[str], *, add_special_tokens: bool) -> list[int]:
@@ -187,6 +214,19 @@ class HFTokenizer:
     def num_special_tokens_pair(self) -> int:
         return self._pair_specials
 
+    def render_chat(
+        self, template: str, messages: Sequence[dict[str, str]], kwargs: dict[str, Any]
+    ) -> str:
+        """The prompt vLLM's ``safe_apply_chat_template`` renders (``tokenize=False``): the
+        request's ``chat_template_kwargs`` reach the template only where vLLM lets them
+        (``apply_chat_template``'s own parameters and the template's variables)."""
+        accepted = _accepted_kwargs(self._tok, template)
+        passed = {k: v for k, v in kwargs.items() if k in accepted}
+        rendered = self._tok.apply_chat_template(
+            list(messages), chat_template=template, tokenize=False, **passed
+        )
+        return str(rendered)
+
     def for_tenant(self, tenant: str) -> HFTokenizer:
         """This tokenizer (the same instance underneath: same thread) counting into
         ``tenant``'s own part of the count cache."""
@@ -200,6 +240,29 @@ class HFTokenizer:
         twin.cache = self.cache
         twin.bound = self.bound
         return twin
+
+
+# Keys vLLM refuses in chat_template_kwargs (it answers 400) or fixes itself.
+_RESERVED_KWARGS = frozenset({"chat_template", "tools", "tokenize"})
+
+
+@functools.lru_cache(maxsize=64)
+def _template_variables(template: str) -> frozenset[str]:
+    import jinja2
+    import jinja2.meta
+
+    return frozenset(jinja2.meta.find_undeclared_variables(jinja2.Environment().parse(template)))
+
+
+def _accepted_kwargs(tokenizer: Any, template: str) -> frozenset[str]:
+    """vLLM's ``resolve_chat_template_kwargs``: the named parameters of
+    ``apply_chat_template`` and the template's own variables, reserved keys excepted."""
+    named = {
+        name
+        for name, p in inspect.signature(tokenizer.apply_chat_template).parameters.items()
+        if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+    }
+    return frozenset((named | _template_variables(template)) - _RESERVED_KWARGS)
 
 
 class CachedCounts:
@@ -237,6 +300,11 @@ class CachedCounts:
 
     def num_special_tokens_pair(self) -> int:
         return self._base.num_special_tokens_pair()
+
+    def render_chat(
+        self, template: str, messages: Sequence[dict[str, str]], kwargs: dict[str, Any]
+    ) -> str:
+        raise NotCached
 
 
 def load_tokenizer(source: str | Path) -> HFTokenizer:

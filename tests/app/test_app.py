@@ -56,9 +56,12 @@ async def proxied(
         mode: Mode = Mode.REWRITE,
         root: Path | None = None,
         family: str = "bi-encoder",
+        openapi: bool = True,
         **options: Any,
     ) -> tuple[FakeVLLM, TestClient[Any, Any]]:
-        fake = FakeVLLM(raw_minilm, root or minilm_path, version=version, family=family)
+        fake = FakeVLLM(
+            raw_minilm, root or minilm_path, version=version, family=family, openapi=openapi
+        )
         server = await aiohttp_server(fake.app())
         options.setdefault("allow_unmetered", FAKE_ROUTES)
         settings = Settings(upstream=str(server.make_url("")), mode=mode, **options)
@@ -395,12 +398,15 @@ async def test_model_from_the_hf_cache(
 
 async def test_a_misread_model_is_never_corrected_by_the_derivation(proxied: Factory) -> None:
     """Issue #30: the proxy reads the model as a bi-encoder (its config.json says so)
-    while the engine runs it as a cross-encoder (as --hf-overrides does). With
-    --recount-fraction 0 in front of 0.29.0 the derivation used to say ``corrected`` and
-    under-bill. Now shortcuts wait for agreeing full recounts: the first full recount
-    disagrees, the model is distrusted for good, and every request is billed as the
-    engine processed it (reported, for a cross-encoder), never corrected."""
-    fake, client = await proxied("0.29.0", family="cross-encoder", recount_fraction=0.0)
+    while the engine runs it as a cross-encoder (as --hf-overrides does), and the server
+    does not say how it serves it (no /openapi.json). With --recount-fraction 0 in front
+    of 0.29.0 the derivation used to say ``corrected`` and under-bill. Now shortcuts wait
+    for agreeing full recounts: the first full recount disagrees, the model is distrusted
+    for good, and every request is billed as the engine processed it (reported, for a
+    cross-encoder), never corrected."""
+    fake, client = await proxied(
+        "0.29.0", family="cross-encoder", recount_fraction=0.0, openapi=False
+    )
     rerank = {"query": QUERY, "documents": DOCS}
     for _ in range(6):
         before = fake.prompt_tokens_total
@@ -411,3 +417,16 @@ async def test_a_misread_model_is_never_corrected_by_the_derivation(proxied: Fac
     metrics = (await (await client.get("/metrics")).text()).splitlines()
     assert 'usage_proxy_recount_disagreements_total{model="minilm"} 1.0' in metrics
     assert 'usage_proxy_shortcuts_trusted{model="minilm"} 0.0' in metrics
+
+
+async def test_the_servers_routes_tell_a_classifier_its_config_does_not(proxied: Factory) -> None:
+    """The same model, and the server's /openapi.json serves /classify and no embeddings
+    (vLLM registers the routes of the task it runs): the proxy counts it as the
+    cross-encoder it is served as, and the counts agree (exact) from the first request."""
+    fake, client = await proxied("0.29.0", family="cross-encoder", recount_fraction=0.0)
+    for _ in range(4):
+        before = fake.prompt_tokens_total
+        status, headers, raw = await post(client, "/rerank", {"query": QUERY, "documents": DOCS})
+        assert status == 200
+        assert headers["x-usage-verdict"] == "exact"
+        assert json.loads(raw)["usage"]["prompt_tokens"] == fake.prompt_tokens_total - before

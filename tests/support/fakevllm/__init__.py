@@ -28,6 +28,7 @@ class FakeVLLM(ScoringAPI, EmbeddingsAPI, GenerationAPI, DiscoveryAPI):
         app = web.Application(client_max_size=1 << 26)
         app.router.add_get("/version", self.handle_version)
         app.router.add_get("/v1/models", self.handle_models)
+        app.router.add_get("/openapi.json", self.handle_openapi)
         app.router.add_get("/health", self.handle_health)
         posted = {path: self.handle_scoring for path in (*SCORE_PATHS, *RERANK_PATHS)}
         posted["/invocations"] = self.handle_invocations

@@ -50,6 +50,8 @@ class FakeState:
     chunked_answers: bool = False  # JSON answers framed chunked, without Content-Length
     generation_tokens_total: int = 0
     started_at: float = field(default_factory=time.time)  # process_start_time_seconds
+    # /openapi.json, as vLLM serves it unless started with --disable-fastapi-docs
+    openapi: bool = True
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -39,6 +39,29 @@ class DiscoveryAPI(FakeState):
     async def handle_health(self, request: web.Request) -> web.Response:
         return web.Response()
 
+    async def handle_openapi(self, request: web.Request) -> web.Response:
+        """The routes a pooling model's vLLM registers: those of every model, and of the
+        task it runs (embeddings for an embedding model, /classify for a classifier)."""
+        if not self.openapi:
+            return web.json_response({"detail": "Not Found"}, status=404)
+        paths = [
+            "/health",
+            "/version",
+            "/v1/models",
+            "/tokenize",
+            "/detokenize",
+            "/pooling",
+            "/score",
+            "/v1/score",
+            "/rerank",
+            "/v1/rerank",
+            "/v2/rerank",
+            "/invocations",
+            "/classify" if self.family == "cross-encoder" else "/v1/embeddings",
+        ]
+        spec = {"openapi": "3.1.0", "info": {"title": "FastAPI", "version": "0.1.0"}}
+        return web.json_response({**spec, "paths": {p: {"post": {}} for p in paths}})
+
     async def handle_models(self, request: web.Request) -> web.Response:
         entries = [
             {

@@ -50,6 +50,42 @@ def test_bounded_counting_equals_the_full_count(
         assert offsets[: bounded.bound] == full.content_offsets(text)[: bounded.bound]
 
 
+_BPE: list[HFTokenizer] = []
+
+
+def _qwen_like() -> HFTokenizer:
+    if not _BPE:
+        from tests.support.bpe import train_qwen_like
+
+        _BPE.append(HFTokenizer(train_qwen_like()))
+    return _BPE[0]
+
+
+BPE_ALPHABET = st.sampled_from(
+    ["a", "word", "é", "字", " ", "  ", "\n", "\n\n", ".", "!\n", "\t", " 5", "1", "'s", "yes"]
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(parts=st.lists(BPE_ALPHABET, min_size=0, max_size=120))
+def test_chunks_are_cut_where_a_byte_level_bpe_cannot_merge(parts: list[str]) -> None:
+    """Property (issue #30): with Qwen's pre-tokenizer and a vocabulary that merges
+    ``"\n\n"`` (and ``".\n\n"``), a long text counted chunk by chunk gives the whole
+    text's count. A cut between two newlines, or after punctuation that takes the newlines
+    after it, used to count one token too many (17,479 for 17,478 on a real document)."""
+    import proxy.tokenizers.hf as module
+
+    full = _qwen_like()
+    bounded = full.copy()
+    bounded.bound = 10_000
+    text = "".join(parts)
+    with _small_chunks(module):
+        got = bounded.lengths([text], max_length=None)[0]
+        offsets = bounded.content_offsets(text)
+    assert got == full.lengths([text], max_length=None)[0]
+    assert offsets == full.content_offsets(text)
+
+
 def test_long_text_memory_follows_the_chunk(minilm_path: Path) -> None:
     """A 4 MiB text of one-character words is counted through 16 KiB chunks and stops at
     the bound: the tokenizer never sees more than one chunk."""
