@@ -94,8 +94,12 @@ def pair_length(
     max_model_len: int,
     *,
     iterative: bool,
+    needs_room: bool = False,
 ) -> int:
-    """Engine length of one cross-encoder input ``tok(text=query, text_pair=document)``."""
+    """Engine length of one cross-encoder input ``tok(text=query, text_pair=document)``.
+
+    ``needs_room`` (0.33+): the ``only_second`` cut applies only when the query and the
+    special tokens leave room for the document."""
     if trunc.max_tokens_per_query > 0:
         query = cut_text(tok, query, trunc.max_tokens_per_query, iterative=iterative)
     if trunc.max_tokens_per_doc > 0:
@@ -110,12 +114,13 @@ def pair_length(
         max_length = keep if keep is not None else max_model_len + 1
     only_second = trunc.max_tokens_per_doc > 0
     if only_second:
-        doc_limit = (
-            len(tok.content_offsets(query))
-            + trunc.max_tokens_per_doc
-            + tok.num_special_tokens_pair()
-        )
-        max_length = doc_limit if max_length is None else min(doc_limit, max_length)
+        query_room = len(tok.content_offsets(query)) + tok.num_special_tokens_pair()
+        doc_limit = query_room + trunc.max_tokens_per_doc
+        effective = doc_limit if max_length is None else min(doc_limit, max_length)
+        if needs_room and query_room >= effective:
+            only_second = False  # max_length stays the request's own
+        else:
+            max_length = effective
     length = tok.pair_length(query, document, max_length=max_length, only_second=only_second)
     return _finish(length, keep, trunc, max_model_len)
 
@@ -168,8 +173,9 @@ def recount_pairs(
     """Cross-encoder: one engine input per (query, document) pair; always reported right."""
     iterative = profile.release.iterative_text_cut
     paired = list(queries) * len(documents) if len(queries) == 1 else list(queries)
+    room = profile.release.only_second_needs_room
     lengths = tuple(
-        pair_length(tok, q, d, trunc, profile.max_model_len, iterative=iterative)
+        pair_length(tok, q, d, trunc, profile.max_model_len, iterative=iterative, needs_room=room)
         for q, d in zip(paired, documents, strict=True)
     )
     engine = sum(lengths)
@@ -195,7 +201,8 @@ def template_length(
     prompt, mml = profile.prompt or ScorePrompt(), profile.max_model_len
     iterative = profile.release.iterative_text_cut
     if prompt.chat_template is None and prompt.builtin is None and prompt.use_sep_token:
-        return pair_length(tok, query, document, trunc, mml, iterative=iterative)
+        room = profile.release.only_second_needs_room
+        return pair_length(tok, query, document, trunc, mml, iterative=iterative, needs_room=room)
     if trunc.max_tokens_per_query > 0:
         query = cut_text(tok, query, trunc.max_tokens_per_query, iterative=iterative)
     if trunc.max_tokens_per_doc > 0:
@@ -205,11 +212,16 @@ def template_length(
         text = tok.render_chat(prompt.chat_template, messages, dict(template_kwargs))
         return single_lengths(tok, [text], trunc, mml)[0]
     if prompt.builtin == "jina-vl":
-        # tokenized (truncated), then the score token appended, then sliced and padded
         text = JINA_VL_TEMPLATE.format(query=query, document=document)
+        keep = _keep_limit(trunc, mml)
+        if profile.release.reserves_score_tokens:  # 0.33: limits leave room for the token
+            whole = single_lengths(tok, [text], Truncation(), mml)[0]
+            reserved = None if keep is None else max(keep - 1, 0)
+            return _finish(whole, reserved, trunc, mml - 1) + 1
+        # tokenized (truncated), then the score token appended, then sliced and padded
         unpadded = replace(trunc, pad_to_max_length=False)
         length = single_lengths(tok, [text], unpadded, mml)[0] + 1
-        return _finish(length, _keep_limit(trunc, mml), trunc, mml)
+        return _finish(length, keep, trunc, mml)
     if trunc.max_tokens_per_doc > 0 and not profile.release.joins_cut_texts:
         # up to 0.30: the two texts' ids, without special tokens, the document's cut to k
         q = len(tok.content_offsets(query))

@@ -135,6 +135,20 @@ class Release:
         return truncation
 
     @property
+    def only_second_needs_room(self) -> bool:
+        """From 0.33 a ``max_tokens_per_doc`` pair is truncated ``only_second`` only when
+        the query and the special tokens leave room for the document; before, always."""
+        parsed = self._parsed
+        return parsed is not None and parsed >= (0, 33)
+
+    @property
+    def reserves_score_tokens(self) -> bool:
+        """From 0.33 the tokens a model's score template appends after truncation
+        (jina-reranker-m0's score token) are reserved out of every length limit."""
+        parsed = self._parsed
+        return parsed is not None and parsed >= (0, 33)
+
+    @property
     def joins_cut_texts(self) -> bool:
         """An LLM reranker without a template joins its two texts and tokenizes them from
         0.31; up to 0.30 a ``max_tokens_per_doc`` request joined their ids instead."""

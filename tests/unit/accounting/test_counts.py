@@ -176,3 +176,16 @@ def test_padding_ignored_before_0_29_is_counted_as_the_engine_does(minilm: HFTok
     counted = count_request(minilm, [QUERY], [DOCS[0]], trunc, old)
     assert counted.recount is not None
     assert counted.recount.engine == 9 + 9  # no padding to 256
+
+
+def test_from_0_33_only_second_needs_room_for_the_document(minilm: HFTokenizer) -> None:
+    """vLLM 0.33 skips the ``only_second`` cut when the query and the special tokens
+    already fill the limit (issue #30): the pair is then truncated as any pair is, to
+    ``truncate_prompt_tokens``; with room left, every release cuts the document alone."""
+    crowded = Truncation(truncate_prompt_tokens=8, max_tokens_per_doc=2)
+    counted = recount(minilm, [QUERY], DOCS[:1], crowded, profile(Family.CROSS_ENCODER, "0.33.0"))
+    assert counted.document_lengths == (8,)
+    roomy = Truncation(max_tokens_per_doc=2)
+    for version in ("0.32.0", "0.33.0"):
+        counted = recount(minilm, [QUERY], DOCS[:1], roomy, profile(Family.CROSS_ENCODER, version))
+        assert counted.document_lengths == (9 + 2 + 3 - 2,)  # [CLS] q [SEP] d[:2] [SEP]
