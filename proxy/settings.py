@@ -11,7 +11,7 @@ import os
 import socket
 import tomllib
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import (
@@ -186,6 +186,12 @@ class Settings(BaseSettings):
         description="Share of requests recounted in full once a model is trusted; the rest "
         "are judged by a shortcut (bi-encoders: the derivation from the reported count and "
         "the query length). Until then every request is recounted.",
+    )
+    upstream_transformers: Literal["auto", "4", "5"] = Field(
+        "auto",
+        description="The transformers major version the upstream counts with: auto is 4 "
+        "before vLLM 0.16 and 5 from it (0.29 requires 5.10); set 4 for a 0.16 - 0.25 "
+        "server installed with transformers 4.x. Some tokenizers (XLM-R) count differently.",
     )
     trust_after_recounts: int = Field(
         3,

@@ -135,6 +135,13 @@ class Release:
         return truncation
 
     @property
+    def runs_transformers_4(self) -> bool:
+        """Releases before 0.16 run transformers 4.x (0.15 pins it below 5; 0.8 - 0.10 need
+        it for their CPU extension); later ones install 5.x (0.29 requires 5.10)."""
+        parsed = self._parsed
+        return parsed is not None and parsed < (0, 16)
+
+    @property
     def only_second_needs_room(self) -> bool:
         """From 0.33 a ``max_tokens_per_doc`` pair is truncated ``only_second`` only when
         the query and the special tokens leave room for the document; before, always."""

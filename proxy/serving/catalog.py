@@ -29,7 +29,8 @@ from proxy.tokenizers.pool import TokenizerPool
 
 log = structlog.get_logger("proxy.serving.catalog")
 
-TokenizerLoader = Callable[[str], HFTokenizer]
+# source, and whether to count as transformers 4.x does (see load_tokenizer)
+TokenizerLoader = Callable[[str, bool], HFTokenizer]
 _RETRY_SECONDS = 2.0
 
 
@@ -76,6 +77,7 @@ def build_model(
     override: ModelOverride | None,
     loader: TokenizerLoader,
     served: ServedTasks | None = None,
+    transformers_4: bool = False,
 ) -> ServedModel:
     """Resolve the tokenizer and family of one ``/v1/models`` entry (blocking: files)."""
     name = str(entry.get("id"))
@@ -106,7 +108,7 @@ def build_model(
             return broken(f"no readable config.json at {source}; set models.{name}.family")
         return broken("model has no score API (classifier with more than one label)")
     try:
-        tokenizer = loader(source)
+        tokenizer = loader(source, transformers_4)
     except Exception as exc:  # any loader failure leaves the model unaudited, never down
         return broken(f"tokenizer not loadable from {source}: {type(exc).__name__}: {exc}")
     profile = EngineProfile(
@@ -141,6 +143,14 @@ def warn_if_unproven(release: Release) -> None:
         )
 
 
+def _semantics(model: ServedModel, release: Release, pinned: str) -> str | None:
+    """Which tokenizer library behaviour the model is counted with, and why."""
+    if not isinstance(model.tokenizer, HFTokenizer):
+        return None
+    why = f"--upstream-transformers {pinned}" if pinned != "auto" else f"vLLM {release.version}"
+    return f"{model.tokenizer.semantics}, as {why} runs"
+
+
 def _prompt_source(model: ServedModel) -> str | None:
     """How a template reranker's prompt is counted, for the discovery log line."""
     prompt = model.profile.prompt if model.profile else None
@@ -160,7 +170,9 @@ class Catalog:
         self,
         settings: Settings,
         *,
-        loader: TokenizerLoader = load_tokenizer,
+        loader: TokenizerLoader = lambda source, legacy: load_tokenizer(
+            source, transformers_4=legacy
+        ),
         pool: TokenizerPool | None = None,
     ) -> None:
         self._settings = settings
@@ -233,8 +245,10 @@ class Catalog:
             return known
         override = self._settings.models.get(name)
         loop = asyncio.get_running_loop()
+        pinned = self._settings.upstream_transformers
+        legacy = release.runs_transformers_4 if pinned == "auto" else pinned == "4"
         model = await loop.run_in_executor(
-            None, build_model, entry, release, override, self._loader, served
+            None, build_model, entry, release, override, self._loader, served, legacy
         )
         if isinstance(model.tokenizer, HFTokenizer):
             model.tokenizer.cache = self.cache
@@ -247,6 +261,7 @@ class Catalog:
             root=model.root,
             family=model.profile.family.value if model.profile else None,
             prompt=_prompt_source(model),
+            tokenizer_semantics=_semantics(model, release, self._settings.upstream_transformers),
             max_model_len=model.max_model_len,
             upstream_version=release.version,
             problem=model.problem,

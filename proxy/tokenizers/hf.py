@@ -15,6 +15,7 @@ import copy
 import functools
 import inspect
 import itertools
+import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,6 +25,9 @@ from proxy.accounting.types import NotCached, Tokenizer, Uncountable
 from proxy.tokenizers.cache import CountCache
 
 _keys = itertools.count()
+# The tokenizer library behaviour counts follow: the upstream's (see load_tokenizer).
+TRANSFORMERS_5 = "transformers 5 (the tokenizer class rebuilds its pipeline)"
+TRANSFORMERS_4 = "transformers 4 (tokenizer.json as it is)"
 # Texts longer than this are counted chunk by chunk, stopping once the count passes the
 # bound: the tokenizer's memory then follows the chunk, not the text (one 2 MiB text used
 # to take ~600 MB). A chunk ends right before a single space between a letter or digit and
@@ -122,6 +126,7 @@ class HFTokenizer:
         # engine input longer than max_model_len is refused or cut by vLLM); None: exact.
         self.bound: int | None = None
         self._specials = int(tokenizer.num_special_tokens_to_add(pair=False))
+        self.semantics = TRANSFORMERS_5  # which library behaviour the counts follow
         self._pair_specials = int(tokenizer.num_special_tokens_to_add(pair=True))
 
     @property
@@ -239,6 +244,7 @@ class HFTokenizer:
         twin.key, twin.cache_key = self.key, self.cache_key
         twin.cache = self.cache
         twin.bound = self.bound
+        twin.semantics = self.semantics
         return twin
 
 
@@ -307,8 +313,25 @@ class CachedCounts:
         raise NotCached
 
 
-def load_tokenizer(source: str | Path) -> HFTokenizer:
-    """Load a tokenizer from a local directory or the local HF cache, never the network."""
+# What transformers 4.x reads from tokenizer_config.json when it loads tokenizer.json.
+_SPECIAL_KEYS = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
+
+
+def load_tokenizer(source: str | Path, *, transformers_4: bool = False) -> HFTokenizer:
+    """Load a tokenizer from a local directory or the local HF cache, never the network.
+
+    ``transformers_4``: count as an upstream running transformers 4.x does (vLLM before
+    0.16): it takes ``tokenizer.json`` as it is, where transformers 5 lets some tokenizer
+    classes (XLM-R among them) rebuild the normalizer and pre-tokenizer, which changes
+    counts ("line one\nline two": 7 tokens under 4.57, 6 under 5.x)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -320,10 +343,50 @@ def load_tokenizer(source: str | Path) -> HFTokenizer:
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
-    tok = AutoTokenizer.from_pretrained(str(source), local_files_only=True)
+    tok = _as_in_transformers_4(source) if transformers_4 else None
+    semantics = TRANSFORMERS_4 if tok is not None else TRANSFORMERS_5
+    if tok is None:
+        tok = AutoTokenizer.from_pretrained(str(source), local_files_only=True)
     if not getattr(tok, "is_fast", False):
         raise ValueError(f"{source}: a fast tokenizer is required (offset mappings)")
-    return HFTokenizer(tok)
+    adapter = HFTokenizer(tok)
+    adapter.semantics = semantics
+    return adapter
+
+
+def _model_file(source: str | Path, name: str) -> Path | None:
+    path = Path(source) / name
+    if path.is_file():
+        return path
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(str(source), name)
+    except ValueError:
+        return None
+    return Path(cached) if isinstance(cached, str) else None
+
+
+def _as_in_transformers_4(source: str | Path) -> Any | None:
+    """``tokenizer.json`` loaded as it is, with the special tokens its config names (what
+    ``PreTrainedTokenizerFast`` did in 4.x); None without a ``tokenizer.json``."""
+    from transformers import PreTrainedTokenizerFast
+
+    file = _model_file(source, "tokenizer.json")
+    if file is None:
+        return None
+    config_file = _model_file(source, "tokenizer_config.json")
+    config = json.loads(config_file.read_text(encoding="utf-8")) if config_file else {}
+    specials: dict[str, str] = {}
+    for key in _SPECIAL_KEYS:
+        value = config.get(key)
+        if isinstance(value, dict):
+            value = value.get("content")
+        if isinstance(value, str):
+            specials[key] = value
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(file), **specials)  # type: ignore[no-untyped-call]
+    tok.truncation_side = str(config.get("truncation_side", "right"))
+    return tok
 
 
 def for_tenant(tokenizer: Tokenizer, tenant: str) -> Tokenizer:
