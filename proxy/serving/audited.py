@@ -191,7 +191,8 @@ class ScoringAuditor:
                 return done
         lane = self._pool.lane(len(body))
         count_with = self._pool.copy_for(tenant)
-        return loop.run_in_executor(lane, analyse, body, path, lookup, count_with, full)
+        job = lane.submit_for(tenant, analyse, body, path, lookup, count_with, full)
+        return asyncio.wrap_future(job, loop=loop)
 
     def _record(self, o: Outcome) -> UsageRecord:
         transport = o.exchange.request.transport

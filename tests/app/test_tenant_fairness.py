@@ -174,3 +174,61 @@ async def test_one_tenant_cannot_hold_every_upstream_connection(
     assert resp.status == 200
     gate.set()
     assert [(await t).status for t in held] == [200, 200]
+
+
+async def test_a_neighbours_backlog_of_counts_does_not_delay_anothers(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, api_keys: Any
+) -> None:
+    """Regression (case 2): 20 of bob's ~234 KiB reranks of fresh texts queued in the
+    tokenizer's small-body lane, and alice's 2-document rerank waited for all of them
+    (6 ms exact became 5,035 ms unaudited, billed inflated before 0.30). Tenants now take
+    turns: alice's answer comes after at most the two of bob's counts ahead of her turn,
+    counted exactly, while most of bob's backlog is still waiting."""
+    from proxy.serving.keys import POOL
+
+    keys = api_keys(alice="sk-alice", bob="sk-bob")
+    _, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        middlewares=(cheap_for_the_engine,),
+        api_keys=keys,
+        tenant_share=1.0,
+    )
+    lane = client.app[POOL].lane(234 * 1024)
+    words = ["paris", "berlin", "tower", "river", "city", "capital", "france", "germany"]
+    done: list[str] = []
+
+    async def rerank(name: str, documents: list[str]) -> str:
+        headers = {"Authorization": f"Bearer sk-{name.split('-')[0]}"}
+        body = {"query": f"where is {name}", "documents": documents}
+        resp = await client.post("/rerank", json=body, headers=headers)
+        assert resp.status == 200
+        done.append(name)
+        return resp.headers["x-usage-verdict"]
+
+    def fresh(i: int) -> list[str]:  # ~234 KiB of texts no cache has seen
+        return [
+            f"{i} {j} " + " ".join(words[(i + j + k) % 8] for k in range(36)) for j in range(900)
+        ]
+
+    bobs = [asyncio.create_task(rerank(f"bob-{i}", fresh(i))) for i in range(20)]
+    for _ in range(200):  # until most of bob's counts wait in the lane
+        if lane.queued().get("bob", 0) >= 15:
+            break
+        await asyncio.sleep(0.02)
+    assert lane.queued().get("bob", 0) >= 15
+    assert await rerank("alice", ["Paris is in France.", "Berlin."]) == "corrected"
+    assert done.index("alice") <= 3  # not after bob's twenty
+    await asyncio.gather(*bobs)
+
+
+@web.middleware
+async def cheap_for_the_engine(request: web.Request, handler: Any) -> web.StreamResponse:
+    """bob's reranks cost the engine nothing (vLLM with ``truncate_prompt_tokens: 2``):
+    the fake answers them at once instead of tokenizing them on its own event loop."""
+    body = await request.read()
+    if request.path != "/rerank" or b"where is bob" not in body:
+        return await handler(request)  # type: ignore[no-any-return]
+    usage = {"prompt_tokens": 2, "total_tokens": 2, "completion_tokens": 0}
+    return web.json_response({"id": "rerank-bob", "model": "minilm", "results": [], "usage": usage})
