@@ -67,6 +67,8 @@ async def pass_on_then_settle(
     head: bytes,
     settle: Callable[[bytes, bool], Awaitable[object]],
     metrics: Metrics,
+    *,
+    scan: Callable[[bytes], Awaitable[None]] | None = None,
 ) -> web.StreamResponse:
     """A metered answer too large to hold is passed on as it arrives, but for its last
     ANSWER_END_BYTES. A successful one is then settled with those last
@@ -80,8 +82,12 @@ async def pass_on_then_settle(
     await reply.prepare(request)
     end = _End(reply)
     try:
+        if scan is not None:
+            await scan(head)
         await end.add(head)
         async for chunk in upstream.content.iter_any():
+            if scan is not None:  # e.g. the top-level usage, read as the answer passes
+                await scan(chunk)
             await end.add(chunk)
     except (aiohttp.ClientError, TimeoutError) as exc:
         abort(request, exc)

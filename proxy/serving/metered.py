@@ -44,8 +44,9 @@ from proxy.serving.upstream import (
 )
 from proxy.settings import Settings
 from proxy.wire.encoding import UnreadableBody, content_codings
+from proxy.wire.members import TopLevelMembers
 from proxy.wire.sse import UsageScanner
-from proxy.wire.usage import Reading, read_usage, reading_of, usage_at_end, usage_in_metadata
+from proxy.wire.usage import Reading, read_usage, reading_of, usage_in_metadata
 
 log = structlog.get_logger("proxy.serving.metered")
 
@@ -189,10 +190,17 @@ class MeteredRelay:
                 lambda: self._settle(exchange, prepared, unread, status),
             )
 
-        def settle(end: bytes, aborted: bool) -> Awaitable[dict[str, str]]:
-            return self._settle(exchange, prepared, _reading_at_end(end), status, aborted)
+        members = TopLevelMembers()
 
-        return await pass_on_then_settle(request, upstream, payload, settle, self._metrics)
+        async def scan(chunk: bytes) -> None:
+            await off_loop(members.feed, chunk, chunk)
+
+        def settle(end: bytes, aborted: bool) -> Awaitable[dict[str, str]]:
+            return self._settle(exchange, prepared, _reading_passed_on(members), status, aborted)
+
+        return await pass_on_then_settle(
+            request, upstream, payload, settle, self._metrics, scan=scan
+        )
 
     async def _stream(
         self, exchange: Exchange, upstream: Any, prepared: Prepared
@@ -320,11 +328,11 @@ def _reading_of_stream(scanner: UsageScanner) -> Reading:
     return reading_of(scanner.usage)
 
 
-def _reading_at_end(end: bytes) -> Reading:
-    """The usage of an answer passed on as it came, from its last bytes (vLLM writes it
-    last but for a few small members); invalid when it is not there."""
-    usage = usage_at_end(end)
-    if usage is None:
-        problem = "answer passed on as it came (too large to hold, or no room), no usage at its end"
+def _reading_passed_on(members: TopLevelMembers) -> Reading:
+    """The usage of an answer passed on as it came, read as it passed (its top-level
+    ``usage`` member, wherever vLLM wrote it); invalid when it has none."""
+    usage = members.usage()
+    if not isinstance(usage, dict):
+        problem = "answer passed on as it came (too large to hold, or no room), no usage in it"
         return Reading(None, None, problem)
     return reading_of(usage)

@@ -291,49 +291,6 @@ def _billed_units(meta: Any) -> Reading | None:
     return Reading(reading.prompt + (images.prompt or 0), None)
 
 
-_USAGE_MEMBER = re.compile(rb'"usage"[ \t\n\r]*:')
-
-
-def usage_at_end(tail: bytes) -> dict[str, Any] | None:
-    """The ``usage`` object near the end of a JSON answer, read from its last bytes only;
-    None when it is not there.
-
-    For an answer too large to hold: vLLM writes ``usage`` after ``data`` and
-    ``choices``, followed at most by a few small members (``kv_transfer_params``,
-    ``metrics``, mostly null). The match needs ``"usage":``, an object, other members
-    and the closing ``}`` then the end: inside a string every ``"`` is escaped, so
-    ``"usage":`` is a member name, and a member followed by members and the answer's
-    end belongs to the top-level object. No ``usage`` member may follow it (for a
-    repeated member a client reads the last), nor an ``error``. What the proxy cannot
-    see is whether the bytes before the tail are well formed: vLLM writes them, no
-    client can."""
-    for found in reversed(list(_USAGE_MEMBER.finditer(tail))):
-        try:
-            text = tail[found.start() :].decode("utf-8")
-            value, end = _DECODER.raw_decode(text, _skip_ws(text, found.end() - found.start()))
-            if _members_then_end(text, end):
-                return value if isinstance(value, dict) else None
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            continue
-    return None
-
-
-def _members_then_end(text: str, i: int) -> bool:
-    """From ``i``: any ``, "name": value`` (none named usage or error), then ``}`` and
-    nothing but whitespace."""
-    while True:
-        i = _skip_ws(text, i)
-        if text[i : i + 1] == "}":
-            return not text[i + 1 :].strip(_WS)
-        if text[i : i + 1] != ",":
-            return False
-        key, i = _DECODER.raw_decode(text, _skip_ws(text, i + 1))
-        i = _skip_ws(text, i)
-        if not isinstance(key, str) or key in ("usage", "error") or text[i : i + 1] != ":":
-            return False
-        _, i = _DECODER.raw_decode(text, _skip_ws(text, i + 1))
-
-
 def usage_in_metadata(value: str) -> Reading:
     """The usage of a ``bytes`` embeddings or pooling answer: the body is raw tensors and
     vLLM puts the rest of the answer, usage included, in a ``metadata`` header as JSON."""

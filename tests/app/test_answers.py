@@ -101,6 +101,53 @@ async def test_a_chat_answer_too_large_to_hold_is_billed_from_its_end(
     )
 
 
+@pytest.mark.parametrize("room_full", [False, True], ids=["above-8-MiB", "room-full"])
+async def test_megabytes_after_the_usage_of_a_chat_answer_passed_on_are_billed(
+    aiohttp_server: Any,
+    aiohttp_client: Any,
+    minilm_path: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    room_full: bool,
+) -> None:
+    """Regression (#27, case 4): an answer passed on as it came was billed only from a
+    usage within its last 64 KiB, and vLLM writes ``prompt_logprobs`` after ``usage``: a
+    chat answer above 8 MiB with more after its usage, or any such answer while other
+    clients' answers filled the room for held answers, was recorded ``invalid``, prompt
+    and completion free. The top-level usage is now read as the answer passes."""
+    import proxy.serving.metered
+
+    if room_full:  # bob's unread answers took the room: alice's small one is passed on
+        monkeypatch.setattr(proxy.serving.metered, "HELD_ANSWERS_TOTAL", 0)
+    fake, client = await fake_and_proxy(
+        aiohttp_server, aiohttp_client, minilm_path, max_answer_bytes=ANSWER_LIMIT
+    )
+    logprobs = [{"7": {"logprob": -0.25, "rank": 1, "decoded_token": '"usage": {}'}}] * 2_000
+    after = b',"prompt_logprobs":' + json.dumps(logprobs).encode() + b',"kv_transfer_params":null}'
+    assert len(after) > 64 * 1024
+    sent: list[bytes] = []
+    pad = padded(sent, b'"usage"') if not room_full else None
+
+    def tamper(body: bytes, headers: dict[str, str]) -> tuple[bytes, dict[str, str]]:
+        body = body[:-1] + after
+        if pad is None:
+            sent.append(body)
+            return body, headers
+        return pad(body, headers)
+
+    fake.tamper = tamper
+    resp = await client.post("/v1/chat/completions", json={"messages": []})
+    assert resp.status == 200
+    assert await resp.read() == sent[0]
+    (line,) = read_journal(tmp_path / "journal.sqlite")
+    record = UsageRecord.from_json(line)
+    assert (record.verdict, record.prompt_tokens_billed, record.completion_tokens_billed) == (
+        "reported",
+        5,
+        3,
+    )
+
+
 async def test_a_large_metered_answer_is_not_held_even_below_the_limit(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
 ) -> None:
@@ -205,14 +252,19 @@ async def _has_records(journal: Path) -> bool:
 async def test_a_metered_answer_too_large_and_not_ending_with_usage_is_invalid(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path, chunked: bool
 ) -> None:
-    """Whatever does not end with the usage member (here 256 KiB of whitespace after it:
-    the kept end holds none) is recorded ``invalid``: billed nothing, never missing."""
+    """An answer passed on as it came without a top-level usage member (here its usage
+    is nested in another member) is recorded ``invalid``: billed nothing, never missing."""
     fake, client = await fake_and_proxy(
         aiohttp_server, aiohttp_client, minilm_path, max_answer_bytes=ANSWER_LIMIT
     )
     fake.chunked_answers = chunked
     sent: list[bytes] = []
-    fake.tamper = padded(sent, b"")
+    pad = padded(sent, b"")
+
+    def nested(body: bytes, headers: dict[str, str]) -> tuple[bytes, dict[str, str]]:
+        return pad(body.replace(b'"usage":', b'"extra": {"usage":')[:-1] + b"}}", headers)
+
+    fake.tamper = nested
     resp = await client.post("/v1/embeddings", json=REQUESTS["/v1/embeddings"])
     assert resp.status == 200
     assert await resp.read() == sent[0]

@@ -17,7 +17,6 @@ from proxy.wire.usage import (
     read_usage,
     reading_of,
     rewrite_usage,
-    usage_at_end,
 )
 
 RERANK = (
@@ -246,49 +245,6 @@ _JSON = st.recursive(
     max_leaves=12,
 )
 _TRAPS = st.sampled_from(['"usage":{"prompt_tokens":1}}', '"usage":', "}", '\\"usage\\":{}}'])
-
-
-@settings(max_examples=500)
-@given(
-    st.lists(
-        st.tuples(st.sampled_from(["usage", "data", "object", "error"]), _JSON | _TRAPS | _USAGE),
-        max_size=5,
-    ),
-    st.sampled_from([(",", ":"), (", ", ": ")]),
-    st.integers(1, 400),
-)
-@example([("data", '"usage":{"prompt_tokens":1}}')], (",", ":"), 400)
-@example([("usage", {"prompt_tokens": 3}), ("data", {"usage": {}})], (",", ":"), 400)
-@example([("usage", {"prompt_tokens": 1}), ("usage", {"prompt_tokens": 7})], (",", ":"), 40)
-@example([("usage", {"prompt_tokens": 1}), ("usage", None)], (",", ":"), 400)
-@example([("usage", {"prompt_tokens": 1}), ("data", None), ("x", {"usage": 1})], (",", ":"), 400)
-def test_usage_at_the_end_is_the_usage_a_client_reads(
-    members: list[tuple[str, object]], separators: tuple[str, str], window: int
-) -> None:
-    """Property: read from any last ``window`` bytes of any JSON object (repeated members,
-    nested ``usage`` objects, strings holding ``"usage":``, ``error`` members included),
-    ``usage_at_end`` finds nothing or the usage ``json.loads`` reads (nothing when an
-    ``error`` member follows it; one before the window it cannot see), and it finds it
-    whenever the last ``usage`` member and those after it fit in the window."""
-    comma, colon = separators
-    pairs = [f"{json.dumps(k)}{colon}{json.dumps(v)}" for k, v in members]
-    payload = ("{" + comma.join(pairs) + "}").encode()
-    found = usage_at_end(payload[-window:])
-    parsed = json.loads(payload)
-    usage = parsed.get("usage")
-    assert found is None or found == usage
-    if "error" in names_after_usage(members):
-        assert found is None  # an error member after it: not billed
-    names = [k for k, _ in members]
-    if "usage" in names and isinstance(usage, dict) and "error" not in parsed:
-        last = len(names) - 1 - names[::-1].index("usage")
-        if len((comma.join(pairs[last:]) + "}").encode()) <= window:
-            assert found == usage
-
-
-def names_after_usage(members: list[tuple[str, object]]) -> list[str]:
-    names = [k for k, _ in members]
-    return names[len(names) - names[::-1].index("usage") :] if "usage" in names else []
 
 
 @pytest.mark.parametrize(
