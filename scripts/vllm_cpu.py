@@ -258,14 +258,14 @@ def metric(url: str, name: str = "vllm:prompt_tokens_total") -> float:
     return total
 
 
-def post(url: str, body: object) -> tuple[int, dict[str, str], bytes]:
+def post(url: str, body: object, timeout: float = 60) -> tuple[int, dict[str, str], bytes]:
     """POST JSON (or raw bytes) and return status, headers and body, errors included."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     request = urllib.request.Request(
         url, data=data, method="POST", headers={"Content-Type": "application/json"}
     )
     try:
-        with urllib.request.urlopen(request, timeout=60) as resp:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
             return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()
