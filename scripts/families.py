@@ -24,6 +24,8 @@ import json
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -59,9 +61,42 @@ PROXY_ARGS = ("--reconcile-interval", "0", "--journal", "off")
 REQUEST_TIMEOUT_S = 300
 # Proxies in front of each server: label -> extra arguments. "full" recounts every request.
 PROXY_VARIANTS: dict[str, tuple[str, ...]] = {"full": ()}
+# The Qwen3-Reranker's proxies are told the score template the server runs with (its
+# --chat-template cannot be seen): ``TEMPLATED`` variants get a config file naming it.
 FAMILY_PROXY_VARIANTS: dict[str, dict[str, tuple[str, ...]]] = {
-    "qwen3-reranker": {"full": (), "fraction-0.1": ("--recount-fraction", "0.1")},
+    "qwen3-reranker": {
+        "full": (),
+        "fraction-0.1": ("--recount-fraction", "0.1"),
+        "no-template": (),
+    },
 }
+TEMPLATED = {"qwen3-reranker": ("full", "fraction-0.1")}
+
+
+def wait_discovered(proxy: Process, timeout: float) -> None:
+    """Until the proxy has discovered the upstream's model and says why it cannot audit
+    it (``/readyz`` 503 with a problem for it)."""
+    deadline = time.monotonic() + timeout
+    proxy.wait_ready("/healthz", timeout)
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(proxy.url + "/readyz", timeout=5).close()
+        except urllib.error.HTTPError as exc:
+            if json.loads(exc.read()).get("problems"):
+                return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{proxy.name} discovered no model in {timeout:.0f} s:\n{proxy.tail()}")
+
+
+def proxy_config(family: str, model: Path, logs: Path) -> tuple[str, ...]:
+    """``--config FILE`` naming the model's score template, as an operator sets it."""
+    path = logs / f"proxy-{family}.yaml"
+    template = model / "qwen3_reranker.jinja"
+    path.write_text(f"models:\n  {SERVED_NAMES[family]}:\n    template: {template}\n")
+    return ("--config", str(path))
+
 
 _WORDS = "relevance requirements instruction retrieval passages capital question document"
 # Longer than the proxy's LONG_TEXT_CHARS (32 KiB), so it is counted in 16 KiB chunks, with
@@ -264,14 +299,25 @@ def measure_all(
             proxies: dict[tuple[str, str], dict[str, Process]] = {}
             for key, server in servers.items():
                 variants = FAMILY_PROXY_VARIANTS.get(key[0], PROXY_VARIANTS)
+                templated = TEMPLATED.get(key[0], ())
+                config = proxy_config(key[0], models[key[0]], logs) if templated else ()
                 proxies[key] = {
-                    label: start_proxy(server.url, logs, *PROXY_ARGS, *args)
+                    label: start_proxy(
+                        server.url,
+                        logs,
+                        *PROXY_ARGS,
+                        *args,
+                        *(config if label in templated else ()),
+                    )
                     for label, args in variants.items()
                 }
                 processes.extend(proxies[key].values())
             for group in proxies.values():
-                for proxy in group.values():
-                    proxy.wait_ready("/readyz", 60)
+                for label, proxy in group.items():
+                    if label == "no-template":
+                        wait_discovered(proxy, 60)  # not ready: it cannot audit the model
+                    else:
+                        proxy.wait_ready("/readyz", 60)
             with ThreadPoolExecutor(len(servers)) as pool:
                 futures = [
                     pool.submit(measure_server, key[0], key[1], servers[key], proxies[key])

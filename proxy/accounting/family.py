@@ -114,6 +114,7 @@ class Decision:
     family: Family | None
     prompt: ScorePrompt | None = None
     warning: str | None = None
+    countable: bool = True  # False: how the engine builds its inputs cannot be known
 
 
 def decide_family(
@@ -147,13 +148,16 @@ def decide_family(
         and not served.classify
     ):  # --convert embed
         family = Family.BI_ENCODER
-    warning = None
+    warning, countable = None, True
     if family is Family.TEMPLATE_RERANKER and causal and chat_template is None:
+        # users serve these with --chat-template, which the proxy cannot see
+        countable = False
         warning = (
             f"the checkpoint says {architectures} but the server scores with it as a "
-            "classifier (--hf-overrides): the proxy counts its pairs without a score "
-            "template; if the server runs with --chat-template, set this model's `template` "
-            "to that file, or every request is a mismatch, billed as reported"
+            "classifier (--hf-overrides), with a score template the proxy cannot see: "
+            "every request is unaudited, billed as reported; set this model's `template` "
+            "to the file given to --chat-template (or its `family` to template-reranker if "
+            "the server runs without one)"
         )
     elif family is Family.BI_ENCODER and causal and served is None:
         warning = (
@@ -162,7 +166,7 @@ def decide_family(
             "served with --hf-overrides, set this model's `family` and `template`"
         )
     prompt = _prompt(family, config, chat_template, use_sep_token, converted)
-    return Decision(family, prompt, warning)
+    return Decision(family, prompt, warning, countable)
 
 
 def _prompt(

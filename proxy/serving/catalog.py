@@ -103,6 +103,8 @@ def build_model(
 
     if max_model_len <= 0:
         return broken("upstream did not report max_model_len")
+    if not decision.countable:
+        return broken(decision.warning or "the engine's inputs cannot be known")
     if family is None:
         if config is None:
             return broken(f"no readable config.json at {source}; set models.{name}.family")

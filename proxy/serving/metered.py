@@ -46,7 +46,14 @@ from proxy.settings import Settings
 from proxy.wire.encoding import UnreadableBody, content_codings
 from proxy.wire.members import TopLevelMembers
 from proxy.wire.sse import UsageScanner
-from proxy.wire.usage import Reading, read_usage, reading_of, usage_in_metadata
+from proxy.wire.usage import (
+    NO_USAGE,
+    Reading,
+    read_usage,
+    reading_of,
+    reading_of_members,
+    usage_in_metadata,
+)
 
 log = structlog.get_logger("proxy.serving.metered")
 
@@ -330,9 +337,10 @@ def _reading_of_stream(scanner: UsageScanner) -> Reading:
 
 def _reading_passed_on(members: TopLevelMembers) -> Reading:
     """The usage of an answer passed on as it came, read as it passed (its top-level
-    ``usage`` member, wherever vLLM wrote it); invalid when it has none."""
-    usage = members.usage()
-    if not isinstance(usage, dict):
+    ``usage``, or Cohere's ``meta``, wherever vLLM wrote it); invalid when it has none."""
+    reading = reading_of_members(members.get("usage"), members.get("meta"), missing=True)
+    assert reading is not None
+    if reading.problem == NO_USAGE:
         problem = "answer passed on as it came (too large to hold, or no room), no usage in it"
         return Reading(None, None, problem)
-    return reading_of(usage)
+    return reading

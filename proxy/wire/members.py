@@ -30,7 +30,7 @@ def _nested(levels: int) -> re.Pattern[bytes]:
 
 _SKIP_NESTED = _nested(6)
 _WHITESPACE = b" \t\n\r"
-# A usage object is a few hundred bytes; past this the member is not kept.
+# A usage (or meta) object is a few hundred bytes; past this the member is not kept.
 USAGE_MAX_BYTES = 64 * 1024
 _NAME_MAX_BYTES = 64
 
@@ -46,19 +46,22 @@ def _decoded(name: bytes) -> bytes:
 
 
 class TopLevelMembers:
-    """Feed the bytes of one JSON object in order; ``usage()`` then gives its top-level
-    ``usage`` member as ``json.loads`` of the whole would (the last one, when repeated),
-    or None: no such member, a top-level ``error`` member, or not one JSON object."""
+    """Feed the bytes of one JSON object in order; ``get(name)`` then gives a kept
+    top-level member (``usage``, and Cohere's ``meta``) as ``json.loads`` of the whole
+    would (the last one, when repeated), or None: no such member, a top-level ``error``
+    member, or not one JSON object."""
 
-    def __init__(self) -> None:
+    def __init__(self, kept: tuple[str, ...] = ("usage", "meta")) -> None:
+        self._kept = frozenset(name.encode() for name in kept)
+        self._kept_values: dict[bytes, bytes | None] = {}
         self._depth = 0
         self._in_string = False
         self._escape = False  # the last byte fed was a backslash inside a string
         self._expect_name = False  # at depth 1, the next string is a member name
         self._name: bytearray | None = None  # the member name being read
         self._last_name = b""
-        self._value: bytearray | None = None  # the usage value being read
-        self._usage: bytes | None = None
+        self._value: bytearray | None = None  # the kept value being read
+        self._value_name = b""
         self._error = False
         self._closed = False  # the top-level object has ended
         self._broken = False
@@ -146,26 +149,31 @@ class TopLevelMembers:
     def _start_value(self) -> None:
         if self._last_name == b"error":
             self._error = True
-        if self._last_name == b"usage":
-            self._value = bytearray()
+        if self._last_name in self._kept:
+            self._value, self._value_name = bytearray(), self._last_name
 
     def _end_value(self, chunk: bytes, start: int, end: int) -> None:
         if self._value is None:
             return
         self._keep(chunk[start:end])
         value, self._value = self._value, None
-        self._usage = bytes(value) if len(value) <= USAGE_MAX_BYTES else None
+        kept = bytes(value) if len(value) <= USAGE_MAX_BYTES else None
+        self._kept_values[self._value_name] = kept
 
     def _keep(self, part: bytes) -> None:
         assert self._value is not None
         if len(self._value) <= USAGE_MAX_BYTES:
             self._value += part[: USAGE_MAX_BYTES + 1 - len(self._value)]
 
-    def usage(self) -> Any:
-        """The top-level ``usage`` value once the whole object was fed, else None."""
-        if self._broken or not self._closed or self._error or self._usage is None:
+    def get(self, name: str) -> Any:
+        """A kept top-level member's value once the whole object was fed, else None."""
+        raw = self._kept_values.get(name.encode())
+        if self._broken or not self._closed or self._error or raw is None:
             return None
         try:
-            return json.loads(self._usage)
+            return json.loads(raw)
         except (ValueError, UnicodeDecodeError, RecursionError):
             return None
+
+    def usage(self) -> Any:
+        return self.get("usage")

@@ -267,10 +267,16 @@ def read_usage(payload: bytes, *, missing: bool = False) -> Reading | None:
     members = top_members(payload, _Deciding)
     if members is not None and is_error_body(members):
         return None
-    usage = members.get("usage") if members is not None else None
+    if members is None:
+        return Reading(None, None, NO_USAGE) if missing else None
+    return reading_of_members(members.get("usage"), members.get("meta"), missing=missing)
+
+
+def reading_of_members(usage: Any, meta: Any, *, missing: bool = False) -> Reading | None:
+    """What an answer's top-level ``usage`` (or, Cohere's shape, ``meta``) bills."""
     if isinstance(usage, dict):
         return reading_of(usage)
-    found = _billed_units(members.get("meta")) if members is not None else None
+    found = _billed_units(meta)
     if found is None and missing:
         return Reading(None, None, NO_USAGE)
     return found

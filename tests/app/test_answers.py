@@ -330,3 +330,41 @@ async def test_a_stream_event_above_the_bound_is_passed_on_and_the_stream_still_
         5,
         2,
     )
+
+
+async def test_a_cohere_embed_answer_too_large_to_hold_is_billed_from_its_meta(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """vLLM's ``/v2/embed`` answers in Cohere's shape: no ``usage``, but
+    ``meta.billed_units`` (before the embeddings or after them). An answer too large to
+    hold is billed from it as it passes (regression: only ``usage`` was looked for, so a
+    large Cohere batch was recorded ``invalid``, billed nothing)."""
+    from aiohttp import web
+
+    rows = [[0.125] * 256 for _ in range(4 * ANSWER_LIMIT // 1500)]
+    answer = {
+        "id": "embd-1",
+        "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": 7}},
+        "embeddings": {"float": rows},
+        "texts": ["Paris."],
+    }
+
+    @web.middleware
+    async def cohere(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path != "/v2/embed":
+            return await handler(request)  # type: ignore[no-any-return]
+        return web.json_response(answer)
+
+    _, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        middlewares=(cohere,),
+        max_answer_bytes=ANSWER_LIMIT,
+    )
+    resp = await client.post("/v2/embed", json={"texts": ["Paris."], "input_type": "query"})
+    assert resp.status == 200
+    assert len(await resp.read()) > ANSWER_LIMIT
+    (line,) = read_journal(tmp_path / "journal.sqlite")
+    record = UsageRecord.from_json(line)
+    assert (record.verdict, record.prompt_tokens_billed) == ("reported", 7)

@@ -3,8 +3,18 @@ request cases of the matrix, and the report the session prints at its end."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
+
+from scripts.vllm_cpu import E2E_VERSIONS
+
+VERSIONS = E2E_VERSIONS
+# Start-up has its own budget and concurrency (see conftest.py); TIMINGS collects what the
+# session report prints.
+STARTUP_BUDGET_S = float(os.environ.get("E2E_STARTUP_BUDGET", "900"))
+START_CONCURRENCY = int(os.environ.get("E2E_START_CONCURRENCY", "3"))
+TIMINGS: dict[str, float] = {}
 
 FAMILIES = ("bi-encoder", "cross-encoder", "late-interaction")
 MODEL_NAMES = {

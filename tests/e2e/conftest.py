@@ -10,7 +10,6 @@ on 2 cores starve each other past any sensible health deadline.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,20 +19,25 @@ from typing import Any
 import pytest
 
 from scripts.vllm_cpu import (
-    E2E_VERSIONS,
     Process,
     prepare_models,
     provision,
     start_proxy,
     start_vllm,
 )
-from tests.e2e.cases import FAMILIES, MODEL_NAMES, REPORT, Cluster, Pair
+from tests.e2e.cases import (
+    FAMILIES,
+    MODEL_NAMES,
+    REPORT,
+    START_CONCURRENCY,
+    STARTUP_BUDGET_S,
+    TIMINGS,
+    VERSIONS,
+    Cluster,
+    Pair,
+)
 
-VERSIONS = E2E_VERSIONS
-STARTUP_BUDGET_S = float(os.environ.get("E2E_STARTUP_BUDGET", "900"))
-START_CONCURRENCY = int(os.environ.get("E2E_START_CONCURRENCY", "3"))
 TEST_TIMEOUT_S = 300
-TIMINGS: dict[str, float] = {}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

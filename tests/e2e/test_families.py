@@ -28,53 +28,16 @@ from scripts.families import (
     cases_for,
     measure_all,
 )
-from tests.e2e.conftest import START_CONCURRENCY, STARTUP_BUDGET_S, TIMINGS, VERSIONS
+from tests.e2e.cases import START_CONCURRENCY, STARTUP_BUDGET_S, TIMINGS, VERSIONS
 
 pytestmark = pytest.mark.e2e
 
-MISDETECTED = (
-    "#30: the proxy reads config.json (Qwen3ForCausalLM), cannot see --hf-overrides and counts "
-    "a bi-encoder; vLLM renders the score template once per pair (a cross-encoder), so every "
-    "full recount says mismatch (billed as reported)"
-)
-NN_CHUNK_029 = (
-    "#30: the proxy counts a text over 32 KiB in chunks cut before a whitespace character; "
-    "a cut between the two newlines of a blank line, which the byte-level BPE merges into one "
-    "token, counts one token too many: mismatch, billed the inflated report"
-)
-NN_CHUNK_032 = (
-    "#30: the chunk cut between two newlines counts one token too many: mismatch (billed as "
-    "reported, which is right in front of 0.32)"
-)
-# What the reranker's vLLM refuses (400/404 before the engine); every other case is accepted.
-RERANKER_REFUSED = {
-    "err-bad-pairing",
-    "err-unknown-model",
-    "err-invalid-json",
-    "err-empty-documents",
-    "nn-long-score",
-    "nn-long-rerank-1toN",
-}
 # (family, version, proxy) -> {case: reason}: accepted requests billed != engine, or with a
-# verdict that admits a wrong count. Measured with this branch's proxy (scripts/families.py).
-KNOWN_WRONG: dict[tuple[str, str, str], dict[str, str]] = {
-    ("qwen3-embedding", "0.29.0", "full"): {
-        "nn-long-score": NN_CHUNK_029,
-        "nn-long-rerank-1toN": NN_CHUNK_029,
-    },
-    ("qwen3-embedding", "0.32.0", "full"): {
-        "nn-long-score": NN_CHUNK_032,
-        "nn-long-rerank-1toN": NN_CHUNK_032,
-    },
-    **{
-        ("qwen3-reranker", version, "full"): {
-            case.name: MISDETECTED
-            for case in cases_for("qwen3-reranker")
-            if case.name not in RERANKER_REFUSED
-        }
-        for version in ("0.29.0", "0.32.0")
-    },
-}
+# verdict that admits a wrong count (strict xfails: each flips when fixed). Measured with
+# scripts/families.py. Empty since #30's fixes: the Qwen3-Reranker is recognised as the
+# classifier its server makes of it and its template is counted; long texts are cut where
+# the byte-level BPE cannot merge across the cut.
+KNOWN_WRONG: dict[tuple[str, str, str], dict[str, str]] = {}
 # Refused requests the engine had already worked on: vLLM's JinaForRanking truncates the
 # whole listwise prompt, cutting off the <|embed_token|>/<|rerank_token|> markers, and its
 # post-processing then fails (IndexError, 500). No usage is reported, so nothing can be
@@ -133,8 +96,7 @@ def _check(row: Row) -> None:
         f"billed {row.billed}, engine processed {row.engine} "
         f"(reported {row.reported}, verdict {row.verdict})"
     )
-    allowed = {"exact", "corrected"} | ({"unaudited"} if row.family == "qwen3-reranker" else set())
-    assert row.verdict in allowed
+    assert row.verdict in {"exact", "corrected"}
 
 
 @pytest.mark.parametrize(("family", "version", "proxy", "case"), list(_params()))
@@ -145,12 +107,7 @@ def test_family_request(
     _check(families[(family, version, proxy, case)])
 
 
-FRACTION_WRONG: dict[tuple[str, str], str] = {
-    ("qwen3-reranker", "0.29.0"): (
-        "#30: misdetected as a bi-encoder, the derivation (E = R - (N-1)Q - Np) says corrected "
-        "and under-bills every request it does not sample for a recount (27 of 35 measured)"
-    ),
-}
+FRACTION_WRONG: dict[tuple[str, str], str] = {}
 
 
 @pytest.mark.parametrize(
@@ -177,8 +134,15 @@ def test_family_sampled_recount(
     families: dict[tuple[str, ...], Row], family: str, version: str, proxy: str
 ) -> None:
     """With --recount-fraction < 1 (which requests are recounted is random): every accepted
-    request billed at the engine count, never 'corrected' to another number."""
+    request billed at the engine count, never 'corrected' to another number. Without the
+    score template the proxy cannot know how the server renders the pair: every request
+    is ``unaudited`` and billed as reported (right for a reranker, one input per pair)."""
     rows = [r for k, r in families.items() if k[:3] == (family, version, proxy)]
     assert rows
     wrong = [r for r in rows if not r.right]
     assert not wrong, [(r.case, r.reported, r.engine, r.billed, r.verdict) for r in wrong]
+    accepted = [r for r in rows if r.accepted]
+    if proxy == "no-template":
+        assert {r.verdict for r in accepted} == {"unaudited"}
+    else:
+        assert {r.verdict for r in accepted} <= {"exact", "corrected"}

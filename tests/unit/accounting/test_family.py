@@ -81,10 +81,12 @@ def test_a_causal_checkpoint_served_as_a_classifier_is_a_template_reranker() -> 
     assert guessed.prompt == ScorePrompt(None, None, use_sep_token=False)  # the seq-cls adapter
     assert guessed.warning is not None
     assert "--chat-template" in guessed.warning
+    assert not guessed.countable  # unaudited, billed as reported: never a guessed count
     told = decide_family(QWEN3_CAUSAL, CLASSIFIER_ROUTES, chat_template="{{ messages }}")
     assert told.family is Family.TEMPLATE_RERANKER
     assert told.prompt == ScorePrompt("{{ messages }}", None, use_sep_token=False)
     assert told.warning is None
+    assert told.countable
 
 
 def test_a_causal_checkpoint_served_for_embeddings_stays_a_bi_encoder() -> None:
