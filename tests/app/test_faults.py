@@ -120,13 +120,24 @@ TABLE = {
 }
 
 
+def own_tasks() -> set[asyncio.Task[object]]:
+    """The loop's tasks but aiohttp's per-connection handlers (``RequestHandler.start``):
+    how many keep-alive connections the client, the proxy's session and the fake keep
+    open at a moment is up to them (counting them made the check flaky under load)."""
+    return {
+        task
+        for task in asyncio.all_tasks()
+        if getattr(task.get_coro(), "__qualname__", "") != "RequestHandler.start"
+    }
+
+
 @pytest.mark.parametrize("fault", list(TABLE))
 async def test_fault_table(rig: Any, fault: str) -> None:
     """Each fault gives the documented answer; nothing is billed; the proxy recovers."""
     fake, client, journal = rig
     audited_status, relayed_status, cut = TABLE[fault]
     fake.fault = fault
-    baseline_tasks = len(asyncio.all_tasks())
+    baseline_tasks = len(own_tasks())
 
     resp = await client.post("/rerank", json=GOOD)
     body = await resp.read()
@@ -165,7 +176,7 @@ async def test_fault_table(rig: Any, fault: str) -> None:
 
     await eventually(settled)
     assert len(connector._acquired) == 0  # no connection left checked out
-    assert len(asyncio.all_tasks()) <= baseline_tasks + 1
+    assert len(own_tasks()) <= baseline_tasks  # no task of an exchange left behind
 
 
 async def test_stalled_sse_is_cut_and_not_billed(rig: Any) -> None:

@@ -232,3 +232,48 @@ async def cheap_for_the_engine(request: web.Request, handler: Any) -> web.Stream
         return await handler(request)  # type: ignore[no-any-return]
     usage = {"prompt_tokens": 2, "total_tokens": 2, "completion_tokens": 0}
     return web.json_response({"id": "rerank-bob", "model": "minilm", "results": [], "usage": usage})
+
+
+def held_probe(gate: asyncio.Event) -> Any:
+    """The fake holds every /ping until ``gate`` opens (a slow or stuck probe target)."""
+
+    @web.middleware
+    async def held(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path == "/ping":
+            await gate.wait()
+            return web.Response()  # vLLM's /ping answers 200 with an empty body
+        return await handler(request)  # type: ignore[no-any-return]
+
+    return held
+
+
+async def test_requests_without_a_key_share_one_share(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, api_keys: Any
+) -> None:
+    """Probes need no key (/ping, /health, /version, ...): all of them count under one
+    tenant share, so clients without a key cannot hold every upstream connection either.
+    With --upstream-connections 4 and a half share, the third held probe gets 429 and a
+    tenant's rerank is still served."""
+    gate = asyncio.Event()
+    keys = api_keys(alice="sk-alice")
+    _, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        middlewares=(held_probe(gate),),
+        api_keys=keys,
+        upstream_connections=4,
+        tenant_share=0.5,
+        connect_timeout=2,
+    )
+    held = [asyncio.create_task(client.get("/ping")) for _ in range(2)]
+    await asyncio.sleep(0.3)
+    third = await client.get("/ping")
+    assert third.status == 429
+    alice = {"Authorization": "Bearer sk-alice"}
+    resp = await asyncio.wait_for(
+        client.post("/rerank", json={"query": "q", "documents": ["d"]}, headers=alice), 10
+    )
+    assert resp.status == 200
+    gate.set()
+    assert [(await t).status for t in held] == [200, 200]
