@@ -6,7 +6,7 @@ the engine for one request, input by input, including its truncation and padding
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -172,12 +172,22 @@ def recount_pairs(
 ) -> Recount:
     """Cross-encoder: one engine input per (query, document) pair; always reported right."""
     iterative = profile.release.iterative_text_cut
-    paired = list(queries) * len(documents) if len(queries) == 1 else list(queries)
     room = profile.release.only_second_needs_room
-    lengths = tuple(
-        pair_length(tok, q, d, trunc, profile.max_model_len, iterative=iterative, needs_room=room)
-        for q, d in zip(paired, documents, strict=True)
+    mml = profile.max_model_len
+    return _per_pair(
+        queries,
+        documents,
+        lambda q, d: pair_length(tok, q, d, trunc, mml, iterative=iterative, needs_room=room),
     )
+
+
+def _per_pair(
+    queries: Sequence[str], documents: Sequence[str], length: Callable[[str, str], int]
+) -> Recount:
+    """One engine input per (query, document) pair (1:N repeats the query), reported as
+    processed on every release."""
+    paired = list(queries) * len(documents) if len(queries) == 1 else list(queries)
+    lengths = tuple(length(q, d) for q, d in zip(paired, documents, strict=True))
     engine = sum(lengths)
     return Recount(engine, engine, (), lengths)
 
@@ -239,13 +249,11 @@ def recount_template(
     template_kwargs: Mapping[str, Any],
 ) -> Recount:
     """LLM reranker: one engine input per (query, document) pair; always reported right."""
-    paired = list(queries) * len(documents) if len(queries) == 1 else list(queries)
-    lengths = tuple(
-        template_length(tok, q, d, trunc, profile, template_kwargs)
-        for q, d in zip(paired, documents, strict=True)
+    return _per_pair(
+        queries,
+        documents,
+        lambda q, d: template_length(tok, q, d, trunc, profile, template_kwargs),
     )
-    engine = sum(lengths)
-    return Recount(engine, engine, (), lengths)
 
 
 # jina-reranker-v3 (``JinaRankingIOProcessorMixin.format_docs_prompts_func``, the same text
