@@ -140,12 +140,24 @@ class Release:
         unknown extras and encode the whole text (measured on 0.15.1)."""
         return self._from((0, 20))
 
+    @property
+    def truncates_left(self) -> bool:
+        """False on 0.19.x only: its scoring asks the tokenizer for no truncation when
+        ``truncation_side`` is ``"left"`` (a later slice was to cut) and never slices, so
+        ``truncate_prompt_tokens`` is not applied at all (make compat on 0.19.1: 197
+        tokens processed where 0.16.0 and 0.20.2 process 32). Before 0.19 the side is an
+        ignored extra; from 0.20 the scoring IO processors slice."""
+        parsed = self._parsed
+        return parsed is None or parsed[:2] != (0, 19)
+
     def applied(self, truncation: Truncation) -> Truncation:
         """The request's options as this release applies them (the ones it does not
         know are extras it ignores)."""
         changes: dict[str, Any] = {}
         if truncation.pad_to_max_length and not self.pads:
             changes["pad_to_max_length"] = False
+        if truncation.truncation_side == "left" and not self.truncates_left:
+            changes |= {"truncate_prompt_tokens": None, "truncation_side": None}
         if (truncation.max_tokens_per_query or truncation.max_tokens_per_doc) and (
             not self.cuts_text
         ):

@@ -53,13 +53,14 @@ async def test_total_tokens_only_is_corrected_and_billed_at_the_engine_count(
     assert record.verdict == "corrected"
 
 
-@pytest.mark.parametrize("version", ["0.15.1", "0.18.0", "0.19.0"])
-async def test_truncation_side_is_ignored_before_0_19(
+@pytest.mark.parametrize("version", ["0.15.1", "0.18.0", "0.19.1", "0.20.2"])
+async def test_truncation_side_left_as_each_release_applies_it(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, version: str
 ) -> None:
     """Before 0.19 truncation_side is an unknown extra: truncate_prompt_tokens cuts the
-    tokenizer's way (specials kept) instead of slicing. Either way an input longer than k
-    keeps k tokens, so the count, and the bill, are the same (no release switch)."""
+    tokenizer's way (specials kept) instead of slicing; an input longer than k keeps k
+    tokens either way. 0.19.x does not truncate at all with "left" (make compat on
+    0.19.1); 0.20 slices. Each is billed what its engine processed."""
     fake, client = await start(aiohttp_server, aiohttp_client, minilm_path, version)
     before = fake.prompt_tokens_total
     body = {"query": QUERY, "documents": [LONG, DOCS[1]]}

@@ -151,6 +151,8 @@ class ScoringAPI(FakeState):
         keep = body.get("truncate_prompt_tokens")
         # truncation_side is a field from 0.19; earlier releases ignore it (an extra).
         side = body.get("truncation_side") if self._series >= (0, 19) else None
+        if side == "left" and self._series == (0, 19):
+            keep = side = None  # 0.19.x: no HF truncation for "left", and no slice after
         mml = self.max_model_len
         if keep is not None and keep > mml:
             raise FakeError(

@@ -74,3 +74,20 @@ def test_options_every_release_ignores_together() -> None:
     asked = Truncation(pad_to_max_length=True, max_tokens_per_doc=3, truncation_side="left")
     assert Release("0.8.5").applied(asked) == Truncation(truncation_side="left")
     assert Release("0.32.0").applied(asked) == asked
+
+
+@pytest.mark.parametrize(
+    ("version", "left", "right"),
+    [("0.16.0", 12, 7), ("0.19.0", None, 7), ("0.19.1", None, 7), ("0.20.2", 12, 7), (None, 12, 7)],
+)
+def test_left_truncation_is_not_applied_on_0_19(
+    version: str | None, left: int | None, right: int
+) -> None:
+    """Regression found by make compat on 0.19.1: truncate_prompt_tokens with
+    truncation_side "left" is not applied by its scoring (197 processed, the proxy
+    predicted 32 and billed the reported 208 as a mismatch); "right" cuts as everywhere."""
+    release = Release(version)
+    asked = Truncation(truncate_prompt_tokens=12, truncation_side="left")
+    assert release.applied(asked).truncate_prompt_tokens == left
+    right_cut = Truncation(truncate_prompt_tokens=7, truncation_side="right")
+    assert release.applied(right_cut).truncate_prompt_tokens == right
