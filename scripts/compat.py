@@ -42,7 +42,7 @@ from scripts.vllm_cpu import (
 # Releases before 0.27 pin CPU torch builds the registry lacks; scripts/old_release.py
 # installs them (issue #31). A sample, one per minor series that changed the scoring code
 # (docs/compatibility.md says which and why); every release from 0.27.0 on.
-OLD_SAMPLE = ("0.8.5", "0.10.2", "0.15.1", "0.20.2", "0.26.0")
+OLD_SAMPLE = ("0.8.5", "0.10.2", "0.13.0", "0.15.1", "0.16.0", "0.19.1", "0.20.2", "0.26.0")
 RUNNABLE = (*OLD_SAMPLE, "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0")
 FAMILIES = {"bi-encoder": "minilm", "cross-encoder": "tiny-ce", "late-interaction": "tiny-colbert"}
 START, END = "<!-- compat:start -->\n", "<!-- compat:end -->"
@@ -195,7 +195,7 @@ def render(results: dict[str, tuple[list[Outcome], dict[str, float]]]) -> str:
         rerank = next(
             (o for o in accepted if o.family == "bi-encoder" and o.case == "rerank-1toN"), None
         )
-        members = f"`{rerank.usage_fields}`" if rerank and rerank.usage_fields else "-"
+        members = f"`{rerank.usage_fields}`" if rerank and rerank.usage_fields else "not read"
         lines.append(
             f"| {version} | {len(families)} | {len(accepted)} "
             f"| {len(refused)} ({', '.join(statuses)}) "

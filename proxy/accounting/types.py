@@ -87,10 +87,12 @@ class Tokenizer(Protocol):
 # sample of the old releases (one per series that changed the scoring code), then every
 # release from 0.27.0 on.
 PROVEN_SERIES = frozenset(
-    {(0, 8), (0, 10), (0, 15), (0, 20), (0, 26), (0, 27), (0, 28), (0, 29), (0, 30), (0, 31)}
-    | {(0, 32)}
+    {(0, minor) for minor in (8, 10, 13, 15, 16, 19, 20, 26, 27, 28, 29, 30, 31, 32)}
 )
-PROVEN_TEXT = "0.8.x, 0.10.x, 0.15.x, 0.20.x, 0.26.x, 0.27.0 - 0.32.x (docs/compatibility.md)"
+PROVEN_TEXT = (
+    "0.8.x, 0.10.x, 0.13.x, 0.15.x, 0.16.x, 0.19.x, 0.20.x, 0.26.x, 0.27.0 - 0.32.x "
+    "(docs/compatibility.md)"
+)
 
 
 @dataclass(frozen=True, slots=True)
