@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -38,7 +39,11 @@ from scripts.vllm_cpu import (
     start_vllm,
 )
 
-RUNNABLE = ("0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0")
+# Releases before 0.27 pin CPU torch builds the registry lacks; scripts/old_release.py
+# installs them (issue #31). A sample, one per minor series that changed the scoring code
+# (docs/compatibility.md says which and why); every release from 0.27.0 on.
+OLD_SAMPLE = ("0.8.5", "0.10.2", "0.13.0", "0.15.1", "0.16.0", "0.19.1", "0.20.2", "0.26.0")
+RUNNABLE = (*OLD_SAMPLE, "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0")
 FAMILIES = {"bi-encoder": "minilm", "cross-encoder": "tiny-ce", "late-interaction": "tiny-colbert"}
 START, END = "<!-- compat:start -->\n", "<!-- compat:end -->"
 
@@ -52,9 +57,17 @@ class Outcome:
     engine: int | None = None
     billed: int | None = None
     verdict: str | None = None
+    usage_fields: str | None = None  # the usage members the client got, e.g. total_tokens
+    error_body: bool = False  # HTTP 200 carrying an error (releases up to 0.17)
+
+    @property
+    def accepted(self) -> bool:
+        return self.status == 200 and not self.error_body
 
     @property
     def agrees(self) -> bool:
+        if self.error_body:
+            return not self.engine  # nothing processed, nothing billed
         return self.status != 200 or self.billed == self.engine
 
 
@@ -72,11 +85,22 @@ def run_release(version: str, logs: Path) -> tuple[list[Outcome], dict[str, floa
     models = prepare_models(python)
     processes: list[Process] = []
     try:
-        servers = {f: start_vllm(python, models[f], name, logs) for f, name in FAMILIES.items()}
+        servers = {
+            f: start_vllm(python, models[f], name, logs, family=f) for f, name in FAMILIES.items()
+        }
         processes.extend(servers.values())
         with ThreadPoolExecutor(3) as pool:
-            list(pool.map(lambda p: p.wait_ready("/health", 900), servers.values()))
+            failures = list(pool.map(_ready, servers.values()))
         timings["start_s"] = time.monotonic() - started - timings["provision_s"]
+        for family, failure in zip(list(servers), failures, strict=True):
+            if failure is not None:
+                # A release that cannot serve a model family (its architecture is not
+                # registered yet) is measured on the others.
+                say(f"vLLM {version} does not serve the {family} test model: {failure[-400:]}")
+                timings[f"not_served:{family}"] = 1
+                del servers[family]
+        if "bi-encoder" not in servers:
+            raise RuntimeError(f"vLLM {version} does not serve the bi-encoder test model")
         served, unclassified = classify_routes(servers["bi-encoder"].url)
         timings["routes_served"], timings["routes_unclassified"] = served, len(unclassified)
         for route in unclassified:
@@ -99,16 +123,34 @@ def run_release(version: str, logs: Path) -> tuple[list[Outcome], dict[str, floa
                 engine = int(metric(server.url) - before)
                 outcome = Outcome(family, case.name, status)
                 if status == 200:
-                    outcome.reported = int(headers.get("x-usage-upstream-prompt-tokens", -1))
+                    answer = json.loads(raw)
+                    usage = answer.get("usage")
                     outcome.engine = engine
-                    outcome.billed = json.loads(raw)["usage"]["prompt_tokens"]
-                    outcome.verdict = headers.get("x-usage-verdict")
+                    if not isinstance(usage, dict):
+                        outcome.error_body = True
+                    else:
+                        reported = headers.get("x-usage-upstream-prompt-tokens", "-1")
+                        outcome.reported = int(reported)
+                        # Before prompt_tokens (rerank up to 0.10.x), total_tokens is billed.
+                        outcome.billed = usage.get("prompt_tokens", usage.get("total_tokens"))
+                        outcome.verdict = headers.get("x-usage-verdict")
+                        outcome.usage_fields = ",".join(sorted(usage))
                 outcomes.append(outcome)
         timings["total_s"] = time.monotonic() - started
         return outcomes, timings
     finally:
         for process in processes:
             process.stop()
+
+
+def _ready(process: Process) -> str | None:
+    """None when the server answers /health, else why not (its log tail)."""
+    try:
+        process.wait_ready("/health", 900)
+    except (RuntimeError, TimeoutError) as exc:
+        process.stop()
+        return str(exc)
+    return None
 
 
 def classify_routes(url: str) -> tuple[int, list[str]]:
@@ -136,40 +178,53 @@ def render(results: dict[str, tuple[list[Outcome], dict[str, float]]]) -> str:
 
     results = {v: results[v] for v in sorted(results, key=Version)}
     lines = [
-        "| release | accepted cases | refused (status) | billed = engine | verdicts "
-        "| routes served (unclassified) | run |",
-        "|---|---|---|---|---|---|---|",
+        "| release | families served | accepted cases | refused (status) | billed = engine "
+        "| verdicts | rerank usage members | routes served (unclassified) | install, start, run |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for version, (outcomes, timings) in results.items():
-        accepted = [o for o in outcomes if o.status == 200]
-        refused = [o for o in outcomes if o.status != 200]
+        accepted = [o for o in outcomes if o.accepted]
+        refused = [o for o in outcomes if not o.accepted]
         agree = sum(o.agrees for o in accepted)
         verdicts: dict[str, int] = {}
         for o in accepted:
             verdicts[o.verdict or "-"] = verdicts.get(o.verdict or "-", 0) + 1
         shown = ", ".join(f"{k} {v}" for k, v in sorted(verdicts.items()))
-        statuses = sorted({o.status for o in refused})
-        lines.append(
-            f"| {version} | {len(accepted)} | {len(refused)} ({', '.join(map(str, statuses))}) "
-            f"| {agree} of {len(accepted)} | {shown} | {_routes(timings)} "
-            f"| {timings.get('total_s', 0):.0f} s |"
+        statuses = sorted({_status(o) for o in refused})
+        families = [f for f in FAMILIES if f"not_served:{f}" not in timings]
+        rerank = next(
+            (o for o in accepted if o.family == "bi-encoder" and o.case == "rerank-1toN"), None
         )
+        members = f"`{rerank.usage_fields}`" if rerank and rerank.usage_fields else "not read"
+        lines.append(
+            f"| {version} | {len(families)} | {len(accepted)} "
+            f"| {len(refused)} ({', '.join(statuses)}) "
+            f"| {agree} of {len(accepted)} | {shown} | {members} | {_routes(timings)} "
+            f"| {_durations(timings)} |"
+        )
+    not_served = [
+        f"{v} {k.split(':', 1)[1]}"
+        for v, (_, t) in results.items()
+        for k in t
+        if k.startswith("not_served:")
+    ]
+    if not_served:
+        lines += ["", "Test models a release does not serve (its server does not start):", ""]
+        lines += [f"- {entry}" for entry in not_served]
     lines += ["", "Disagreements and cases a release refuses that 0.32.0 accepts:", ""]
-    accepted_new = {
-        (o.family, o.case) for o in results.get("0.32.0", ([], {}))[0] if o.status == 200
-    }
+    accepted_new = {(o.family, o.case) for o in results.get("0.32.0", ([], {}))[0] if o.accepted}
     found = False
     for version, (outcomes, _) in results.items():
         for o in outcomes:
-            if o.status == 200 and not o.agrees:
+            if not o.agrees:
                 found = True
                 lines.append(
                     f"- {version} {o.family} `{o.case}`: reported {o.reported}, engine "
                     f"{o.engine}, billed {o.billed} ({o.verdict})"
                 )
-            elif o.status != 200 and (o.family, o.case) in accepted_new:
+            elif not o.accepted and (o.family, o.case) in accepted_new:
                 found = True
-                lines.append(f"- {version} {o.family} `{o.case}`: refused with {o.status}")
+                lines.append(f"- {version} {o.family} `{o.case}`: refused with {_status(o)}")
     if not found:
         lines.append("- none")
     lines += ["", "Per case (reported / engine / billed, verdict), bi-encoder:", ""]
@@ -182,12 +237,21 @@ def render(results: dict[str, tuple[list[Outcome], dict[str, float]]]) -> str:
         for version in versions:
             o = next(x for x in results[version][0] if x.family == "bi-encoder" and x.case == case)
             cells.append(
-                f"{o.reported}/{o.engine}/{o.billed} {o.verdict}"
-                if o.status == 200
-                else str(o.status)
+                f"{o.reported}/{o.engine}/{o.billed} {o.verdict}" if o.accepted else _status(o)
             )
         lines.append(f"| `{case}` | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _status(outcome: Outcome) -> str:
+    return "200 error" if outcome.error_body else str(outcome.status)
+
+
+def _durations(timings: dict[str, float]) -> str:
+    if "start_s" not in timings:
+        return f"{timings.get('total_s', 0):.0f} s"
+    run = timings["total_s"] - timings["provision_s"] - timings["start_s"]
+    return f"{timings['provision_s']:.0f} s, {timings['start_s']:.0f} s, {run:.0f} s"
 
 
 def _routes(timings: dict[str, float]) -> str:
@@ -235,19 +299,21 @@ def main() -> int:
             say(f"vLLM {version}: provisioning, starting 3 servers, running the matrix ...")
             try:
                 outcomes, timings = run_release(version, Path(tmp))
-            except (RuntimeError, TimeoutError, OSError) as exc:
+            except (RuntimeError, TimeoutError, OSError, subprocess.CalledProcessError) as exc:
                 say(f"vLLM {version} could not be run: {str(exc)[:500]}")
                 continue
+            finally:
+                # Old environments are 6-8 GB: one at a time on disk, even when one fails.
+                if not args.keep and version not in E2E_VERSIONS:
+                    shutil.rmtree(CACHE / f"vllm-cpu-{version}", ignore_errors=True)
             results[version] = (outcomes, timings)
             save_results(results)
             wrong = [o for o in outcomes if not o.agrees]
             say(
-                f"vLLM {version}: {sum(o.status == 200 for o in outcomes)} accepted, "
+                f"vLLM {version}: {sum(o.accepted for o in outcomes)} accepted, "
                 f"{len(wrong)} billed differently from the engine, "
                 + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items())
             )
-            if not args.keep and version not in E2E_VERSIONS:
-                shutil.rmtree(CACHE / f"vllm-cpu-{version}", ignore_errors=True)
     write_doc(args.output, render(results))
     say(f"all releases in {time.monotonic() - started:.0f} s; wrote {args.output}")
     failed = [

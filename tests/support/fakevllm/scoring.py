@@ -149,7 +149,10 @@ class ScoringAPI(FakeState):
     def _tokens(self, body: dict[str, Any], text: str, pair: str | None = None) -> list[int]:
         """Tokenize like TokenizeParams.get_encode_kwargs + apply_post_tokenization."""
         keep = body.get("truncate_prompt_tokens")
-        side = body.get("truncation_side")
+        # truncation_side is a field from 0.19; earlier releases ignore it (an extra).
+        side = body.get("truncation_side") if self._series >= (0, 19) else None
+        if side == "left" and self._series == (0, 19):
+            keep = side = None  # 0.19.x: no HF truncation for "left", and no slice after
         mml = self.max_model_len
         if keep is not None and keep > mml:
             raise FakeError(
@@ -222,6 +225,17 @@ class ScoringAPI(FakeState):
             },
         }
 
+    @property
+    def _series(self) -> tuple[int, int]:
+        major, minor = (int(x) for x in self.version.split(".")[:2])
+        return major, minor
+
+    def _rerank_usage(self, reported: int) -> dict[str, int]:
+        """Rerank usage is ``total_tokens`` only before 0.13 (RerankUsage, 0.12.0 -> 0.13.0)."""
+        if self._series < (0, 13):
+            return {"total_tokens": reported}
+        return {"prompt_tokens": reported, "total_tokens": reported}
+
     def _rerank_body(
         self, body: dict[str, Any], docs: list[str], scores: list[float], reported: int
     ) -> dict[str, Any]:
@@ -238,6 +252,6 @@ class ScoringAPI(FakeState):
         return {
             "id": f"score-{uuid.uuid4().hex[:16]}",
             "model": body.get("model") or self.name,
-            "usage": {"prompt_tokens": reported, "total_tokens": reported},
+            "usage": self._rerank_usage(reported),
             "results": results,
         }

@@ -10,7 +10,15 @@ from proxy.accounting.types import Release, Truncation
 @pytest.mark.parametrize(
     ("version", "inflates", "iterative", "proven"),
     [
-        ("0.26.2", True, False, False),
+        ("0.8.5", True, False, True),
+        ("0.9.2", True, False, False),
+        ("0.10.2", True, False, True),
+        ("0.15.1", True, False, True),
+        ("0.16.0", True, False, True),
+        ("0.17.1", True, False, False),
+        ("0.19.1", True, False, True),
+        ("0.20.2", True, False, True),
+        ("0.26.2", True, False, True),
         ("0.27.0", True, False, True),
         ("0.29.0", True, False, True),
         ("0.29.9", True, False, True),
@@ -26,7 +34,8 @@ def test_release_table_boundaries(
     version: str | None, inflates: bool | None, iterative: bool, proven: bool | None
 ) -> None:
     """0.29 -> 0.30: usage becomes engine-level; 0.30 -> 0.31: max_tokens_per_* cuts text
-    iteratively; the proven range is what make compat runs (docs/compatibility.md)."""
+    iteratively; proven are the minor series make compat runs (docs/compatibility.md):
+    a sample of 0.8-0.26, every release from 0.27."""
     release = Release(version)
     fixed = release.reports_engine_usage
     assert (None if fixed is None else not fixed) == inflates
@@ -43,3 +52,44 @@ def test_padding_boundary_0_28_to_0_29(version: str | None, pads: bool) -> None:
     assert release.pads is pads
     assert release.applied(asked).pad_to_max_length is pads
     assert release.applied(Truncation()) == Truncation()
+
+
+@pytest.mark.parametrize(
+    ("version", "cuts"), [("0.8.5", False), ("0.19.1", False), ("0.20.0", True), (None, True)]
+)
+def test_max_tokens_per_boundary_0_19_to_0_20(version: str | None, cuts: bool) -> None:
+    """max_tokens_per_query/doc are request fields from 0.20 (absent from 0.19.1's
+    protocol); earlier releases ignore them as extras and encode the whole text, so the
+    proxy must not cut (make compat: max-per-doc on 0.15.1)."""
+    release = Release(version)
+    asked = Truncation(max_tokens_per_query=5, max_tokens_per_doc=10, truncate_prompt_tokens=7)
+    applied = release.applied(asked)
+    assert release.cuts_text is cuts
+    assert (applied.max_tokens_per_query, applied.max_tokens_per_doc) == (
+        (5, 10) if cuts else (0, 0)
+    )
+    assert applied.truncate_prompt_tokens == 7  # known to every release
+
+
+def test_options_every_release_ignores_together() -> None:
+    """0.8.5 ignores both padding and max_tokens_per_*; the rest of the request stays."""
+    asked = Truncation(pad_to_max_length=True, max_tokens_per_doc=3, truncation_side="left")
+    assert Release("0.8.5").applied(asked) == Truncation(truncation_side="left")
+    assert Release("0.32.0").applied(asked) == asked
+
+
+@pytest.mark.parametrize(
+    ("version", "left", "right"),
+    [("0.16.0", 12, 7), ("0.19.0", None, 7), ("0.19.1", None, 7), ("0.20.2", 12, 7), (None, 12, 7)],
+)
+def test_left_truncation_is_not_applied_on_0_19(
+    version: str | None, left: int | None, right: int
+) -> None:
+    """Regression found by make compat on 0.19.1: truncate_prompt_tokens with
+    truncation_side "left" is not applied by its scoring (197 processed, the proxy
+    predicted 32 and billed the reported 208 as a mismatch); "right" cuts as everywhere."""
+    release = Release(version)
+    asked = Truncation(truncate_prompt_tokens=12, truncation_side="left")
+    assert release.applied(asked).truncate_prompt_tokens == left
+    right_cut = Truncation(truncate_prompt_tokens=7, truncation_side="right")
+    assert release.applied(right_cut).truncate_prompt_tokens == right
