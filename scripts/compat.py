@@ -7,8 +7,12 @@ it is one of the releases ``make test`` uses, so disk stays bounded), serve the 
 models (MiniLM, the tiny cross-encoder, the tiny ColBERT), put a real ``usage-proxy serve``
 in front of each, send the end-to-end case matrix through the proxy one request at a time,
 and compare what the proxy billed with the growth of that engine's own
-``vllm:prompt_tokens_total``. Writes the measured tables into docs/compatibility.md
-between its ``compat:start``/``compat:end`` markers. Not part of ``make test``.
+``vllm:prompt_tokens_total``. From 0.27.0 on, the six family models of
+``scripts/families.py`` (XLM-R, Qwen3, the Qwen3-Reranker served with hf_overrides,
+jina-reranker-v3, ModernBERT ColBERT) are measured the same way (``--no-families`` skips
+them; about 13 minutes per release). Writes the measured tables into
+docs/compatibility.md between its ``compat:start``/``compat:end`` markers. Not part of
+``make test``.
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ from scripts.vllm_cpu import (
 OLD_SAMPLE = ("0.8.5", "0.10.2", "0.13.0", "0.15.1", "0.16.0", "0.19.1", "0.20.2", "0.26.0")
 RUNNABLE = (*OLD_SAMPLE, "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0")
 FAMILIES = {"bi-encoder": "minilm", "cross-encoder": "tiny-ce", "late-interaction": "tiny-colbert"}
+# Releases the family models are measured on (their architectures need 0.27's registry).
+FIRST_FAMILY_RELEASE = (0, 27)
+FAMILY_RESULTS = CACHE / "compat-families.json"
 START, END = "<!-- compat:start -->\n", "<!-- compat:end -->"
 
 
@@ -283,6 +290,62 @@ def write_doc(path: Path, table: str) -> None:
     path.write_text(head + START + table + END + tail)
 
 
+def _release(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
+def run_families(version: str, logs: Path) -> list[dict[str, object]]:
+    """The family models on ``version`` (``scripts/families.measure_all``), as rows."""
+    from dataclasses import asdict
+
+    from scripts.families import FAMILIES as FAMILY_MODELS
+    from scripts.families import measure_all
+
+    say(f"vLLM {version}: the family models, three servers at a time ...")
+    measured = measure_all([version], FAMILY_MODELS, logs, pythons={version: provision(version)})
+    rows = [asdict(r) for r in measured.rows]
+    wrong = [r for r in rows if not _right(r)]
+    say(f"vLLM {version} families: {len(rows)} requests, {len(wrong)} billed differently")
+    return rows
+
+
+def _right(row: dict[str, object]) -> bool:
+    """An accepted request billed at the engine count (a refused one bills nothing)."""
+    return row["status"] != 200 or row["billed"] == row["engine"]
+
+
+def render_families(families: dict[str, list[dict[str, object]]]) -> str:
+    """Per family and proxy, per release: accepted requests billed at the engine count,
+    and their verdicts."""
+    if not families:
+        return ""
+    from packaging.version import Version
+
+    versions = sorted(families, key=Version)
+    keys = sorted({(str(r["family"]), str(r["proxy"])) for v in versions for r in families[v]})
+    lines = [
+        "",
+        "Family models (`scripts/families.py`): accepted requests billed = engine, verdicts:",
+        "",
+        "| family (proxy) | " + " | ".join(versions) + " |",
+        "|---|" + "---|" * len(versions),
+    ]
+    for family, proxy in keys:
+        cells = []
+        for version in versions:
+            rows = [r for r in families[version] if (r["family"], r["proxy"]) == (family, proxy)]
+            accepted = [r for r in rows if r["status"] == 200]
+            verdicts: dict[str, int] = {}
+            for r in accepted:
+                verdicts[str(r["verdict"])] = verdicts.get(str(r["verdict"]), 0) + 1
+            shown = ", ".join(f"{k} {n}" for k, n in sorted(verdicts.items()))
+            right = sum(_right(r) for r in accepted)
+            cells.append(f"{right} of {len(accepted)} ({shown})" if rows else "-")
+        lines.append(f"| {family} ({proxy}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("versions", nargs="*", default=list(RUNNABLE))
@@ -290,15 +353,29 @@ def main() -> int:
     parser.add_argument(
         "--fresh", action="store_true", help="forget earlier runs' results (kept in the cache)"
     )
+    parser.add_argument(
+        "--no-families",
+        dest="families",
+        action="store_false",
+        help="skip the family models (about 13 minutes per release from 0.27.0)",
+    )
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "compatibility.md")
     args = parser.parse_args()
     results = load_results() if not args.fresh else {}
+    families: dict[str, list[dict[str, object]]] = {}
+    if FAMILY_RESULTS.is_file() and not args.fresh:
+        families = json.loads(FAMILY_RESULTS.read_text())
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="usage-proxy-compat-") as tmp:
         for version in args.versions:
             say(f"vLLM {version}: provisioning, starting 3 servers, running the matrix ...")
             try:
                 outcomes, timings = run_release(version, Path(tmp))
+                results[version] = (outcomes, timings)
+                save_results(results)
+                if args.families and _release(version) >= FIRST_FAMILY_RELEASE:
+                    families[version] = run_families(version, Path(tmp))
+                    FAMILY_RESULTS.write_text(json.dumps(families))
             except (RuntimeError, TimeoutError, OSError, subprocess.CalledProcessError) as exc:
                 say(f"vLLM {version} could not be run: {str(exc)[:500]}")
                 continue
@@ -306,21 +383,19 @@ def main() -> int:
                 # Old environments are 6-8 GB: one at a time on disk, even when one fails.
                 if not args.keep and version not in E2E_VERSIONS:
                     shutil.rmtree(CACHE / f"vllm-cpu-{version}", ignore_errors=True)
-            results[version] = (outcomes, timings)
-            save_results(results)
             wrong = [o for o in outcomes if not o.agrees]
             say(
                 f"vLLM {version}: {sum(o.accepted for o in outcomes)} accepted, "
                 f"{len(wrong)} billed differently from the engine, "
                 + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items())
             )
-    write_doc(args.output, render(results))
+    write_doc(args.output, render(results) + render_families(families))
     say(f"all releases in {time.monotonic() - started:.0f} s; wrote {args.output}")
     failed = [
         v
         for v, (outcomes, timings) in results.items()
         if not all(o.agrees for o in outcomes) or timings.get("routes_unclassified")
-    ]
+    ] + [v for v, rows in families.items() if not all(_right(r) for r in rows)]
     return 1 if failed else 0
 
 
