@@ -1,4 +1,5 @@
-"""The event loop: uvloop by default (--event-loop), asyncio's own to fall back to, and
+"""The process (the rest of it: limits, signals, the run loop, in tests/process): its event
+loop, uvloop by default (--event-loop) with asyncio's own to fall back to, and
 the in-process tests on the same loop the proxy serves on."""
 
 from __future__ import annotations
