@@ -21,6 +21,11 @@ from scripts.vllm_cpu import Process, _spawn, free_port, minilm_dir, start_proxy
 
 JSON = {"Content-Type": "application/json"}
 
+# The event loops a target can run on (the proxy's --event-loop; the relay reads the same
+# variable), the proxy's default first. The fake upstream and the client stay on asyncio's.
+EVENT_LOOPS = ("uvloop", "asyncio")
+LOOP_ENV = "USAGE_PROXY_EVENT_LOOP"
+
 
 def start_upstream(latency_ms: float, workdir: Path) -> Process:
     """The fast fake vLLM (bench/upstream.py) with ``latency_ms`` added to each answer."""
@@ -36,21 +41,26 @@ def start_upstream(latency_ms: float, workdir: Path) -> Process:
     return _spawn("upstream", argv, {"HF_HUB_OFFLINE": "1"}, log, port)
 
 
-def start_relay(upstream: str, workdir: Path, journal: Path | None = None) -> Process:
-    """The minimal aiohttp relay (bench/minimal_relay.py) in front of ``upstream``; with
-    ``journal``, committing one row per request to it (fsync'd) before answering."""
+def start_relay(
+    upstream: str, workdir: Path, journal: Path | None = None, loop: str = EVENT_LOOPS[0]
+) -> Process:
+    """The minimal aiohttp relay (bench/minimal_relay.py) in front of ``upstream`` on the
+    event loop ``loop``; with ``journal``, committing one row per request to it (fsync'd)
+    before answering."""
     port = free_port()
     argv = [sys.executable, str(ROOT / "bench" / "minimal_relay.py"), upstream, str(port)]
     name = "relay" if journal is None else "durable-relay"
-    return _spawn(
-        name, argv + ([str(journal)] if journal else []), {}, workdir / f"{name}.log", port
-    )
+    argv += [str(journal)] if journal else []
+    return _spawn(name, argv, {LOOP_ENV: loop}, workdir / f"{name}-{port}.log", port)
 
 
-def start_audited_proxy(upstream: str, workdir: Path, journal: Path, *extra: str) -> Process:
-    """The real proxy (``usage-proxy serve``) journaling to ``journal``; warnings only, so
-    that writing logs is not part of what is measured. The pass-through scenario's echo
-    route is the fake's own (vLLM has none): relayed by the operator's opt-in."""
+def start_audited_proxy(
+    upstream: str, workdir: Path, journal: Path, *extra: str, loop: str = EVENT_LOOPS[0]
+) -> Process:
+    """The real proxy (``usage-proxy serve``) journaling to ``journal``, on the event loop
+    ``loop``; warnings only, so that writing logs is not part of what is measured. The
+    pass-through scenario's echo route is the fake's own (vLLM has none): relayed by the
+    operator's opt-in."""
     return start_proxy(
         upstream,
         workdir,
@@ -60,6 +70,8 @@ def start_audited_proxy(upstream: str, workdir: Path, journal: Path, *extra: str
         "warning",
         "--allow-unmetered",
         "/echo*",
+        "--event-loop",
+        loop,
         *extra,
     )
 

@@ -7,11 +7,15 @@ answer's end is released, one 600-byte row per request is committed to SQLite in
 mode with ``synchronous=FULL`` (what ``--durability sync`` promises), by one thread that
 commits whatever is pending in one transaction (group commit), as the proxy's journal
 does. No parsing, no accounting: what remains is the cost of the fsync'd commit.
+
+It runs on the event loop USAGE_PROXY_EVENT_LOOP names, as the proxy does: uvloop (the
+default) or asyncio.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
 import sqlite3
 import sys
@@ -19,6 +23,7 @@ import threading
 import uuid
 
 import aiohttp
+import uvloop
 from aiohttp import web
 
 HOP = {"connection", "keep-alive", "transfer-encoding", "host", "content-length"}
@@ -105,4 +110,8 @@ if __name__ == "__main__":
     app["journal"] = sys.argv[3] if len(sys.argv) > 3 else None
     app.cleanup_ctx.append(session_ctx)
     app.router.add_route("*", "/{tail:.*}", relay)
-    web.run_app(app, host="127.0.0.1", port=int(sys.argv[2]), print=None, access_log=None)
+    kind = os.environ.get("USAGE_PROXY_EVENT_LOOP", "uvloop")
+    loop = uvloop.new_event_loop() if kind == "uvloop" else asyncio.new_event_loop()
+    web.run_app(
+        app, host="127.0.0.1", port=int(sys.argv[2]), print=None, access_log=None, loop=loop
+    )

@@ -15,6 +15,9 @@ The same three relay figures are also taken against the relay with a durable led
 before the answer is released): not the issue's floor, the floor of any proxy that
 promises ``--durability sync``, reported beside the goals.
 
+The relay, the durable relay and the proxy run on the same event loop (``--event-loop``,
+uvloop by default, as the proxy's): each ratio is same-loop.
+
 Client, fake upstream and targets share the machine; the upstream serves cached answers.
 """
 
@@ -37,6 +40,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness import (
+    EVENT_LOOPS,
     Process,
     cpu_per_request,
     minilm_dir,
@@ -97,18 +101,20 @@ def raw_tokenizer(bodies: list[bytes]) -> tuple[Batches, Callable[[Batches], flo
 
 def start_targets(args: argparse.Namespace, workdir: Path) -> tuple[Process, dict[str, Process]]:
     """The fake upstream (ready), and the relay, the relay with a durable ledger and the
-    proxy in front of it (starting)."""
+    proxy in front of it (starting), all three on ``--event-loop``."""
     upstream = start_upstream(0.0, workdir)
     try:
         upstream.wait_ready("/health", 60)
     except BaseException:
         upstream.stop()
         raise
-    journal = workdir / "journal.sqlite"
+    journal, loop = workdir / "journal.sqlite", args.event_loop
     return upstream, {
-        "relay": start_relay(upstream.url, workdir),
-        "durable": start_relay(upstream.url, workdir, workdir / "relay-journal.sqlite"),
-        "proxy": start_audited_proxy(upstream.url, workdir, journal, *args.proxy_extra.split()),
+        "relay": start_relay(upstream.url, workdir, loop=loop),
+        "durable": start_relay(upstream.url, workdir, workdir / "relay-journal.sqlite", loop),
+        "proxy": start_audited_proxy(
+            upstream.url, workdir, journal, *args.proxy_extra.split(), loop=loop
+        ),
     }
 
 
@@ -241,6 +247,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clients", type=int, default=16, help="saturation clients")
     parser.add_argument("--rounds", type=int, default=6, help="alternating blocks per target")
     parser.add_argument("--proxy-extra", default="", help="extra usage-proxy serve options")
+    parser.add_argument(
+        "--event-loop",
+        choices=EVENT_LOOPS,
+        default=EVENT_LOOPS[0],
+        help="the event loop of the proxy and of both floors",
+    )
 
 
 def main() -> int:

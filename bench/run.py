@@ -5,9 +5,10 @@ annotate and rewrite modes, on the same fake upstream (0 ms and 25 ms latency).
     python bench/run.py --smoke         # seconds; proves the harness works (CI)
 
 Figures: the cost goals as ratios to their floors, measured in alternating blocks
-(bench/ratios.py); p50/p99 latency and added latency vs direct (sequential requests),
-throughput at saturation (concurrent clients), proxy CPU seconds and RSS, SSE first byte
-and chunk gaps, and accounting CPU against the raw batched tokenizer cost of the same texts.
+(bench/ratios.py) on each event loop; p50/p99 latency and added latency vs direct
+(sequential requests), throughput at saturation (concurrent clients), proxy CPU seconds
+and RSS, SSE first byte and chunk gaps, and accounting CPU against the raw batched
+tokenizer cost of the same texts.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import ratios
 from bench.costs import accounting_cost, journal_cost
 from bench.harness import (
+    EVENT_LOOPS,
     ROOT,
     Process,
     cpu_seconds,
@@ -193,15 +195,22 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     return results
 
 
-def cost_goals(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """bench/ratios.py once per durability mode."""
+def cost_goals(args: argparse.Namespace) -> dict[str, dict[str, dict[str, Any]]]:
+    """bench/ratios.py once per event loop and durability mode: {loop: {mode: figures}}."""
     return {
-        mode: ratios.run(
-            argparse.Namespace(
-                **{**vars(args), "proxy_extra": f"{args.proxy_extra} --durability {mode}"}
+        loop: {
+            mode: ratios.run(
+                argparse.Namespace(
+                    **{
+                        **vars(args),
+                        "proxy_extra": f"{args.proxy_extra} --durability {mode}",
+                        "event_loop": loop,
+                    }
+                )
             )
-        )
-        for mode in ratios.DURABILITIES
+            for mode in ratios.DURABILITIES
+        }
+        for loop in EVENT_LOOPS
     }
 
 

@@ -30,12 +30,16 @@ from proxy.ledger.report import FORMATS, GROUPS, aggregate
 from proxy.ledger.sinks.postgres import read_ledger
 from proxy.settings import (
     ENV_PREFIX,
+    EventLoop,
     Mode,
     Settings,
     default_journal_path,
     display_default,
     load_settings,
 )
+
+# Flags whose values argparse checks (and --help lists).
+_CHOICES = {"mode": [m.value for m in Mode], "event_loop": [e.value for e in EventLoop]}
 
 # Not flags: structured (models) or secret (headers: argv is visible to every local user).
 _FILE_ONLY = {"models", "cloudevents_headers"}
@@ -75,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name in _FILE_ONLY:
             continue
         flag = "--" + name.replace("_", "-")
-        choices = [m.value for m in Mode] if name == "mode" else None
+        choices = _CHOICES.get(name)
         serve.add_argument(flag, dest=name, default=None, choices=choices, help=_flag_help(name))
     _add_report(commands)
     _add_dead_letters(commands)

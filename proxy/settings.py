@@ -52,6 +52,11 @@ class Durability(enum.StrEnum):
     ASYNC = "async"
 
 
+class EventLoop(enum.StrEnum):
+    UVLOOP = "uvloop"
+    ASYNCIO = "asyncio"
+
+
 def default_journal_path() -> Path:
     state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(state) / "vllm-usage-proxy" / "journal.sqlite"
@@ -206,6 +211,11 @@ class Settings(BaseSettings):
         description="Cached per-text token counts (LRU; 0 disables). Texts up to 2,048 "
         "characters are kept as their own keys (at most 32 MiB of them), longer ones as "
         "a 16-byte digest.",
+    )
+    event_loop: EventLoop = Field(
+        EventLoop.UVLOOP,
+        description="The event loop the process serves on: uvloop (libuv's, the default) "
+        "or asyncio (the standard library's, to fall back to).",
     )
     log_level: str = Field("info", description="debug, info, warning or error.")
     instance: str = Field(

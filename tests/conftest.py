@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +14,22 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from proxy.serving.process import new_event_loop
+from proxy.settings import EventLoop, Settings
 from proxy.tokenizers.hf import HFTokenizer, load_tokenizer
 from scripts.vllm_cpu import Process
 from tests.support.processes import start_fake
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """The in-process tests run on the loop the proxy serves on: --event-loop's default
+    (uvloop), or asyncio's own with USAGE_PROXY_EVENT_LOOP=asyncio."""
+    kind = EventLoop(
+        os.environ.get("USAGE_PROXY_EVENT_LOOP", Settings.model_fields["event_loop"].default)
+    )
+    return {kind.value: partial(new_event_loop, kind)}
 
 
 @pytest.fixture(scope="session")

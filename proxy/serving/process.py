@@ -12,6 +12,7 @@ import signal
 from typing import Any
 
 import structlog
+import uvloop
 from aiohttp import web
 
 from proxy import __version__
@@ -22,7 +23,7 @@ from proxy.serving.catalog import CATALOG, Catalog
 from proxy.serving.keyfile import KEYFILE
 from proxy.serving.keys import METRICS
 from proxy.serving.memory import tune_allocator
-from proxy.settings import Settings
+from proxy.settings import EventLoop, Settings
 
 log = structlog.get_logger("proxy.serving.process")
 
@@ -47,8 +48,9 @@ def run(settings: Settings) -> None:
         upstream=settings.upstream_base,
         listen=f"{settings.host}:{settings.port}",
         mode=settings.mode.value,
+        event_loop=settings.event_loop.value,
     )
-    loop = asyncio.new_event_loop()
+    loop = new_event_loop(settings.event_loop)
     asyncio.set_event_loop(loop)
     main = loop.create_task(serve(settings))
     try:
@@ -62,6 +64,14 @@ def run(settings: Settings) -> None:
         _cancel(loop, asyncio.all_tasks(loop))
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
+
+
+def new_event_loop(kind: EventLoop) -> asyncio.AbstractEventLoop:
+    """The loop the process serves on: uvloop's (aiohttp runs on it unchanged) or, to fall
+    back, asyncio's own."""
+    if kind is EventLoop.UVLOOP:
+        return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
 
 
 def _cancel(loop: asyncio.AbstractEventLoop, tasks: set[asyncio.Task[Any]]) -> None:

@@ -24,6 +24,7 @@ import struct
 import termios
 import weakref
 from collections.abc import AsyncIterator, Callable
+from typing import cast
 
 import structlog
 from aiohttp import web
@@ -52,8 +53,10 @@ class SendWatch:
         """Abort the connections whose send buffer has not moved for ``timeout``."""
         stuck: dict[asyncio.WriteTransport, tuple[tuple[int, int], float]] = {}
         for transport in list(self._watched):
-            if not isinstance(transport, asyncio.WriteTransport) or transport.is_closing():
+            # Duck-typed: uvloop's transports are no subclasses of asyncio.WriteTransport.
+            if transport.is_closing() or not hasattr(transport, "get_write_buffer_size"):
                 continue
+            transport = cast(asyncio.WriteTransport, transport)
             size = transport.get_write_buffer_size()
             if not size:
                 continue

@@ -26,6 +26,7 @@ LAYERS = {
     "ratios": 1,
     "soak": 1,
     "memory": 1,
+    "instructions": 1,
     "render": 2,
     "run": 3,
 }
