@@ -254,10 +254,18 @@ _RESERVED_KWARGS = frozenset({"chat_template", "tools", "tokenize"})
 
 @functools.lru_cache(maxsize=64)
 def _template_variables(template: str) -> frozenset[str]:
+    """The variables a template reads. Parsed with the loop controls transformers enables;
+    a tag only transformers knows (``{% generation %}``) leaves the set empty, so only
+    ``apply_chat_template``'s own parameters pass (rendering reports any real error)."""
     import jinja2
     import jinja2.meta
 
-    return frozenset(jinja2.meta.find_undeclared_variables(jinja2.Environment().parse(template)))
+    environment = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
+    try:
+        parsed = environment.parse(template)
+    except jinja2.TemplateSyntaxError:
+        return frozenset()
+    return frozenset(jinja2.meta.find_undeclared_variables(parsed))
 
 
 def _accepted_kwargs(tokenizer: Any, template: str) -> frozenset[str]:

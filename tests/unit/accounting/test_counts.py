@@ -362,3 +362,23 @@ def test_the_jina_v3_prompt_is_vllms_own(version: str) -> None:
         assert jina_v3_prompt(query, docs, instruction) == theirs(
             query, docs, instruction=instruction
         )
+
+
+def test_a_template_with_loop_controls_is_rendered_as_transformers_renders_it(
+    raw: Any, qwen: HFTokenizer
+) -> None:
+    """transformers enables jinja's loop controls (``{% break %}``); the proxy's reading
+    of the template's variables does too, so the instruction still reaches it."""
+    template = (
+        "{% for m in messages %}{{ m['content'] }}{% if loop.first %}{% break %}{% endif %}"
+        "{% endfor %}|{{ instruction }}"
+    )
+    prompt = templated(template=template)
+    messages = [{"role": "query", "content": Q}, {"role": "document", "content": D}]
+    text = raw.apply_chat_template(
+        messages, chat_template=template, tokenize=False, instruction="cities"
+    )
+    assert template_length(qwen, Q, D, NONE, prompt, {"instruction": "cities"}) == len(
+        raw(text)["input_ids"]
+    )
+    assert text.endswith("|cities")
