@@ -311,8 +311,10 @@ def run_families(version: str, logs: Path) -> list[dict[str, object]]:
 
 
 def _right(row: dict[str, object]) -> bool:
-    """An accepted request billed at the engine count (a refused one bills nothing)."""
-    return row["status"] != 200 or row["billed"] == row["engine"]
+    """``Row.right`` of a row as saved in the results file."""
+    from scripts.families import Row
+
+    return Row(**row).right  # type: ignore[arg-type]
 
 
 def render_families(families: dict[str, list[dict[str, object]]]) -> str:

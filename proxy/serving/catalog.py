@@ -11,7 +11,6 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -24,7 +23,7 @@ from proxy.accounting.types import PROVEN_TEXT, EngineProfile, Release, ServedMo
 from proxy.serving.upstream import SESSION, UpstreamError, get_json
 from proxy.settings import ModelOverride, Settings
 from proxy.tokenizers.cache import CountCache
-from proxy.tokenizers.hf import HFTokenizer, load_tokenizer
+from proxy.tokenizers.hf import HFTokenizer, load_tokenizer, model_file
 from proxy.tokenizers.pool import TokenizerPool
 
 log = structlog.get_logger("proxy.serving.catalog")
@@ -36,17 +35,9 @@ _RETRY_SECONDS = 2.0
 
 def read_model_config(source: str) -> dict[str, Any] | None:
     """``config.json`` of a local model directory or of an HF id in the local cache."""
-    path = Path(source) / "config.json"
-    if not path.is_file():
-        from huggingface_hub import try_to_load_from_cache
-
-        try:
-            cached = try_to_load_from_cache(source, "config.json")
-        except ValueError:  # not a valid HF id either (e.g. a missing absolute path)
-            return None
-        if not isinstance(cached, str):
-            return None
-        path = Path(cached)
+    path = model_file(source, "config.json")
+    if path is None:
+        return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -362,7 +362,8 @@ def load_tokenizer(source: str | Path, *, transformers_4: bool = False) -> HFTok
     return adapter
 
 
-def _model_file(source: str | Path, name: str) -> Path | None:
+def model_file(source: str | Path, name: str) -> Path | None:
+    """A file of a local model directory, or of an HF id in the local cache (offline)."""
     path = Path(source) / name
     if path.is_file():
         return path
@@ -370,7 +371,7 @@ def _model_file(source: str | Path, name: str) -> Path | None:
 
     try:
         cached = try_to_load_from_cache(str(source), name)
-    except ValueError:
+    except ValueError:  # not a valid HF id either (e.g. a missing absolute path)
         return None
     return Path(cached) if isinstance(cached, str) else None
 
@@ -380,10 +381,10 @@ def _as_in_transformers_4(source: str | Path) -> Any | None:
     ``PreTrainedTokenizerFast`` did in 4.x); None without a ``tokenizer.json``."""
     from transformers import PreTrainedTokenizerFast
 
-    file = _model_file(source, "tokenizer.json")
+    file = model_file(source, "tokenizer.json")
     if file is None:
         return None
-    config_file = _model_file(source, "tokenizer_config.json")
+    config_file = model_file(source, "tokenizer_config.json")
     config = json.loads(config_file.read_text(encoding="utf-8")) if config_file else {}
     specials: dict[str, str] = {}
     for key in _SPECIAL_KEYS:
