@@ -127,13 +127,16 @@ async def test_the_count_cache_reveals_nothing_across_tenants(
     assert cache.hits == hits + 11  # alice's own repeat: every text a hit
 
 
-def held_until(gate: asyncio.Event) -> Any:
-    """The fake holds every embeddings answer until ``gate`` opens."""
+def held_until(gate: asyncio.Event, path: str = "/v1/embeddings", empty: bool = False) -> Any:
+    """The fake holds every answer on ``path`` until ``gate`` opens (``empty``: then
+    answers 200 with an empty body itself, as vLLM's /ping does and the fake does not)."""
 
     @web.middleware
     async def held(request: web.Request, handler: Any) -> web.StreamResponse:
-        if request.path == "/v1/embeddings":
+        if request.path == path:
             await gate.wait()
+            if empty:
+                return web.Response()
         return await handler(request)  # type: ignore[no-any-return]
 
     return held
@@ -234,19 +237,6 @@ async def cheap_for_the_engine(request: web.Request, handler: Any) -> web.Stream
     return web.json_response({"id": "rerank-bob", "model": "minilm", "results": [], "usage": usage})
 
 
-def held_probe(gate: asyncio.Event) -> Any:
-    """The fake holds every /ping until ``gate`` opens (a slow or stuck probe target)."""
-
-    @web.middleware
-    async def held(request: web.Request, handler: Any) -> web.StreamResponse:
-        if request.path == "/ping":
-            await gate.wait()
-            return web.Response()  # vLLM's /ping answers 200 with an empty body
-        return await handler(request)  # type: ignore[no-any-return]
-
-    return held
-
-
 async def test_requests_without_a_key_share_one_share(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, api_keys: Any
 ) -> None:
@@ -260,7 +250,7 @@ async def test_requests_without_a_key_share_one_share(
         aiohttp_server,
         aiohttp_client,
         minilm_path,
-        middlewares=(held_probe(gate),),
+        middlewares=(held_until(gate, "/ping", empty=True),),
         api_keys=keys,
         upstream_connections=4,
         tenant_share=0.5,
