@@ -165,7 +165,8 @@ class Journal:
         if not self._accepting:
             return False
         try:
-            await asyncio.wait_for(self._run(self._heartbeat), self.commit_timeout)
+            async with asyncio.timeout(self.commit_timeout):
+                await self._run(self._heartbeat)
         except TimeoutError:
             self._unhealthy(f"a test write took longer than {self.commit_timeout} s")
         except Exception as exc:

@@ -110,7 +110,8 @@ class Outbox:
                     return
                 self.journal.committed.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.journal.committed.wait(), self._poll)
+                    async with asyncio.timeout(self._poll):
+                        await self.journal.committed.wait()
             elif state.backoff:
                 await asyncio.sleep(state.backoff)
 
@@ -204,7 +205,8 @@ class Outbox:
         for task in self._tasks:
             remaining = max(deadline - time.monotonic(), 0)
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.shield(task), remaining)
+                async with asyncio.timeout(remaining):
+                    await asyncio.shield(task)
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -105,7 +105,8 @@ class Reconciler:
         while True:
             remaining = deadline - time.monotonic()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._traffic.quiet(), max(remaining, 0))
+                async with asyncio.timeout(max(remaining, 0)):
+                    await self._traffic.quiet()
             if self._traffic.in_flight:
                 return None
             tally, self.tally, mark = self.tally, Tally(), self._traffic.started

@@ -215,9 +215,8 @@ class ScoringAuditor:
             if counting.done():
                 analysis = counting.result()
             else:
-                analysis = await asyncio.wait_for(
-                    asyncio.shield(counting), self._settings.accounting_timeout
-                )
+                async with asyncio.timeout(self._settings.accounting_timeout):
+                    analysis = await asyncio.shield(counting)
             return decide(analysis, view.reported, view.problem, self.proofs.trusted)
         except TimeoutError:
             if view.problem is not None:

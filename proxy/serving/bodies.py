@@ -108,7 +108,8 @@ async def read_within(request: web.Request, seconds: float) -> bytes:
     """The whole body, received within ``seconds`` (TimeoutError otherwise)."""
     if request.content.is_eof():  # already received in full: no deadline task needed
         return await request.read()
-    return await asyncio.wait_for(request.read(), seconds)
+    async with asyncio.timeout(seconds):
+        return await request.read()
 
 
 def body_timeout(seconds: float) -> web.Response:

@@ -184,7 +184,8 @@ class Catalog:
         """Wait (bounded) for the first successful discovery; True once it has happened."""
         if not self.ready.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.ready.wait(), within)
+                async with asyncio.timeout(within):
+                    await self.ready.wait()
         return self.ready.is_set()
 
     def lookup(self, name: str | None) -> ServedModel | None:
