@@ -195,21 +195,10 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     return results
 
 
-def cost_goals(args: argparse.Namespace) -> dict[str, dict[str, dict[str, Any]]]:
-    """bench/ratios.py once per event loop and durability mode: {loop: {mode: figures}}."""
+def cost_goals(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """bench/ratios.py once per event loop, both durability modes in each: {loop: figures}."""
     return {
-        loop: {
-            mode: ratios.run(
-                argparse.Namespace(
-                    **{
-                        **vars(args),
-                        "proxy_extra": f"{args.proxy_extra} --durability {mode}",
-                        "event_loop": loop,
-                    }
-                )
-            )
-            for mode in ratios.DURABILITIES
-        }
+        loop: ratios.run(argparse.Namespace(**{**vars(args), "event_loop": loop}))
         for loop in EVENT_LOOPS
     }
 
