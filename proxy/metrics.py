@@ -143,7 +143,8 @@ SPECS: dict[str, _Spec] = {
     "refused": _Spec(
         Counter,
         "usage_proxy_refused_requests",
-        "Requests refused before forwarding (401 no/unknown key, 400 bad tenant header).",
+        "Requests refused before forwarding (401 no/unknown key; 400 a bad tenant header, "
+        "or a body naming the inputs of two requests).",
         ("status",),
     ),
     "invalid_usage": _Spec(

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from proxy.accounting.routes import STREAMING_OPERATIONS, operation_of
-from proxy.accounting.shapes import parse_rerank, parse_score
+from proxy.accounting.shapes import ambiguity, parse_rerank, parse_score
 from proxy.accounting.types import Family
 from proxy.wire.jsonio import load_object, top_members
 
@@ -43,6 +43,8 @@ class Prepared:
     # A feature the engine serves without a usage the proxy can bill (see
     # ``unbillable_feature``); such a request is refused unless --allow-unmetered names it.
     unbillable: str | None = None
+    # Why the proxy cannot know how vLLM reads the body (``shapes.ambiguity``): refused.
+    ambiguous: str | None = None
 
 
 def lax_bool(value: Any) -> bool:
@@ -115,19 +117,25 @@ def prepare(
     body: bytes,
     task_of: Callable[[str | None], str | None] = lambda _: None,
     adapter: str | None = None,
+    adapter_names_model: bool = True,
 ) -> Prepared:
     """Read one metered request; for a stream that did not ask for
     ``stream_options.include_usage``, the body to send asks for it (the proxy then hides
     that chunk from the client). A direct endpoint's request is read for its deciding
-    members only; ``/invocations`` is dispatched by its whole body, and the model a
-    SageMaker ``adapter`` header names replaces the body's, as vLLM's does."""
+    members only; ``/invocations`` is dispatched by its whole body. From 0.11.1 vLLM's
+    ``/invocations`` (``inject_adapter_id``) sets the body's ``model`` to the SageMaker
+    ``adapter`` header's value, None without the header (the default model), whatever the
+    body names (``adapter_names_model``); so does the proxy, or a tenant could record any
+    model name."""
     direct = operation_of(path)
-    payload = top_members(body, _Head) if direct else load_object(body)
+    payload = as_sent = top_members(body, _Head) if direct else load_object(body)
     if payload is None:
         return Prepared(body, direct or "other", None)
-    if adapter is not None and not direct:
+    if adapter_names_model and not direct:
         payload = {**payload, "model": adapter}
     model = payload.get("model") if isinstance(payload.get("model"), str) else None
+    if not direct and (unclear := ambiguity(payload, "invocations")) is not None:
+        return Prepared(body, "other", model, ambiguous=unclear)
     operation = direct or invocation_operation(payload, task_of(model))
     unbillable = unbillable_feature(operation, payload, direct is not None)
     if unbillable is not None:
@@ -139,7 +147,7 @@ def prepare(
         return Prepared(body, operation, model, streamed=True)
     options = dict(options) if isinstance(options, dict) else {}
     options["include_usage"] = True
-    whole = load_object(body) if direct else payload
+    whole = load_object(body) if direct else as_sent
     if whole is None:  # cannot happen: its members were read, so it is an object
         return Prepared(body, operation, model)
     sent = json.dumps({**whole, "stream_options": options}).encode()

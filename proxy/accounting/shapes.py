@@ -6,6 +6,8 @@ it just cannot be audited.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -26,6 +28,53 @@ _SCORE_FIELD_PAIRS = (
     ("data_1", "data_2"),
     ("text_1", "text_2"),
 )
+
+
+# The inputs of each request type vLLM's /invocations tries, by the members they need.
+_INVOCATION_INPUTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("chat messages", ("messages",)),
+    ("a completion prompt", ("prompt",)),
+    ("pooling input", ("input",)),
+    ("a rerank query and documents", ("query", "documents")),
+    *((f"score {a}/{b}", (a, b)) for a, b in _SCORE_FIELD_PAIRS),
+)
+
+# A member name of a score input pair anywhere in a body: fewer than three distinct ones
+# cannot make two whole pairs, so most bodies are cleared by this one scan.
+_PAIR_NAME = re.compile(rb'"(queries|documents|items|data_1|data_2|text_1|text_2)"\s*:')
+
+
+def score_ambiguity(body: bytes) -> str | None:
+    """``ambiguity`` of a score body, parsed only when a first scan finds enough names."""
+    if len(set(_PAIR_NAME.findall(body))) < 3:
+        return None
+    try:
+        return ambiguity(json.loads(body), "score")
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None  # not JSON: vLLM answers 400
+
+
+def ambiguity(payload: Any, endpoint: str) -> str | None:
+    """Why the proxy cannot know which inputs vLLM will read from ``payload``, or None.
+
+    vLLM reads a score body as the first member of a pydantic union that validates
+    (queries/documents, queries/items, data_1/data_2, text_1/text_2; fewer pairs before
+    0.16, only text_1/text_2 before 0.15), and an ``/invocations`` body as the first
+    request type that validates. When a body carries the inputs of two of them, which one
+    is used turns on whether each input validates as that release's types, which the
+    proxy does not replicate: a tenant could have the proxy count one pair while the
+    engine scores another (issue #30 review: a /score bill cut to 9 % of the engine's
+    work). Such a body is refused, never guessed."""
+    if not isinstance(payload, dict):
+        return None
+    choices = _INVOCATION_INPUTS if endpoint == "invocations" else _INVOCATION_INPUTS[4:]
+    named = [name for name, members in choices if all(m in payload for m in members)]
+    if len(named) < 2:
+        return None
+    return (
+        f"the body holds the inputs of more than one request ({', '.join(named)}); "
+        "vLLM would read only one of them: send one"
+    )
 
 
 class _ScoringFields(BaseModel):

@@ -18,6 +18,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from proxy.accounting.analysis import (
     MIN_BYTES_PER_ITEM,
     Analysis,
+    Lookup,
     analyse,
     analyse_cached,
     decide,
@@ -26,6 +27,7 @@ from proxy.accounting.analysis import (
     wants_full_recount,
 )
 from proxy.accounting.proof import Change, Proofs, Standing
+from proxy.accounting.shapes import score_ambiguity
 from proxy.accounting.types import Verdict
 from proxy.accounting.verdicts import Audit, invalid, unaudited
 from proxy.ledger.recorder import Recorder
@@ -106,14 +108,23 @@ class ScoringAuditor:
     async def __call__(self, exchange: Exchange) -> web.StreamResponse:
         return await self.audit(exchange, exchange.route.operation)
 
-    async def audit(self, exchange: Exchange, operation: str) -> web.StreamResponse:
-        """Forward the body, recount it meanwhile, judge and record the answer."""
+    async def audit(
+        self, exchange: Exchange, operation: str, lookup: Lookup | None = None
+    ) -> web.StreamResponse:
+        """Forward the body, recount it meanwhile, judge and record the answer. ``lookup``
+        finds the served model when the body's ``model`` is not what vLLM goes by
+        (``/invocations``)."""
         request, body = exchange.request, exchange.body
         await self._catalog.wait_ready(self._settings.accounting_timeout)
         refusal = await self._over_limit(body, exchange.path)
         if refusal:
             return error_response(400, refusal, param="documents")
-        counting = self._count(body, exchange.path, exchange.who.tenant)
+        if exchange.route.operation == "score":
+            unclear = await off_loop(score_ambiguity, body, body)
+            if unclear is not None:
+                self.refuse_unclear()
+                return error_response(400, unclear)
+        counting = self._count(body, exchange.path, exchange.who.tenant, lookup)
         sent = time.perf_counter()
         limit = self._settings.max_answer_bytes
         try:
@@ -151,6 +162,10 @@ class ScoringAuditor:
         reply.headers.update(await self._settle(outcome))
         return reply
 
+    def refuse_unclear(self) -> None:
+        """Count a body refused because which inputs vLLM reads is not the proxy's to guess."""
+        self._metrics.refused.labels("400").inc()
+
     async def _over_limit(self, body: bytes, path: str) -> str | None:
         """A refusal when the body holds more than --max-documents inputs (only a body
         large enough to hold that many is parsed before forwarding)."""
@@ -173,13 +188,15 @@ class ScoringAuditor:
         _observe(self._metrics, outcome)
         return {**usage_headers(outcome.audit), **record_headers(record, journaled)}
 
-    def _count(self, body: bytes, path: str, tenant: str = "") -> asyncio.Future[Analysis]:
+    def _count(
+        self, body: bytes, path: str, tenant: str = "", lookup: Lookup | None = None
+    ) -> asyncio.Future[Analysis]:
         """Count the request: from the count cache right here when the body is small and
         every text was seen before (by this tenant: the cache keeps tenants apart), else
         in the tokenizer pool while the upstream works."""
         loop = asyncio.get_running_loop()
         full = in_full(wants_full_recount(self._settings.recount_fraction), self.proofs.trusted)
-        lookup = self._catalog.lookup
+        lookup = lookup or self._catalog.lookup
         if len(body) < INLINE_BYTES:
             try:
                 cached = analyse_cached(body, path, lookup, cached_for(tenant), full)

@@ -61,11 +61,21 @@ class Invocations:
         self._auditor, self._metered, self._catalog = auditor, metered, catalog
 
     async def __call__(self, exchange: Exchange) -> web.StreamResponse:
-        body, task_of = exchange.body, self._catalog.task_of
+        body, catalog = exchange.body, self._catalog
         adapter = exchange.request.headers.get(ADAPTER_HEADER)
-        prepared = await off_loop(prepare, body, exchange.path, body, task_of, adapter)
+        from_header = catalog.release.invocations_model_from_header
+        prepared = await off_loop(
+            prepare, body, exchange.path, body, catalog.task_of, adapter, from_header
+        )
+        if prepared.ambiguous is not None:
+            self._auditor.refuse_unclear()
+            return error_response(400, prepared.ambiguous)
         if prepared.operation in SCORING_OPERATIONS:
-            return await self._auditor.audit(exchange, prepared.operation)
+            # From 0.11.1 vLLM serves the adapter header's model (or the default), not the
+            # body's: so is the request counted and recorded.
+            model = prepared.model
+            lookup = (lambda _named: catalog.lookup(model)) if from_header else None
+            return await self._auditor.audit(exchange, prepared.operation, lookup)
         return await self._metered.relay(exchange, prepared)
 
 

@@ -24,12 +24,18 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 EMBED = {"input": ["Paris is in France.", "Berlin is in Germany."]}
 
 
+# What the proxy reads of the upstream on its own (discovery, the reconciler's counters),
+# whenever its timers say: not a client's request, and not in the tests' count.
+OWN_READS = {"/version", "/v1/models", "/openapi.json", "/metrics"}
+
+
 def seen_by_upstream(paths: list[str]) -> Any:
-    """A middleware for the fake vLLM: what request targets reach it."""
+    """A middleware for the fake vLLM: what request targets of clients reach it."""
 
     @web.middleware
     async def seen(request: web.Request, handler: Any) -> web.StreamResponse:
-        paths.append(request.raw_path)
+        if not (request.method == "GET" and request.raw_path in OWN_READS):
+            paths.append(request.raw_path)
         return await handler(request)  # type: ignore[no-any-return]
 
     return seen
@@ -352,3 +358,59 @@ async def test_invocations_read_the_model_as_vllm_does_and_refuse_bytes_only_any
     assert resp.status in (200, 404)
     for record in records(tmp_path / "journal.sqlite"):
         assert record["model"] == "minilm"
+
+
+async def test_a_score_body_naming_two_input_pairs_is_refused_not_guessed(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """Regression (review): vLLM's ScoreRequest is a union tried in order, so a pair whose
+    inputs do not validate (dicts without ``content``) is skipped for the next. The proxy
+    took the first pair present: once three ordinary recounts had proven the model, a body
+    whose ``queries``/``documents`` vLLM skips and whose ``text_1``/``text_2`` it scores was
+    derived from the pair vLLM never ran: 263 billed where the engine processed 3,063.
+    Such a body is refused before the engine sees it; one pair is served as before."""
+    fake, client = await fake_and_proxy(aiohttp_server, aiohttp_client, minilm_path)
+    documents = ["Paris is the capital and largest city of France."] * 3
+    for _ in range(3):  # three full recounts prove the model: shortcuts become trusted
+        resp = await client.post("/score", json={"queries": "capital?", "documents": documents})
+        assert resp.headers["x-usage-verdict"] == "corrected"
+    before, seen = fake.prompt_tokens_total, len(fake.raw_bodies)
+    body = {
+        "queries": "word " * 240,
+        "documents": [{"not": "content"}] * 13,
+        "text_1": "tiny",
+        "text_2": ["Paris is the capital and largest city of France. " * 10] * 30,
+    }
+    for path in ("/score", "/v1/score", "/invocations"):
+        resp = await client.post(path, json=body)
+        assert resp.status == 400, path
+        error = (await resp.json())["error"]
+        assert "more than one request" in error["message"]
+        assert error["code"] == 400
+    assert (fake.prompt_tokens_total, len(fake.raw_bodies)) == (before, seen)
+    assert len(records(tmp_path / "journal.sqlite")) == 3
+    one_pair = {k: body[k] for k in ("text_1", "text_2")}
+    resp = await client.post("/score", json={**one_pair, "queries": "only one member"})
+    assert resp.status == 200
+    billed = records(tmp_path / "journal.sqlite")[-1]["prompt_tokens_billed"]
+    assert billed == fake.prompt_tokens_total - before
+
+
+async def test_invocations_bill_the_model_vllm_serves_not_the_bodys(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """Regression (review): from 0.11.1 vLLM's /invocations sets the body's ``model`` to
+    the SageMaker adapter header, None without it, so the default model serves a body
+    naming any other. The proxy recorded the body's name, and a rerank naming an unknown
+    model was left unaudited and billed inflated (57 where the engine processed 36)."""
+    fake, client = await fake_and_proxy(aiohttp_server, aiohttp_client, minilm_path)
+    resp = await client.post("/invocations", json={"model": "free-tier-model", "input": ["x"]})
+    assert resp.status == 200
+    before = fake.prompt_tokens_total
+    rerank = {**RERANK, "model": "free-tier-model"}
+    resp = await client.post("/invocations", json=rerank)
+    assert resp.status == 200
+    assert resp.headers["x-usage-verdict"] == "corrected"
+    embedded, reranked = records(tmp_path / "journal.sqlite")
+    assert (embedded["model"], reranked["model"]) == ("minilm", "minilm")
+    assert reranked["prompt_tokens_billed"] == fake.prompt_tokens_total - before

@@ -16,7 +16,7 @@ from tests.support.fakevllm.base import FakeState, dumps, error
 from tests.support.fakevllm.discovery import DiscoveryAPI
 from tests.support.fakevllm.generation import GenerationAPI
 from tests.support.fakevllm.pooling import EmbeddingsAPI
-from tests.support.fakevllm.scoring import RERANK_PATHS, SCORE_PATHS, ScoringAPI
+from tests.support.fakevllm.scoring import RECEIVED, RERANK_PATHS, SCORE_PATHS, ScoringAPI
 
 __all__ = ["FakeState", "FakeVLLM", "dumps", "error"]
 
@@ -56,8 +56,16 @@ class FakeVLLM(ScoringAPI, EmbeddingsAPI, GenerationAPI, DiscoveryAPI):
         return app
 
     async def handle_invocations(self, request: web.Request) -> web.StreamResponse:
-        """SageMaker dispatch for an embedding model: embeddings, then rerank, then score."""
-        body = json.loads(await request.read())
+        """SageMaker dispatch for an embedding model: embeddings, then rerank, then score.
+        As vLLM's ``inject_adapter_id(adapter_path="model")`` (0.11.1 and later), the body's
+        ``model`` becomes the adapter header's value, None without it (the default)."""
+        raw = await request.read()
+        body = json.loads(raw)
+        if isinstance(body, dict):
+            body["model"] = request.headers.get("X-Amzn-SageMaker-Adapter-Identifier")
+            request[RECEIVED] = raw
+            # what the handlers read next (aiohttp keeps the body it read here)
+            request._read_bytes = json.dumps(body).encode()
         if isinstance(body, dict) and ("input" in body or "messages" in body):
             return await self.handle_embeddings(request)
         return await self.handle_scoring(request)

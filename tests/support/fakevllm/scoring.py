@@ -9,15 +9,18 @@ import hashlib
 import json
 import time
 import uuid
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Required
 
 from aiohttp import web
 from multidict import CIMultiDict
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from typing_extensions import TypedDict
 
 from tests.support.fakevllm.base import FakeState, dumps, error
 
 SCORE_PATHS = ("/score", "/v1/score")
+# The body as it came on the wire, when a dispatcher (``/invocations``) rewrote it.
+RECEIVED = web.RequestKey("received", bytes)
 RERANK_PATHS = ("/rerank", "/v1/rerank", "/v2/rerank")
 # vLLM's score request union, in the order it tries the field pairs.
 SCORE_FIELD_PAIRS = (
@@ -40,7 +43,14 @@ class _Common(BaseModel):
     max_tokens_per_doc: int = 0
 
 
-Input = str | dict[str, Any]
+class MultiModal(TypedDict, total=False):
+    """vLLM's ScoreMultiModalParam: a dict without ``content`` is no input."""
+
+    content: Required[list[dict[str, Any]]]
+
+
+Input = str | MultiModal
+INPUTS: TypeAdapter[Any] = TypeAdapter(Input | list[Input])
 
 
 class _Rerank(_Common):
@@ -57,16 +67,26 @@ def _validate(body: Any, rerank: bool) -> None:
             return
         if not isinstance(body, dict):
             raise FakeError("Input should be a valid dictionary")
-        for a, b in SCORE_FIELD_PAIRS:
-            if a in body and b in body:
-                fields = {k: v for k, v in body.items() if k not in (a, b)}
-                _Common.model_validate(fields)
-                TypeAdapter(Input | list[Input]).validate_python(body[a])
-                TypeAdapter(Input | list[Input]).validate_python(body[b])
-                return
-        raise FakeError("Field required")
+        _Common.model_validate(body)
+        if _score_pair(body) is None:
+            raise FakeError("Field required")
     except ValidationError as exc:
         raise FakeError(str(exc).splitlines()[0]) from exc
+
+
+def _score_pair(body: dict[str, Any]) -> tuple[str, str] | None:
+    """The field pair vLLM's ScoreRequest union reads: the first member whose two inputs
+    validate (checked with ``TypeAdapter(ScoreRequest)`` in the 0.29.0 environment: a pair
+    with a dict input lacking ``content`` is skipped for the next one)."""
+    for a, b in SCORE_FIELD_PAIRS:
+        if a in body and b in body:
+            try:
+                INPUTS.validate_python(body[a])
+                INPUTS.validate_python(body[b])
+            except ValidationError:
+                continue
+            return a, b
+    return None
 
 
 class FakeError(Exception):
@@ -80,7 +100,7 @@ class ScoringAPI(FakeState):
 
     async def handle_scoring(self, request: web.Request) -> web.Response:
         raw = await request.read()
-        self.raw_bodies.append(raw)
+        self.raw_bodies.append(request.get(RECEIVED, raw))
         self.seen_headers.append(CIMultiDict(request.headers))
         try:
             body = json.loads(raw)
@@ -126,12 +146,10 @@ class ScoringAPI(FakeState):
         if rerank:
             first, second = body.get("query"), body.get("documents")
         else:
-            for a, b in SCORE_FIELD_PAIRS:
-                if a in body and b in body:
-                    first, second = body[a], body[b]
-                    break
-            else:
+            pair = _score_pair(body)
+            if pair is None:
                 raise FakeError("Field required")
+            first, second = body[pair[0]], body[pair[1]]
         queries = first if isinstance(first, list) else [first]
         docs = second if isinstance(second, list) else [second]
         if not all(isinstance(x, str) for x in (*queries, *docs)):

@@ -17,7 +17,8 @@ from proxy.accounting.dispatch import (
     prepare,
 )
 from proxy.accounting.routes import INVOCATIONS_PATH, STREAMING_OPERATIONS, operation_of
-from proxy.accounting.types import Family
+from proxy.accounting.shapes import ambiguity
+from proxy.accounting.types import Family, Release
 
 
 def test_request_rewrite_only_for_streams_without_usage() -> None:
@@ -111,10 +112,45 @@ def test_invocations_dispatch_like_vllm(body: Any, task: str | None, operation: 
 def test_invocations_prepare_labels_the_operation() -> None:
     """/invocations gets the operation of the direct endpoint, and streams get usage."""
     chat = json.dumps({"model": "llm", "stream": "true", "messages": []}).encode()
-    prepared = prepare("/invocations", chat, lambda name: "generate")
+    prepared = prepare("/invocations", chat, lambda name: "generate", "llm")
     assert (prepared.operation, prepared.model, prepared.strip_usage) == ("chat", "llm", True)
+    assert json.loads(prepared.body)["model"] == "llm"  # the body sent is the client's
     embed = json.dumps({"input": "hi"}).encode()
     assert prepare("/invocations", embed, lambda name: "embed").operation == "embeddings"
+
+
+def test_invocations_take_the_model_from_the_adapter_header_from_0_11_1() -> None:
+    """Regression (review of #30): vLLM's ``inject_adapter_id`` sets the body's ``model``
+    to the SageMaker adapter header, None without it, so the default model serves a body
+    naming any other; the proxy recorded the body's name ("free-tier-model"). Before 0.11.1
+    the body's model is vLLM's."""
+    body = json.dumps({"model": "free-tier-model", "input": ["x"]}).encode()
+    assert prepare("/invocations", body).model is None  # the default model
+    assert prepare("/invocations", body, adapter="tuned").model == "tuned"
+    legacy = prepare("/invocations", body, adapter="tuned", adapter_names_model=False)
+    assert legacy.model == "free-tier-model"
+    assert Release("0.11.1").invocations_model_from_header
+    assert not Release("0.11.0").invocations_model_from_header
+    assert Release("0.29.0").invocations_model_from_header
+    assert Release(None).invocations_model_from_header
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"query": QUERY, "documents": ["a"], "text_1": "q", "text_2": ["d"]},
+        {"input": {"bad": 1}, "query": QUERY, "documents": ["a"]},
+        {"messages": [], "prompt": "hi"},
+        {"queries": "q", "documents": [{"not": "content"}], "text_1": "q", "text_2": ["d"]},
+    ],
+)
+def test_an_invocation_naming_two_requests_inputs_is_refused(body: dict[str, Any]) -> None:
+    """vLLM's /invocations runs the first request type that validates; a body with the
+    inputs of two is the proxy's to refuse, not to guess."""
+    prepared = prepare("/invocations", json.dumps(body).encode())
+    assert prepared.ambiguous is not None
+    single = {"query": QUERY, "documents": ["a"], "text_1": "q"}  # one whole request
+    assert prepare("/invocations", json.dumps(single).encode()).ambiguous is None
 
 
 def test_model_task_by_family() -> None:
@@ -136,6 +172,10 @@ def _as_before(path: str, body: bytes) -> Prepared:
     if not isinstance(payload, dict):
         return Prepared(body, direct or "other", None)
     model = payload.get("model") if isinstance(payload.get("model"), str) else None
+    if not direct:  # vLLM's model is the adapter header's (none here): the default
+        model = None
+        if (unclear := ambiguity(payload, "invocations")) is not None:
+            return Prepared(body, "other", None, ambiguous=unclear)
     operation = direct or invocation_operation(payload, None)
     if operation not in STREAMING_OPERATIONS or not lax_bool(payload.get("stream")):
         return Prepared(body, operation, model)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
-from proxy.accounting.shapes import endpoint_for_path, parse_scoring_request
+from proxy.accounting.shapes import endpoint_for_path, parse_scoring_request, score_ambiguity
 from proxy.accounting.types import Pairing, Truncation
 
 IMAGE = {"content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}
@@ -124,3 +125,22 @@ def test_unparseable_bodies(body: Any) -> None:
 def test_endpoint_for_path(path: str, expected: str | None) -> None:
     """The audited paths and their aliases."""
     assert endpoint_for_path(path) == expected
+
+
+@pytest.mark.parametrize(
+    ("body", "unclear"),
+    [
+        ({"queries": "q", "documents": ["d"], "text_1": "q", "text_2": ["d"]}, True),
+        ({"queries": "q", "documents": ["d"], "items": ["d"]}, True),
+        ({"data_1": "q", "data_2": "d", "text_1": "q", "text_2": "d"}, True),
+        ({"queries": "q", "documents": ["d"], "text_1": "q"}, False),  # one whole pair
+        ({"text_1": "q", "text_2": [{"content": [{"type": "text", "text": "queries"}]}]}, False),
+        ({"text_1": "q", "text_2": ['"queries": "documents": "items":']}, False),  # in a text
+    ],
+)
+def test_a_score_body_with_two_whole_input_pairs_is_ambiguous(
+    body: dict[str, Any], unclear: bool
+) -> None:
+    """vLLM reads the first pair of its union that validates; two whole pairs are the
+    proxy's to refuse, whatever the pair names inside the texts."""
+    assert (score_ambiguity(json.dumps(body).encode()) is not None) is unclear
