@@ -257,12 +257,13 @@ def measure_all(
     say: Callable[[str], None] = lambda _text: None,
 ) -> Measurement:
     """Serve every family x version, at most ``concurrency`` vLLM servers alive at a time
-    (started together, measured in parallel, stopped), within ``startup_budget`` seconds
-    of total start-up. Raises naming the server that did not start and its log."""
+    (started together, measured in parallel, stopped); each server has ``startup_budget``
+    seconds to become ready (a budget per server, not for them all: on a loaded machine
+    every start is slower, and a server that hangs still fails within its own). Raises
+    naming the server that did not start and its log."""
     pythons = pythons or {v: provision(v) for v in versions}
     models = prepare_models(pythons[versions[0]])
     result = Measurement()
-    deadline = time.monotonic() + startup_budget
     keys = [(family, version) for version in versions for family in families]
     for batch in _batches(keys, concurrency):
         processes: list[Process] = []
@@ -278,12 +279,9 @@ def measure_all(
                     extra_args=serve_args(family, model),
                 )
                 processes.append(servers[(family, version)])
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError(f"start-up budget ({startup_budget:.0f} s) spent")
             with ThreadPoolExecutor(len(servers)) as pool:
                 waits = {
-                    key: pool.submit(server.wait_ready, "/health", remaining)
+                    key: pool.submit(server.wait_ready, "/health", startup_budget)
                     for key, server in servers.items()
                 }
                 for (family, version), wait in waits.items():

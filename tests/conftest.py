@@ -13,6 +13,12 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# A test that reads the journal after an answer needs the record committed: in sync mode
+# the answer waits for it, but only --journal-commit-timeout (2 s). On a loaded machine
+# (two suites at once) an fsync took longer, the answer went out with the record still
+# queued (x-usage-record: failed, as designed), and the test read a journal one record
+# short. Proxies under test wait up to 30 s; the tests of the bound itself set their own.
+os.environ.setdefault("USAGE_PROXY_JOURNAL_COMMIT_TIMEOUT", "30")
 
 from proxy.serving.process import new_event_loop
 from proxy.settings import EventLoop, Settings

@@ -49,14 +49,10 @@ def loop_ext4(where: Path, image: Path) -> Iterator[Path]:
 
 
 async def proxy_on(
-    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, journal: Path
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, journal: Path, **options: Any
 ) -> Any:
     _, client = await fake_and_proxy(
-        aiohttp_server,
-        aiohttp_client,
-        minilm_path,
-        journal=str(journal),
-        journal_commit_timeout=0.5,
+        aiohttp_server, aiohttp_client, minilm_path, journal=str(journal), **options
     )
     return client
 
@@ -116,7 +112,9 @@ async def test_frozen_file_system_bounds_the_commit(
     bound, flagged; /readyz says not ready; after the thaw the record is committed."""
     with loop_ext4(tmp_path / "mnt", tmp_path / "fs.img") as mnt:
         path = mnt / "j.sqlite"
-        client = await proxy_on(aiohttp_server, aiohttp_client, minilm_path, path)
+        client = await proxy_on(
+            aiohttp_server, aiohttp_client, minilm_path, path, journal_commit_timeout=0.5
+        )
         await client.post("/rerank", json=RERANK)
         run("fsfreeze", "-f", str(mnt))
         try:

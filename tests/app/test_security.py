@@ -134,11 +134,13 @@ async def test_upstream_cookies_are_never_kept_for_other_clients(
     host name, as in a deployment (aiohttp keeps no cookies for bare IP addresses)."""
     from aiohttp import web
 
-    seen: list[str | None] = []
+    seen: list[str | None] = []  # the Cookie of each client's request upstream
+    own: list[str | None] = []  # and of the proxy's own reads (discovery, counters)
 
     @web.middleware
     async def sticky(request: web.Request, handler: Any) -> web.StreamResponse:
-        seen.append(request.headers.get("Cookie"))
+        cookie = request.headers.get("Cookie")
+        (seen if "X-Who" in request.headers else own).append(cookie)
         response: web.StreamResponse = await handler(request)
         response.set_cookie("lb", f"backend-for-{request.headers.get('X-Who')}")
         return response
@@ -160,3 +162,5 @@ async def test_upstream_cookies_are_never_kept_for_other_clients(
             assert response.status == 200
             assert response.cookies["lb"].value == f"backend-for-{who}"
             assert seen == [f"own={who}"], (path, who, seen)  # the client's, and only it
+    assert own  # discovery read the upstream, and was answered cookies too
+    assert set(own) == {None}  # the proxy's own reads carry no client's cookie

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from aiohttp import web
 
 from tests.support.proxies import fake_and_proxy
+from tests.support.waits import eventually
 
 MIB = 1024 * 1024
 
@@ -215,12 +217,18 @@ async def test_a_neighbours_backlog_of_counts_does_not_delay_anothers(
             f"{i} {j} " + " ".join(words[(i + j + k) % 8] for k in range(36)) for j in range(900)
         ]
 
+    # The lane's threads are held busy until all of bob's counts wait in it: how fast
+    # the test sends them and the threads drain them is the machine's load, not the order.
+    release = threading.Event()
+    holds = [lane.submit_for("carol", release.wait) for _ in range(lane._max_workers)]
     bobs = [asyncio.create_task(rerank(f"bob-{i}", fresh(i))) for i in range(20)]
-    for _ in range(200):  # until most of bob's counts wait in the lane
-        if lane.queued().get("bob", 0) >= 15:
-            break
-        await asyncio.sleep(0.02)
-    assert lane.queued().get("bob", 0) >= 15
+
+    async def all_of_bobs_wait() -> bool:
+        return lane.queued().get("bob", 0) == 20
+
+    await eventually(all_of_bobs_wait, 120)
+    release.set()
+    await asyncio.gather(*map(asyncio.wrap_future, holds))
     assert await rerank("alice", ["Paris is in France.", "Berlin."]) == "corrected"
     assert done.index("alice") <= 3  # not after bob's twenty
     await asyncio.gather(*bobs)

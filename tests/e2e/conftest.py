@@ -1,7 +1,9 @@
 """Real vLLM CPU servers (0.29.0 inflated, 0.32.0 fixed) for three model families, each
 with a real ``usage-proxy serve`` in front; started once per session, stopped by PID.
 
-Start-up has its own budget (``E2E_STARTUP_BUDGET`` seconds, default 900), independent of
+Start-up has its own budget (``E2E_STARTUP_BUDGET`` seconds per server, default 900: on a
+loaded machine, two suites at once, every start is slower, and one budget for them all ran
+out with every server healthy but late), independent of
 pytest-timeout's per-test limit, which e2e tests apply to the test body only: provisioning
 (normally done before pytest by ``make provision``) and server start-up are not a test's
 time. At most ``E2E_START_CONCURRENCY`` (default 3) vLLM servers start at once: six at once
@@ -59,21 +61,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def start_servers(
     specs: dict[tuple[str, str], tuple[Path, Path]], logs: Path, processes: list[Process]
 ) -> dict[tuple[str, str], Process]:
-    """Start vLLM servers, at most START_CONCURRENCY at a time, within the start-up budget.
-
-    Raises naming the server that failed and its log file.
+    """Start vLLM servers, at most START_CONCURRENCY at a time, each within the start-up
+    budget. Raises naming the server that failed and its log file.
     """
-    deadline = time.monotonic() + STARTUP_BUDGET_S
 
     def start_one(key: tuple[str, str]) -> Process:
         python, model = specs[key]
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError(f"e2e start-up budget ({STARTUP_BUDGET_S:.0f} s) spent before {key}")
         process = start_vllm(python, model, MODEL_NAMES[key[0]], logs)
         processes.append(process)
         try:
-            process.wait_ready("/health", remaining)
+            process.wait_ready("/health", STARTUP_BUDGET_S)
         except (RuntimeError, TimeoutError) as exc:
             raise RuntimeError(
                 f"vLLM {key[1]} ({key[0]}) did not start; log: {process.log}\n{exc}"
