@@ -193,7 +193,7 @@ def _spawn(
 
 
 # vLLM servers alive at once on this machine, across every test run and `make compat`:
-# each takes about 1.5 GB (API server, engine core, worker). Two suites at once (6 servers
+# each takes about 1.5 GB (API server, engine core, worker; 2 GB counted, for its peaks). Two suites at once (6 servers
 # each for the session, 3 more for the families) ran a 24 GB machine out of memory.
 SLOTS_DIR = CACHE / "server-slots"
 LARGEST_GROUP = 6  # the e2e cluster: three models on two releases
@@ -205,7 +205,7 @@ def server_slots() -> int:
     if os.environ.get("VLLM_SERVER_SLOTS"):
         return max(int(os.environ["VLLM_SERVER_SLOTS"]), LARGEST_GROUP)
     total_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return max(int((total_gb - 6) / 1.5), LARGEST_GROUP)
+    return max(int((total_gb - 6) / 2), LARGEST_GROUP)
 
 
 def reserve_slots(count: int, wait: float = 3600.0, say: Any = print) -> list[int]:
