@@ -193,8 +193,9 @@ def _spawn(
 
 
 # vLLM servers alive at once on this machine, across every test run and `make compat`:
-# each takes about 1.5 GB (API server, engine core, worker; 2 GB counted, for its peaks). Two suites at once (6 servers
-# each for the session, 3 more for the families) ran a 24 GB machine out of memory.
+# each takes about 1.5 GB (API server, engine core, worker; 2 GB is counted, for its peaks
+# and the suites' own memory). Two suites at once (6 servers each for the session, 3 more
+# for the families) ran a 24 GB machine out of memory.
 SLOTS_DIR = CACHE / "server-slots"
 LARGEST_GROUP = 6  # the e2e cluster: three models on two releases
 
