@@ -49,6 +49,18 @@ from scripts.vllm_cpu import (
 from tests.e2e.cases import CASES, DOCS, HANGUL_DOCS, HANGUL_Q, Case, Q
 
 FAMILIES = tuple(FAMILY_MODELS)
+# The first release (major, minor) each family is measured on. The XLM-R architectures are
+# in every old release's registry; measured from 0.15.1, the last on transformers 4.x, whose
+# tokenizer semantics differ from 5.x on them. The others need 0.27's registry (Qwen3 and
+# ModernBERT pooling, JinaForRanking, the Qwen3-Reranker's hf_overrides).
+FIRST_RELEASE: dict[str, tuple[int, int]] = {
+    "xlmr-cross-encoder": (0, 15),
+    "xlmr-bi-encoder": (0, 15),
+    "qwen3-embedding": (0, 27),
+    "qwen3-reranker": (0, 27),
+    "jina-v3": (0, 27),
+    "modernbert-colbert": (0, 27),
+}
 SERVED_NAMES = {
     "xlmr-cross-encoder": "xlmr-ce",
     "xlmr-bi-encoder": "xlmr-embed",
@@ -150,6 +162,12 @@ SKIPPED: dict[str, dict[str, str]] = {
         "padding-max-length": "pads every input to max_model_len (12,288): minutes on 2 cores",
     },
 }
+
+
+def families_on(version: str, families: Iterable[str] = FAMILIES) -> list[str]:
+    """The ``families`` measured on ``version`` (from their FIRST_RELEASE on)."""
+    major, minor = (int(part) for part in version.split(".")[:2])
+    return [f for f in families if (major, minor) >= FIRST_RELEASE[f]]
 
 
 def cases_for(family: str) -> list[Case]:
