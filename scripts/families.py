@@ -1,20 +1,24 @@
 """Measure the proxy on the model families users deploy (issue #30), against real vLLM.
 
     python scripts/families.py [--versions 0.29.0 0.32.0] [--families F ...] [--json OUT]
+                               [--upstream-transformers 4|5]
 
 For each family x release: serve the family's tiny model (``scripts/prepare_models.py``) as
 users serve it (``scripts.vllm_cpu.serve_args``: hf_overrides, score template, context
 length), put a real ``usage-proxy serve`` in front of it (rewrite mode, full recount; the
 Qwen3-Reranker also behind a second proxy with ``--recount-fraction 0.1``), and send the
 request matrix one request at a time: ``tests/e2e/cases.py`` CASES plus the family cases
-below (long texts with blank lines, instructions). Per request it records what the upstream
-reported (``x-usage-upstream-prompt-tokens``), the growth of that engine's own
-``vllm:prompt_tokens_total``, what the proxy billed (``usage.prompt_tokens``) and its
-verdict (``x-usage-verdict``), then prints a table. At most ``--concurrency`` (3) vLLM
+below (long texts with blank lines, tabs and full-width text, instructions). Per request it
+records what the upstream reported (``x-usage-upstream-prompt-tokens``), the growth of that
+engine's own ``vllm:prompt_tokens_total``, what the proxy billed (``usage.prompt_tokens``)
+and its verdict (``x-usage-verdict``), then prints a table. At most ``--concurrency`` (3) vLLM
 servers run at a time: they are started, measured and stopped in batches.
 
 The same code backs ``tests/e2e/test_families.py`` (``measure_all``) and can feed
-``make compat`` (``measure_all`` for any provisioned release; ``--json``).
+``make compat`` (``measure_all`` for any provisioned release; ``--json``), which measures a
+family from its ``FIRST_RELEASE`` on. ``--upstream-transformers`` pins every proxy's tokenizer
+semantics: the control of the old releases' proof (5 in front of a release on transformers
+4.x must miscount the whitespace cases of an XLM-R model).
 """
 
 from __future__ import annotations
@@ -117,8 +121,22 @@ _WORDS = "relevance requirements instruction retrieval passages capital question
 LONG_NN = "\n\n".join(_WORDS.split()[i % 8] for i in range(3300))
 # Paragraphs of sentences separated by blank lines, under the chunking threshold.
 PARAGRAPHS = "\n\n".join(f"{d} {d}" for d in DOCS * 6)
+# Texts transformers 4.x and 5.x count differently on an XLM-R tokenizer: 5.x rebuilds its
+# pipeline without tokenizer.json's NFKC normalizer and splits at every whitespace, tabs
+# and newlines included (4.x: at spaces only). The texts of issue #30 among them.
+WHITESPACE_Q = "name\tcapital\tcountry"
+WHITESPACE_DOCS = [
+    "line one\nline two",
+    "tab\there",
+    "ｆｕｌｌ",  # noqa: RUF001 (full-width on purpose)
+    "Paris\tFrance",
+    "ＰＡＲＩＳ　２０２４",  # noqa: RUF001
+    "Paris is the capital of France.\nBerlin is in Germany.",
+]
 
 FAMILY_CASES = [
+    Case("whitespace-rerank", "/rerank", {"query": WHITESPACE_Q, "documents": WHITESPACE_DOCS}),
+    Case("whitespace-score", "/score", {"text_1": WHITESPACE_DOCS[0], "text_2": WHITESPACE_DOCS}),
     Case("nn-paragraphs", "/rerank", {"query": Q, "documents": [PARAGRAPHS, DOCS[0]]}),
     Case("nn-long-score", "/score", {"text_1": Q, "text_2": LONG_NN}),
     Case("nn-long-rerank-1toN", "/rerank", {"query": Q, "documents": [LONG_NN, DOCS[1]]}),
@@ -272,11 +290,13 @@ def measure_all(
     concurrency: int = 3,
     startup_budget: float = 900.0,
     pythons: dict[str, Path] | None = None,
+    proxy_args: Sequence[str] = (),
     say: Callable[[str], None] = lambda _text: None,
 ) -> Measurement:
     """Serve every family x version, at most ``concurrency`` vLLM servers alive at a time
     (started together, measured in parallel, stopped), within ``startup_budget`` seconds
-    of total start-up. Raises naming the server that did not start and its log."""
+    of total start-up; ``proxy_args`` go to every proxy. Raises naming the server that did
+    not start and its log."""
     pythons = pythons or {v: provision(v) for v in versions}
     models = prepare_models(pythons[versions[0]])
     result = Measurement()
@@ -324,6 +344,7 @@ def measure_all(
                         server.url,
                         logs,
                         *PROXY_ARGS,
+                        *proxy_args,
                         *args,
                         *(config if label in templated else ()),
                     )
@@ -397,7 +418,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write the rows and timings here")
     parser.add_argument("--logs", type=Path, help="keep the server logs here")
+    parser.add_argument(
+        "--upstream-transformers",
+        choices=("4", "5"),
+        help="count with this transformers major version whatever the release runs (the "
+        "control: the wrong one must miscount the whitespace cases of the XLM-R models)",
+    )
     args = parser.parse_args(argv)
+    pinned = args.upstream_transformers
 
     def say(text: str) -> None:
         print(f"[families] {text}", file=sys.stderr, flush=True)
@@ -412,9 +440,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         logs,
         concurrency=args.concurrency,
         startup_budget=3600,
+        proxy_args=("--upstream-transformers", pinned) if pinned else (),
         say=say,
     )
     result.timings["total_s"] = time.monotonic() - started
+    for row in result.rows:
+        row.proxy += f", transformers {pinned}" if pinned else ""
     print(format_table(result.rows))
     print()
     print(summary(result.rows))
