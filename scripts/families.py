@@ -208,6 +208,7 @@ class Row:
     verdict: str | None = None
     versions_may_differ: bool = False
     seconds: float = 0.0
+    counted: int | None = None  # the proxy's own count (x-usage-engine-prompt-tokens)
 
     @property
     def accepted(self) -> bool:
@@ -232,7 +233,8 @@ def _with_model(body: Any, model: str) -> Any:
 
 
 def measure_request(vllm: str, proxy: str, model: str, case: Case) -> dict[str, Any]:
-    """One request through the proxy: status, reported, engine growth, billed, verdict.
+    """One request through the proxy: status, reported, engine growth, billed, verdict
+    and the proxy's own count.
     A request that gets no answer in REQUEST_TIMEOUT_S is recorded with status 0."""
     before = metric(vllm)
     started = time.monotonic()
@@ -248,10 +250,12 @@ def measure_request(vllm: str, proxy: str, model: str, case: Case) -> dict[str, 
     if status == 200:
         usage = json.loads(raw).get("usage") or {}
         reported = headers.get("x-usage-upstream-prompt-tokens")
+        counted = headers.get("x-usage-engine-prompt-tokens")
         out.update(
             reported=int(reported) if reported is not None else None,
             billed=usage.get("prompt_tokens"),
             verdict=headers.get("x-usage-verdict"),
+            counted=int(counted) if counted is not None else None,
         )
     return out
 
@@ -371,11 +375,11 @@ def measure_all(
 
 
 def format_table(rows: Sequence[Row]) -> str:
-    """One line per request: reported / engine / billed / verdict, '<-' where billed is
-    not the engine's count."""
+    """One line per request: reported / engine / the proxy's count / billed / verdict, '<-'
+    where billed is not the engine's count."""
     lines = [
         f"{'family':20} {'vllm':7} {'proxy':13} {'case':26} "
-        f"{'status':>6} {'reported':>8} {'engine':>7} {'billed':>7}  verdict"
+        f"{'status':>6} {'reported':>8} {'engine':>7} {'counted':>7} {'billed':>7}  verdict"
     ]
     for row in rows:
         if not row.accepted:
@@ -388,7 +392,8 @@ def format_table(rows: Sequence[Row]) -> str:
         flag = "" if row.right else "   <- billed != engine"
         lines.append(
             f"{row.family:20} {row.version:7} {row.proxy:13} {row.case:26} "
-            f"{row.status:>6} {row.reported!s:>8} {row.engine:>7} {row.billed!s:>7}  "
+            f"{row.status:>6} {row.reported!s:>8} {row.engine:>7} {row.counted!s:>7} "
+            f"{row.billed!s:>7}  "
             f"{row.verdict}{flag}  ({row.seconds:.1f} s)"
         )
     return "\n".join(lines)
