@@ -54,9 +54,10 @@ from tests.e2e.cases import CASES, DOCS, HANGUL_DOCS, HANGUL_Q, Case, Q
 
 FAMILIES = tuple(FAMILY_MODELS)
 # The first release (major, minor) each family is measured on. The XLM-R architectures are
-# in every old release's registry; measured from 0.15.1, the last on transformers 4.x, whose
-# tokenizer semantics differ from 5.x on them. The others need 0.27's registry (Qwen3 and
-# ModernBERT pooling, JinaForRanking, the Qwen3-Reranker's hf_overrides).
+# registered already in 0.8.5, 0.10.2 and 0.13.0; they are measured from 0.15.1, on
+# transformers 4.x, whose tokenizer semantics differ from 5.x on them. The others need
+# 0.27's registry (Qwen3 and ModernBERT pooling, JinaForRanking, the Qwen3-Reranker's
+# hf_overrides).
 FIRST_RELEASE: dict[str, tuple[int, int]] = {
     "xlmr-cross-encoder": (0, 15),
     "xlmr-bi-encoder": (0, 15),
