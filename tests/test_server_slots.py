@@ -44,7 +44,7 @@ def test_a_server_holds_its_slot_while_it_lives(slots: Path) -> None:
         {},
         slots / "sleeper.log",
         0,
-        held.pop(),
+        [held.pop()],
     )
     for fd in held:
         os.close(fd)

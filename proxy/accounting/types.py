@@ -192,10 +192,21 @@ class Release:
 
     @property
     def runs_transformers_4(self) -> bool:
-        """Releases before 0.16 run transformers 4.x (0.15 pins it below 5; 0.8 - 0.10 need
-        it for their CPU extension); later ones install 5.x (0.29 requires 5.10)."""
+        """Releases up to 0.19.0 run transformers 4.x: their wheels pin it below 5 (read in
+        0.13.0 - 0.19.0; 0.8 - 0.10 need it for their CPU extension), and make compat
+        measured 4.57.6 under 0.15.1 and 0.16.0. 0.19.1 - 0.22 accept 4.56 or 5.5.1+ (a
+        fresh install gets 5.x); 0.24 on require 5.5.3+ (0.29: 5.10)."""
         parsed = self._parsed
-        return parsed is not None and parsed < (0, 16)
+        if parsed is None or parsed > (0, 19):
+            return False
+        return parsed < (0, 19) or self._patch == 0
+
+    @property
+    def _patch(self) -> int | None:
+        """The patch number (``0.19.0+cpu`` -> 0), None when there is none."""
+        parts = (self.version or "").lstrip("v").split(".")
+        digits = re.match(r"\d+", parts[2]) if len(parts) > 2 else None
+        return int(digits.group()) if digits else None
 
     @property
     def only_second_needs_room(self) -> bool:

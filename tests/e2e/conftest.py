@@ -71,7 +71,7 @@ def start_servers(
 
     def start_one(key: tuple[str, str]) -> Process:
         python, model = specs[key]
-        process = start_vllm(python, model, MODEL_NAMES[key[0]], logs, slot=slots.pop(key))
+        process = start_vllm(python, model, MODEL_NAMES[key[0]], logs, slots=[slots.pop(key)])
         processes.append(process)
         try:
             process.wait_ready("/health", STARTUP_BUDGET_S)

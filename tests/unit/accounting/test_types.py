@@ -43,6 +43,29 @@ def test_release_table_boundaries(
     assert release.proven is proven
 
 
+@pytest.mark.parametrize(
+    ("version", "legacy"),
+    [
+        ("0.8.5", True),
+        ("0.15.1", True),
+        ("0.16.0", True),
+        ("0.18.1", True),
+        ("0.19.0+cpu", True),
+        ("0.19.1", False),
+        ("0.19", False),
+        ("0.20.2", False),
+        ("0.29.0", False),
+        (None, False),
+    ],
+)
+def test_transformers_4_up_to_0_19_0(version: str | None, legacy: bool) -> None:
+    """Regression found by make compat: 0.16.0 runs transformers 4.57.6 (its wheel pins
+    it below 5, as every wheel up to 0.19.0 does); counted with 5.x's XLM-R pipeline, 9 of
+    35 bi-encoder requests were billed at the inflated report (156 where the engine
+    processed 75). 0.19.1 first accepts 5.x."""
+    assert Release(version).runs_transformers_4 is legacy
+
+
 @pytest.mark.parametrize(("version", "pads"), [("0.28.0", False), ("0.29.0", True), (None, True)])
 def test_padding_boundary_0_28_to_0_29(version: str | None, pads: bool) -> None:
     """Regression found by make compat: 0.28.0 ignores padding="max_length" (an unknown
