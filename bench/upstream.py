@@ -85,6 +85,10 @@ class _Replay:
     async def read(self) -> bytes:
         return self._body
 
+    def get(self, key: object, default: bytes) -> bytes:
+        """Request storage: nothing is kept on a replay."""
+        return default
+
 
 if __name__ == "__main__":
     from transformers import AutoTokenizer
