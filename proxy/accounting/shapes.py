@@ -6,7 +6,6 @@ it just cannot be audited.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from proxy.accounting.routes import BY_PATH
 from proxy.accounting.types import Pairing, Truncation
+from proxy.wire.jsonio import load_object
 
 Item = str | dict[str, Any]
 Endpoint = Literal["score", "rerank"]
@@ -48,10 +48,7 @@ def score_ambiguity(body: bytes) -> str | None:
     """``ambiguity`` of a score body, parsed only when a first scan finds enough names."""
     if len(set(_PAIR_NAME.findall(body))) < 3:
         return None
-    try:
-        return ambiguity(json.loads(body), "score")
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return None  # not JSON: vLLM answers 400
+    return ambiguity(load_object(body), "score")  # not a JSON object: vLLM answers 400
 
 
 def ambiguity(payload: Any, endpoint: str) -> str | None:

@@ -121,21 +121,16 @@ class Release:
             return None
 
     @property
-    def _release(self) -> tuple[int, int, int] | None:
-        """Major, minor and patch (0 when absent); None when the version is unknown."""
-        found = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", self.version or "")
-        if found is None:
-            return None
-        major, minor, patch = found.groups()
-        return int(major), int(minor), int(patch or 0)
-
-    @property
     def invocations_model_from_header(self) -> bool:
         """From 0.11.1 ``/invocations`` takes the model from the SageMaker adapter header
         (``inject_adapter_id`` sets the body's ``model`` to it, None without it: the
         default model); before, from the body."""
-        parsed = self._release
-        return parsed is None or parsed >= (0, 11, 1)
+        parsed = self._parsed
+        if parsed is None:
+            return True
+        if parsed != (0, 11):
+            return parsed > (0, 11)
+        return (self._patch or 0) >= 1
 
     def _from(self, series: tuple[int, int]) -> bool:
         parsed = self._parsed
