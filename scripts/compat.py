@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -41,7 +40,7 @@ from scripts.vllm_cpu import (
     post,
     prepare_models,
     provision,
-    reserve_slots,
+    reserved,
     start_proxy,
     start_vllm,
 )
@@ -92,15 +91,11 @@ def run_release(version: str, logs: Path) -> tuple[list[Outcome], dict[str, floa
     models = prepare_models(python)
     processes: list[Process] = []
     try:
-        slots = reserve_slots(len(FAMILIES))  # all three at once, or wait
-        try:
+        with reserved(len(FAMILIES)) as slots:  # all three at once, or wait
             servers = {
                 f: start_vllm(python, models[f], name, logs, family=f, slots=[slots.pop()])
                 for f, name in FAMILIES.items()
             }
-        finally:
-            for unused in slots:  # a server that did not start: its slot is free
-                os.close(unused)
         processes.extend(servers.values())
         with ThreadPoolExecutor(3) as pool:
             failures = list(pool.map(_ready, servers.values()))

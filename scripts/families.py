@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -48,7 +47,7 @@ from scripts.vllm_cpu import (
     post,
     prepare_models,
     provision,
-    reserve_slots,
+    reserved,
     serve_args,
     start_proxy,
     start_vllm,
@@ -316,8 +315,7 @@ def measure_all(
         try:
             servers: dict[tuple[str, str], Process] = {}
             # the batch's servers all at once, or wait
-            slots = reserve_slots(FAMILY_SERVER_SLOTS * len(batch))
-            try:
+            with reserved(FAMILY_SERVER_SLOTS * len(batch)) as slots:
                 for family, version in batch:
                     model = models[family]
                     servers[(family, version)] = start_vllm(
@@ -329,9 +327,6 @@ def measure_all(
                         slots=[slots.pop() for _ in range(FAMILY_SERVER_SLOTS)],
                     )
                     processes.append(servers[(family, version)])
-            finally:
-                for unused in slots:  # a server that did not start: its slot is free
-                    os.close(unused)
             with ThreadPoolExecutor(len(servers)) as pool:
                 waits = {
                     key: pool.submit(server.wait_ready, "/health", startup_budget)

@@ -16,7 +16,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -269,6 +270,19 @@ def has_runner_flag(python: Path) -> bool:
 # Without --runner: the task that serves each test model's scoring API (0.8.5 registers
 # /rerank only for the `score` task, /score for `embed` and `score`).
 OLD_TASKS = {"cross-encoder": "score"}
+
+
+@contextmanager
+def reserved(count: int) -> Iterator[list[int]]:
+    """``reserve_slots(count)`` for the servers started within: each takes its slots from
+    the list (``start_vllm(slots=...)``); those left when the block ends, servers that did
+    not start, are free again."""
+    slots = reserve_slots(count)
+    try:
+        yield slots
+    finally:
+        for unused in slots:
+            os.close(unused)
 
 
 def start_vllm(

@@ -76,3 +76,24 @@ def test_the_largest_group_always_fits() -> None:
         cwd=vllm_cpu.ROOT,
     ).stdout
     assert int(out) == vllm_cpu.LARGEST_GROUP
+
+
+def test_slots_not_taken_by_a_server_are_freed_with_the_block(slots: Path) -> None:
+    """``reserved``: what no server took from the list is free once the block ends, even
+    when a start failed in it."""
+
+    def start_one_then_fail() -> int:
+        with vllm_cpu.reserved(6) as held:
+            taken.append(held.pop())
+            raise RuntimeError("a server did not start")
+
+    taken: list[int] = []
+    with pytest.raises(RuntimeError):
+        start_one_then_fail()
+    with pytest.raises(TimeoutError):
+        vllm_cpu.reserve_slots(6, wait=0.5)  # the one popped is still the caller's
+    os.close(taken[0])
+    again = vllm_cpu.reserve_slots(6)
+    assert len(again) == 6
+    for fd in again:
+        os.close(fd)

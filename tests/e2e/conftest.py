@@ -12,7 +12,6 @@ on 2 cores starve each other past any sensible health deadline.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +24,7 @@ from scripts.vllm_cpu import (
     Process,
     prepare_models,
     provision,
-    reserve_slots,
+    reserved,
     start_proxy,
     start_vllm,
 )
@@ -67,11 +66,9 @@ def start_servers(
     budget. Raises naming the server that failed and its log file.
     """
 
-    slots = dict(zip(specs, reserve_slots(len(specs)), strict=True))  # all, or wait
-
     def start_one(key: tuple[str, str]) -> Process:
         python, model = specs[key]
-        process = start_vllm(python, model, MODEL_NAMES[key[0]], logs, slots=[slots.pop(key)])
+        process = start_vllm(python, model, MODEL_NAMES[key[0]], logs, slots=[slots.pop()])
         processes.append(process)
         try:
             process.wait_ready("/health", STARTUP_BUDGET_S)
@@ -81,13 +78,10 @@ def start_servers(
             ) from exc
         return process
 
-    try:
-        with ThreadPoolExecutor(START_CONCURRENCY) as pool:
-            futures = {key: pool.submit(start_one, key) for key in specs}
-            return {key: future.result() for key, future in futures.items()}
-    finally:
-        for unused in slots.values():  # servers that never started: their slots are free
-            os.close(unused)
+    # every server's slot at once, or wait; those of servers that did not start are freed
+    with reserved(len(specs)) as slots, ThreadPoolExecutor(START_CONCURRENCY) as pool:
+        futures = {key: pool.submit(start_one, key) for key in specs}
+        return {key: future.result() for key, future in futures.items()}
 
 
 @pytest.fixture(scope="session")
