@@ -164,6 +164,13 @@ class Settings(BaseSettings):
         description="Most connections open to the upstream at once (requests beyond it "
         "wait for a free one), so slow clients cannot exhaust vLLM's connections.",
     )
+    upstream_keepalive: float = Field(
+        2.0,
+        gt=0,
+        description="Seconds an idle upstream connection is kept for reuse. Keep it below "
+        "the upstream's own idle timeout (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s): a "
+        "request sent on a connection the upstream is closing gets 502.",
+    )
     tenant_share: float = Field(
         0.25,
         gt=0,

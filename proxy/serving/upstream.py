@@ -207,7 +207,9 @@ def session_context(settings: Settings) -> Any:
         timeout = aiohttp.ClientTimeout(
             total=None, connect=settings.connect_timeout, sock_read=settings.read_timeout
         )
-        connector = aiohttp.TCPConnector(limit=settings.upstream_connections, keepalive_timeout=30)
+        connector = aiohttp.TCPConnector(
+            limit=settings.upstream_connections, keepalive_timeout=settings.upstream_keepalive
+        )
         async with aiohttp.ClientSession(
             timeout=timeout,
             connector=connector,

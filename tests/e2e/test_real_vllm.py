@@ -51,8 +51,8 @@ def test_matrix(cluster: Cluster, family: str, case: Case) -> None:
     new_status, _, new_raw = post(new.vllm + case.path, body)
     proxied_new_status, new_headers, proxied_new_raw = post(new.proxy + case.path, body)
 
-    assert status == direct_status
-    assert proxied_new_status == new_status
+    assert status == direct_status, raw
+    assert proxied_new_status == new_status, proxied_new_raw
     if status != 200:
         assert processed == 0
         assert "x-usage-verdict" not in headers

@@ -12,13 +12,13 @@ import json
 
 from aiohttp import web
 
-from tests.support.fakevllm.base import FakeState, dumps, error
+from tests.support.fakevllm.base import VLLM_KEEP_ALIVE, FakeState, dumps, error
 from tests.support.fakevllm.discovery import DiscoveryAPI
 from tests.support.fakevllm.generation import GenerationAPI
 from tests.support.fakevllm.pooling import EmbeddingsAPI
 from tests.support.fakevllm.scoring import RECEIVED, RERANK_PATHS, SCORE_PATHS, ScoringAPI
 
-__all__ = ["FakeState", "FakeVLLM", "dumps", "error"]
+__all__ = ["VLLM_KEEP_ALIVE", "FakeState", "FakeVLLM", "dumps", "error"]
 
 
 class FakeVLLM(ScoringAPI, EmbeddingsAPI, GenerationAPI, DiscoveryAPI):

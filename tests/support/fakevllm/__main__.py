@@ -8,7 +8,7 @@ from pathlib import Path
 from aiohttp import web
 from transformers import AutoTokenizer
 
-from tests.support.fakevllm import FakeVLLM
+from tests.support.fakevllm import VLLM_KEEP_ALIVE, FakeVLLM
 
 
 def main() -> None:
@@ -19,7 +19,13 @@ def main() -> None:
     parser.add_argument("--version", default="0.29.0")
     args = parser.parse_args()
     fake = FakeVLLM(AutoTokenizer.from_pretrained(str(args.root)), args.root, version=args.version)
-    web.run_app(fake.app(), host="127.0.0.1", port=args.port, print=None)
+    web.run_app(
+        fake.app(),
+        host="127.0.0.1",
+        port=args.port,
+        print=None,
+        keepalive_timeout=VLLM_KEEP_ALIVE,  # idle connections closed as vLLM's uvicorn does
+    )
 
 
 if __name__ == "__main__":

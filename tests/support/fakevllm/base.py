@@ -13,6 +13,10 @@ from typing import Any
 from aiohttp import web
 from multidict import CIMultiDict
 
+# vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE default (0.29.0 and 0.32.0 envs.py), given to uvicorn
+# as timeout_keep_alive: a connection idle this many seconds is closed by vLLM.
+VLLM_KEEP_ALIVE = 5.0
+
 
 def dumps(obj: Any) -> bytes:
     """Starlette's JSONResponse rendering, which vLLM uses."""
