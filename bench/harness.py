@@ -8,8 +8,11 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import aiohttp
@@ -25,6 +28,37 @@ JSON = {"Content-Type": "application/json"}
 # variable), the proxy's default first. The fake upstream and the client stay on asyncio's.
 EVENT_LOOPS = ("uvloop", "asyncio")
 LOOP_ENV = "USAGE_PROXY_EVENT_LOOP"
+
+
+# A busy loop in the idle scheduling class: it runs only on a core nothing else wants.
+SPINNER = """import os
+os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+while True:
+    pass
+"""
+
+
+@contextmanager
+def cores_awake() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Keep every core out of idle while sequential requests are measured.
+
+    A virtual machine that halts an idle vCPU (this one: the haltpoll cpuidle driver with
+    guest_halt_poll_ns 0) makes each sequential request pay for waking the cores it
+    crosses: here about 1 ms of CPU and 2 ms of latency per request, the same for every
+    target, which measures the hypervisor rather than the target and squeezes every ratio
+    towards 1. One ``SCHED_IDLE`` spinner per core takes a core only when nothing else
+    would run on it (docs/performance.md)."""
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", SPINNER], stdin=subprocess.DEVNULL)
+        for _ in range(os.cpu_count() or 1)
+    ]
+    try:
+        yield spinners
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+        for spinner in spinners:
+            spinner.wait()
 
 
 def start_upstream(latency_ms: float, workdir: Path) -> Process:

@@ -10,11 +10,15 @@ Each mode against the floor that keeps its promise:
   released (``bench/minimal_relay.py JOURNAL``);
 - ``--durability async`` against the bare relay.
 
-Per pair: CPU per audited request with count-cache hits (whole-process CPU from /proc,
-sequential requests), saturation throughput (concurrent clients) and added p50 latency at
-0 ms upstream. Beside them, CPU per full-recount request (every text new to the proxy,
-in sync mode) over one raw batched transformers tokenizer call on the same texts, timed
-in this process.
+Per pair: CPU per audited request with count-cache hits (whole-process CPU from /proc),
+from sequential requests and at saturation; saturation throughput (concurrent clients) and
+added p50 latency at 0 ms upstream. Sequential requests are measured with every core kept
+out of idle (``harness.cores_awake``; ``--idle-cores`` to measure without): on a virtual
+machine that halts idle vCPUs, waking them costs each request about 1 ms of CPU here, the
+same for every target (docs/performance.md). At saturation no core idles; that CPU per
+request is the work itself and what sizes the sidecar. Beside them, CPU per full-recount
+request (every text new to the proxy, in sync mode) over one raw batched transformers
+tokenizer call on the same texts, timed in this process.
 
 The relay, the durable floor and both proxies run on the same event loop
 (``--event-loop``, uvloop by default, as the proxy's) and are measured in alternating
@@ -43,7 +47,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.harness import (
     EVENT_LOOPS,
     Process,
+    cores_awake,
     cpu_per_request,
+    cpu_seconds,
     minilm_dir,
     pct,
     sequential,
@@ -67,7 +73,7 @@ class Goal:
     """One row of the goal table: ``measure`` of ``mode`` against its floor."""
 
     mode: str | None  # None: the full recount against the raw tokenizer
-    measure: str  # cpu, saturation, p50, recount
+    measure: str  # cpu, busy_cpu, saturation, p50, recount
     bound: float
 
     @property
@@ -85,6 +91,7 @@ class Goal:
         floor = FLOOR_NAMES[FLOORS[self.mode]]
         what = {
             "cpu": f"CPU per audited request (cache hits) <= {self.bound:.1f}x {floor}",
+            "busy_cpu": f"CPU per audited request at saturation <= {self.bound:.1f}x {floor}",
             "saturation": f"saturation throughput >= {self.bound:.2f}x {floor}",
             "p50": f"added p50 over {floor} <= +{self.bound:.1f} ms (0 ms upstream)",
         }[self.measure]
@@ -93,9 +100,11 @@ class Goal:
 
 GOALS = (
     Goal("sync", "cpu", 1.4),
+    Goal("sync", "busy_cpu", 1.4),
     Goal("sync", "saturation", 0.65),
     Goal("sync", "p50", 0.4),
     Goal("async", "cpu", 1.6),
+    Goal("async", "busy_cpu", 1.6),
     Goal("async", "saturation", 0.55),
     Goal("async", "p50", 0.4),
     Goal(None, "recount", 1.0),
@@ -106,13 +115,15 @@ Batches = list[list[str]]
 
 @dataclass
 class Tally:
-    """What the blocks add up to, by target: CPU ms, latencies, saturation requests."""
+    """What the blocks add up to, by target: CPU ms (sequential), latencies, saturation
+    requests and the CPU ms they took."""
 
     cpu: dict[str, float] = field(
         default_factory=lambda: dict.fromkeys((*TARGETS, "recount", "raw"), 0.0)
     )
     lat: dict[str, list[float]] = field(default_factory=lambda: {t: [] for t in TARGETS})
     done: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TARGETS, 0))
+    busy_cpu: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TARGETS, 0.0))
 
 
 def raw_tokenizer(bodies: list[bytes]) -> tuple[Batches, Callable[[Batches], float]]:
@@ -195,7 +206,9 @@ async def saturate(args: argparse.Namespace, targets: dict[str, Process], tally:
     for _ in range(args.rounds):
         for name, target in targets.items():
             seconds = args.seconds / args.rounds
+            before = cpu_seconds(target.popen.pid)
             tally.done[name] += await throughput(target.url + path, hit, seconds, args.clients)
+            tally.busy_cpu[name] += (cpu_seconds(target.popen.pid) - before) * 1000
 
 
 async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
@@ -206,7 +219,11 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     try:
         for name, target in targets.items():
             target.wait_ready("/readyz" if name in DURABILITIES else "/health", 60)
-        await alternate(args, upstream, targets, tally)
+        if args.idle_cores:
+            await alternate(args, upstream, targets, tally)
+        else:
+            with cores_awake():
+                await alternate(args, upstream, targets, tally)
         await saturate(args, targets, tally)
     finally:
         for process in (*reversed(targets.values()), upstream):
@@ -224,10 +241,12 @@ def figures(args: argparse.Namespace, tally: Tally) -> dict[str, Any]:
         out[f"{name}_cpu_ms"] = tally.cpu[name] / hits
         out[f"{name}_p50_ms"] = pct(tally.lat[name], 0.5) * 1000
         out[f"{name}_rps"] = tally.done[name] / args.seconds
+        out[f"{name}_busy_cpu_ms"] = ratio(tally.busy_cpu[name], tally.done[name])
     out["recount_cpu_ms"] = tally.cpu["recount"] / recounts
     out["raw_tokenizer_ms"] = tally.cpu["raw"] / recounts
     for mode, floor in FLOORS.items():
         out[f"{mode}_cpu"] = ratio(out[f"{mode}_cpu_ms"], out[f"{floor}_cpu_ms"])
+        out[f"{mode}_busy_cpu"] = ratio(out[f"{mode}_busy_cpu_ms"], out[f"{floor}_busy_cpu_ms"])
         out[f"{mode}_saturation"] = ratio(tally.done[mode], tally.done[floor])
         out[f"{mode}_p50"] = out[f"{mode}_p50_ms"] - out[f"{floor}_p50_ms"]
     out["recount"] = ratio(out["recount_cpu_ms"], out["raw_tokenizer_ms"])
@@ -245,8 +264,9 @@ def behind(goal: Goal, r: dict[str, Any]) -> str:
     if goal.mode is None:
         return f"{r['recount_cpu_ms']:.2f} vs {r['raw_tokenizer_ms']:.2f} CPU ms"
     mode, floor = goal.mode, FLOORS[goal.mode]
-    if goal.measure == "cpu":
-        return f"{r[f'{mode}_cpu_ms']:.2f} vs {r[f'{floor}_cpu_ms']:.2f} CPU ms/request"
+    if goal.measure in ("cpu", "busy_cpu"):
+        key = "cpu_ms" if goal.measure == "cpu" else "busy_cpu_ms"
+        return f"{r[f'{mode}_{key}']:.2f} vs {r[f'{floor}_{key}']:.2f} CPU ms/request"
     if goal.measure == "saturation":
         return f"{r[f'{mode}_rps']:.0f} vs {r[f'{floor}_rps']:.0f} requests/s"
     return f"p50 {r[f'{mode}_p50_ms']:.2f} vs {r[f'{floor}_p50_ms']:.2f} ms"
@@ -289,6 +309,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clients", type=int, default=16, help="saturation clients")
     parser.add_argument("--rounds", type=int, default=6, help="alternating blocks per target")
     parser.add_argument("--proxy-extra", default="", help="extra usage-proxy serve options")
+    parser.add_argument(
+        "--idle-cores",
+        action="store_true",
+        help="measure sequential requests with the cores free to idle (on a VM that halts "
+        "idle vCPUs each request then also pays for waking them)",
+    )
     parser.add_argument(
         "--event-loop",
         choices=EVENT_LOOPS,

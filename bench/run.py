@@ -217,6 +217,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hits", type=int, default=600, help="cost goals: cache-hit requests")
     parser.add_argument("--recounts", type=int, default=60, help="cost goals: new-text requests")
     parser.add_argument("--rounds", type=int, default=6, help="cost goals: alternating blocks")
+    parser.add_argument(
+        "--idle-cores",
+        action="store_true",
+        help="cost goals: sequential requests with the cores free to idle (bench/ratios.py)",
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         args.requests, args.seconds, args.clients, args.sse = 3, 0.3, 2, 2

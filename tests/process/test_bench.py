@@ -5,9 +5,11 @@ import one way."""
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -100,7 +102,7 @@ def test_performance_doc_keeps_its_prose_outside_the_block() -> None:
     block, _, tail = rest.partition(END)
     assert "## How the figures are taken" in head
     assert "## What each change bought" in tail
-    assert "## Cost goals (issue #14)" in block
+    assert "## Cost goals (issue #29)" in block
     assert splice(document, block) == document
 
 
@@ -124,3 +126,35 @@ def test_bench_modules_import_only_lower_layers() -> None:
     for name, path in modules.items():
         for other in bench_imports(path):
             assert LAYERS[other] < LAYERS[name], f"bench/{name}.py imports bench/{other}.py"
+
+
+def test_cores_awake_leaves_no_spinner_behind() -> None:
+    """The idle-class spinners that keep the cores awake for sequential measurements run in
+    the idle scheduling class, one per core, and are gone when the block ends, even when
+    it ends with an error."""
+    from bench.harness import cores_awake
+
+    seen: list[subprocess.Popen[bytes]] = []
+
+    def measure() -> None:
+        with cores_awake() as spinners:
+            seen.extend(spinners)
+            assert len(spinners) == (os.cpu_count() or 1)
+            for spinner in spinners:
+                assert eventually_idle_class(spinner.pid)
+            raise RuntimeError("the measurement failed")
+
+    with pytest.raises(RuntimeError, match="measurement failed"):
+        measure()
+    assert seen
+    assert all(spinner.poll() is not None for spinner in seen)
+
+
+def eventually_idle_class(pid: int) -> bool:
+    """Whether ``pid`` switches itself to SCHED_IDLE within a few seconds."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if os.sched_getscheduler(pid) == os.SCHED_IDLE:
+            return True
+        time.sleep(0.01)
+    return False
