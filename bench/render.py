@@ -101,9 +101,9 @@ def event_loops(r: Report) -> list[str]:
         "",
         "CPU time (whole process, /proc) per audited request, rerank 1x64 with cache hits, "
         "from the run above and its twin on the other loop; the proxies and their floors run "
-        "on the same loop in each run. Sequential requests pay for waking idle cores as well "
-        "(the same for every target); at saturation no core idles, and the CPU per request "
-        "is the work itself.",
+        "on the same loop in each run. Sequential requests run with every core kept out of "
+        "idle (waking a halted vCPU would cost each of them about 1 ms more, whatever the "
+        "target); at saturation no core idles, and the CPU per request is the work itself.",
         "",
         "| event loop | requests | relay | durable floor | proxy sync | proxy async | sync / "
         "durable floor | async / relay |",
