@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -219,11 +220,8 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     try:
         for name, target in targets.items():
             target.wait_ready("/readyz" if name in DURABILITIES else "/health", 60)
-        if args.idle_cores:
+        with nullcontext() if args.idle_cores else cores_awake():
             await alternate(args, upstream, targets, tally)
-        else:
-            with cores_awake():
-                await alternate(args, upstream, targets, tally)
         await saturate(args, targets, tally)
     finally:
         for process in (*reversed(targets.values()), upstream):
@@ -265,7 +263,7 @@ def behind(goal: Goal, r: dict[str, Any]) -> str:
         return f"{r['recount_cpu_ms']:.2f} vs {r['raw_tokenizer_ms']:.2f} CPU ms"
     mode, floor = goal.mode, FLOORS[goal.mode]
     if goal.measure in ("cpu", "busy_cpu"):
-        key = "cpu_ms" if goal.measure == "cpu" else "busy_cpu_ms"
+        key = f"{goal.measure}_ms"
         return f"{r[f'{mode}_{key}']:.2f} vs {r[f'{floor}_{key}']:.2f} CPU ms/request"
     if goal.measure == "saturation":
         return f"{r[f'{mode}_rps']:.0f} vs {r[f'{floor}_rps']:.0f} requests/s"
