@@ -9,13 +9,13 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from bench.ratios import GOALS
 from bench.render import END, START, splice
+from tests.support.waits import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 PERFORMANCE = ROOT / "docs" / "performance.md"
@@ -128,7 +128,7 @@ def test_bench_modules_import_only_lower_layers() -> None:
             assert LAYERS[other] < LAYERS[name], f"bench/{name}.py imports bench/{other}.py"
 
 
-def test_cores_awake_leaves_no_spinner_behind() -> None:
+async def test_cores_awake_leaves_no_spinner_behind() -> None:
     """The idle-class spinners that keep the cores awake for sequential measurements run in
     the idle scheduling class, one per core, and are gone when the block ends, even when
     it ends with an error."""
@@ -136,25 +136,19 @@ def test_cores_awake_leaves_no_spinner_behind() -> None:
 
     seen: list[subprocess.Popen[bytes]] = []
 
-    def measure() -> None:
+    async def measure() -> None:
         with cores_awake() as spinners:
             seen.extend(spinners)
             assert len(spinners) == (os.cpu_count() or 1)
             for spinner in spinners:
-                assert eventually_idle_class(spinner.pid)
+
+                async def idle_class(pid: int = spinner.pid) -> bool:
+                    return os.sched_getscheduler(pid) == os.SCHED_IDLE
+
+                await eventually(idle_class)
             raise RuntimeError("the measurement failed")
 
     with pytest.raises(RuntimeError, match="measurement failed"):
-        measure()
+        await measure()
     assert seen
     assert all(spinner.poll() is not None for spinner in seen)
-
-
-def eventually_idle_class(pid: int) -> bool:
-    """Whether ``pid`` switches itself to SCHED_IDLE within a few seconds."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if os.sched_getscheduler(pid) == os.SCHED_IDLE:
-            return True
-        time.sleep(0.01)
-    return False
