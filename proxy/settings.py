@@ -216,9 +216,9 @@ class Settings(BaseSettings):
     count_cache_size: int = Field(
         50_000,
         ge=0,
-        description="Cached per-text token counts (LRU; 0 disables). Texts up to 2,048 "
-        "characters are kept as their own keys (at most 32 MiB of them), longer ones as "
-        "a 16-byte digest.",
+        description="Cached per-text token counts (0 disables; the least recently used go "
+        "first, by generations). Texts up to 2,048 characters are kept as their own keys "
+        "(at most 32 MiB of them), longer ones as a 16-byte digest.",
     )
     event_loop: EventLoop = Field(
         EventLoop.UVLOOP,

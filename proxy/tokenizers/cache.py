@@ -1,13 +1,12 @@
-"""The count cache: a shared LRU of single-text token counts (``--count-cache-size``)."""
+"""The count cache: a shared, bounded cache of single-text token counts
+(``--count-cache-size``)."""
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import sys
 import threading
-from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 
@@ -28,56 +27,81 @@ EXACT_KEY_CHARS = 2048
 # Bytes of text the cache may hold as exact keys, on top of its entry limit.
 HELD_TEXT_BYTES = 32 * 1024 * 1024
 
-_Key = tuple[tuple[int, str], int | None, str | bytes]
+# Whose counts an entry is: the tokenizer and tenant (``Counts.cache_key``) and the limit
+# the text was counted under. Entries of one scope are keyed by the text (or its digest).
+_Scope = tuple[tuple[int, str], int | None]
+_Key = str | bytes
+_Generation = dict[_Scope, dict[_Key, int]]
 
 
 class CountCache:
-    """Shared LRU of single-text token counts, keyed by tokenizer, limit and text.
+    """Shared cache of single-text token counts, keyed by tokenizer, tenant, limit and text.
 
     Rerankers see the same documents again and again; a hit skips tokenization. Short
     texts are kept as their own keys and long ones as a 16-byte digest, so memory stays
-    bounded by ``size`` entries and ``HELD_TEXT_BYTES`` of text.
+    bounded by ``size`` entries and ``held_bytes`` of text.
+
+    Eviction is least-recently-used by generations: entries are added to the young
+    generation; when it holds half the entries or half the bytes allowed, it becomes the
+    old generation and the old one is dropped. A hit in the young generation is one dict
+    lookup, with nothing reordered (an ordered LRU moved every hit to its end: per request,
+    that cost more than the lookups); a hit in the old one moves the entry to the young
+    one. So an entry is kept while it is used at least once per half-cache of new entries.
     """
 
     def __init__(self, size: int, held_bytes: int = HELD_TEXT_BYTES) -> None:
-        self._size = size
-        self._held_limit = held_bytes
-        self._data: OrderedDict[_Key, int] = OrderedDict()
-        self._held = 0
+        self._half = max(1, size // 2)
+        self._half_held = held_bytes // 2
+        self._young: _Generation = {}
+        self._old: _Generation = {}
+        self._young_count = self._young_held = 0
+        self._old_count = self._old_held = 0
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
     @staticmethod
-    def _keys(tok: Counts, texts: Sequence[str], max_length: int | None) -> list[_Key]:
+    def _keys(texts: Sequence[str]) -> Sequence[_Key]:
         if max(map(len, texts), default=0) <= EXACT_KEY_CHARS:  # the common case
-            return list(zip(itertools.repeat(tok.cache_key), itertools.repeat(max_length), texts))
+            return texts
         return [
-            (tok.cache_key, max_length, t)
-            if len(t) <= EXACT_KEY_CHARS
-            else (tok.cache_key, max_length, hashlib.blake2b(t.encode(), digest_size=16).digest())
+            t if len(t) <= EXACT_KEY_CHARS else hashlib.blake2b(t.encode(), digest_size=16).digest()
             for t in texts
         ]
 
     def cached(self, tok: Counts, texts: Sequence[str], max_length: int | None) -> list[int] | None:
         """Every text's count if the cache holds them all, else None (nothing counted)."""
-        keys = self._keys(tok, texts, max_length)
+        scope, keys = (tok.cache_key, max_length), self._keys(texts)
         with self._lock:
-            found = list(map(self._data.get, keys))
-            if None in found:
+            found = list(map(self._young.get(scope, {}).get, keys))
+            if None in found and not self._promote(scope, keys, found):
                 return None
-            deque(map(self._data.move_to_end, keys), maxlen=0)  # most recently used
             self.hits += len(keys)
         return found  # type: ignore[return-value]
 
+    def _promote(self, scope: _Scope, keys: Sequence[_Key], found: list[int | None]) -> bool:
+        """Fill ``found``'s gaps from the old generation, moving those entries to the young
+        one (lock held); False, with nothing moved, when one is in neither."""
+        old = self._old.get(scope, {})
+        gaps = [i for i, count in enumerate(found) if count is None]
+        if any(keys[i] not in old for i in gaps):
+            return False
+        for i in gaps:
+            found[i] = old[keys[i]]
+            self._store(scope, keys[i], old[keys[i]])
+        return True
+
     def lengths(self, tok: Counts, texts: Sequence[str], max_length: int | None) -> list[int]:
-        keys = self._keys(tok, texts, max_length)
+        scope, keys = (tok.cache_key, max_length), self._keys(texts)
         found: dict[int, int] = {}
         with self._lock:
+            young, old = self._young.get(scope, {}), self._old.get(scope, {})
             for i, key in enumerate(keys):
-                value = self._data.get(key)
+                value = young.get(key)
+                if value is None and key in old:
+                    value = old[key]
+                    self._store(scope, key, value)
                 if value is not None:
-                    self._data.move_to_end(key)
                     found[i] = value
         missing = [i for i in range(len(texts)) if i not in found]
         counted = tok.encode_lengths([texts[i] for i in missing], max_length=max_length)
@@ -86,23 +110,46 @@ class CountCache:
             self.misses += len(missing)
             for i, n in zip(missing, counted, strict=True):
                 found[i] = n
-                self._store(keys[i], n)
+                self._store(scope, keys[i], n)
         return [found[i] for i in range(len(texts))]
 
-    def _store(self, key: _Key, count: int) -> None:
-        """Insert (lock held), then evict the least recently used past either limit."""
-        if key not in self._data:
-            self._held += _held(key)
-        self._data[key] = count
-        while len(self._data) > self._size or self._held > self._held_limit:
-            old, _ = self._data.popitem(last=False)
-            self._held -= _held(old)
+    def _store(self, scope: _Scope, key: _Key, count: int) -> None:
+        """Put an entry in the young generation (lock held), out of the old one; first,
+        when the young generation is full, it becomes the old one (the old is dropped)."""
+        size = _held(key)
+        old = self._old.get(scope)
+        if old is not None and old.pop(key, None) is not None:
+            self._old_count -= 1
+            self._old_held -= size
+        young = self._young.get(scope)
+        if young is not None and key in young:
+            young[key] = count
+            return
+        if self._young_count >= self._half or self._young_held + size > self._half_held:
+            self._young, self._old = {}, self._young
+            self._old_count, self._old_held = self._young_count, self._young_held
+            self._young_count = self._young_held = 0
+        self._young.setdefault(scope, {})[key] = count
+        self._young_count += 1
+        self._young_held += size
 
     @property
     def held_bytes(self) -> int:
-        return self._held
+        """Bytes of text held as exact keys."""
+        return self._young_held + self._old_held
+
+    def __len__(self) -> int:
+        return self._young_count + self._old_count
+
+    def held(self) -> Iterator[_Key]:
+        """Every text (or digest) held, young generation first (for tests and reports)."""
+        with self._lock:
+            generations = [self._young, self._old]
+            held = [
+                key for generation in generations for part in generation.values() for key in part
+            ]
+        return iter(held)
 
 
 def _held(key: _Key) -> int:
-    text = key[2]
-    return sys.getsizeof(text) if isinstance(text, str) else 0
+    return sys.getsizeof(key) if isinstance(key, str) else 0

@@ -23,12 +23,32 @@ def test_cache_returns_what_the_tokenizer_counts(minilm_path: Path) -> None:
 
 
 def test_cache_is_bounded(minilm: HFTokenizer) -> None:
-    """The LRU never holds more than its size."""
-    cache = CountCache(3)
+    """The cache never holds more than its size, and keeps the newest entries."""
+    cache = CountCache(4)
     twin = minilm.copy()
     twin.cache = cache
-    twin.lengths([f"text {i}" for i in range(10)], max_length=None)
-    assert len(cache._data) == 3
+    texts = [f"text {i}" for i in range(10)]
+    for text in texts:
+        twin.lengths([text], max_length=None)
+        assert len(cache) <= 4
+    assert len(cache) == 4
+    assert set(cache.held()) == set(texts[-4:])
+
+
+def test_an_entry_in_use_outlives_many_new_ones(minilm: HFTokenizer) -> None:
+    """Least recently used goes first: a text hit at least once per half-cache of new
+    entries is never evicted, however many pass; one not used for a whole cache is."""
+    cache = CountCache(10)
+    twin = minilm.copy()
+    twin.cache = cache
+    twin.lengths(["kept", "dropped"], max_length=None)
+    for i in range(100):
+        twin.lengths([f"new {i}"], max_length=None)
+        if i % 5 == 4:
+            assert cache.cached(twin, ["kept"], None) == minilm.lengths(["kept"], max_length=None)
+    assert "kept" in set(cache.held())
+    assert cache.cached(twin, ["dropped"], None) is None
+    assert len(cache) <= 10
 
 
 def test_cache_holds_short_texts_exactly_and_bounds_their_bytes(minilm: HFTokenizer) -> None:
@@ -47,9 +67,7 @@ def test_cache_holds_short_texts_exactly_and_bounds_their_bytes(minilm: HFTokeni
         [*short, long], max_length=None
     )
     assert 0 < cache.held_bytes <= 3000
-    assert cache.held_bytes == sum(
-        sys.getsizeof(k[2]) for k in cache._data if isinstance(k[2], str)
-    )
-    assert any(isinstance(k[2], bytes) for k in cache._data)  # the long text: a digest
+    assert cache.held_bytes == sum(sys.getsizeof(k) for k in cache.held() if isinstance(k, str))
+    assert any(isinstance(k, bytes) for k in cache.held())  # the long text: a digest
     assert cache.cached(twin, [long], None) == minilm.lengths([long], max_length=None)
     assert cache.cached(twin, [short[0]], None) is None  # evicted first (least recent)
