@@ -50,8 +50,8 @@ class CountCache:
     """
 
     def __init__(self, size: int, held_bytes: int = HELD_TEXT_BYTES) -> None:
-        self._half = max(1, size // 2)
-        self._half_held = held_bytes // 2
+        self._size, self._held_limit = size, held_bytes
+        self._half, self._half_held = max(1, size // 2), held_bytes // 2
         self._young: _Generation = {}
         self._old: _Generation = {}
         self._young_count = self._young_held = 0
@@ -132,6 +132,10 @@ class CountCache:
         self._young.setdefault(scope, {})[key] = count
         self._young_count += 1
         self._young_held += size
+        if len(self) > self._size or self.held_bytes > self._held_limit:
+            # Halves round down: a cache of one entry, or an entry above half the bytes,
+            # does not fit beside a full old generation.
+            self._old, self._old_count, self._old_held = {}, 0, 0
 
     @property
     def held_bytes(self) -> int:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
 from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from proxy.tokenizers.cache import CountCache
 from proxy.tokenizers.hf import HFTokenizer, load_tokenizer
@@ -22,17 +28,30 @@ def test_cache_returns_what_the_tokenizer_counts(minilm_path: Path) -> None:
     assert cached.cache.hits == 4
 
 
-def test_cache_is_bounded(minilm: HFTokenizer) -> None:
+@pytest.mark.parametrize("size", [1, 3, 4])
+def test_cache_is_bounded(minilm: HFTokenizer, size: int) -> None:
     """The cache never holds more than its size, and keeps the newest entries."""
-    cache = CountCache(4)
+    cache = CountCache(size)
     twin = minilm.copy()
     twin.cache = cache
     texts = [f"text {i}" for i in range(10)]
     for text in texts:
         twin.lengths([text], max_length=None)
-        assert len(cache) <= 4
-    assert len(cache) == 4
-    assert set(cache.held()) == set(texts[-4:])
+        assert len(cache) <= size
+    assert texts[-1] in set(cache.held())
+    if size % 2 == 0:  # two full generations
+        assert set(cache.held()) == set(texts[-size:])
+
+
+def test_cache_bytes_are_bounded_whatever_the_entry(minilm: HFTokenizer) -> None:
+    """Texts larger than half the byte bound each still fit under the whole of it."""
+    text_bytes = sys.getsizeof("x" * 1000)
+    cache = CountCache(100, held_bytes=text_bytes + text_bytes // 2)
+    twin = minilm.copy()
+    twin.cache = cache
+    for i in range(5):
+        twin.lengths([str(i) * 1000], max_length=None)
+        assert 0 < cache.held_bytes <= text_bytes + text_bytes // 2
 
 
 def test_an_entry_in_use_outlives_many_new_ones(minilm: HFTokenizer) -> None:
@@ -54,8 +73,6 @@ def test_an_entry_in_use_outlives_many_new_ones(minilm: HFTokenizer) -> None:
 def test_cache_holds_short_texts_exactly_and_bounds_their_bytes(minilm: HFTokenizer) -> None:
     """Short texts are their own keys (held in the cache, bounded in bytes); long ones
     are held as digests; either way counts equal the tokenizer's."""
-    import sys
-
     from proxy.tokenizers.cache import EXACT_KEY_CHARS
 
     cache = CountCache(1000, held_bytes=3000)
@@ -71,3 +88,50 @@ def test_cache_holds_short_texts_exactly_and_bounds_their_bytes(minilm: HFTokeni
     assert any(isinstance(k, bytes) for k in cache.held())  # the long text: a digest
     assert cache.cached(twin, [long], None) == minilm.lengths([long], max_length=None)
     assert cache.cached(twin, [short[0]], None) is None  # evicted first (least recent)
+
+
+class _Counting:
+    """A tokenizer whose count of a text is known in advance (scope-dependent, so an
+    entry read under the wrong tokenizer, tenant or limit would show)."""
+
+    def __init__(self, key: int, tenant: str) -> None:
+        self.cache_key = (key, tenant)
+
+    def encode_lengths(self, texts: Sequence[str], *, max_length: int | None) -> list[int]:
+        return [_truth(self, t, max_length) for t in texts]
+
+
+def _truth(tok: _Counting, text: str, max_length: int | None) -> int:
+    return len(text) * 7 + tok.cache_key[0] * 3 + len(tok.cache_key[1]) + (max_length or 0)
+
+
+_TOKENIZERS = [_Counting(0, ""), _Counting(0, "bob"), _Counting(1, "")]
+
+
+@given(
+    size=st.integers(1, 12),
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(_TOKENIZERS),
+            st.sampled_from([None, 5]),
+            st.lists(st.sampled_from(["a", "bb", "ccc", "dddd", "x" * 3000, "é"]), max_size=4),
+            st.booleans(),
+        ),
+        max_size=40,
+    ),
+)
+def test_every_count_is_the_tokenizers_own_whatever_the_order(
+    size: int, steps: list[tuple[_Counting, int | None, list[str], bool]]
+) -> None:
+    """Any interleaving of lookups and counts, across tokenizers, tenants and limits:
+    every count returned is what that tokenizer counts under that limit, and the cache
+    stays within its entries and bytes."""
+    cache = CountCache(size, held_bytes=400)
+    for tok, limit, texts, counting in steps:
+        truth = [_truth(tok, t, limit) for t in texts]
+        if counting:
+            assert cache.lengths(tok, texts, limit) == truth
+        else:
+            assert cache.cached(tok, texts, limit) in (None, truth)
+        assert len(cache) <= size
+        assert cache.held_bytes <= 400
