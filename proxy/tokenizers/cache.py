@@ -74,33 +74,32 @@ class CountCache:
         scope, keys = (tok.cache_key, max_length), self._keys(texts)
         with self._lock:
             found = list(map(self._young.get(scope, {}).get, keys))
-            if None in found and not self._promote(scope, keys, found):
-                return None
+            if None in found:  # some only in the old generation, or in neither
+                found = [
+                    self._lookup(scope, k) if c is None else c
+                    for c, k in zip(found, keys, strict=True)
+                ]
+                if None in found:
+                    return None
             self.hits += len(keys)
         return found  # type: ignore[return-value]
 
-    def _promote(self, scope: _Scope, keys: Sequence[_Key], found: list[int | None]) -> bool:
-        """Fill ``found``'s gaps from the old generation, moving those entries to the young
-        one (lock held); False, with nothing moved, when one is in neither."""
-        old = self._old.get(scope, {})
-        gaps = [i for i, count in enumerate(found) if count is None]
-        if any(keys[i] not in old for i in gaps):
-            return False
-        for i in gaps:
-            found[i] = old[keys[i]]
-            self._store(scope, keys[i], old[keys[i]])
-        return True
+    def _lookup(self, scope: _Scope, key: _Key) -> int | None:
+        """A count from either generation as they are now (lock held); one found in the
+        old generation moves to the young one."""
+        value = self._young.get(scope, {}).get(key)
+        if value is None:
+            value = self._old.get(scope, {}).get(key)
+            if value is not None:
+                self._store(scope, key, value)
+        return value
 
     def lengths(self, tok: Counts, texts: Sequence[str], max_length: int | None) -> list[int]:
         scope, keys = (tok.cache_key, max_length), self._keys(texts)
         found: dict[int, int] = {}
         with self._lock:
-            young, old = self._young.get(scope, {}), self._old.get(scope, {})
             for i, key in enumerate(keys):
-                value = young.get(key)
-                if value is None and key in old:
-                    value = old[key]
-                    self._store(scope, key, value)
+                value = self._lookup(scope, key)
                 if value is not None:
                     found[i] = value
         missing = [i for i in range(len(texts)) if i not in found]
@@ -132,10 +131,15 @@ class CountCache:
         self._young.setdefault(scope, {})[key] = count
         self._young_count += 1
         self._young_held += size
-        if len(self) > self._size or self.held_bytes > self._held_limit:
+        if self._over():
             # Halves round down: a cache of one entry, or an entry above half the bytes,
-            # does not fit beside a full old generation.
+            # does not fit beside a full old generation; one above the whole, not at all.
             self._old, self._old_count, self._old_held = {}, 0, 0
+            if self._over():
+                self._young, self._young_count, self._young_held = {}, 0, 0
+
+    def _over(self) -> bool:
+        return len(self) > self._size or self.held_bytes > self._held_limit
 
     @property
     def held_bytes(self) -> int:
@@ -156,4 +160,13 @@ class CountCache:
 
 
 def _held(key: _Key) -> int:
-    return sys.getsizeof(key) if isinstance(key, str) else 0
+    """The memory a text held as its own key may take, the same for every equal text: an
+    ASCII str's size is fixed; any other's may grow by the UTF-8 copy the tokenizer makes
+    of it, so it is taken at its widest: four bytes a character and a terminator, and a
+    UTF-8 copy of up to four bytes a character and a terminator."""
+    if not isinstance(key, str):
+        return 0
+    return sys.getsizeof(key) if key.isascii() else _STR_HEADER + 8 * len(key) + 5
+
+
+_STR_HEADER = sys.getsizeof("\U0001f600") - 8  # a str object less its characters

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -135,3 +136,57 @@ def test_every_count_is_the_tokenizers_own_whatever_the_order(
             assert cache.cached(tok, texts, limit) in (None, truth)
         assert len(cache) <= size
         assert cache.held_bytes <= 400
+
+
+def test_a_text_twice_in_the_old_generation_is_found_both_times(minilm: HFTokenizer) -> None:
+    """A request naming one document twice, both only in the old generation: the first
+    moves it to the young one, and the second finds it there (review: KeyError, so every
+    such request went to the tokenizer pool)."""
+    cache = CountCache(4)
+    twin = minilm.copy()
+    twin.cache = cache
+    for text in ("a", "b", "c"):  # the young generation holds two: a and b become old
+        twin.lengths([text], max_length=None)
+    expected = minilm.lengths(["a", "a"], max_length=None)
+    assert cache.cached(twin, ["a", "a"], None) == expected
+    assert len(cache) == 3
+
+
+def test_held_bytes_never_undercount_what_the_keys_take() -> None:
+    """A non-ASCII str grows when the tokenizer reads it (PyO3 keeps a UTF-8 copy in the
+    object), so equal texts can differ in size: the byte count covers the keys as they
+    are, whichever equal str moved an entry between generations (review: the count
+    drifted below what was held, even below 0)."""
+    tok = _Utf8Reading()
+    cache = CountCache(4)  # two entries a generation
+    text = "é" * 500
+    cache.lengths(tok, [_fresh(text)], None)
+    cache.lengths(tok, ["p"], None)
+    cache.lengths(tok, ["r"], None)  # the first text is in the old generation
+    cache.cached(tok, [_fresh(text)], None)  # moved to the young one as a small str
+    cache.lengths(tok, ["s"], None)  # that generation is the old one now
+    read = _fresh(text)
+    tok.encode_lengths([read], max_length=7)  # read by the tokenizer before: large
+    cache.lengths(tok, [read], None)  # found in the old generation, moved with it
+    held = [k for k in cache.held() if isinstance(k, str)]
+    assert sum(sys.getsizeof(k) for k in held) <= cache.held_bytes
+
+
+_AS_UTF8 = ctypes.pythonapi.PyUnicode_AsUTF8AndSize
+_AS_UTF8.restype, _AS_UTF8.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_void_p]
+
+
+class _Utf8Reading:
+    """Counts as the tokenizers library reads a str: through its UTF-8 form."""
+
+    cache_key = (0, "")
+
+    def encode_lengths(self, texts: Sequence[str], *, max_length: int | None) -> list[int]:
+        for text in texts:
+            _AS_UTF8(text, None)
+        return [len(text) for text in texts]
+
+
+def _fresh(text: str) -> str:
+    """An equal str that no one has read yet, as each request parses anew."""
+    return text.encode().decode()
