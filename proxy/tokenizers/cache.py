@@ -150,7 +150,7 @@ class CountCache:
         return self._young_count + self._old_count
 
     def held(self) -> Iterator[_Key]:
-        """Every text (or digest) held, young generation first (for tests and reports)."""
+        """Every text (or digest) held, young generation first (what the tests inspect)."""
         with self._lock:
             generations = [self._young, self._old]
             held = [

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,8 +19,7 @@ from proxy.wire.jsonio import top_members
 # every sink column (bigint) holds it. Larger or non-integer usage is `invalid`.
 MAX_TOKENS = 2**53 - 1
 
-# One JSON value at an index: (value, end); the scanner ``JSONDecoder.raw_decode`` calls.
-_SCAN: Callable[[str, int], tuple[Any, int]] = vars(json.JSONDecoder())["scan_once"]
+_DECODER = json.JSONDecoder()
 _WS = " \t\n\r"
 
 
@@ -29,15 +27,6 @@ _WS = " \t\n\r"
 class Span:
     start: int
     end: int
-
-
-def _value(text: str, i: int) -> tuple[Any, int]:
-    """The JSON value starting at ``i`` and where it ends (``raw_decode`` without its
-    Python wrapper: this runs for every member scanned)."""
-    try:
-        return _SCAN(text, i)
-    except StopIteration as exc:
-        raise ValueError(f"expected a JSON value at {exc.value}") from None
 
 
 def _skip_ws(text: str, i: int) -> int:
@@ -68,14 +57,14 @@ def object_spans(
     if i < len(text) and text[i] == "}":
         return spans, i + 1
     while True:
-        key, i = _value(text, i)
+        key, i = _DECODER.raw_decode(text, i)
         if not isinstance(key, str):
             raise ValueError("object key is not a string")
         i = _skip_ws(text, i)
         if i >= len(text) or text[i] != ":":
             raise ValueError("expected ':'")
         value_start = _skip_ws(text, i + 1)
-        _, value_end = _value(text, value_start)
+        _, value_end = _DECODER.raw_decode(text, value_start)
         if key in spans:
             raise DuplicateKey(f"member {key!r} appears twice")
         spans[key] = Span(value_start, value_end)
