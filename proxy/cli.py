@@ -30,6 +30,8 @@ from proxy.ledger.report import FORMATS, GROUPS, aggregate
 from proxy.ledger.sinks.postgres import read_ledger
 from proxy.settings import (
     ENV_PREFIX,
+    FILE_ONLY,
+    CacheSalting,
     EventLoop,
     Mode,
     Settings,
@@ -39,10 +41,14 @@ from proxy.settings import (
 )
 
 # Flags whose values argparse checks (and --help lists).
-_CHOICES = {"mode": [m.value for m in Mode], "event_loop": [e.value for e in EventLoop]}
+_CHOICES = {
+    "mode": [m.value for m in Mode],
+    "event_loop": [e.value for e in EventLoop],
+    "cache_salt": [c.value for c in CacheSalting],
+}
 
 # Not flags: structured (models) or secret (headers: argv is visible to every local user).
-_FILE_ONLY = {"models", "cloudevents_headers"}
+_FILE_ONLY = FILE_ONLY
 
 
 def _flag_help(name: str) -> str:

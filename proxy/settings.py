@@ -28,13 +28,17 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from proxy.accounting.dispatch import UNMETERED_FEATURES
 from proxy.accounting.types import Family
 
 ENV_PREFIX = "USAGE_PROXY_"
 
 
 # Request features vLLM serves without a usage the proxy can bill.
-UNMETERED_FEATURES = frozenset({"responses.background", "embeddings.bytes_only"})
+
+
+# Settings never taken from a flag (structured, or secret: argv is visible to every user)
+FILE_ONLY = frozenset({"models", "cloudevents_headers", "cache_salt_secret"})
 
 
 def _items(value: str) -> list[str]:
@@ -45,6 +49,11 @@ class Mode(enum.StrEnum):
     REWRITE = "rewrite"
     ANNOTATE = "annotate"
     SHADOW = "shadow"
+
+
+class CacheSalting(enum.StrEnum):
+    TENANT = "tenant"
+    OFF = "off"
 
 
 class Durability(enum.StrEnum):
@@ -321,9 +330,23 @@ class Settings(BaseSettings):
         description="Comma-separated routes or request features to relay although nothing "
         "bills them (by default they are refused in vLLM's error shape): paths, e.g. "
         "/v1/load_lora_adapter or /v1/audio/transcriptions (a final * matches any path "
-        "under it, including ones vLLM adds later), and the features responses.background "
-        "and embeddings.bytes_only. Each such request is logged (unmetered_relayed) and "
+        "under it, including ones vLLM adds later), and the features "
+        + ", ".join(sorted(UNMETERED_FEATURES))
+        + ". Each such request is logged (unmetered_relayed) and "
         "counted (usage_proxy_unmetered_requests_total).",
+    )
+    cache_salt: CacheSalting = Field(
+        CacheSalting.TENANT,
+        description="tenant: every generation request gets a cache_salt derived from its "
+        "tenant (and any salt the client sent), so vLLM's prefix cache is never shared across "
+        "tenants and no tenant learns from cached_tokens what another sent; off: tenants "
+        "share the prefix cache (a single-tenant deployment).",
+    )
+    cache_salt_secret: str | None = Field(
+        None,
+        description="Key of the tenants' cache salts (env/file only). Unset: a random key per "
+        "process (the prefix cache is not shared across restarts or replicas); set the same "
+        "key on every replica in front of one vLLM.",
     )
     models: dict[str, ModelOverride] = Field(
         default_factory=dict,
@@ -445,11 +468,7 @@ def reference_table() -> str:
     """The configuration reference as a markdown table (README section; a test checks it)."""
     rows = ["| option | environment | default | meaning |", "|---|---|---|---|"]
     for name, field in Settings.model_fields.items():
-        flag = (
-            "env/file only"
-            if name in ("models", "cloudevents_headers")
-            else ("`--" + name.replace("_", "-") + "`")
-        )
+        flag = "env/file only" if name in FILE_ONLY else ("`--" + name.replace("_", "-") + "`")
         default = display_default(name)
         if default not in ("required", "unset", "host name"):
             default = f"`{default}`"

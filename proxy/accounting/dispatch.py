@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
-from proxy.accounting.routes import STREAMING_OPERATIONS, operation_of
+from proxy.accounting.routes import CHOICES_OPERATIONS, STREAMING_OPERATIONS, operation_of
 from proxy.accounting.shapes import ambiguity, parse_rerank, parse_score
-from proxy.accounting.types import Family
+from proxy.accounting.types import Family, Release
 from proxy.wire.jsonio import load_object, top_members
 
 _LAX_BOOL: TypeAdapter[bool] = TypeAdapter(bool)
+_LAX_INT: TypeAdapter[int] = TypeAdapter(int)
 
 # The pooling task vLLM picks for each scoring family (model_config.get_pooling_task).
 _POOLING_TASK = {
@@ -45,6 +46,24 @@ class Prepared:
     unbillable: str | None = None
     # Why the proxy cannot know how vLLM reads the body (``shapes.ambiguity``): refused.
     ambiguous: str | None = None
+    # Why the proxy refuses the request outright (400, nothing forwarded): a field it
+    # cannot let through, named by ``param``.
+    refusal: Refusal | None = None
+    # How many times the engine reads the prompt (``n`` choices each read it once; the
+    # usage reports it once): what the reconciler expects of the engine's counter.
+    copies: int = 1
+    # Cross-request state the body names: the Responses API's ``previous_response_id``,
+    # and the client's own ``cache_salt`` (combined with the tenant's, never replaced by it).
+    previous_response_id: str | None = None
+    cache_salt: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A request the proxy answers 400 without forwarding it."""
+
+    message: str
+    param: str
 
 
 def lax_bool(value: Any) -> bool:
@@ -73,7 +92,8 @@ def invocation_operation(payload: Any, task: str | None) -> str:
     chat_like = "messages" in payload
     if task in ("generate", None) and chat_like:
         return "chat"
-    if task in ("generate", None) and "prompt" in payload:
+    if task in ("generate", None) and ("prompt" in payload or "prompt_embeds" in payload):
+        # a completion from prompt embeddings alone (``--enable-prompt-embeds``) is one too
         return "completions"
     if task in ("embed", None) and ("input" in payload or chat_like):
         return "embeddings"
@@ -97,6 +117,15 @@ class _Head(BaseModel):
     stream_options: Any = None
     encoding_format: Any = None
     background: Any = None
+    use_beam_search: Any = None
+    n: Any = None
+    sampling_params: Any = None
+    request_id: Any = None
+    previous_response_id: Any = None
+    cache_salt: Any = None
+    # Echoed into the answer (``ECHOED``): only their size is read
+    metadata: Any = None
+    user: Any = None
 
 
 def unbillable_feature(operation: str, payload: dict[str, Any], direct: bool) -> str | None:
@@ -109,7 +138,101 @@ def unbillable_feature(operation: str, payload: dict[str, Any], direct: bool) ->
         return "embeddings.bytes_only"
     if operation == "responses" and lax_bool(payload.get("background")):
         return "responses.background"
+    if operation in BEAM_OPERATIONS and lax_bool(payload.get("use_beam_search")):
+        # vLLM runs one engine request per beam per generated token, each re-reading the
+        # prompt and the tokens so far (``beam_search``); the usage reports the prompt once
+        return f"{operation}.beam_search"
     return None
+
+
+# The operations whose request model has ``use_beam_search`` (completions, chat).
+BEAM_OPERATIONS = frozenset({"completions", "chat"})
+# What ``--allow-unmetered`` may name besides paths: the features above.
+UNMETERED_FEATURES = frozenset(
+    {
+        "responses.background",
+        "embeddings.bytes_only",
+        *(f"{operation}.beam_search" for operation in BEAM_OPERATIONS),
+    }
+)
+# The first release whose request model of each generating operation takes ``cache_salt``
+# (read from each release's protocol; 0.9-0.10 take it on chat, completions and Responses
+# but refuse it on the V0 engine, so the proxy salts from 0.11, which has only V1).
+CACHE_SALT_FROM: dict[str, tuple[int, int]] = {
+    "chat": (0, 11),
+    "completions": (0, 11),
+    "responses": (0, 11),
+    "generate": (0, 26),
+    "messages": (0, 29),
+    "decisions": (0, 32),
+}
+# Request fields vLLM copies into its answer, or into every event of a stream, that no
+# engine limit bounds (``request_id`` into each chunk's ``id``, the Responses API's
+# ``metadata`` and ``user`` into its events): their size together, as JSON. Above it the
+# request is refused before it is forwarded, so the event that carries a stream's usage
+# stays within the scanner's bound (``proxy.wire.sse.MAX_EVENT_BYTES``) and is read.
+ECHOED = ("request_id", "metadata", "user")
+ECHO_MAX_BYTES = 64 * 1024
+
+
+def echo_refusal(payload: dict[str, Any]) -> Refusal | None:
+    """The refusal of a body whose echoed fields together exceed ``ECHO_MAX_BYTES``."""
+    sizes = {name: _json_size(payload[name]) for name in ECHOED if payload.get(name) is not None}
+    if sum(sizes.values()) <= ECHO_MAX_BYTES:
+        return None
+    largest = max(sizes, key=sizes.__getitem__)
+    return Refusal(
+        f"{', '.join(sorted(sizes))}: {sum(sizes.values())} bytes that vLLM copies into its "
+        f"answer; the proxy accepts at most {ECHO_MAX_BYTES} bytes of such fields",
+        largest,
+    )
+
+
+def _json_size(value: Any) -> int:
+    if isinstance(value, str) and value.isascii():
+        return len(value) + 2
+    return len(json.dumps(value, default=str).encode())
+
+
+def copies(operation: str, payload: dict[str, Any]) -> int:
+    """How many times the engine reads the prompt: ``n`` (``sampling_params.n`` on
+    generate) for the operations with choices; 1 where it is absent or invalid (vLLM
+    answers an invalid one 400, and nothing is billed)."""
+    if operation not in CHOICES_OPERATIONS:
+        return 1
+    params = payload.get("sampling_params")
+    n = (
+        params.get("n")
+        if operation == "generate" and isinstance(params, dict)
+        else payload.get("n")
+    )
+    try:
+        return max(_LAX_INT.validate_python(n), 1) if n is not None else 1
+    except ValidationError:
+        return 1
+
+
+def responses_refusal(payload: dict[str, Any]) -> Refusal | None:
+    """A Responses request that chooses its own ``request_id``: vLLM stores the response
+    under it (``response_store[request.request_id]``), so a chosen id could overwrite
+    another tenant's stored response; the proxy mints every response id instead."""
+    if payload.get("request_id") is None:
+        return None
+    return Refusal(
+        "request_id: the proxy mints the id of every stored response, so that no tenant "
+        "can name (and overwrite) another's; send the request without it",
+        "request_id",
+    )
+
+
+def takes_cache_salt(operation: str, release: Release) -> bool:
+    """Whether ``release``'s request model of ``operation`` takes a ``cache_salt``."""
+    first = CACHE_SALT_FROM.get(operation)
+    return first is not None and release.since(first)
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def prepare(
@@ -140,15 +263,28 @@ def prepare(
     unbillable = unbillable_feature(operation, payload, direct is not None)
     if unbillable is not None:
         return Prepared(body, operation, model, unbillable=unbillable)
+    refusal = echo_refusal(payload)
+    if refusal is None and operation == "responses":
+        refusal = responses_refusal(payload)
+    if refusal is not None:
+        return Prepared(body, operation, model, refusal=refusal)
+    prepared = Prepared(
+        body,
+        operation,
+        model,
+        copies=copies(operation, payload),
+        previous_response_id=_text(payload.get("previous_response_id")),
+        cache_salt=_text(payload.get("cache_salt")),
+    )
     if operation not in STREAMING_OPERATIONS or not lax_bool(payload.get("stream")):
-        return Prepared(body, operation, model)
+        return prepared
     options = payload.get("stream_options")
     if isinstance(options, dict) and lax_bool(options.get("include_usage")):
-        return Prepared(body, operation, model, streamed=True)
+        return replace(prepared, streamed=True)
     options = dict(options) if isinstance(options, dict) else {}
     options["include_usage"] = True
     whole = load_object(body) if direct else as_sent
     if whole is None:  # cannot happen: its members were read, so it is an object
-        return Prepared(body, operation, model)
+        return prepared
     sent = json.dumps({**whole, "stream_options": options}).encode()
-    return Prepared(sent, operation, model, streamed=True, strip_usage=True)
+    return replace(prepared, body=sent, streamed=True, strip_usage=True)

@@ -150,6 +150,8 @@ _TEMPLATED = tuple((_pattern(r.path), r) for r in ROUTES if r.path not in BY_PAT
 
 SCORING_OPERATIONS = frozenset({"score", "rerank"})
 STREAMING_OPERATIONS = frozenset({"chat", "completions", "generate"})
+# The operations whose requests ask for ``n`` choices, each a read of the prompt.
+CHOICES_OPERATIONS = frozenset({"chat", "completions", "generate"})
 KEYLESS_PATHS = frozenset(r.path for r in ROUTES if r.keyless)
 INVOCATIONS_PATH = "/invocations"
 

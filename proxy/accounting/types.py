@@ -136,6 +136,10 @@ class Release:
         parsed = self._parsed
         return parsed is None or parsed >= series
 
+    def since(self, series: tuple[int, int]) -> bool:
+        """The release is of ``series`` (major, minor) or later (or unknown: the newest)."""
+        return self._from(series)
+
     @property
     def proven(self) -> bool | None:
         """In a minor series ``make compat`` runs on a real engine (``PROVEN_SERIES``);

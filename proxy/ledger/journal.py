@@ -359,6 +359,30 @@ class Journal:
         row = self._db.execute("SELECT count(*) FROM records WHERE seq > ?", (cursor,))
         return int(row.fetchone()[0])
 
+    async def claim_response(self, response_id: str, tenant: str) -> None:
+        """Remember, durably, that ``tenant`` made the stored response ``response_id`` (the
+        first claim stands: an id is never handed to a second tenant)."""
+        await self._run(self._claim_response, response_id, tenant)
+
+    def _claim_response(self, response_id: str, tenant: str) -> None:
+        assert self._db is not None
+        self._db.execute(
+            "INSERT OR IGNORE INTO response_owners (response_id, tenant, at) "
+            "VALUES (?, ?, datetime('now'))",
+            (response_id, tenant),
+        )
+
+    async def response_owner(self, response_id: str) -> str | None:
+        """The tenant that made the stored response ``response_id`` (None: none known)."""
+        return await self._run(self._response_owner, response_id)
+
+    def _response_owner(self, response_id: str) -> str | None:
+        assert self._db is not None
+        row = self._db.execute(
+            "SELECT tenant FROM response_owners WHERE response_id = ?", (response_id,)
+        ).fetchone()
+        return None if row is None else str(row[0])
+
     async def close(self) -> None:
         """Commit what is pending, then close the database (appends fail from now)."""
         self._accepting = False

@@ -49,6 +49,11 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     requeued INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (sink, record_id)
 );
+CREATE TABLE IF NOT EXISTS response_owners (
+    response_id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    at TEXT NOT NULL
+);
 """
 
 

@@ -14,6 +14,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict
 
+from proxy.accounting.routes import CHOICES_OPERATIONS
 from proxy.ledger.records import SCHEMA_VERSION, UsageRecord, new_record_id
 
 PROMPT_COUNTER = "vllm:prompt_tokens_total"
@@ -57,6 +58,9 @@ class Tally:
     records: int = 0
     prompt_reported: int = 0
     prompt_billed: int = 0
+    # What the engine's prompt counter grows by for these records: the billed prompt once
+    # per choice (``n`` choices each read the prompt; the usage reports it once).
+    prompt_expected: int = 0
     completion_reported: int = 0
     completion_billed: int = 0
     unproven: int = 0
@@ -66,9 +70,11 @@ class Tally:
 
     def merge(self, other: Tally) -> None:
         """Carry another tally (an attempt to close the window that was abandoned)."""
-        for name in ("records", "prompt_reported", "prompt_billed", "completion_reported"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        for name in ("completion_billed", "unproven", "aborted", "upstream_errors"):
+        for name in (
+            *("records", "prompt_reported", "prompt_billed", "prompt_expected"),
+            *("completion_reported", "completion_billed", "unproven", "aborted"),
+            "upstream_errors",
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for verdict, count in other.verdicts.items():
             self.verdicts[verdict] = self.verdicts.get(verdict, 0) + count
@@ -77,6 +83,8 @@ class Tally:
         self.records += 1
         self.prompt_reported += record.prompt_tokens_reported or 0
         self.prompt_billed += record.prompt_tokens_billed or 0
+        copies = record.n if record.operation in CHOICES_OPERATIONS and record.n else 1
+        self.prompt_expected += (record.prompt_tokens_billed or 0) * copies
         self.completion_reported += record.completion_tokens_reported or 0
         self.completion_billed += record.completion_tokens_billed or 0
         verdict = record.verdict or "none"
@@ -158,7 +166,7 @@ def settle(
     reset = reset or (before.started is not None and after.started != before.started)
     engine_prompt = None if reset else after.prompt - before.prompt
     engine_generation = None if reset else after.generation - before.generation
-    unbilled_p, over_p = _drift(engine_prompt, tally.prompt_billed)
+    unbilled_p, over_p = _drift(engine_prompt, tally.prompt_expected)
     unbilled_c, over_c = _drift(engine_generation, tally.completion_billed)
     return SettledWindow(
         window_id=new_record_id(),

@@ -25,6 +25,7 @@ from proxy.serving.audited import AUDITOR, ScoringAuditor
 from proxy.serving.bodies import BodyBudget
 from proxy.serving.catalog import Catalog, catalog_context
 from proxy.serving.exchange import Exchanges, Work
+from proxy.serving.isolation import CacheSalts, ResponseOwners
 from proxy.serving.keyfile import KEYFILE, KeyFile, key_file_context
 from proxy.serving.keys import METRICS, OUTBOX, POOL, RECONCILER, RECORDER
 from proxy.serving.lifetimes import counters_reader, ledger_context, reconciler_context
@@ -35,7 +36,7 @@ from proxy.serving.sendwatch import SendWatch, send_watch_context
 from proxy.serving.shares import TenantShares
 from proxy.serving.unmetered import Unmetered
 from proxy.serving.upstream import SESSION, session_context
-from proxy.settings import Durability, Settings
+from proxy.settings import CacheSalting, Durability, Settings
 from proxy.tokenizers.pool import TokenizerPool
 
 EXCHANGES = web.AppKey("exchanges", Exchanges)
@@ -126,7 +127,11 @@ def create_app(
     recorder = Recorder(journal, metrics, subscribers=[reconciler.account])
     auditor = ScoringAuditor(settings, catalog, pool, recorder, metrics)
     unmetered = Unmetered(settings.unmetered, metrics)
-    metered = MeteredRelay(settings, catalog, recorder, metrics, unmetered)
+    owners = ResponseOwners(journal)
+    salts = (
+        None if settings.cache_salt is CacheSalting.OFF else CacheSalts(settings.cache_salt_secret)
+    )
+    metered = MeteredRelay(settings, catalog, recorder, metrics, unmetered, owners, salts)
     invocations = Invocations(auditor, metered, catalog)
     handlers: dict[Handling, Work] = {A: auditor, M: metered, D: invocations}
     app[METRICS], app[POOL], app[RECORDER], app[RECONCILER] = metrics, pool, recorder, reconciler
@@ -149,6 +154,6 @@ def create_app(
     admin.add_routes(app, catalog, journal, metrics if settings.admin_port is None else None)
     relay = Relay(settings.upstream_base, settings.body_read_timeout, metrics)
     admin_port = settings.admin_port is not None
-    routes = Router(exchanges, handlers, relay, unmetered, shares, admin_port=admin_port)
+    routes = Router(exchanges, handlers, relay, unmetered, shares, owners, admin_port=admin_port)
     app.router.add_route("*", "/{tail:.*}", routes.handle)
     return app

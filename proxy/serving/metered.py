@@ -13,7 +13,7 @@ import structlog
 from aiohttp import web
 from multidict import CIMultiDictProxy
 
-from proxy.accounting.dispatch import Prepared, prepare
+from proxy.accounting.dispatch import Prepared, prepare, takes_cache_salt
 from proxy.ledger.recorder import Recorder
 from proxy.metrics import Metrics
 from proxy.serving.bodies import off_loop
@@ -29,6 +29,7 @@ from proxy.serving.downstream import (
     write_now,
 )
 from proxy.serving.exchange import Billing, Exchange
+from proxy.serving.isolation import CacheSalts, ResponseOwners
 from proxy.serving.unmetered import Unmetered
 from proxy.serving.upstream import (
     SESSION,
@@ -44,6 +45,7 @@ from proxy.serving.upstream import (
 )
 from proxy.settings import Settings
 from proxy.wire.encoding import UnreadableBody, content_codings
+from proxy.wire.jsonio import with_members
 from proxy.wire.members import TopLevelMembers
 from proxy.wire.sse import UsageScanner
 from proxy.wire.usage import (
@@ -104,6 +106,8 @@ class MeteredRelay:
         recorder: Recorder,
         metrics: Metrics,
         unmetered: Unmetered,
+        owners: ResponseOwners,
+        salts: CacheSalts | None,
     ) -> None:
         self._base = settings.upstream_base
         self._limit = settings.max_answer_bytes
@@ -112,6 +116,8 @@ class MeteredRelay:
         self._recorder = recorder
         self._metrics = metrics
         self._unmetered = unmetered
+        self._owners = owners
+        self._salts = salts
         self.room = AnswerRoom(HELD_ANSWERS_TOTAL)
 
     async def __call__(self, exchange: Exchange) -> web.StreamResponse:
@@ -123,11 +129,16 @@ class MeteredRelay:
         """Forward ``prepared`` and record the usage of a successful answer."""
         if prepared.unbillable is not None:
             return await self._unbillable(exchange, prepared, prepared.unbillable)
+        if prepared.refusal is not None:
+            return error_response(400, prepared.refusal.message, param=prepared.refusal.param)
+        sent = await self._isolate(exchange, prepared)
+        if isinstance(sent, web.Response):
+            return sent
         request = exchange.request
         reserved = 0
         try:
             async with forward(
-                request.app[SESSION], self._base, request, prepared.body, metered=True
+                request.app[SESSION], self._base, request, sent, metered=True
             ) as upstream:
                 if upstream.content_type == "text/event-stream":
                     return await self._stream(exchange, upstream, prepared)
@@ -154,6 +165,27 @@ class MeteredRelay:
             return upstream_failure(self._metrics, exc)
         finally:
             self.room.give(reserved)
+
+    async def _isolate(self, exchange: Exchange, prepared: Prepared) -> bytes | web.Response:
+        """The body to send, with the members that keep tenants apart (a minted response id
+        its tenant owns, the tenant's cache salt); or the refusal of a request that names
+        another tenant's stored response (``proxy.serving.isolation``)."""
+        tenant, members = exchange.who.tenant, dict[str, str]()
+        if prepared.operation == "responses":
+            if prepared.previous_response_id is not None:
+                refusal = await self._owners.refusal(prepared.previous_response_id, tenant)
+                if refusal is not None:
+                    return refusal
+            members["request_id"] = response_id = self._owners.mint()
+            await self._owners.claim(response_id, tenant)
+        if self._salts is not None and takes_cache_salt(prepared.operation, self._catalog.release):
+            members["cache_salt"] = self._salts.salt(tenant, prepared.cache_salt)
+        if not members:
+            return prepared.body
+        try:
+            return await off_loop(with_members, prepared.body, prepared.body, members)
+        except ValueError:  # not a JSON object: vLLM answers it 400, nothing to keep apart
+            return prepared.body
 
     async def _whole(
         self,
@@ -294,7 +326,8 @@ class MeteredRelay:
     ) -> dict[str, str]:
         """Record and journal one metered exchange; the headers its answer carries."""
         model = self._catalog.model_name(prepared.model)
-        path = exchange.path
+        path, transport = exchange.path, exchange.request.transport
+        aborted = aborted or transport is None or transport.is_closing()
         if reading.problem:
             self._metrics.invalid_usage.labels(path).inc()
             log.warning("invalid_usage", path=path, problem=reading.problem)
@@ -311,6 +344,7 @@ class MeteredRelay:
             status=status,
             aborted=aborted,
             instance=self._instance,
+            n=prepared.copies if prepared.copies > 1 else None,
         )
         journaled = await self._recorder.record(record)
         return record_headers(record, journaled)

@@ -16,6 +16,7 @@ from proxy.serving.audited import ScoringAuditor
 from proxy.serving.bodies import off_loop
 from proxy.serving.catalog import Catalog
 from proxy.serving.exchange import Exchange, Exchanges, Work
+from proxy.serving.isolation import ResponseOwners, stored_response_id
 from proxy.serving.metered import MeteredRelay
 from proxy.serving.sendwatch import SendWatch
 from proxy.serving.shares import TenantShares
@@ -99,10 +100,12 @@ class Router:
         relay: Handler,
         unmetered: Unmetered,
         shares: TenantShares,
+        owners: ResponseOwners,
         *,
         admin_port: bool,
     ) -> None:
         self._exchanges = exchanges
+        self._owners = owners
         self._shares = shares
         self._handlers = handlers
         self._relay = relay
@@ -134,6 +137,13 @@ class Router:
         assert route is not None
         work = self._handlers.get(route.handling)
         if work is None or request.method != "POST":
+            response_id = stored_response_id(path)
+            if response_id is not None:  # a stored response: its tenant's alone
+                who = request.get(WHO)
+                tenant = who.tenant if who is not None else KEYLESS
+                refusal = await self._owners.refusal(response_id, tenant)
+                if refusal is not None:
+                    return refusal
             return await self._relay(request)
         return await self._exchanges.serve(request, route, work)
 

@@ -66,30 +66,35 @@ class UpstreamError(Exception):
         return error_response(self.status, self.message)
 
 
-def error_response(status: int, message: str, param: str | None = None) -> web.Response:
-    """An error in vLLM's shape: ``{"error": {"message", "type", "param", "code"}}``."""
-    kind = {
-        400: "BadRequestError",
-        401: "Unauthorized",
-        403: "PermissionDeniedError",
-        404: "NotFoundError",
-        405: "MethodNotAllowed",
-        408: "RequestTimeout",
-        413: "RequestEntityTooLarge",
-        429: "TooManyRequests",
-        503: "ServiceUnavailable",
-        502: "BadGatewayError",
-        504: "GatewayTimeoutError",
-    }
+def error_response(
+    status: int, message: str, param: str | None = None, kind: str | None = None
+) -> web.Response:
+    """An error in vLLM's shape: ``{"error": {"message", "type", "param", "code"}}``
+    (``kind``: the type vLLM gives that error, when the proxy answers for it)."""
     body = {
         "error": {
             "message": message,
-            "type": kind.get(status, "ProxyError"),
+            "type": kind or KINDS.get(status, "ProxyError"),
             "param": param,
             "code": status,
         }
     }
     return web.json_response(body, status=status)
+
+
+KINDS = {
+    400: "BadRequestError",
+    401: "Unauthorized",
+    403: "PermissionDeniedError",
+    404: "NotFoundError",
+    405: "MethodNotAllowed",
+    408: "RequestTimeout",
+    413: "RequestEntityTooLarge",
+    429: "TooManyRequests",
+    503: "ServiceUnavailable",
+    502: "BadGatewayError",
+    504: "GatewayTimeoutError",
+}
 
 
 def upstream_failure(metrics: Metrics, exc: UpstreamError) -> web.Response:

@@ -57,3 +57,20 @@ def load_object(data: bytes) -> dict[str, Any] | None:
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     return parsed if isinstance(parsed, dict) else None
+
+
+def with_members(data: bytes, members: dict[str, Any]) -> bytes:
+    """The JSON object ``data`` with ``members`` written after its own, which every reader
+    that keeps the last of a repeated member (``json.loads``, pydantic, so vLLM) reads
+    instead of any the object already has. Spliced before the closing brace, so a large
+    body is not parsed again; a body that is not plain UTF-8 JSON (a byte-order mark,
+    UTF-16) is parsed and written whole. Raises ValueError when ``data`` is no object."""
+    end = data.rstrip(b" \t\r\n")
+    if data[:1] == b"{" and end.endswith(b"}"):
+        head = end[:-1].rstrip(b" \t\r\n")
+        added = json.dumps(members)[1:-1].encode()
+        return head + (b"" if head == b"{" else b",") + added + b"}"
+    parsed = load_object(data)
+    if parsed is None:
+        raise ValueError("not a JSON object")
+    return json.dumps({**parsed, **members}).encode()
