@@ -362,7 +362,7 @@ class Journal:
     async def claim_response(self, response_id: str, tenant: str) -> None:
         """Remember, durably, that ``tenant`` made the stored response ``response_id`` (the
         first claim stands: an id is never handed to a second tenant)."""
-        await self._run(self._claim_response, response_id, tenant)
+        await self._bounded(self._claim_response, response_id, tenant)
 
     def _claim_response(self, response_id: str, tenant: str) -> None:
         assert self._db is not None
@@ -374,7 +374,18 @@ class Journal:
 
     async def response_owner(self, response_id: str) -> str | None:
         """The tenant that made the stored response ``response_id`` (None: none known)."""
-        return await self._run(self._response_owner, response_id)
+        return await self._bounded(self._response_owner, response_id)
+
+    async def _bounded(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the thread, within ``commit_timeout`` (a frozen disk holds the
+        thread); JournalError when the journal is closed or the time is up."""
+        if not self._accepting:
+            raise JournalError("journal is not open")
+        try:
+            async with asyncio.timeout(self.commit_timeout):
+                return await self._run(fn, *args)
+        except TimeoutError:
+            raise JournalError(f"no answer within {self.commit_timeout} s") from None
 
     def _response_owner(self, response_id: str) -> str | None:
         assert self._db is not None

@@ -18,6 +18,7 @@ import hashlib
 import hmac
 import re
 import secrets
+import sqlite3
 from collections import OrderedDict
 
 import structlog
@@ -70,7 +71,7 @@ class ResponseOwners:
             try:
                 await self._journal.claim_response(response_id, tenant)
                 return
-            except (JournalError, OSError, Exception) as exc:  # kept in memory instead
+            except (JournalError, sqlite3.Error) as exc:  # kept in memory instead
                 log.warning("response_owner_not_journaled", response_id=response_id, error=str(exc))
         self._memory[response_id] = tenant
         if len(self._memory) > MEMORY_OWNERS:
@@ -83,7 +84,7 @@ class ResponseOwners:
             return known
         try:
             return await self._journal.response_owner(response_id)
-        except Exception as exc:  # unknown is refused: never another tenant's answer
+        except (JournalError, sqlite3.Error) as exc:  # unknown: refused, never another's
             log.warning("response_owner_unreadable", response_id=response_id, error=str(exc))
             return None
 

@@ -34,12 +34,15 @@ class FakeVLLM(ScoringAPI, EmbeddingsAPI, GenerationAPI, DiscoveryAPI):
         posted["/invocations"] = self.handle_invocations
         posted["/v1/embeddings"] = self.handle_embeddings
         posted["/v1/chat/completions"] = self.handle_chat
+        posted["/v1/completions"] = self.handle_chat  # as a chat, with a prompt
         posted["/v1/chat/completions/batch"] = self.handle_chat  # usage as for one chat
         posted["/v1/messages"] = self.handle_messages
         posted["/v1/responses"] = self.handle_responses
         posted["/v1/systemone"] = self.handle_decisions
         for path, handler in posted.items():
             app.router.add_post(path, handler)
+        app.router.add_get("/v1/responses/{response_id}", self.handle_stored_response)
+        app.router.add_post("/v1/responses/{response_id}/cancel", self.handle_cancel_response)
         app.router.add_route("*", "/echo/{tail:.*}", self.handle_echo)
         app.router.add_get("/fake/prompt_tokens_total", self.handle_counter)
         app.router.add_get("/metrics", self.handle_metrics)

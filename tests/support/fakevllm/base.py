@@ -56,6 +56,14 @@ class FakeState:
     started_at: float = field(default_factory=time.time)  # process_start_time_seconds
     # /openapi.json, as vLLM serves it unless started with --disable-fastapi-docs
     openapi: bool = True
+    # VLLM_ENABLE_RESPONSES_API_STORE=1: responses kept by id (GET, cancel, continue)
+    store_responses: bool = True
+    stored_responses: dict[str, Any] = field(default_factory=dict)
+    # Seconds a whole (not streamed) chat or completion answer waits before it is sent
+    answer_delay: float = 0.0
+    # Prefix caching keyed by (cache_salt, prompt): off, a fixed share of every prompt is cached
+    prefix_cache: bool = False
+    cached_prompts: set[tuple[Any, str]] = field(default_factory=set)
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -5,44 +5,80 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from typing import Any
 
 from aiohttp import web
 from multidict import CIMultiDict
 from pydantic import TypeAdapter
 
-from tests.support.fakevllm.base import FakeState, dumps
+from tests.support.fakevllm.base import FakeState, dumps, error
 
 # /v1/messages and /v1/responses: a prompt of 12 tokens, 8 of them served by the prefix
 # cache, and 3 generated.
 PROMPT, CACHED, COMPLETION = 12, 8, 3
+# /v1/chat/completions and /v1/completions: a prompt of 5 tokens, 3 generated per choice.
+CHAT_PROMPT, CHAT_COMPLETION = 5, 3
+LAX_BOOL: TypeAdapter[bool] = TypeAdapter(bool)
+
+
+def beam_search_work(prompt: int, beams: int, steps: int) -> tuple[int, int]:
+    """The engine's (prompt, generated) tokens of vLLM's beam search
+    (``generate/beam_search/online.py``): each step runs one engine request per live beam
+    (one at the first step), each re-reading the prompt and the tokens so far and
+    generating one token."""
+    live = [1] + [beams] * (steps - 1)
+    return sum(n * (prompt + t) for t, n in enumerate(live)), sum(live)
 
 
 class GenerationAPI(FakeState):
     """The generating endpoints; the engine's counters grow as vLLM's do."""
 
     async def handle_chat(self, request: web.Request) -> web.StreamResponse:
-        """SSE when stream is true: a few chunks, spaced by ``delay`` seconds."""
+        """SSE when stream is true: a few chunks, spaced by ``delay`` seconds. ``n``
+        choices each read the prompt (the engine's counter grows n times, the usage reports
+        it once); ``use_beam_search`` runs vLLM's beam search (never streamed: 400); a
+        client ``request_id`` is echoed in every chunk's ``id``."""
         body = await request.json()
+        self.last_body = await request.read()
         self.seen_headers.append(CIMultiDict(request.headers))
-        lax = TypeAdapter(bool)  # vLLM's request models read booleans in lax mode
-        self.prompt_tokens_total += 5
-        self.generation_tokens_total += 3
-        if not lax.validate_python(body.get("stream") or False):
-            usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
-            return self.answer(dumps({"id": "chat-1", "choices": [], "usage": usage}))
+        lax = LAX_BOOL  # vLLM's request models read booleans in lax mode
+        streamed = lax.validate_python(body.get("stream") or False)
+        n = int(body.get("n") or 1)
+        prefix = "cmpl" if request.path.endswith("/v1/completions") else "chatcmpl"
+        answer_id = f"{prefix}-{body['request_id']}" if body.get("request_id") else "chat-1"
+        if lax.validate_python(body.get("use_beam_search") or False):
+            if streamed:
+                message = "Streaming is not currently supported with beam search"
+                return error(400, message, "BadRequestError")
+            steps = int(body.get("max_tokens") or 16)
+            prompt, generated = beam_search_work(CHAT_PROMPT, n, steps)
+            self.prompt_tokens_total += prompt
+            self.generation_tokens_total += generated
+            usage = {"prompt_tokens": CHAT_PROMPT, "completion_tokens": n * steps}
+            usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+            return self.answer(dumps({"id": answer_id, "choices": [], "usage": usage}))
+        self.prompt_tokens_total += CHAT_PROMPT * n
+        self.generation_tokens_total += CHAT_COMPLETION * n
+        usage = {
+            "prompt_tokens": CHAT_PROMPT,
+            "completion_tokens": CHAT_COMPLETION * n,
+            "total_tokens": CHAT_PROMPT + CHAT_COMPLETION * n,
+        }
+        if not streamed:
+            await asyncio.sleep(self.answer_delay)
+            return self.answer(dumps({"id": answer_id, "choices": [], "usage": usage}))
         reply = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await reply.prepare(request)
         for i in range(self.chunks):
-            chunk = {"id": "chat-1", "choices": [{"index": 0, "delta": {"content": f"t{i}"}}]}
+            chunk = {"id": answer_id, "choices": [{"index": 0, "delta": {"content": f"t{i}"}}]}
             await reply.write(b"data: " + dumps(chunk) + b"\n\n")
             if self.gate is not None:
                 await self.gate.wait()
             await asyncio.sleep(self.delay)
         options = body.get("stream_options") or {}
         if lax.validate_python(options.get("include_usage") or False):
-            usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
-            chunk = {"id": "chat-1", "choices": [], "usage": usage}
+            chunk = {"id": answer_id, "choices": [], "usage": usage}
             await reply.write(b"data: " + dumps(chunk) + b"\n\n")
         await reply.write(b"data: [DONE]\n\n")
         await reply.write_eof()
@@ -129,20 +165,35 @@ class GenerationAPI(FakeState):
         """The Responses API as vLLM serves it (``openai/responses/serving.py``):
         ``input_tokens`` is the whole prompt; a stream carries the usage in its last
         event, ``response.completed``, inside ``response``; a background request is
-        answered at once, ``queued`` with no usage (the engine works on)."""
+        answered at once, ``queued`` with no usage (the engine works on). With the store
+        on (``VLLM_ENABLE_RESPONSES_API_STORE=1``) a response is kept under its
+        ``request_id`` (the client's, or ``resp_`` and a random uuid), overwriting any
+        response of that id; ``previous_response_id`` naming no stored response is 404
+        before any engine work. With ``prefix_cache`` the cached tokens are those of a
+        prompt seen before with the same ``cache_salt``."""
+        first = await request.json()
+        previous = first.get("previous_response_id")
+        if previous is not None and previous not in self.stored_responses:
+            return response_not_found(previous)
         body, streamed = await self._generate(request)
+        cached = CACHED
+        if self.prefix_cache:
+            key = (body.get("cache_salt"), json.dumps(body.get("input")))
+            cached = CACHED if key in self.cached_prompts else 0
+            self.cached_prompts.add(key)
         usage = {
             "input_tokens": PROMPT,
-            "input_tokens_details": {"cached_tokens": CACHED},
+            "input_tokens_details": {"cached_tokens": cached},
             "output_tokens": COMPLETION,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": PROMPT + COMPLETION,
         }
-        background = TypeAdapter(bool).validate_python(body.get("background") or False)
+        background = LAX_BOOL.validate_python(body.get("background") or False)
+        response_id = body.get("request_id") or f"resp_{uuid.uuid4().hex}"
 
         def response(status: str, usage: Any) -> dict[str, Any]:
             return {
-                "id": "resp_1",
+                "id": response_id,
                 "created_at": 1,
                 "model": body.get("model") or self.name,
                 "object": "response",
@@ -150,9 +201,13 @@ class GenerationAPI(FakeState):
                 "background": background,
                 "status": status,
                 "usage": usage,
-                "user": None,
+                "user": body.get("user"),
+                "metadata": body.get("metadata"),
+                "previous_response_id": previous,
             }
 
+        if self.store_responses and LAX_BOOL.validate_python(body.get("store", True)):
+            self.stored_responses[response_id] = response("completed", usage)
         if background and not streamed:
             return self.answer(dumps(response("queued", None)))
         if not streamed:
@@ -182,3 +237,27 @@ class GenerationAPI(FakeState):
                 ),
             ],
         )
+
+    async def handle_stored_response(self, request: web.Request) -> web.StreamResponse:
+        """``GET /v1/responses/{id}``: the stored response, or vLLM's 404."""
+        response_id = request.match_info["response_id"]
+        stored = self.stored_responses.get(response_id)
+        if stored is None:
+            return response_not_found(response_id)
+        return self.answer(dumps(stored))
+
+    async def handle_cancel_response(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/responses/{id}/cancel``: vLLM cancels only queued or running
+        (background) responses; a finished one is 400, an unknown one 404."""
+        response_id = request.match_info["response_id"]
+        if response_id not in self.stored_responses:
+            return response_not_found(response_id)
+        return error(
+            400, "Cannot cancel a synchronous response.", "invalid_request_error", "response_id"
+        )
+
+
+def response_not_found(response_id: str) -> web.Response:
+    """vLLM's ``_make_not_found_error``."""
+    message = f"Response with id '{response_id}' not found."
+    return error(404, message, "invalid_request_error", "response_id")

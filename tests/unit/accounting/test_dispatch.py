@@ -10,6 +10,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from proxy.accounting.dispatch import (
+    ECHO_MAX_BYTES,
+    UNMETERED_FEATURES,
     Prepared,
     invocation_operation,
     lax_bool,
@@ -234,3 +236,70 @@ def test_requests_are_read_as_from_the_whole_body(
     elif form == "bad utf-8":
         body = body[:-1] + (b"," if fields else b"") + b'"note":"\xff"}'
     assert prepare(path, body) == _as_before(path, body)
+
+
+def _prepared(path: str, body: dict[str, Any], task: str | None = None) -> Prepared:
+    return prepare(path, json.dumps(body).encode(), lambda _: task)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "task", "feature"),
+    [
+        ("/v1/completions", {"prompt": "hi", "use_beam_search": True}, None, "completions"),
+        ("/v1/chat/completions", {"messages": [], "use_beam_search": "1"}, None, "chat"),
+        ("/invocations", {"messages": [], "use_beam_search": 1}, "generate", "chat"),
+        ("/invocations", {"prompt": "x", "use_beam_search": "true"}, "generate", "completions"),
+    ],
+)
+def test_beam_search_is_a_feature_the_proxy_cannot_bill(
+    path: str, body: dict[str, Any], task: str | None, feature: str
+) -> None:
+    """Issue #44 case 1: beam search (read as vLLM reads a lax bool) multiplies engine work
+    beyond the usage, on every route that runs completions or chat."""
+    assert _prepared(path, body, task).unbillable == f"{feature}.beam_search"
+    assert _prepared(path, {**body, "use_beam_search": False}, task).unbillable is None
+    assert f"{feature}.beam_search" in UNMETERED_FEATURES
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_prompt_embeds_alone_dispatch_as_a_completion(stream: bool) -> None:
+    """Issue #44 case 3: vLLM runs an /invocations body with ``prompt_embeds`` and no
+    ``prompt`` as a completion (``--enable-prompt-embeds``); it was dispatched as
+    ``other``, and a stream was not asked for its usage (nothing billed)."""
+    prepared = _prepared("/invocations", {"prompt_embeds": "AAAA", "stream": stream}, "generate")
+    assert (prepared.operation, prepared.streamed) == ("completions", stream)
+    if stream:
+        assert json.loads(prepared.body)["stream_options"] == {"include_usage": True}
+
+
+@pytest.mark.parametrize(
+    ("body", "refused"),
+    [
+        ({"request_id": "x" * (ECHO_MAX_BYTES - 2)}, None),
+        ({"request_id": "x" * (ECHO_MAX_BYTES - 1)}, "request_id"),
+        ({"request_id": "é" * (ECHO_MAX_BYTES // 2)}, "request_id"),  # UTF-8 bytes count
+        ({"user": "u" * 1000, "metadata": {"k": "v" * ECHO_MAX_BYTES}}, "metadata"),
+        ({"metadata": {"k": "v" * 100}, "user": "u"}, None),
+    ],
+)
+def test_echoed_fields_are_bounded_together(body: dict[str, Any], refused: str | None) -> None:
+    """Issue #44 case 2: what vLLM copies into every event of a stream is bounded before
+    forwarding, so the event that carries the usage stays readable."""
+    prepared = _prepared("/v1/chat/completions", {"messages": [], "stream": True, **body})
+    assert (prepared.refusal.param if prepared.refusal else None) == refused
+
+
+def test_a_chosen_response_id_is_refused_and_state_is_read() -> None:
+    """Issue #44 cases 6-8: a Responses ``request_id`` is refused (the proxy mints ids);
+    ``previous_response_id`` and the client's ``cache_salt`` are read for the proxy to
+    check and combine; ``n`` is how often the engine reads the prompt."""
+    chosen = _prepared("/v1/responses", {"input": "x", "request_id": "resp_1"})
+    assert chosen.refusal is not None
+    assert chosen.refusal.param == "request_id"
+    state = _prepared("/v1/responses", {"previous_response_id": "resp_2", "cache_salt": "s"})
+    assert (state.refusal, state.previous_response_id, state.cache_salt) == (None, "resp_2", "s")
+    assert _prepared("/v1/chat/completions", {"n": "3"}).copies == 3
+    assert _prepared("/v1/chat/completions", {"n": "x"}).copies == 1
+    generate = _prepared("/inference/v1/generate", {"sampling_params": {"n": 2}})
+    assert generate.copies == 2
+    assert _prepared("/v1/embeddings", {"n": 4}).copies == 1

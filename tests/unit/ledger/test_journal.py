@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,33 @@ async def test_prune_only_what_every_sink_has(tmp_path: Path) -> None:
     assert await journal.backlog("b") == 6
     await journal.close()
     assert len(read_journal(tmp_path / "j.sqlite")) == 6
+
+
+async def test_response_owners_survive_a_restart(tmp_path: Path) -> None:
+    """Issue #44: the tenant that made a stored response is remembered durably, and the
+    first claim stands (an id is never handed to a second tenant)."""
+    path = tmp_path / "j.sqlite"
+    journal = Journal(path)
+    await journal.open()
+    await journal.claim_response("resp_a", "alice")
+    await journal.claim_response("resp_a", "bob")
+    assert await journal.response_owner("resp_a") == "alice"
+    assert await journal.response_owner("resp_b") is None
+    await journal.close()
+    again = Journal(path)
+    await again.open()
+    assert await again.response_owner("resp_a") == "alice"
+    await again.close()
+
+
+async def test_owner_lookups_are_bounded_by_a_frozen_disk(tmp_path: Path) -> None:
+    """A claim or lookup waits at most ``commit_timeout`` for a thread that a frozen disk
+    holds, and a closed journal answers at once: neither hangs the request."""
+    journal = Journal(tmp_path / "j.sqlite", commit_timeout=0.2)
+    await journal.open()
+    journal._thread.post(lambda: time.sleep(1.0))  # the disk freezes
+    with pytest.raises(JournalError, match="no answer within"):
+        await journal.response_owner("resp_a")
+    await journal.close()
+    with pytest.raises(JournalError, match="not open"):
+        await journal.claim_response("resp_a", "alice")

@@ -83,3 +83,45 @@ def test_a_restart_claims_no_drift(after: EngineReading) -> None:
     assert window.status == "counter_reset"
     assert window.engine_prompt_tokens is None
     assert (window.unbilled_prompt_tokens, window.overbilled_prompt_tokens) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("operation", "n", "expected"),
+    [
+        ("chat", 3, 15),
+        ("completions", 2, 10),
+        ("generate", 4, 20),
+        ("rerank", 3, 5),
+        ("chat", None, 5),
+    ],
+)
+def test_n_choices_are_expected_n_times(operation: str, n: int | None, expected: int) -> None:
+    """Issue #44 case 4: each of ``n`` choices reads the prompt, so the engine's counter
+    grows n times what the usage bills once; a window of such requests settles with no
+    drift (it reported the difference as unmetered traffic every window). ``n`` of a
+    scoring record counts documents, never copies of a prompt."""
+    tally = Tally()
+    tally.add(
+        UsageRecord(
+            tenant="t",
+            endpoint="/x",
+            operation=operation,
+            prompt_tokens_reported=5,
+            prompt_tokens_billed=5,
+            n=n,
+            status=200,
+            latency_ms=1.0,
+            instance="i",
+        )
+    )
+    window = settle(
+        EngineReading(100, 0, 1.0),
+        EngineReading(100 + expected, 0, 1.0),
+        tally,
+        start=NOW,
+        end=NOW,
+        instance="i",
+        upstream="u",
+    )
+    assert (window.unbilled_prompt_tokens, window.overbilled_prompt_tokens) == (0, 0)
+    assert window.billed_prompt_tokens == 5

@@ -7,9 +7,11 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from proxy.wire.jsonio import load_object, loads, top_members
+from proxy.wire.jsonio import load_object, loads, top_members, with_members
 
 
 def test_json_fallback_keeps_the_standard_librarys_meaning() -> None:
@@ -70,3 +72,39 @@ def test_load_object_is_none_for_anything_but_an_object(
 ) -> None:
     """Not JSON, not UTF-8, nested too deep, or another JSON value: None, never a raise."""
     assert load_object(data) == expected
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner),
+    max_leaves=6,
+)
+
+
+@given(
+    st.dictionaries(st.text(max_size=4), _JSON, max_size=4),
+    st.dictionaries(st.sampled_from(["cache_salt", "request_id", "a"]), st.text(), min_size=1),
+    st.sampled_from(["", " ", "\n", "\r\n  "]),
+    st.booleans(),
+)
+def test_with_members_reads_as_the_merged_object(
+    base: dict[str, Any], added: dict[str, str], space: str, pretty: bool
+) -> None:
+    """Issue #44: the members the proxy adds (a tenant's cache salt, a minted response id)
+    are what a JSON reader that keeps the last repeated member (vLLM's) reads, whatever
+    the body already holds, its spacing or trailing white space."""
+    body = (json.dumps(base, indent=2 if pretty else None) + space).encode()
+    merged = with_members(body, added)
+    assert json.loads(merged) == {**base, **added}
+    assert load_object(merged) == {**base, **added}
+
+
+def test_with_members_of_a_body_that_is_not_plain_utf8() -> None:
+    """A body with a byte-order mark or in UTF-16 is parsed and written whole; one that is
+    no object raises ValueError (vLLM answers it 400; the proxy sends it as it came)."""
+    bom = b"\xef\xbb\xbf" + json.dumps({"a": 1}).encode()
+    assert json.loads(with_members(bom, {"b": "x"})) == {"a": 1, "b": "x"}
+    utf16 = json.dumps({"a": 1}).encode("utf-16")
+    assert json.loads(with_members(utf16, {"b": "x"})) == {"a": 1, "b": "x"}
+    with pytest.raises(ValueError, match="not a JSON object"):
+        with_members(b"[1, 2]", {"b": "x"})
