@@ -155,7 +155,7 @@ class Source:
         for base in node.bases:
             for base_ref in self.resolve(module, base):
                 found.update(self.fields(base_ref))
-        for stmt in node.body:
+        for stmt in _class_scope(node.body):
             if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
                 name = stmt.target.id
                 if name.startswith("_") or name == "model_config" or _is_classvar(stmt):
@@ -196,6 +196,16 @@ def _bind(module: Module, body: list[ast.stmt], into: dict[str, object] | None =
             _bind(module, stmt.orelse, bindings)
             for handler in getattr(stmt, "handlers", []):
                 _bind(module, handler.body, bindings)
+
+
+def _class_scope(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """A class body's statements, also those under if/try (their annotations count)."""
+    for stmt in body:
+        yield stmt
+        if isinstance(stmt, ast.If | ast.Try):
+            yield from _class_scope(stmt.body + stmt.orelse)
+            for handler in getattr(stmt, "handlers", []):
+                yield from _class_scope(handler.body)
 
 
 def _absolute(module: Module, source: tuple[int, str]) -> str:
@@ -299,8 +309,8 @@ def _body_classes(
             target = target.value
         elif not any(k.arg is None for k in call.keywords):
             continue
-        if isinstance(target, ast.Name) and target.id.endswith("Request"):
-            found += source.resolve(module, target, local)
+        refs = source.resolve(module, target, local)
+        found += [r for r in refs if r.name.endswith("Request")]
     return list(dict.fromkeys(found))
 
 
