@@ -8,12 +8,13 @@ request models do (``"stream": "true"`` and ``1`` mean true).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
+from proxy.accounting.fields import FIELDS, Effect, Field
 from proxy.accounting.routes import CHOICES_OPERATIONS, STREAMING_OPERATIONS, operation_of
 from proxy.accounting.shapes import ambiguity, parse_rerank, parse_score
 from proxy.accounting.types import Family, Release
@@ -106,9 +107,34 @@ def invocation_operation(payload: Any, task: str | None) -> str:
     return "pooling" if task not in ("generate", None) else "other"
 
 
+# Request fields vLLM copies into its answer, or into every event of a stream, and that
+# no engine limit bounds (``request_id`` into each chunk's ``id``, the Responses API's
+# ``metadata``, ``user``, ``text``... into its events): the field table's echoed fields
+# that are not also billed. Their size together, as JSON, is bounded: above it the request
+# is refused before it is forwarded, so the event that carries a stream's usage stays
+# within the scanner's bound (``proxy.wire.sse.MAX_EVENT_BYTES``) and is read.
+ECHOED: Mapping[str, tuple[str, ...]] = {
+    operation: tuple(
+        sorted(
+            name
+            for name, field in fields.items()
+            if Effect.ECHOED in field.effects and Effect.BILLED not in field.effects
+        )
+    )
+    for operation, fields in FIELDS.items()
+}
+ECHO_MAX_BYTES = 64 * 1024
+# The fields the field table says multiply engine work, per operation.
+MULTIPLYING: Mapping[str, tuple[Field, ...]] = {
+    operation: tuple(f for f in fields.values() if Effect.MULTIPLIES in f.effects)
+    for operation, fields in FIELDS.items()
+}
+
+
 class _Head(BaseModel):
     """The members of a request to a direct endpoint that decide how it is forwarded and
-    recorded (the rest, inputs or messages, is not read)."""
+    recorded, and those the field table bounds or refuses (a test holds it to the table);
+    the rest, inputs or messages, is not read."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -117,14 +143,26 @@ class _Head(BaseModel):
     stream_options: Any = None
     encoding_format: Any = None
     background: Any = None
-    use_beam_search: Any = None
+    # state: choices, stored responses, cache salts
     n: Any = None
     sampling_params: Any = None
-    request_id: Any = None
     previous_response_id: Any = None
     cache_salt: Any = None
-    # Echoed into the answer (``ECHOED``): only their size is read
+    # multiplying engine work
+    use_beam_search: Any = None
+    best_of: Any = None
+    # echoed into the answer
+    request_id: Any = None
+    return_token_ids: Any = None
+    return_token_offsets: Any = None
+    return_prompt_text: Any = None
+    max_tool_calls: Any = None
     metadata: Any = None
+    reasoning: Any = None
+    service_tier: Any = None
+    text: Any = None
+    top_logprobs: Any = None
+    truncation: Any = None
     user: Any = None
 
 
@@ -138,26 +176,42 @@ def unbillable_feature(operation: str, payload: dict[str, Any], direct: bool) ->
         return "embeddings.bytes_only"
     if operation == "responses" and lax_bool(payload.get("background")):
         return "responses.background"
-    if operation in BEAM_OPERATIONS and lax_bool(payload.get("use_beam_search")):
-        # vLLM runs one engine request per beam per generated token, each re-reading the
-        # prompt and the tokens so far (``beam_search``); the usage reports the prompt once
-        return f"{operation}.beam_search"
+    for field in MULTIPLYING.get(operation, ()):
+        if field.feature is not None and MULTIPLIERS[field.name](payload):
+            return field.feature
     return None
 
 
-# The operations whose request model has ``use_beam_search`` (completions, chat).
-BEAM_OPERATIONS = frozenset({"completions", "chat"})
-# What ``--allow-unmetered`` may name besides paths: the features above.
+def _asks_beam_search(payload: dict[str, Any]) -> bool:
+    """vLLM runs one engine request per beam per generated token, each re-reading the
+    prompt and the tokens so far (``beam_search``); the usage reports the prompt once."""
+    return lax_bool(payload.get("use_beam_search"))
+
+
+def _asks_best_of(payload: dict[str, Any]) -> bool:
+    """The V0 engine (to 0.10) makes ``best_of`` sequences and returns ``n``; the usage
+    counts the ``n`` (V1 refuses ``best_of`` > 1)."""
+    return _lax_int(payload.get("best_of"), 1) > _lax_int(payload.get("n"), 1)
+
+
+# Whether a body asks for what each multiplying field of the table does, by field name
+# (a test holds every multiplying field of the table to an entry here).
+MULTIPLIERS: Mapping[str, Callable[[dict[str, Any]], bool]] = {
+    "use_beam_search": _asks_beam_search,
+    "best_of": _asks_best_of,
+}
+# What ``--allow-unmetered`` may name besides paths.
 UNMETERED_FEATURES = frozenset(
     {
         "responses.background",
         "embeddings.bytes_only",
-        *(f"{operation}.beam_search" for operation in BEAM_OPERATIONS),
+        *(f.feature for fields in MULTIPLYING.values() for f in fields if f.feature),
     }
 )
 # The first release whose request model of each generating operation takes ``cache_salt``
-# (read from each release's protocol; 0.9-0.10 take it on chat, completions and Responses
-# but refuse it on the V0 engine, so the proxy salts from 0.11, which has only V1).
+# (read from each release's protocol; 0.10 takes it on chat, completions and Responses but
+# refuses it on the V0 engine, so the proxy salts from 0.11, which has only V1). Pooling
+# answers report no cached tokens, and their salt is not set.
 CACHE_SALT_FROM: dict[str, tuple[int, int]] = {
     "chat": (0, 11),
     "completions": (0, 11),
@@ -166,18 +220,12 @@ CACHE_SALT_FROM: dict[str, tuple[int, int]] = {
     "messages": (0, 29),
     "decisions": (0, 32),
 }
-# Request fields vLLM copies into its answer, or into every event of a stream, that no
-# engine limit bounds (``request_id`` into each chunk's ``id``, the Responses API's
-# ``metadata`` and ``user`` into its events): their size together, as JSON. Above it the
-# request is refused before it is forwarded, so the event that carries a stream's usage
-# stays within the scanner's bound (``proxy.wire.sse.MAX_EVENT_BYTES``) and is read.
-ECHOED = ("request_id", "metadata", "user")
-ECHO_MAX_BYTES = 64 * 1024
 
 
-def echo_refusal(payload: dict[str, Any]) -> Refusal | None:
+def echo_refusal(operation: str, payload: dict[str, Any]) -> Refusal | None:
     """The refusal of a body whose echoed fields together exceed ``ECHO_MAX_BYTES``."""
-    sizes = {name: _json_size(payload[name]) for name in ECHOED if payload.get(name) is not None}
+    named = ECHOED.get(operation, ())
+    sizes = {name: _json_size(payload[name]) for name in named if payload.get(name) is not None}
     if sum(sizes.values()) <= ECHO_MAX_BYTES:
         return None
     largest = max(sizes, key=sizes.__getitem__)
@@ -200,16 +248,17 @@ def copies(operation: str, payload: dict[str, Any]) -> int:
     answers an invalid one 400, and nothing is billed)."""
     if operation not in CHOICES_OPERATIONS:
         return 1
-    params = payload.get("sampling_params")
-    n = (
-        params.get("n")
-        if operation == "generate" and isinstance(params, dict)
-        else payload.get("n")
-    )
+    params = payload.get("sampling_params") if operation == "generate" else payload
+    return _lax_int(params.get("n") if isinstance(params, dict) else None, 1)
+
+
+def _lax_int(value: Any, default: int) -> int:
+    """``value`` as vLLM's models read an int, at least 1; ``default`` when absent or
+    invalid (vLLM answers an invalid one 400, and nothing is billed)."""
     try:
-        return max(_LAX_INT.validate_python(n), 1) if n is not None else 1
+        return max(_LAX_INT.validate_python(value), 1) if value is not None else default
     except ValidationError:
-        return 1
+        return default
 
 
 def responses_refusal(payload: dict[str, Any]) -> Refusal | None:
@@ -263,7 +312,7 @@ def prepare(
     unbillable = unbillable_feature(operation, payload, direct is not None)
     if unbillable is not None:
         return Prepared(body, operation, model, unbillable=unbillable)
-    refusal = echo_refusal(payload)
+    refusal = echo_refusal(operation, payload)
     if refusal is None and operation == "responses":
         refusal = responses_refusal(payload)
     if refusal is not None:

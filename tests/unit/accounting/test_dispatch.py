@@ -278,8 +278,11 @@ def test_prompt_embeds_alone_dispatch_as_a_completion(stream: bool) -> None:
         ({"request_id": "x" * (ECHO_MAX_BYTES - 2)}, None),
         ({"request_id": "x" * (ECHO_MAX_BYTES - 1)}, "request_id"),
         ({"request_id": "é" * (ECHO_MAX_BYTES // 2)}, "request_id"),  # UTF-8 bytes count
-        ({"user": "u" * 1000, "metadata": {"k": "v" * ECHO_MAX_BYTES}}, "metadata"),
-        ({"metadata": {"k": "v" * 100}, "user": "u"}, None),
+        (
+            {"request_id": "r" * 1000, "return_prompt_text": "v" * ECHO_MAX_BYTES},
+            "return_prompt_text",
+        ),
+        ({"metadata": {"k": "v" * ECHO_MAX_BYTES}, "user": "u" * ECHO_MAX_BYTES}, None),
     ],
 )
 def test_echoed_fields_are_bounded_together(body: dict[str, Any], refused: str | None) -> None:
@@ -303,3 +306,51 @@ def test_a_chosen_response_id_is_refused_and_state_is_read() -> None:
     generate = _prepared("/inference/v1/generate", {"sampling_params": {"n": 2}})
     assert generate.copies == 2
     assert _prepared("/v1/embeddings", {"n": 4}).copies == 1
+
+
+def test_every_multiplying_field_of_the_table_is_enforced() -> None:
+    """A field the table says multiplies engine work has a check here and a feature name
+    --allow-unmetered takes: a new one is a failing test, not a door."""
+    from proxy.accounting.dispatch import MULTIPLIERS, MULTIPLYING
+
+    for fields in MULTIPLYING.values():
+        for field in fields:
+            assert field.name in MULTIPLIERS
+            assert field.feature in UNMETERED_FEATURES
+
+
+@pytest.mark.parametrize(
+    ("body", "feature"),
+    [
+        ({"best_of": 4, "n": 1}, "completions.best_of"),
+        ({"best_of": "3"}, "completions.best_of"),
+        ({"best_of": 2, "n": 2}, None),
+        ({"best_of": None}, None),
+    ],
+)
+def test_best_of_beyond_n_is_a_feature_the_proxy_cannot_bill(
+    body: dict[str, Any], feature: str | None
+) -> None:
+    """The V0 engine (to 0.10) made best_of sequences and the usage counted the n it
+    returned: refused unless allowed."""
+    assert _prepared("/v1/completions", {"prompt": "x", **body}).unbillable == feature
+
+
+def test_every_echoed_field_of_an_operation_is_bounded() -> None:
+    """The bound counts the Responses fields vLLM copies into its events (text, reasoning,
+    metadata...), each read from the body."""
+    body = {"input": "x", "text": {"format": {"type": "json_schema", "schema": "s" * 70000}}}
+    refused = _prepared("/v1/responses", body).refusal
+    assert refused is not None
+    assert refused.param == "text"
+
+
+def test_a_direct_request_reads_every_field_the_table_bounds_or_refuses() -> None:
+    """The members read from a direct endpoint's body include each echoed and each
+    multiplying field of the field table, so a new one is read, never passed unseen."""
+    from proxy.accounting.dispatch import ECHOED, MULTIPLYING, _Head
+
+    for names in ECHOED.values():
+        assert set(names) <= set(_Head.model_fields)
+    for fields in MULTIPLYING.values():
+        assert {f.name for f in fields} <= set(_Head.model_fields)
