@@ -27,7 +27,6 @@ from proxy.ledger.journal_files import (
 )
 from proxy.ledger.records import UsageRecord
 from proxy.ledger.report import FORMATS, GROUPS, aggregate
-from proxy.ledger.sinks.postgres import read_ledger
 from proxy.settings import (
     ENV_PREFIX,
     EventLoop,
@@ -279,6 +278,8 @@ def run_report(args: argparse.Namespace) -> int:
     if unknown or not groups:
         raise ValueError(f"--group-by takes {', '.join(GROUPS)}; not {', '.join(unknown)}")
     if args.ledger_dsn:
+        from proxy.ledger.sinks.postgres import read_ledger  # asyncpg only when asked
+
         records = asyncio.run(read_ledger(args.ledger_dsn, since, until))
     else:
         path = _journal_path(args)
