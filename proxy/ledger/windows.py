@@ -20,6 +20,7 @@ PROMPT_COUNTER = "vllm:prompt_tokens_total"
 GENERATION_COUNTER = "vllm:generation_tokens_total"
 START_TIME = "process_start_time_seconds"
 UNPROVEN = frozenset({"mismatch", "unaudited", "invalid"})
+_READ = (PROMPT_COUNTER, GENERATION_COUNTER, START_TIME)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,9 @@ def parse_engine_counters(text: str) -> EngineReading:
     seen = set()
     started = None
     for line in text.splitlines():
+        line = line.lstrip()
+        if not line.startswith(_READ):  # most lines: histograms the window does not need
+            continue
         name, value = _sample(line)
         if name in totals:
             totals[name] += float(value)
