@@ -31,6 +31,7 @@ lint: install
 	$(BIN)/ruff format --check proxy tests scripts bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(BIN)/deptry .
 
 test: install lint provision  ## everything, including the real-vLLM end-to-end suite
 	$(BIN)/python -m pytest

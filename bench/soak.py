@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -40,10 +41,9 @@ def size_mb(path: Path) -> float:
 async def metric(session: aiohttp.ClientSession, url: str, name: str) -> float:
     """An unlabelled series from the proxy's /metrics; -1 if it is missing."""
     async with session.get(url + "/metrics") as resp:
-        for line in (await resp.text()).splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    return -1.0
+        families = text_string_to_metric_families(await resp.text())
+    found = (s.value for f in families for s in f.samples if s.name == name and not s.labels)
+    return next(found, -1.0)
 
 
 class Counts:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
+import enum
 import io
 import json
 import os
@@ -13,9 +14,10 @@ import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import ValidationError
+from pydantic_settings import CliSettingsSource
 
 from proxy import __version__
 from proxy.ledger.journal_files import (
@@ -27,28 +29,14 @@ from proxy.ledger.journal_files import (
 )
 from proxy.ledger.records import UsageRecord
 from proxy.ledger.report import FORMATS, GROUPS, aggregate
-from proxy.ledger.sinks.postgres import read_ledger
 from proxy.settings import (
     ENV_PREFIX,
     FILE_ONLY,
-    CacheSalting,
-    EventLoop,
-    Mode,
     Settings,
     default_journal_path,
     display_default,
     load_settings,
 )
-
-# Flags whose values argparse checks (and --help lists).
-_CHOICES = {
-    "mode": [m.value for m in Mode],
-    "event_loop": [e.value for e in EventLoop],
-    "cache_salt": [c.value for c in CacheSalting],
-}
-
-# Not flags: structured (models) or secret (headers: argv is visible to every local user).
-_FILE_ONLY = FILE_ONLY
 
 
 def _flag_help(name: str) -> str:
@@ -59,7 +47,36 @@ def _flag_help(name: str) -> str:
     return f"{field.description} [env {env}; {default}]"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _choices(annotation: Any) -> list[str] | None:
+    """The values an enum or Literal setting takes, as written on the command line."""
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return [str(member.value) for member in annotation]
+    if get_origin(annotation) is Literal:
+        return [str(value) for value in get_args(annotation)]
+    return None
+
+
+def _add_setting(parser: argparse.ArgumentParser, *flags: str, **options: Any) -> None:
+    """Add one settings field as a ``serve`` flag (pydantic-settings' CLI source calls
+    this for each): the help names its environment variable and default, argparse checks
+    and lists an enum's or Literal's values, a boolean is a plain flag that still takes
+    ``true``/``false``, and structured or secret fields stay out of argv."""
+    name = options["dest"]
+    if name in FILE_ONLY:
+        return
+    options["help"] = _flag_help(name)
+    choices = _choices(Settings.model_fields[name].annotation)
+    if choices:
+        options.pop("metavar", None)
+        options["choices"] = choices
+    elif options.get("metavar") == "bool":
+        options |= {"nargs": "?", "const": "true", "metavar": "true|false"}
+    parser.add_argument(*flags, **options)
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, CliSettingsSource[Settings]]:
+    """The ``usage-proxy`` commands, and the source that reads ``serve``'s flags (one per
+    settings field, made by pydantic-settings from the model)."""
     parser = argparse.ArgumentParser(
         prog="usage-proxy",
         description="Usage-auditing reverse proxy for vLLM. It forwards every request "
@@ -81,17 +98,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get(f"{ENV_PREFIX}CONFIG"),
         help=f"YAML or TOML file with options, incl. per-model overrides [env {ENV_PREFIX}CONFIG]",
     )
-    for name in Settings.model_fields:
-        if name in _FILE_ONLY:
-            continue
-        flag = "--" + name.replace("_", "-")
-        choices = _CHOICES.get(name)
-        serve.add_argument(flag, dest=name, default=None, choices=choices, help=_flag_help(name))
+    flags: CliSettingsSource[Settings] = CliSettingsSource(
+        Settings,
+        root_parser=serve,
+        cli_kebab_case=True,
+        cli_hide_none_type=True,
+        add_argument_method=_add_setting,
+    )
     _add_report(commands)
     _add_dead_letters(commands)
     _add_exporters(commands)
     _add_reconcile(commands)
-    return parser
+    return parser, flags
 
 
 def _add_reconcile(commands: Any) -> None:
@@ -285,6 +303,8 @@ def run_report(args: argparse.Namespace) -> int:
     if unknown or not groups:
         raise ValueError(f"--group-by takes {', '.join(GROUPS)}; not {', '.join(unknown)}")
     if args.ledger_dsn:
+        from proxy.ledger.sinks.postgres import read_ledger  # asyncpg only when asked
+
         records = asyncio.run(read_ledger(args.ledger_dsn, since, until))
     else:
         path = _journal_path(args)
@@ -334,7 +354,8 @@ def _format_errors(exc: ValidationError) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser, flags = build_parser()
+    args = parser.parse_args(argv)
     if args.command in ("report", "dead-letters", "exporters", "reconcile"):
         command = {
             "report": run_report,
@@ -347,9 +368,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, ValueError, sqlite3.Error) as exc:
             print(f"usage-proxy {args.command}: {exc}", file=sys.stderr)
             return 2
-    cli: dict[str, Any] = {k: v for k, v in vars(args).items() if k not in {"command", "config"}}
     try:
-        settings = load_settings(cli, args.config)
+        settings = load_settings({}, args.config, flags=flags(parsed_args=args))
     except ValidationError as exc:
         print(f"usage-proxy: {_format_errors(exc)}", file=sys.stderr)
         return 2

@@ -1,4 +1,6 @@
-"""Configuration: one pydantic model fed by CLI flags, environment variables and a file.
+"""Configuration: one pydantic model fed by CLI flags, environment variables and a file,
+each through pydantic-settings' own source (CLI, environment, YAML or TOML); the model is
+the one list of options, their flags, their ``--help`` and the README table.
 
 Precedence: command-line flag > ``USAGE_PROXY_*`` environment variable > config file
 (YAML or TOML, ``--config`` / ``USAGE_PROXY_CONFIG``) > default.
@@ -9,7 +11,7 @@ from __future__ import annotations
 import enum
 import os
 import socket
-import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -24,8 +26,11 @@ from pydantic import (
 )
 from pydantic_settings import (
     BaseSettings,
+    CliSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    TomlConfigSettingsSource,
+    YamlConfigSettingsSource,
 )
 
 from proxy.accounting.dispatch import UNMETERED_FEATURES
@@ -34,10 +39,8 @@ from proxy.accounting.types import Family
 ENV_PREFIX = "USAGE_PROXY_"
 
 
-# Request features vLLM serves without a usage the proxy can bill.
-
-
-# Settings never taken from a flag (structured, or secret: argv is visible to every user)
+# Not flags: structured (models) or secret (headers, the salt key: argv is visible to every
+# local user).
 FILE_ONLY = frozenset({"models", "cloudevents_headers", "cache_salt_secret"})
 
 
@@ -404,43 +407,55 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return init_settings, env_settings, _FileSource(settings_cls, cls.config_file)
+        # A CLI source given to the constructor goes first (pydantic-settings puts it there).
+        if cls.config_file is None:
+            return init_settings, env_settings
+        return init_settings, env_settings, _file_source(settings_cls, cls.config_file)
 
 
-class _FileSource(PydanticBaseSettingsSource):
-    """Values from a YAML or TOML file (by extension); keys are the option names."""
-
-    def __init__(self, settings_cls: type[BaseSettings], path: Path | None) -> None:
-        super().__init__(settings_cls)
-        self._values = read_config_file(path) if path else {}
-
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return self._values.get(field_name), field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        return dict(self._values)
+def _file_source(settings_cls: type[BaseSettings], path: Path) -> PydanticBaseSettingsSource:
+    """pydantic-settings' TOML source for a ``.toml`` file, its YAML source otherwise."""
+    if not path.is_file():
+        raise ValueError(f"cannot read config file {path}: no such file")
+    if path.suffix == ".toml":
+        return _TomlFile(settings_cls, toml_file=path)
+    return _YamlFile(settings_cls, yaml_file=path)
 
 
-def read_config_file(path: Path) -> dict[str, Any]:
-    """Parse a config file; errors name the file."""
+class _YamlFile(YamlConfigSettingsSource):
+    def _read_file(self, file_path: Any) -> dict[str, Any]:
+        return _option_names(file_path, super()._read_file)
+
+
+class _TomlFile(TomlConfigSettingsSource):
+    def _read_file(self, file_path: Any) -> dict[str, Any]:
+        return _option_names(file_path, super()._read_file)
+
+
+def _option_names(path: Path, read: Callable[[Path], Any]) -> dict[str, Any]:
+    """A file's options, keyed as the fields (``read-timeout`` as a flag spells it is
+    ``read_timeout``); every error names the file."""
     try:
-        raw = path.read_text(encoding="utf-8")
+        data = read(path)
     except OSError as exc:
         raise ValueError(f"cannot read config file {path}: {exc.strerror}") from exc
-    try:
-        data = tomllib.loads(raw) if path.suffix == ".toml" else yaml.safe_load(raw)
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+    except (ValueError, yaml.YAMLError) as exc:  # TOMLDecodeError is a ValueError
         raise ValueError(f"config file {path} is not valid: {exc}") from exc
-    if data is None:
-        return {}
     if not isinstance(data, dict):
         raise ValueError(f"config file {path} must hold a mapping of option names to values")
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
-def load_settings(cli: dict[str, Any], config_file: Path | None) -> Settings:
-    """Build settings from CLI values (None means 'not given') and an optional file."""
-    given = {k: v for k, v in cli.items() if v is not None}
+def load_settings(
+    cli: dict[str, Any],
+    config_file: Path | None,
+    *,
+    flags: CliSettingsSource[Settings] | None = None,
+) -> Settings:
+    """Build settings from the ``serve`` flags (a pydantic-settings CLI source), or from
+    CLI values given as a mapping (None means 'not given'), and an optional file."""
+    given: dict[str, Any] = {k: v for k, v in cli.items() if v is not None}
+    given["_cli_settings_source"] = flags  # BaseSettings' own argument, not a field
 
     class _Bound(Settings):
         config_file: ClassVar[Path | None] = None

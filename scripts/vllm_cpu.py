@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm-usage-proxy"
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -353,12 +355,8 @@ def start_proxy(upstream: str, logs: Path, *args: str, port: int = 0) -> Process
 def metric(url: str, name: str = "vllm:prompt_tokens_total") -> float:
     """Sum of a Prometheus counter across its label sets on ``url``/metrics."""
     with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+        families = text_string_to_metric_families(resp.read().decode())
+    return sum(s.value for family in families for s in family.samples if s.name == name)
 
 
 def post(url: str, body: object, timeout: float = 60) -> tuple[int, dict[str, str], bytes]:

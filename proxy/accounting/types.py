@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
+
+from packaging.version import InvalidVersion, Version
 
 JSON = dict[str, Any]
 TruncationSide = Literal["left", "right"]
@@ -102,6 +105,23 @@ PROVEN_TEXT = (
 )
 
 
+_ODD_VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+@functools.lru_cache(maxsize=64)
+def _release_numbers(version: str | None) -> tuple[int, ...] | None:
+    """The release numbers of a vLLM version (``0.30.1.dev12+gabc`` -> 0, 30, 1): PEP 440
+    first (local builds, rc, dev and post releases), else the leading ``X.Y[.Z]`` of a
+    string a build made oddly; None when there is none."""
+    if not version:
+        return None
+    try:
+        return Version(version).release
+    except InvalidVersion:
+        odd = _ODD_VERSION.match(version.strip())
+        return None if odd is None else tuple(int(n) for n in odd.groups() if n is not None)
+
+
 @dataclass(frozen=True, slots=True)
 class Release:
     """An upstream vLLM release, reduced to the behaviour switches accounting needs.
@@ -112,13 +132,8 @@ class Release:
 
     @property
     def _parsed(self) -> tuple[int, int] | None:
-        if not self.version:
-            return None
-        parts = self.version.lstrip("v").split(".")
-        try:
-            return int(parts[0]), int(parts[1])
-        except (IndexError, ValueError):
-            return None
+        numbers = _release_numbers(self.version)
+        return None if numbers is None or len(numbers) < 2 else (numbers[0], numbers[1])
 
     @property
     def invocations_model_from_header(self) -> bool:
@@ -203,9 +218,8 @@ class Release:
     @property
     def _patch(self) -> int | None:
         """The patch number (``0.19.0+cpu`` -> 0), None when there is none."""
-        parts = (self.version or "").lstrip("v").split(".")
-        digits = re.match(r"\d+", parts[2]) if len(parts) > 2 else None
-        return int(digits.group()) if digits else None
+        numbers = _release_numbers(self.version)
+        return numbers[2] if numbers is not None and len(numbers) > 2 else None
 
     @property
     def only_second_needs_room(self) -> bool:

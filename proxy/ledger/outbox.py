@@ -220,6 +220,8 @@ class Outbox:
 
 
 def _next_backoff(current: float, low: float, high: float) -> float:
-    """Capped exponential backoff with full jitter on top of the floor."""
+    """Capped exponential backoff with equal jitter (a wait between half the doubled one
+    and all of it), never below the floor: the first wait is ``low`` itself."""
     base = min(high, max(low, current * 2))
-    return min(high, base * (0.5 + random.random() / 2))
+    floor = max(low, base / 2)
+    return floor + random.random() * (base - floor)

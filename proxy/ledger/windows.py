@@ -21,6 +21,7 @@ PROMPT_COUNTER = "vllm:prompt_tokens_total"
 GENERATION_COUNTER = "vllm:generation_tokens_total"
 START_TIME = "process_start_time_seconds"
 UNPROVEN = frozenset({"mismatch", "unaudited", "invalid"})
+_READ = (PROMPT_COUNTER, GENERATION_COUNTER, START_TIME)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,22 +34,40 @@ class EngineReading:
 
 
 def parse_engine_counters(text: str) -> EngineReading:
-    """Read the counters from Prometheus text exposition; raises ValueError without them."""
+    """Read the counters from Prometheus text exposition; raises ValueError without them.
+
+    A fast reading of the three samples it needs, held to ``prometheus_client.parser`` by
+    a property test (tests/unit/ledger/test_windows.py)."""
     totals = {PROMPT_COUNTER: 0.0, GENERATION_COUNTER: 0.0}
     seen = set()
     started = None
     for line in text.splitlines():
-        if not line or line.startswith("#"):
+        line = line.lstrip()
+        if not line.startswith(_READ):  # most lines: histograms the window does not need
             continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
+        name, value = _sample(line)
         if name in totals:
-            totals[name] += float(line.rsplit(" ", 1)[1])
+            totals[name] += float(value)
             seen.add(name)
         elif name == START_TIME:
-            started = float(line.rsplit(" ", 1)[1])
+            started = float(value)
     if PROMPT_COUNTER not in seen:
         raise ValueError(f"no {PROMPT_COUNTER} in the upstream's metrics")
     return EngineReading(round(totals[PROMPT_COUNTER]), round(totals[GENERATION_COUNTER]), started)
+
+
+def _sample(line: str) -> tuple[str, str]:
+    """A sample line's name and value (a timestamp may follow the value); ("", "") for a
+    comment or a blank line. A label value may hold braces: the labels end at the last."""
+    line = line.strip()
+    if not line or line[0] == "#":
+        return "", ""
+    name, brace, labels = line.partition("{")
+    if brace:
+        fields = labels[labels.rindex("}") + 1 :].split()
+    else:
+        name, *fields = line.split()
+    return name.strip(), fields[0] if fields else ""
 
 
 @dataclass(slots=True)

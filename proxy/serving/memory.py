@@ -17,10 +17,6 @@ def _libc() -> Any:
     return ctypes.CDLL(name) if name else None
 
 
-def _malloc_trim() -> Callable[[int], Any] | None:
-    return getattr(_libc(), "malloc_trim", None)
-
-
 M_MMAP_THRESHOLD, M_ARENA_MAX = -3, -8
 
 
@@ -35,4 +31,5 @@ def tune_allocator() -> None:
 
 
 def malloc_trim() -> Callable[[int], Any] | None:
+    """glibc's ``malloc_trim`` (hands the heap's free pages back), or None elsewhere."""
     return getattr(_libc(), "malloc_trim", None)

@@ -351,6 +351,9 @@ def load_tokenizer(source: str | Path, *, transformers_4: bool = False) -> HFTok
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
+    # Its records join the process's JSON lines (proxy.logs), not its own bare handler.
+    hf_logging.disable_default_handler()
+    hf_logging.enable_propagation()
     tok = _as_in_transformers_4(source) if transformers_4 else None
     semantics = TRANSFORMERS_4 if tok is not None else TRANSFORMERS_5
     if tok is None:

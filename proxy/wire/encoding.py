@@ -37,13 +37,25 @@ def decode_body(payload: bytes, header: str | None, limit: int) -> bytes:
 
 
 def _inflate(payload: bytes, wbits: int, limit: int) -> bytes:
+    """Every member of a gzip stream (RFC 1952 allows several, read as one), the one
+    stream of a zlib or raw deflate body; at most ``limit`` bytes in all."""
+    out = bytearray()
+    rest = payload
+    while True:
+        rest = _inflate_member(rest, wbits, limit, out)
+        if wbits <= zlib.MAX_WBITS or not rest.strip(b"\0"):  # gzip allows zero padding
+            return bytes(out)
+
+
+def _inflate_member(payload: bytes, wbits: int, limit: int, out: bytearray) -> bytes:
+    """Append one member's bytes to ``out``; return what follows it."""
     inflater = zlib.decompressobj(wbits)
     try:
-        out = inflater.decompress(payload, limit + 1)
+        out += inflater.decompress(payload, limit + 1 - len(out))
     except zlib.error as exc:
         raise UnreadableBody(f"corrupt compressed body: {exc}") from exc
     if len(out) > limit or inflater.unconsumed_tail:
         raise UnreadableBody(f"decoded body is larger than {limit} bytes")
     if not inflater.eof:
         raise UnreadableBody("truncated compressed body")
-    return out
+    return inflater.unused_data

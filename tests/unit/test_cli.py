@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import enum
 import subprocess
 import sys
+from pathlib import Path
+from typing import Literal, get_args, get_origin
 
 import pytest
 
-from proxy.cli import build_parser
-from proxy.settings import FILE_ONLY, Settings
+from proxy.cli import build_parser, main
+from proxy.settings import FILE_ONLY, Mode, Settings, load_settings
 
 
 def help_text(command: str) -> str:
@@ -20,7 +23,7 @@ def help_text(command: str) -> str:
 def test_bad_mode_is_rejected_by_the_parser() -> None:
     """--mode only takes rewrite, annotate or shadow."""
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["serve", "--upstream", "http://x", "--mode", "loud"])
+        build_parser()[0].parse_args(["serve", "--upstream", "http://x", "--mode", "loud"])
 
 
 def test_help_explains_every_option() -> None:
@@ -42,3 +45,102 @@ def test_report_help_has_no_literal_percent_escapes() -> None:
     out = help_text("report")
     assert "%%" not in out
     assert "yesterday" in out
+
+
+def _serve(argv: list[str], config: Path | None = None) -> Settings:
+    """Settings as ``usage-proxy serve ARGV`` builds them (the flags through
+    pydantic-settings' CLI source)."""
+    parser, flags = build_parser()
+    args = parser.parse_args(["serve", *argv])
+    return load_settings({}, config or args.config, flags=flags(parsed_args=args))
+
+
+def test_help_lists_the_values_of_every_enum_setting() -> None:
+    """Regression: --durability and --upstream-transformers offered no choices in --help
+    (the flags were written by hand beside the model). Every enum or Literal field now
+    shows its values, from the model."""
+    out = " ".join(help_text("serve").split())
+    shown = 0
+    for name, field in Settings.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+            values = [str(m.value) for m in annotation]
+        elif get_origin(annotation) is Literal:
+            values = [str(v) for v in get_args(annotation)]
+        else:
+            continue
+        shown += 1
+        assert f"--{name.replace('_', '-')} {{{','.join(values)}}}" in out, name
+    assert shown >= 4  # mode, upstream_transformers, event_loop, durability
+
+
+@pytest.mark.parametrize(
+    ("argv", "anonymous"),
+    [
+        ([], False),
+        (["--allow-anonymous"], True),
+        (["--allow-anonymous", "true"], True),
+        (["--allow-anonymous", "false"], False),
+        (["--allow-anonymous=true"], True),
+    ],
+)
+def test_a_boolean_is_a_plain_flag_that_still_takes_a_value(
+    argv: list[str], anonymous: bool
+) -> None:
+    """Regression: booleans needed a literal ``true``. A plain flag now sets one, and
+    ``--flag true`` / ``--flag false`` (as the docs write them) still work."""
+    assert _serve(["--upstream", "http://x", *argv]).allow_anonymous is anonymous
+
+
+def test_structured_and_secret_settings_are_not_flags(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """models and cloudevents_headers stay out of argv (visible to every local user)."""
+    with pytest.raises(SystemExit):
+        build_parser()[0].parse_args(
+            ["serve", "--upstream", "http://x", "--cloudevents-headers", '{"a": "b"}']
+        )
+    assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_flag_beats_environment_beats_file_beats_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The precedence the README documents, through the real command line."""
+    config = tmp_path / "proxy.toml"
+    config.write_text('upstream = "http://file:1"\nport = 7000\nmode = "shadow"\nhost = "h"\n')
+    monkeypatch.setenv("USAGE_PROXY_PORT", "7001")
+    monkeypatch.setenv("USAGE_PROXY_MODE", "annotate")
+    monkeypatch.setenv("USAGE_PROXY_CONFIG", str(config))
+    settings = _serve(["--mode", "rewrite"])
+    assert settings.mode is Mode.REWRITE  # flag over environment and file
+    assert settings.port == 7001  # environment over file
+    assert (settings.upstream_base, settings.host) == ("http://file:1", "h")  # file
+    assert settings.read_timeout == 600.0  # default
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("bad.yaml", "port: [1\n", "is not valid"),
+        ("bad.toml", "port = \n", "is not valid"),
+        ("list.yaml", "- port\n", "must hold a mapping"),
+        ("missing.yaml", None, "cannot read config file"),
+    ],
+)
+def test_config_file_errors_name_the_file(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    name: str,
+    text: str | None,
+    message: str,
+) -> None:
+    """A file that cannot be read or parsed exits 2 with its path in the message."""
+    path = tmp_path / name
+    if text is not None:
+        path.write_text(text)
+    assert main(["serve", "--upstream", "http://x", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage-proxy: ")
+    assert message in err
+    assert str(path) in err

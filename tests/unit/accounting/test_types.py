@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from proxy.accounting.types import Release, Truncation
@@ -116,3 +119,48 @@ def test_left_truncation_is_not_applied_on_0_19(
     assert release.applied(asked).truncate_prompt_tokens == left
     right_cut = Truncation(truncate_prompt_tokens=7, truncation_side="right")
     assert release.applied(right_cut).truncate_prompt_tokens == right
+
+
+SWITCHES = (
+    "proven",
+    "reports_engine_usage",
+    "pads",
+    "cuts_text",
+    "truncates_left",
+    "runs_transformers_4",
+    "invocations_model_from_header",
+    "only_second_needs_room",
+    "reserves_score_tokens",
+    "joins_cut_texts",
+    "iterative_text_cut",
+)
+COMPATIBILITY = Path(__file__).parents[3] / "docs" / "compatibility.md"
+DOCUMENTED = sorted(set(re.findall(r"\b0\.\d+\.\d+\b", COMPATIBILITY.read_text())))
+
+
+def _switches(release: Release) -> tuple[object, ...]:
+    return tuple(getattr(release, name) for name in SWITCHES)
+
+
+def test_every_documented_release_is_read() -> None:
+    """The releases docs/compatibility.md names are all found (a guard for the table below)."""
+    assert {"0.8.5", "0.19.1", "0.29.0", "0.32.0", "0.33.0"} <= set(DOCUMENTED)
+
+
+@pytest.mark.parametrize("version", DOCUMENTED)
+@pytest.mark.parametrize(
+    "build", ["{}+cpu", "v{}", "{}rc1", "{}.dev12+gabc1234", "{}.post1", "{}+cu128.abi3", "{}-cpu"]
+)
+def test_builds_of_a_release_switch_as_the_release(version: str, build: str) -> None:
+    """Every release in docs/compatibility.md, as vLLM's builds spell it (local CPU and CUDA
+    builds, release candidates, dev builds, post releases, and a build that is not PEP 440
+    at all), behaves as the plain release: each switch of the table is the same."""
+    plain = Release(version)
+    assert plain.proven is not None  # a release the table reads, not an unknown one
+    assert _switches(Release(build.format(version))) == _switches(plain)
+
+
+@pytest.mark.parametrize("odd", ["", "unknown", "0", "dev", "x0.30.0"])
+def test_a_version_with_no_release_numbers_is_unknown(odd: str) -> None:
+    """A version without ``X.Y`` is unknown: every switch takes the newest behaviour."""
+    assert _switches(Release(odd)) == _switches(Release(None))

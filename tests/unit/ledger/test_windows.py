@@ -5,9 +5,20 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.ledger.records import UsageRecord
-from proxy.ledger.windows import EngineReading, Tally, parse_engine_counters, settle
+from proxy.ledger.windows import (
+    GENERATION_COUNTER,
+    PROMPT_COUNTER,
+    START_TIME,
+    EngineReading,
+    Tally,
+    parse_engine_counters,
+    settle,
+)
 
 NOW = datetime(2026, 11, 30, tzinfo=UTC)
 
@@ -25,6 +36,91 @@ def test_parse_sums_every_label_set() -> None:
     assert parse_engine_counters(text) == EngineReading(40, 7, 1.7e9)
     with pytest.raises(ValueError, match="no vllm:prompt_tokens_total"):
         parse_engine_counters("up 1\n")
+
+
+def _by_the_library(text: str) -> EngineReading:
+    """The reading as prometheus_client's own parser makes it: the reference."""
+    totals = {PROMPT_COUNTER: 0.0, GENERATION_COUNTER: 0.0}
+    seen, started = set(), None
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in totals:
+                totals[sample.name] += sample.value
+                seen.add(sample.name)
+            elif sample.name == START_TIME:
+                started = sample.value
+    if PROMPT_COUNTER not in seen:
+        raise ValueError(f"no {PROMPT_COUNTER} in the upstream's metrics")
+    return EngineReading(round(totals[PROMPT_COUNTER]), round(totals[GENERATION_COUNTER]), started)
+
+
+def _escaped(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+NAMES = st.sampled_from(
+    [
+        PROMPT_COUNTER,
+        GENERATION_COUNTER,
+        START_TIME,
+        "vllm:prompt_tokens_created",
+        "vllm:prompt_tokens_total_x",
+        "vllm:num_requests_running",
+    ]
+)
+LABELS = st.dictionaries(
+    st.sampled_from(["engine", "model_name", "le"]),
+    st.text(st.sampled_from('ab0 {}",=\\\n#'), max_size=8),
+    max_size=2,
+)
+VALUES = st.one_of(
+    st.integers(0, 10**12).map(str),
+    st.integers(0, 10**6).map(lambda n: f"{n}.0"),
+    st.floats(0, 1e9, allow_nan=False).map(repr),
+)
+TIMESTAMPS = st.one_of(st.none(), st.integers(0, 2 * 10**12))
+
+
+@st.composite
+def _exposition(draw: st.DrawFn) -> str:
+    lines = []
+    for name, labels, value, stamp in draw(
+        st.lists(st.tuples(NAMES, LABELS, VALUES, TIMESTAMPS), max_size=8)
+    ):
+        if draw(st.booleans()):
+            lines.append(f"# HELP {name} a help text with {{braces}} and 1 2 3")
+        label_text = ",".join(f'{k}="{_escaped(v)}"' for k, v in labels.items())
+        sample = name + (f"{{{label_text}}}" if labels else "") + f" {value}"
+        lines.append(sample + ("" if stamp is None else f" {stamp}"))
+        if draw(st.booleans()):
+            lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+@given(_exposition())
+def test_the_fast_reading_agrees_with_prometheus_client(text: str) -> None:
+    """Whatever the label values (braces, quotes, spaces, escapes), comments and
+    timestamps, the fast parser reads what prometheus_client's parser reads, or both
+    find no prompt counter."""
+    try:
+        expected: EngineReading | str = _by_the_library(text)
+    except ValueError as exc:
+        expected = str(exc)
+    try:
+        got: EngineReading | str = parse_engine_counters(text)
+    except ValueError as exc:
+        got = str(exc)
+    assert got == expected
+
+
+def test_a_timestamp_is_not_read_as_the_value() -> None:
+    """Regression: a sample with a timestamp (``name value ms``) was read as its timestamp."""
+    text = (
+        'vllm:prompt_tokens_total{model_name="a b"} 36 1764750000000\n'
+        "vllm:generation_tokens_total 7 1764750000000\n"
+        "process_start_time_seconds 1.7e9 1764750000000\n"
+    )
+    assert parse_engine_counters(text) == EngineReading(36, 7, 1.7e9) == _by_the_library(text)
 
 
 def record(billed: int, verdict: str = "corrected") -> UsageRecord:

@@ -71,3 +71,28 @@ def test_unreadable_bodies_are_refused_with_a_reason(
 def test_a_body_exactly_at_the_limit_is_read() -> None:
     """The limit is inclusive: a body of exactly ``limit`` bytes decodes."""
     assert decode_body(gzip.compress(b"x" * 1024), "gzip", 1024) == b"x" * 1024
+
+
+def test_every_member_of_a_multi_member_gzip_body_is_read() -> None:
+    """A gzip answer of several members (RFC 1952: their concatenation) decodes whole;
+    cutting it at the first member would bill from a fragment and hand the client a
+    cut body in rewrite mode."""
+    first, second = BODY[:20], BODY[20:]
+    payload = gzip.compress(first) + gzip.compress(second)
+    assert decode_body(payload, "gzip", 1 << 20) == BODY
+    assert decode_body(payload + b"\0" * 8, "gzip", 1 << 20) == BODY  # zero padding
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (gzip.compress(b"x" * 600) + gzip.compress(b"y" * 600), "larger than"),
+        (gzip.compress(BODY) + gzip.compress(BODY)[:-12], "truncated"),
+        (gzip.compress(BODY) + b"trailing junk", "corrupt"),
+    ],
+)
+def test_later_gzip_members_are_held_to_the_same_bounds(payload: bytes, reason: str) -> None:
+    """The limit counts the members together; a truncated or corrupt later member is
+    refused like a first one."""
+    with pytest.raises(UnreadableBody, match=reason):
+        decode_body(payload, "gzip", 1024)
