@@ -26,7 +26,8 @@ from proxy.ledger.journal_files import (
     requeue_dead_letters,
 )
 from proxy.ledger.records import UsageRecord
-from proxy.ledger.report import FORMATS, GROUPS, aggregate
+from proxy.ledger.report import GROUPS, aggregate
+from proxy.ledger.report_formats import FORMATS
 from proxy.ledger.sinks.postgres import read_ledger
 from proxy.settings import (
     ENV_PREFIX,
@@ -251,11 +252,13 @@ def _add_report(commands: Any) -> None:
     report = commands.add_parser(
         "report",
         help="usage per tenant, model, operation or day, from the journal or the ledger",
-        description="Requests, reported and billed tokens, the over-report (tokens and % of "
-        "billed), tokens billed without proof (mismatch, unaudited) and verdict counts, "
-        "grouped as asked, with totals and the period covered.",
+        description="Requests; prompt (input) and completion (output) tokens, each as vLLM "
+        "reported them and as billed; the over-report (tokens and % of reported); tokens "
+        "billed without proof (mismatch, unaudited) and verdict counts; grouped as asked, "
+        "with per-tenant subtotals, totals, the period and the first and last record. "
+        "CSV has the detail rows only, so a spreadsheet's sums are the totals.",
         epilog="examples: usage-proxy report --since yesterday; usage-proxy report --since "
-        "2026-11-01 --until 2026-12-01 --group-by tenant,operation --format csv; "
+        "2026-11-01 --until 2026-12-01 --group-by tenant,day,operation --format csv; "
         "usage-proxy report --since 7d --format html --output usage.html",
     )
     source = report.add_mutually_exclusive_group()
@@ -274,6 +277,11 @@ def _add_report(commands: Any) -> None:
 
 def run_report(args: argparse.Namespace) -> int:
     since, until = _iso(args.since), _iso(args.until)
+    if since and until and datetime.fromisoformat(since) >= datetime.fromisoformat(until):
+        raise ValueError(
+            f"--since {args.since} ({since}) is not before --until {args.until} ({until}): "
+            "the range is empty; --since is inclusive, --until exclusive"
+        )
     groups = [g.strip() for g in args.group_by.split(",") if g.strip()]
     unknown = [g for g in groups if g not in GROUPS]
     if unknown or not groups:

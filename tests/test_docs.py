@@ -59,3 +59,14 @@ def test_every_guarantee_names_a_test_that_exists() -> None:
             if name and (module is None or name not in _test_names(module)):
                 wrong.append(f"{module and module.relative_to(ROOT)}::{name}")
     assert wrong == []
+
+
+def test_report_columns_are_documented_as_the_code_explains_them() -> None:
+    """docs/metering.md's report column table is what proxy/ledger/report.py's column
+    meanings generate (the HTML page and the table print the same meanings)."""
+    from proxy.ledger.report import columns_reference
+
+    text = (ROOT / "docs" / "metering.md").read_text()
+    start = text.index("<!-- report-columns:start -->\n") + len("<!-- report-columns:start -->\n")
+    end = text.index("<!-- report-columns:end -->")
+    assert text[start:end] == columns_reference()
