@@ -123,6 +123,9 @@ def run_reconcile(args: argparse.Namespace) -> int:
     path = _journal_path(args)
     bodies = read_journal(path, _iso(args.since), _iso(args.until), kind="reconciliation")
     windows = [json.loads(b) for b in bodies]
+    if not windows:
+        print(nothing_reconciled(path, args.since, args.until), file=sys.stderr)
+        return 1
     if args.format == "json":
         print(json.dumps(windows, indent=2))
         return 0
@@ -156,6 +159,18 @@ def run_reconcile(args: argparse.Namespace) -> int:
     drift = sum(w["unbilled_prompt_tokens"] + w["overbilled_prompt_tokens"] for w in windows)
     print(f"{len(windows)} window(s), prompt-token drift {drift}")
     return 0
+
+
+def nothing_reconciled(path: Path, since: str | None, until: str | None) -> str:
+    """Why an empty list of windows is not a clean bill: nothing was compared at all."""
+    span = f" from {since or 'the start'} to {until or 'now'}" if since or until else ""
+    return (
+        f"usage-proxy reconcile: no reconciliation window in {path}{span}: nothing could be "
+        "reconciled, so no drift is known. The proxy journals a window every "
+        "--reconcile-interval seconds (0 turns it off) once it can read "
+        "vllm:prompt_tokens_total from the upstream's /metrics; its log says why it cannot "
+        "(reconcile_failed, e.g. no /metrics)."
+    )
 
 
 def _journal_option(parser: Any) -> None:
@@ -358,7 +373,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"usage-proxy: {exc}", file=sys.stderr)
         return 2
-    from proxy.serving.process import run  # not at the top: the other commands need no server
+    from proxy.serving.process import run_or_explain  # the other commands need no server
 
-    run(settings)
-    return 0
+    return run_or_explain(settings)

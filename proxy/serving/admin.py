@@ -12,6 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from proxy.ledger.journal import Journal
 from proxy.metrics import Metrics
 from proxy.serving.catalog import Catalog
+from proxy.serving.startup import listen
 from proxy.settings import Settings
 
 
@@ -26,6 +27,10 @@ def readiness(catalog: Catalog, journal: Journal | None) -> Handler:
 
     async def readyz(request: web.Request) -> web.Response:
         problems = {name: m.problem for name, m in catalog.models.items() if m.problem}
+        if not catalog.ready.is_set():
+            problems["upstream"] = catalog.problem or "discovery has not completed yet"
+        elif not catalog.models:
+            problems["upstream"] = "the upstream's /v1/models lists no model"
         if journal is not None and not journal.healthy and not await journal.probe():
             problems["journal"] = journal.problem or "records cannot be journaled"
         ready = catalog.ready.is_set() and not problems and bool(catalog.models)
@@ -73,7 +78,7 @@ def admin_context(
         routes(admin)
         runner = web.AppRunner(admin, access_log=None, keepalive_timeout=settings.keepalive_timeout)
         await runner.setup()
-        await web.TCPSite(runner, settings.admin_host, settings.admin_port).start()
+        await listen(runner, settings.admin_host, settings.admin_port, "--admin-port")
         yield
         await runner.cleanup()
 
