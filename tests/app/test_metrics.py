@@ -76,3 +76,26 @@ async def test_admin_port_serves_metrics_and_health(
                 assert resp.status == 200, path
     main = await client.get("/metrics")
     assert "usage_proxy_audited_requests" not in await main.text()
+
+
+async def test_admin_port_serves_the_upstreams_metrics(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path
+) -> None:
+    """Issue #39 case 13: in the pod vLLM listens on loopback only, so Prometheus reads its
+    counters through the proxy's admin port, /upstream/metrics (the main port has none)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        admin_port = sock.getsockname()[1]
+    client = await start(
+        aiohttp_server, aiohttp_client, minilm_path, admin_port=admin_port, admin_host="127.0.0.1"
+    )
+    await client.post("/rerank", json={"query": QUERY, "documents": DOCS})
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{admin_port}/upstream/metrics") as resp,
+    ):
+        assert resp.status == 200
+        text = await resp.text()
+    assert "vllm:prompt_tokens_total" in text
+    assert "usage_proxy_" not in text
+    assert (await client.get("/upstream/metrics")).status != 200

@@ -79,11 +79,16 @@ def test_kubernetes_manifests_validate() -> None:
     for doc in k8s_documents():
         kinds.append(doc["kind"])
         if doc["apiVersion"].startswith("monitoring.coreos.com"):
-            endpoint_ports = {e["port"] for e in doc["spec"]["podMetricsEndpoints"]}
-            assert endpoint_ports == {"admin", "vllm"}
             continue
         kubernetes_validate.validate(doc, "1.30", strict=True)
-    assert sorted(kinds) == ["ConfigMap", "Deployment", "PodMonitor", "Service"]
+    assert sorted(kinds) == [
+        "ConfigMap",
+        "Deployment",
+        "NetworkPolicy",
+        "PersistentVolumeClaim",
+        "PodMonitor",
+        "Service",
+    ]
 
 
 def test_sidecar_shares_model_volume_and_service_targets_proxy() -> None:
@@ -146,3 +151,86 @@ def test_alert_rules_query_known_metrics() -> None:
     for name, expr in alerts.items():
         for metric in re.findall(r"\busage_proxy_[a-z_]+", expr):
             assert metric in exported, (name, metric)
+
+
+def pod_spec() -> dict[str, Any]:
+    docs = {d["kind"]: d for d in k8s_documents()}
+    spec: dict[str, Any] = docs["Deployment"]["spec"]["template"]["spec"]
+    return spec
+
+
+def test_vllm_cannot_be_reached_around_the_proxy() -> None:
+    """Issue #39 case 13: vLLM listened on 0.0.0.0:8000, the PodMonitor scraped that port
+    and nothing stopped any pod calling podIP:8000. Now vLLM binds the pod's loopback and
+    declares no port, its metrics are scraped through the proxy's admin port, and a
+    NetworkPolicy on the pod admits only the proxy's ports."""
+    docs = {d["kind"]: d for d in k8s_documents()}
+    containers = {c["name"]: c for c in pod_spec()["containers"]}
+    args = containers["vllm"]["args"]
+    assert args[args.index("--host") + 1] == "127.0.0.1"
+    assert "ports" not in containers["vllm"]
+    assert "httpGet" not in containers["vllm"]["readinessProbe"]  # the kubelet cannot reach it
+    endpoints = docs["PodMonitor"]["spec"]["podMetricsEndpoints"]
+    assert {(e["port"], e["path"]) for e in endpoints} == {
+        ("admin", "/metrics"),
+        ("admin", "/upstream/metrics"),
+    }
+    policy = docs["NetworkPolicy"]["spec"]
+    labels = docs["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"].items() <= labels.items()
+    assert policy["policyTypes"] == ["Ingress"]
+    proxy_ports = {p["name"] for p in containers["usage-proxy"]["ports"]}
+    admitted = {p["port"] for rule in policy["ingress"] for p in rule["ports"]}
+    assert admitted == proxy_ports == {"http", "admin"}
+    assert all("ports" in rule for rule in policy["ingress"])  # no rule admits every port
+
+
+def test_pod_meets_the_restricted_pod_security_level() -> None:
+    """Issue #39 case 14: both containers run non-root without privilege escalation or
+    capabilities, under the runtime's seccomp profile; the proxy's read-only root has a
+    writable /tmp."""
+    pod = pod_spec()
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for container in pod["containers"]:
+        context = container["securityContext"]
+        assert context["allowPrivilegeEscalation"] is False, container["name"]
+        assert context["capabilities"]["drop"] == ["ALL"], container["name"]
+        assert context["runAsUser"] > 0, container["name"]
+        tmp = [m["name"] for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]
+        assert len(tmp) == 1, container["name"]
+        assert "emptyDir" in volumes[tmp[0]]
+    proxy = next(c for c in pod["containers"] if c["name"] == "usage-proxy")
+    assert proxy["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_records_have_a_durable_path_and_keys_a_secret(tmp_path: Path) -> None:
+    """Issue #39 case 14: the ledger's Secret was optional (missing meant no ledger) while
+    the journal lived on an emptyDir lost with the pod. Now the Secret is required and the
+    journal is on a PersistentVolumeClaim of the kustomization; the example Secret for
+    --api-keys holds digests the proxy loads, never keys."""
+    from proxy.serving.tenancy import load_api_keys
+
+    docs = {d["kind"]: d for d in k8s_documents()}
+    pod = pod_spec()
+    proxy = next(c for c in pod["containers"] if c["name"] == "usage-proxy")
+    env = {e["name"]: e for e in proxy["env"]}
+    ref = env["USAGE_PROXY_LEDGER_DSN"]["valueFrom"]["secretKeyRef"]
+    assert ref.get("optional", False) is False
+    state = "/var/lib/usage-proxy"  # the image's XDG_STATE_HOME: the journal's directory
+    assert f"XDG_STATE_HOME={state}" in (ROOT / "deploy" / "Dockerfile").read_text()
+    mounts = {m["mountPath"]: m["name"] for m in proxy["volumeMounts"]}
+    journal = next(v for v in pod["volumes"] if v["name"] == mounts[state])
+    claim = journal["persistentVolumeClaim"]["claimName"]
+    assert docs["PersistentVolumeClaim"]["metadata"]["name"] == claim
+    assert pod.get("strategy") is None
+    assert docs["Deployment"]["spec"]["strategy"]["type"] == "Recreate"  # one RWO volume
+    example = yaml.safe_load((K8S / "api-keys.example.yaml").read_text())
+    kubernetes_validate.validate(example, "1.30", strict=True)
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(example["stringData"]["keys.yaml"])
+    assert set(load_api_keys(keys).values()) == {"acme", "globex"}
+    readme = (ROOT / "README.md").read_text()
+    for name in ("api-keys.example.yaml", "usage-journal", "usage-ledger"):
+        assert name in readme, name
