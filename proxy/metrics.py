@@ -7,7 +7,7 @@ past ``--metrics-max-tenants`` are folded into ``other``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,7 @@ from proxy.accounting.verdicts import Audit
 from proxy.settings import Settings
 
 OTHER = "other"
+UNKNOWN = "unknown"
 # OpenTelemetry GenAI semantic conventions: gen_ai.client.token.usage bucket boundaries.
 TOKEN_BUCKETS = (
     1,
@@ -87,14 +88,14 @@ SPECS: dict[str, _Spec] = {
     "reported": _Spec(
         Counter,
         "usage_proxy_reported_prompt_tokens",
-        "Prompt tokens the upstream reported.",
+        "Prompt tokens the upstream reported, every metered operation.",
         ("endpoint", "model"),
         tenant=True,
     ),
     "billed": _Spec(
         Counter,
         "usage_proxy_billed_prompt_tokens",
-        "Prompt tokens billed (engine-level when proven, else reported).",
+        "Prompt tokens billed (engine-level when proven, else reported), every metered operation.",
         ("endpoint", "model"),
         tenant=True,
     ),
@@ -102,6 +103,21 @@ SPECS: dict[str, _Spec] = {
         Counter,
         "usage_proxy_over_reported_prompt_tokens",
         "Prompt tokens the upstream over-reported (corrected verdicts).",
+        ("endpoint", "model"),
+        tenant=True,
+    ),
+    # Completion tokens per tenant (#39): the GenAI histogram has no tenant label.
+    "reported_completion": _Spec(
+        Counter,
+        "usage_proxy_reported_completion_tokens",
+        "Completion tokens the upstream reported.",
+        ("endpoint", "model"),
+        tenant=True,
+    ),
+    "billed_completion": _Spec(
+        Counter,
+        "usage_proxy_billed_completion_tokens",
+        "Completion tokens billed.",
         ("endpoint", "model"),
         tenant=True,
     ),
@@ -284,6 +300,8 @@ class Metrics:
     reported: Counter
     billed: Counter
     over: Counter
+    reported_completion: Counter
+    billed_completion: Counter
     tokenization: Histogram
     added: Histogram
     upstream_errors: Counter
@@ -315,8 +333,16 @@ class Metrics:
     tasks: Gauge
     genai: Histogram
 
-    def __init__(self, settings: Settings, trusted_tenants: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        trusted_tenants: Iterable[str] = (),
+        served: Callable[[str], bool] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        # Whether a model name is one the upstream serves: others are labelled 'unknown',
+        # so a client's made-up model names cannot grow the series.
+        self._served = served
         self._tenants = settings.metrics_tenant_label
         self._max_tenants = settings.metrics_max_tenants
         self._seen: set[str] = set()
@@ -346,10 +372,16 @@ class Metrics:
             return (name,)
         return (OTHER,)
 
+    def model(self, name: str) -> str:
+        """The model label: a served model's name, else ``unknown``."""
+        if self._served is None or self._served(name):
+            return name
+        return UNKNOWN
+
     def audited(self, endpoint: str, model: str, tenant: str, audit: Audit) -> None:
         """One audited answer: its verdict, and the tokens reported, billed, over-reported."""
         requests, reported_c, billed_c, over_c = self._audit_children(
-            endpoint, model, audit.verdict.value, self.tenant(tenant)
+            endpoint, self.model(model), audit.verdict.value, self.tenant(tenant)
         )
         requests.inc()
         if audit.reported is not None:
@@ -375,9 +407,22 @@ class Metrics:
             )
         return children
 
+    def metered(
+        self, endpoint: str, model: str, tenant: str, prompt: int | None, completion: int | None
+    ) -> None:
+        """One metered (not audited) answer's tokens, reported and billed alike, per tenant."""
+        labels = (endpoint, self.model(model), *self.tenant(tenant))
+        if prompt:
+            self.reported.labels(*labels).inc(prompt)
+            self.billed.labels(*labels).inc(prompt)
+        if completion:
+            self.reported_completion.labels(*labels).inc(completion)
+            self.billed_completion.labels(*labels).inc(completion)
+
     def token_usage(
         self, operation: str, model: str, prompt: int | None, completion: int | None
     ) -> None:
+        model = self.model(model)
         if prompt is not None:
             self._genai(operation, "input", model).observe(prompt)
         if completion:

@@ -235,6 +235,10 @@ class Catalog:
             return next(iter(self.models.values()), None)
         return self.models.get(name)
 
+    def serves(self, name: str) -> bool:
+        """Whether ``name`` is a model the upstream serves (as last discovered)."""
+        return name in self.models
+
     def task_of(self, name: str | None) -> str | None:
         model = self.lookup(name)
         return model.task if model else None
