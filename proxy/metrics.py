@@ -121,6 +121,11 @@ SPECS: dict[str, _Spec] = {
         ("endpoint", "model"),
         tenant=True,
     ),
+    "reconcile_interval": _Spec(
+        Gauge,
+        "usage_proxy_reconcile_interval_seconds",
+        "--reconcile-interval: seconds between reconciliation windows (0: reconciliation off).",
+    ),
     "tokenization": _Spec(
         Histogram,
         "usage_proxy_accounting_seconds",
@@ -302,6 +307,7 @@ class Metrics:
     over: Counter
     reported_completion: Counter
     billed_completion: Counter
+    reconcile_interval: Gauge
     tokenization: Histogram
     added: Histogram
     upstream_errors: Counter
@@ -355,6 +361,7 @@ class Metrics:
         for attr, spec in SPECS.items():
             setattr(self, attr, spec.build(self.registry, tenant))
         self.journal_ready.set(1)  # the journal's own health once metering starts
+        self.reconcile_interval.set(settings.reconcile_interval)
         self.tasks.set_function(_task_count)
 
     def trust(self, tenants: Iterable[str]) -> None:

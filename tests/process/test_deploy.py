@@ -146,6 +146,7 @@ def test_alert_rules_query_known_metrics() -> None:
     registry = Metrics(Settings(upstream="http://x")).registry
     exported = {s.name for family in registry.collect() for s in family.samples}
     exported |= {family.name for family in registry.collect()}
+    exported |= {f"{f.name}_total" for f in registry.collect() if f.type == "counter"}
     alerts = {r["alert"]: r["expr"] for g in rules["groups"] for r in g["rules"]}
     assert "UsageLedgerDrift" in alerts
     for name, expr in alerts.items():
@@ -234,3 +235,95 @@ def test_records_have_a_durable_path_and_keys_a_secret(tmp_path: Path) -> None:
     readme = (ROOT / "README.md").read_text()
     for name in ("api-keys.example.yaml", "usage-journal", "usage-ledger"):
         assert name in readme, name
+
+
+def dashboard() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(
+        (ROOT / "deploy/grafana/dashboards/usage-proxy.json").read_text()
+    )
+    return data
+
+
+def test_dashboard_has_variables_not_a_fixed_datasource() -> None:
+    """Issue #39 case 7: the datasource uid was hard-coded and there were no variables.
+    Every panel and query uses ${datasource}, and every query is scoped to $instance."""
+    data = dashboard()
+    variables = {v["name"]: v for v in data["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    assert variables["instance"]["includeAll"] is True
+    for panel in data["panels"]:
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == "${datasource}", panel["title"]
+            for selector in re.findall(
+                r"\b(?:usage_proxy|gen_ai)_[a-z_]+(\{[^}]*\})?", target["expr"]
+            ):
+                assert 'instance=~"$instance"' in selector, (panel["title"], target["expr"])
+
+
+def test_no_dashboard_panel_mixes_seconds_and_tokens() -> None:
+    """Issue #39 case 7: the drift panel drew seconds since the last window on the token
+    axis. A panel's queries are all times (time() or _seconds metrics) or none are."""
+    for panel in dashboard()["panels"]:
+        timed = ["time()" in t["expr"] or "_seconds" in t["expr"] for t in panel["targets"]]
+        assert all(timed) or not any(timed), panel["title"]
+        if all(timed) and "latency" not in panel["title"].lower():
+            assert panel["fieldConfig"]["defaults"]["unit"] == "s", panel["title"]
+
+
+def test_engine_panel_compares_like_with_like() -> None:
+    """Issue #39 case 7: the engine's counters (every endpoint) were compared with
+    scoring-only counters. The proxy's token counters now cover every metered operation
+    (tests/app/test_metrics.py), so the panel sums them unfiltered, never by endpoint."""
+    panel = next(
+        p for p in dashboard()["panels"] if p["title"].startswith("Reconciliation: engine")
+    )
+    exprs = [t["expr"] for t in panel["targets"]]
+    assert any("usage_proxy_engine_prompt_tokens_total" in e for e in exprs)
+    assert any("usage_proxy_billed_prompt_tokens_total" in e for e in exprs)
+    assert any("usage_proxy_billed_completion_tokens_total" in e for e in exprs)
+    assert not any("endpoint" in e for e in exprs)
+    assert not any("scoring" in t["legendFormat"] for t in panel["targets"])
+
+
+def test_per_tenant_panels_have_data_with_the_shipped_config() -> None:
+    """Issue #39 case 7: the per-tenant panel was empty with the shipped ConfigMap (no
+    tenant label). Kubernetes and compose turn the label on, with the admin port it needs."""
+    assert any("by (tenant)" in t["expr"] for p in dashboard()["panels"] for t in p["targets"])
+    docs = {d["kind"]: d for d in k8s_documents()}
+    for env in (docs["ConfigMap"]["data"], compose()["services"]["proxy"]["environment"]):
+        settings = Settings(
+            upstream="http://x",
+            metrics_tenant_label=env["USAGE_PROXY_METRICS_TENANT_LABEL"],
+            admin_port=env["USAGE_PROXY_ADMIN_PORT"],
+        )
+        assert settings.metrics_tenant_label is True
+
+
+def alert_rules() -> dict[str, dict[str, Any]]:
+    rules = yaml.safe_load((ROOT / "deploy/prometheus/alerts.yml").read_text())
+    return {r["alert"]: r for g in rules["groups"] for r in g["rules"]}
+
+
+def test_alerts_cover_export_backlog_failures_and_dead_letters() -> None:
+    """Issue #39 case 8: nothing fired on an export backlog, export failures or dead
+    letters; each has a rule on its metric now."""
+    alerts = alert_rules()
+    assert "usage_proxy_export_backlog_records" in alerts["UsageExportBacklog"]["expr"]
+    assert "usage_proxy_export_failures_total" in alerts["UsageExportFailing"]["expr"]
+    assert "usage_proxy_export_dead_records" in alerts["UsageDeadLetters"]["expr"]
+    for name in ("UsageExportBacklog", "UsageExportFailing", "UsageDeadLetters"):
+        assert alerts[name]["annotations"]["summary"], name
+
+
+def test_reconciliation_stalled_is_silent_when_reconciliation_is_off() -> None:
+    """Issue #39 case 8: UsageReconciliationStalled fired forever with
+    --reconcile-interval 0 (nothing settles then). The rule now requires the interval gauge
+    above 0, and the gauge is 0 exactly when reconciliation is off."""
+    expr = " ".join(alert_rules()["UsageReconciliationStalled"]["expr"].split())
+    assert expr.endswith("and usage_proxy_reconcile_interval_seconds > 0")
+    for interval, shown in ((0, 0.0), (15, 15.0)):
+        metrics = Metrics(Settings(upstream="http://x", reconcile_interval=interval))
+        text = metrics.render().decode()
+        assert f"usage_proxy_reconcile_interval_seconds {shown}" in text
