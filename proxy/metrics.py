@@ -357,6 +357,7 @@ class Metrics:
         # Labelled series already looked up, by label values (as bounded as the series).
         self._children: dict[tuple[str, ...], tuple[Any, Any, Any, Any]] = {}
         self._genai_children: dict[tuple[str, str, str], Any] = {}
+        self._metered_children: dict[tuple[str, ...], tuple[Any, ...]] = {}
         tenant = ("tenant",) if self._tenants else ()
         for attr, spec in SPECS.items():
             setattr(self, attr, spec.build(self.registry, tenant))
@@ -419,12 +420,23 @@ class Metrics:
     ) -> None:
         """One metered (not audited) answer's tokens, reported and billed alike, per tenant."""
         labels = (endpoint, self.model(model), *self.tenant(tenant))
+        children = self._metered_children.get(labels)
+        if children is None:
+            children = self._metered_children[labels] = tuple(
+                c.labels(*labels)
+                for c in (
+                    self.reported,
+                    self.billed,
+                    self.reported_completion,
+                    self.billed_completion,
+                )
+            )
         if prompt:
-            self.reported.labels(*labels).inc(prompt)
-            self.billed.labels(*labels).inc(prompt)
+            children[0].inc(prompt)
+            children[1].inc(prompt)
         if completion:
-            self.reported_completion.labels(*labels).inc(completion)
-            self.billed_completion.labels(*labels).inc(completion)
+            children[2].inc(completion)
+            children[3].inc(completion)
 
     def token_usage(
         self, operation: str, model: str, prompt: int | None, completion: int | None
