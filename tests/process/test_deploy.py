@@ -176,6 +176,8 @@ def test_vllm_cannot_be_reached_around_the_proxy() -> None:
         ("admin", "/metrics"),
         ("admin", "/upstream/metrics"),
     }
+    upstream = next(e for e in endpoints if e["path"] == "/upstream/metrics")
+    assert upstream["relabelings"] == [{"targetLabel": "job", "replacement": "vllm"}]
     policy = docs["NetworkPolicy"]["spec"]
     labels = docs["Deployment"]["spec"]["template"]["metadata"]["labels"]
     assert policy["podSelector"]["matchLabels"].items() <= labels.items()
