@@ -1,36 +1,62 @@
 """Start-up mistakes (issue #39 case 9) end in one line naming the flag or file and what to
-do, exit code 2, no traceback: the real ``usage-proxy serve`` process, one per mistake."""
+do, exit code 2, no traceback: the real ``usage-proxy serve`` process, one per mistake (all
+started at once, so the module costs one start-up's time)."""
 
 from __future__ import annotations
 
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from scripts.vllm_cpu import free_port
 
-
-@pytest.fixture
-def taken() -> Iterator[int]:
-    """A port something else listens on."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen()
-        yield sock.getsockname()[1]
+JOURNALS = ("/proc/usage.sqlite", "/proc/usage/j.sqlite")  # unwritable even for root
 
 
-def serve(tmp_path: Path, *args: str) -> tuple[int, str]:
-    argv = [sys.executable, "-m", "proxy", "serve", "--upstream", "http://127.0.0.1:9"]
-    argv += ["--host", "127.0.0.1", "--journal", str(tmp_path / "j.sqlite"), *args]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-    return done.returncode, done.stderr
+def argv(workdir: Path, *args: str) -> list[str]:
+    base = [sys.executable, "-m", "proxy", "serve", "--upstream", "http://127.0.0.1:9"]
+    return [*base, "--host", "127.0.0.1", "--journal", str(workdir / "j.sqlite"), *args]
 
 
-def one_line(rc: int, err: str) -> str:
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, str]]:
+    """Each mistake's exit code and stderr, keyed by the mistake; also the paths used."""
+    tmp = tmp_path_factory.mktemp("startup")
+    (tmp / "plain.yaml").write_text("acme: sk-very-secret\n")
+    (tmp / "broken.yaml").write_text("acme: [unclosed\n")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        admin = ("--admin-host", "127.0.0.1", "--admin-port", port)
+        cases = {
+            "port": argv(tmp, "--port", port),
+            "admin": argv(tmp, "--port", str(free_port()), *admin),
+            "plain": argv(tmp, "--port", str(free_port()), "--api-keys", str(tmp / "plain.yaml")),
+            "broken": argv(tmp, "--port", str(free_port()), "--api-keys", str(tmp / "broken.yaml")),
+            "missing": argv(tmp, "--port", str(free_port()), "--api-keys", str(tmp / "no.yaml")),
+            **{j: argv(tmp, "--port", str(free_port()), "--journal", j) for j in JOURNALS},
+        }
+        running = {
+            k: subprocess.Popen(a, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+            for k, a in cases.items()
+        }
+        try:
+            results = {}
+            for key, process in running.items():
+                err = process.communicate(timeout=60)[1]
+                results[key] = (process.returncode, err)
+        finally:
+            for p in running.values():
+                p.kill()
+    return {**results, "_port": (0, port), "_dir": (0, str(tmp))}
+
+
+def one_line(outcome: tuple[int, str]) -> str:
+    rc, err = outcome
     assert rc == 2, err
     assert "Traceback" not in err
     last = err.strip().splitlines()[-1]
@@ -38,54 +64,49 @@ def one_line(rc: int, err: str) -> str:
     return last
 
 
-def keys(tmp_path: Path, text: str) -> str:
-    path = tmp_path / "keys.yaml"
-    path.write_text(text)
-    return str(path)
-
-
-def test_main_port_in_use(tmp_path: Path, taken: int) -> None:
+def test_main_port_in_use(outcomes: dict[str, tuple[int, str]]) -> None:
     """Was a 19-line traceback with rc 1."""
-    line = one_line(*serve(tmp_path, "--port", str(taken)))
-    assert f"cannot listen on 127.0.0.1:{taken} (--port): address already in use" in line
+    port = outcomes["_port"][1]
+    line = one_line(outcomes["port"])
+    assert f"cannot listen on 127.0.0.1:{port} (--port): address already in use" in line
     assert "choose another --port" in line
 
 
-def test_admin_port_in_use(tmp_path: Path, taken: int) -> None:
+def test_admin_port_in_use(outcomes: dict[str, tuple[int, str]]) -> None:
     """The admin port names its own flag."""
-    args = ("--port", str(free_port()), "--admin-host", "127.0.0.1", "--admin-port", str(taken))
-    line = one_line(*serve(tmp_path, *args))
-    assert f"127.0.0.1:{taken} (--admin-port): address already in use" in line
+    port = outcomes["_port"][1]
+    line = one_line(outcomes["admin"])
+    assert f"127.0.0.1:{port} (--admin-port): address already in use" in line
 
 
-def test_plaintext_key(tmp_path: Path) -> None:
+def test_plaintext_key(outcomes: dict[str, tuple[int, str]]) -> None:
     """A plaintext key in the key file: the file, the tenant, the digest recipe; the key
     itself is never echoed."""
-    path = keys(tmp_path, "acme: sk-very-secret\n")
-    line = one_line(*serve(tmp_path, "--port", str(free_port()), "--api-keys", path))
+    path = Path(outcomes["_dir"][1]) / "plain.yaml"
+    line = one_line(outcomes["plain"])
     assert line.startswith(f"usage-proxy: --api-keys {path}: tenant 'acme'")
     assert "printf %s 'THE-KEY' | sha256sum" in line
-    assert "sk-very-secret" not in line
+    assert "sk-very-secret" not in outcomes["plain"][1]
 
 
-def test_broken_yaml_key_file(tmp_path: Path) -> None:
+def test_broken_yaml_key_file(outcomes: dict[str, tuple[int, str]]) -> None:
     """Broken YAML: the message names the file and the line (it named neither)."""
-    path = keys(tmp_path, "acme: [unclosed\n")
-    line = one_line(*serve(tmp_path, "--port", str(free_port()), "--api-keys", path))
+    path = Path(outcomes["_dir"][1]) / "broken.yaml"
+    line = one_line(outcomes["broken"])
     assert line.startswith(f"usage-proxy: --api-keys {path}: not valid YAML/JSON at line")
 
 
-def test_missing_key_file(tmp_path: Path) -> None:
+def test_missing_key_file(outcomes: dict[str, tuple[int, str]]) -> None:
     """A key file that is not there."""
-    path = str(tmp_path / "nope.yaml")
-    line = one_line(*serve(tmp_path, "--port", str(free_port()), "--api-keys", path))
+    path = Path(outcomes["_dir"][1]) / "no.yaml"
+    line = one_line(outcomes["missing"])
     assert line == f"usage-proxy: --api-keys {path}: no such file; create it or fix the path"
 
 
-@pytest.mark.parametrize("journal", ["/proc/usage.sqlite", "/proc/usage/j.sqlite"])
-def test_journal_that_cannot_be_written(tmp_path: Path, journal: str) -> None:
+@pytest.mark.parametrize("journal", JOURNALS)
+def test_journal_that_cannot_be_written(outcomes: dict[str, tuple[int, str]], journal: str) -> None:
     """A journal where nothing can be written (as a read-only mount: /proc refuses even
     root): the path, the flag and the fix, not "unable to open database file" alone."""
-    line = one_line(*serve(tmp_path, "--port", str(free_port()), "--journal", journal))
+    line = one_line(outcomes[journal])
     assert line.startswith(f"usage-proxy: cannot open the journal {journal} (--journal): ")
     assert "mount a writable volume there" in line
