@@ -47,10 +47,18 @@ async def listen(runner: web.BaseRunner, host: str, port: int, flag: str) -> Non
 def journal_problem(exc: OSError | sqlite3.Error, path: str) -> StartupError:
     """A journal that cannot be opened or created, with where it must live."""
     reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    head = f"cannot open the journal {path} (--journal): {reason}; "
+    if isinstance(exc, sqlite3.OperationalError) and "locked" in reason:
+        return StartupError(head + "another process holds it: one proxy per journal")
+    if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
+        return StartupError(
+            head + "the file is not a usage journal: move it away or point "
+            "--journal at another path"
+        )
     return StartupError(
-        f"cannot open the journal {path} (--journal): {reason}; the directory must be "
-        f"writable by this process (uid {os.getuid()}): mount a writable volume there "
-        "(not a read-only root filesystem) or point --journal at one"
+        head + f"the directory must be writable by this process (uid {os.getuid()}): "
+        "mount a writable volume there (not a read-only root filesystem) or point "
+        "--journal at one"
     )
 
 

@@ -49,3 +49,18 @@ def test_journal_problem_names_the_path_and_the_flag() -> None:
         "cannot open the journal /j/x (--journal): unable to open database file; "
     )
     assert "mount a writable volume there" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("error", "advice"),
+    [
+        (sqlite3.DatabaseError("file is not a database"), "the file is not a usage journal"),
+        (sqlite3.OperationalError("database is locked"), "another process holds it"),
+        (OSError(errno.EROFS, "Read-only file system"), "mount a writable volume there"),
+    ],
+)
+def test_journal_advice_fits_the_cause(error: Exception, advice: str) -> None:
+    """A file that is not a journal, or one another process holds, is not helped by
+    advice about writable volumes."""
+    assert isinstance(error, OSError | sqlite3.Error)
+    assert advice in str(journal_problem(error, "/j/x"))
