@@ -28,7 +28,8 @@ from proxy.ledger.journal_files import (
     requeue_dead_letters,
 )
 from proxy.ledger.records import UsageRecord
-from proxy.ledger.report import FORMATS, GROUPS, aggregate
+from proxy.ledger.report import GROUPS, aggregate
+from proxy.ledger.report_formats import FORMATS
 from proxy.settings import (
     ENV_PREFIX,
     FILE_ONLY,
@@ -146,6 +147,9 @@ def run_reconcile(args: argparse.Namespace) -> int:
     path = _journal_path(args)
     bodies = read_journal(path, _iso(args.since), _iso(args.until), kind="reconciliation")
     windows = [json.loads(b) for b in bodies]
+    if not windows:
+        print(nothing_reconciled(path, args.since, args.until), file=sys.stderr)
+        return 1
     if args.format == "json":
         print(json.dumps(windows, indent=2))
         return 0
@@ -179,6 +183,18 @@ def run_reconcile(args: argparse.Namespace) -> int:
     drift = sum(w["unbilled_prompt_tokens"] + w["overbilled_prompt_tokens"] for w in windows)
     print(f"{len(windows)} window(s), prompt-token drift {drift}")
     return 0
+
+
+def nothing_reconciled(path: Path, since: str | None, until: str | None) -> str:
+    """Why an empty list of windows is not a clean bill: nothing was compared at all."""
+    span = f" from {since or 'the start'} to {until or 'now'}" if since or until else ""
+    return (
+        f"usage-proxy reconcile: no reconciliation window in {path}{span}: nothing could be "
+        "reconciled, so no drift is known. The proxy journals a window every "
+        "--reconcile-interval seconds (0 turns it off) once it can read "
+        "vllm:prompt_tokens_total from the upstream's /metrics; its log says why it cannot "
+        "(reconcile_failed, e.g. no /metrics)."
+    )
 
 
 def _journal_option(parser: Any) -> None:
@@ -275,11 +291,13 @@ def _add_report(commands: Any) -> None:
     report = commands.add_parser(
         "report",
         help="usage per tenant, model, operation or day, from the journal or the ledger",
-        description="Requests, reported and billed tokens, the over-report (tokens and % of "
-        "billed), tokens billed without proof (mismatch, unaudited) and verdict counts, "
-        "grouped as asked, with totals and the period covered.",
+        description="Requests; prompt (input) and completion (output) tokens, each as vLLM "
+        "reported them and as billed; the over-report (tokens and % of reported); tokens "
+        "billed without proof (mismatch, unaudited) and verdict counts; grouped as asked, "
+        "with per-tenant subtotals, totals, the period and the first and last record. "
+        "CSV has the detail rows only, so a spreadsheet's sums are the totals.",
         epilog="examples: usage-proxy report --since yesterday; usage-proxy report --since "
-        "2026-11-01 --until 2026-12-01 --group-by tenant,operation --format csv; "
+        "2026-11-01 --until 2026-12-01 --group-by tenant,day,operation --format csv; "
         "usage-proxy report --since 7d --format html --output usage.html",
     )
     source = report.add_mutually_exclusive_group()
@@ -298,6 +316,11 @@ def _add_report(commands: Any) -> None:
 
 def run_report(args: argparse.Namespace) -> int:
     since, until = _iso(args.since), _iso(args.until)
+    if since and until and datetime.fromisoformat(since) >= datetime.fromisoformat(until):
+        raise ValueError(
+            f"--since {args.since} ({since}) is not before --until {args.until} ({until}): "
+            "the range is empty; --since is inclusive, --until exclusive"
+        )
     groups = [g.strip() for g in args.group_by.split(",") if g.strip()]
     unknown = [g for g in groups if g not in GROUPS]
     if unknown or not groups:
@@ -376,7 +399,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"usage-proxy: {exc}", file=sys.stderr)
         return 2
-    from proxy.serving.process import run  # not at the top: the other commands need no server
+    from proxy.serving.process import run_or_explain  # the other commands need no server
 
-    run(settings)
-    return 0
+    return run_or_explain(settings)

@@ -7,7 +7,7 @@ past ``--metrics-max-tenants`` are folded into ``other``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,7 @@ from proxy.accounting.verdicts import Audit
 from proxy.settings import Settings
 
 OTHER = "other"
+UNKNOWN = "unknown"
 # OpenTelemetry GenAI semantic conventions: gen_ai.client.token.usage bucket boundaries.
 TOKEN_BUCKETS = (
     1,
@@ -87,14 +88,14 @@ SPECS: dict[str, _Spec] = {
     "reported": _Spec(
         Counter,
         "usage_proxy_reported_prompt_tokens",
-        "Prompt tokens the upstream reported.",
+        "Prompt tokens the upstream reported, every metered operation.",
         ("endpoint", "model"),
         tenant=True,
     ),
     "billed": _Spec(
         Counter,
         "usage_proxy_billed_prompt_tokens",
-        "Prompt tokens billed (engine-level when proven, else reported).",
+        "Prompt tokens billed (engine-level when proven, else reported), every metered operation.",
         ("endpoint", "model"),
         tenant=True,
     ),
@@ -104,6 +105,26 @@ SPECS: dict[str, _Spec] = {
         "Prompt tokens the upstream over-reported (corrected verdicts).",
         ("endpoint", "model"),
         tenant=True,
+    ),
+    # Completion tokens per tenant (#39): the GenAI histogram has no tenant label.
+    "reported_completion": _Spec(
+        Counter,
+        "usage_proxy_reported_completion_tokens",
+        "Completion tokens the upstream reported.",
+        ("endpoint", "model"),
+        tenant=True,
+    ),
+    "billed_completion": _Spec(
+        Counter,
+        "usage_proxy_billed_completion_tokens",
+        "Completion tokens billed.",
+        ("endpoint", "model"),
+        tenant=True,
+    ),
+    "reconcile_interval": _Spec(
+        Gauge,
+        "usage_proxy_reconcile_interval_seconds",
+        "--reconcile-interval: seconds between reconciliation windows (0: reconciliation off).",
     ),
     "tokenization": _Spec(
         Histogram,
@@ -284,6 +305,9 @@ class Metrics:
     reported: Counter
     billed: Counter
     over: Counter
+    reported_completion: Counter
+    billed_completion: Counter
+    reconcile_interval: Gauge
     tokenization: Histogram
     added: Histogram
     upstream_errors: Counter
@@ -315,8 +339,16 @@ class Metrics:
     tasks: Gauge
     genai: Histogram
 
-    def __init__(self, settings: Settings, trusted_tenants: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        trusted_tenants: Iterable[str] = (),
+        served: Callable[[str], bool] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        # Whether a model name is one the upstream serves: others are labelled 'unknown',
+        # so a client's made-up model names cannot grow the series.
+        self._served = served
         self._tenants = settings.metrics_tenant_label
         self._max_tenants = settings.metrics_max_tenants
         self._seen: set[str] = set()
@@ -325,10 +357,12 @@ class Metrics:
         # Labelled series already looked up, by label values (as bounded as the series).
         self._children: dict[tuple[str, ...], tuple[Any, Any, Any, Any]] = {}
         self._genai_children: dict[tuple[str, str, str], Any] = {}
+        self._metered_children: dict[tuple[str, ...], tuple[Any, ...]] = {}
         tenant = ("tenant",) if self._tenants else ()
         for attr, spec in SPECS.items():
             setattr(self, attr, spec.build(self.registry, tenant))
         self.journal_ready.set(1)  # the journal's own health once metering starts
+        self.reconcile_interval.set(settings.reconcile_interval)
         self.tasks.set_function(_task_count)
 
     def trust(self, tenants: Iterable[str]) -> None:
@@ -346,10 +380,16 @@ class Metrics:
             return (name,)
         return (OTHER,)
 
+    def model(self, name: str) -> str:
+        """The model label: a served model's name, else ``unknown``."""
+        if self._served is None or self._served(name):
+            return name
+        return UNKNOWN
+
     def audited(self, endpoint: str, model: str, tenant: str, audit: Audit) -> None:
         """One audited answer: its verdict, and the tokens reported, billed, over-reported."""
         requests, reported_c, billed_c, over_c = self._audit_children(
-            endpoint, model, audit.verdict.value, self.tenant(tenant)
+            endpoint, self.model(model), audit.verdict.value, self.tenant(tenant)
         )
         requests.inc()
         if audit.reported is not None:
@@ -375,9 +415,33 @@ class Metrics:
             )
         return children
 
+    def metered(
+        self, endpoint: str, model: str, tenant: str, prompt: int | None, completion: int | None
+    ) -> None:
+        """One metered (not audited) answer's tokens, reported and billed alike, per tenant."""
+        labels = (endpoint, self.model(model), *self.tenant(tenant))
+        children = self._metered_children.get(labels)
+        if children is None:
+            children = self._metered_children[labels] = tuple(
+                c.labels(*labels)
+                for c in (
+                    self.reported,
+                    self.billed,
+                    self.reported_completion,
+                    self.billed_completion,
+                )
+            )
+        if prompt:
+            children[0].inc(prompt)
+            children[1].inc(prompt)
+        if completion:
+            children[2].inc(completion)
+            children[3].inc(completion)
+
     def token_usage(
         self, operation: str, model: str, prompt: int | None, completion: int | None
     ) -> None:
+        model = self.model(model)
         if prompt is not None:
             self._genai(operation, "input", model).observe(prompt)
         if completion:

@@ -26,3 +26,12 @@ text = METERING.read_text()
 head, rest = text.split(routes_doc.START)
 _, tail = rest.split(routes_doc.END)
 METERING.write_text(head + routes_doc.START + routes_doc.routes_reference() + routes_doc.END + tail)
+
+# The report's columns (docs/metering.md, Reports), from proxy/ledger/report.py.
+from proxy.ledger.report import columns_reference  # noqa: E402
+
+COLUMNS_START, COLUMNS_END = "<!-- report-columns:start -->\n", "<!-- report-columns:end -->"
+text = METERING.read_text()
+head, rest = text.split(COLUMNS_START)
+_, tail = rest.split(COLUMNS_END)
+METERING.write_text(head + COLUMNS_START + columns_reference() + COLUMNS_END + tail)

@@ -16,8 +16,6 @@ UNIT = ROOT / "tests" / "unit"
 
 TESTED_THROUGH_THE_APP = {
     "accounting/analysis": "glue of shapes, counts and verdicts: tests/app/test_hot_path.py",
-    "ledger/exporters": "the sinks' protocol, no behaviour of its own",
-    "ledger/outbox": "delivery is held by unit/ledger/sinks/test_postgres.py, test_cloudevents.py",
     "ledger/recorder": "journal and subscribers of a running app: app/test_metering.py",
     "ledger/sqlite": "the journal's file: unit/ledger/test_journal.py, test_journal_files.py",
     "serving/admin": "the proxy's own endpoints: app/test_app.py, app/test_metrics.py",

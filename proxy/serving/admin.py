@@ -1,5 +1,6 @@
 """The proxy's own endpoints, answered here and never forwarded: liveness, readiness and
-its Prometheus metrics, on the main port or on ``--admin-port``."""
+its Prometheus metrics, on the main port or on ``--admin-port``; on the admin port also
+the upstream's metrics (``/upstream/metrics``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from proxy.ledger.journal import Journal
 from proxy.metrics import Metrics
 from proxy.serving.catalog import Catalog
+from proxy.serving.startup import listen
+from proxy.serving.upstream import SESSION, UpstreamError, translated
 from proxy.settings import Settings
 
 
@@ -26,6 +29,10 @@ def readiness(catalog: Catalog, journal: Journal | None) -> Handler:
 
     async def readyz(request: web.Request) -> web.Response:
         problems = {name: m.problem for name, m in catalog.models.items() if m.problem}
+        if not catalog.ready.is_set():
+            problems["upstream"] = catalog.problem or "discovery has not completed yet"
+        elif not catalog.models:
+            problems["upstream"] = "the upstream's /v1/models lists no model"
         if journal is not None and not journal.healthy and not await journal.probe():
             problems["journal"] = journal.problem or "records cannot be journaled"
         ready = catalog.ready.is_set() and not problems and bool(catalog.models)
@@ -60,6 +67,26 @@ def add_routes(
         app.router.add_get("/metrics", metrics_page(metrics))
 
 
+def upstream_metrics(app: web.Application, base: str) -> Handler:
+    """vLLM's own ``/metrics``, read through the admin port: in a pod where vLLM listens
+    on loopback only (so nothing can bypass the proxy), Prometheus scrapes it here."""
+
+    async def relay(request: web.Request) -> web.Response:
+        url = f"{base}/metrics"
+        try:
+            with translated(url):
+                async with app[SESSION].get(url, allow_redirects=False) as response:
+                    body = await response.read()
+                    kind = response.headers.get("Content-Type", CONTENT_TYPE_LATEST)
+                    return web.Response(
+                        body=body, status=response.status, headers={"Content-Type": kind}
+                    )
+        except UpstreamError as exc:
+            return exc.response()
+
+    return relay
+
+
 def admin_context(
     settings: Settings, routes: Callable[[web.Application], None]
 ) -> Callable[[web.Application], AsyncIterator[None]]:
@@ -71,9 +98,10 @@ def admin_context(
             return
         admin = web.Application()
         routes(admin)
+        admin.router.add_get("/upstream/metrics", upstream_metrics(app, settings.upstream_base))
         runner = web.AppRunner(admin, access_log=None, keepalive_timeout=settings.keepalive_timeout)
         await runner.setup()
-        await web.TCPSite(runner, settings.admin_host, settings.admin_port).start()
+        await listen(runner, settings.admin_host, settings.admin_port, "--admin-port")
         yield
         await runner.cleanup()
 

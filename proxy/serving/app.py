@@ -112,9 +112,9 @@ def create_app(
 ) -> web.Application:
     """The proxy application; tests pass their own catalog (e.g. a tokenizer loader)."""
     resolver = build_resolver(settings)
-    metrics = Metrics(settings, trusted_tenants=resolver.key_tenants)
     pool = pool or TokenizerPool(settings.tokenizer_threads)
     catalog = catalog or Catalog(settings, pool=pool)
+    metrics = Metrics(settings, trusted_tenants=resolver.key_tenants, served=catalog.serves)
     journal, outbox = build_ledger(settings, metrics, sinks)
     shares = build_shares(settings, metrics)
     exchanges = Exchanges(build_budget(settings), shares, metrics)

@@ -12,7 +12,13 @@ from aiohttp.typedefs import Middleware
 
 from proxy.accounting.routes import KEYLESS_PATHS
 from proxy.metrics import Metrics
-from proxy.serving.tenancy import Attribution, Refusal, TenantResolver, load_api_keys
+from proxy.serving.tenancy import (
+    Attribution,
+    KeyFileError,
+    Refusal,
+    TenantResolver,
+    load_api_keys,
+)
 from proxy.serving.upstream import error_response, served_path, unauthorized
 from proxy.settings import Settings
 
@@ -35,7 +41,7 @@ def client_request_id(headers: Mapping[str, str]) -> str | None:
 def build_resolver(settings: Settings) -> TenantResolver:
     keys = load_api_keys(Path(settings.api_keys)) if settings.api_keys else {}
     if settings.api_keys and not keys:
-        raise ValueError(f"--api-keys {settings.api_keys} lists no keys")
+        raise KeyFileError(f"{settings.api_keys}: lists no keys; add tenant: SHA-256 digest lines")
     return TenantResolver(
         header=settings.tenant_header, key_tenants=keys, allow_anonymous=settings.allow_anonymous
     )

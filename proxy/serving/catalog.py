@@ -11,6 +11,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -45,6 +46,36 @@ def read_model_config(source: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def missing_directory(source: str, name: str, *, overridden: bool) -> str | None:
+    """Why a tokenizer source that is a file-system path cannot be used, or None (an HF id,
+    or a directory that exists). Said before anything else: advice about config.json or
+    the family does not help when the directory is not there."""
+    path = Path(source).expanduser()
+    if not (path.is_absolute() or source.startswith(("./", "../", "~"))) or path.is_dir():
+        return None
+    if overridden:
+        return (
+            f"models.{name}.tokenizer: {source} is not a directory in the proxy's container; "
+            "fix the path or mount the model there"
+        )
+    return (
+        f"model directory {source} (root in /v1/models) is not in the proxy's container; "
+        f"mount vLLM's model volume at the same path, or set models.{name}.tokenizer"
+    )
+
+
+def discovery_problem(base: str, exc: UpstreamError) -> str:
+    """Why discovery failed, with the usual fix when ``--upstream`` names vLLM's /v1."""
+    problem = f"discovery failed: {exc.message}"
+    if base.rstrip("/").endswith("/v1"):
+        root = base.rstrip("/")[: -len("/v1")]
+        problem += (
+            f"; --upstream {base} ends in /v1: give vLLM's root ({root}), the proxy keeps "
+            "each request's own path"
+        )
+    return problem
+
+
 def family_decision(
     config: dict[str, Any] | None, served: ServedTasks | None, override: ModelOverride | None
 ) -> Decision:
@@ -76,6 +107,9 @@ def build_model(
     max_model_len = int(entry.get("max_model_len") or 0)
     source = (override.tokenizer if override else None) or root
 
+    missing = missing_directory(source, name, overridden=bool(override and override.tokenizer))
+    if missing is not None:
+        return ServedModel(name, root, max_model_len, None, None, missing)
     config = read_model_config(source)
     try:
         decision = family_decision(config, served, override)
@@ -177,12 +211,18 @@ class Catalog:
         self.models: dict[str, ServedModel] = {}
         self._served: ServedTasks | None = None
         self.last_success: float | None = None
+        # Why the last discovery failed (None after a success), and whether the upstream
+        # answered it: then waiting for the next attempt cannot help a request.
+        self.problem: str | None = None
+        self._refused = False
         self.ready = asyncio.Event()
         self._lock = asyncio.Lock()
 
     async def wait_ready(self, within: float) -> bool:
-        """Wait (bounded) for the first successful discovery; True once it has happened."""
-        if not self.ready.is_set():
+        """Wait (bounded) for the first successful discovery; True once it has happened.
+        No wait when the upstream answered discovery with an error (e.g. 404 for an
+        --upstream ending in /v1): the next attempt would get the same answer."""
+        if not self.ready.is_set() and not self._refused:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(within):
                     await self.ready.wait()
@@ -194,6 +234,10 @@ class Catalog:
         if not name:
             return next(iter(self.models.values()), None)
         return self.models.get(name)
+
+    def serves(self, name: str) -> bool:
+        """Whether ``name`` is a model the upstream serves (as last discovered)."""
+        return name in self.models
 
     def task_of(self, name: str | None) -> str | None:
         model = self.lookup(name)
@@ -249,7 +293,7 @@ class Catalog:
             model.tokenizer.bound = model.max_model_len + 2
             if self._pool is not None:
                 await loop.run_in_executor(None, self._pool.warm, model.tokenizer)
-        log.info(
+        (log.warning if model.problem else log.info)(
             "model_discovered",
             model=name,
             root=model.root,
@@ -267,8 +311,11 @@ class Catalog:
         while True:
             try:
                 await self.refresh(session)
+                self.problem, self._refused = None, False
             except UpstreamError as exc:
-                log.warning("discovery_failed", error=exc.message)
+                self.problem = discovery_problem(self._settings.upstream_base, exc)
+                self._refused = isinstance(exc.__cause__, aiohttp.ClientResponseError)
+                log.warning("discovery_failed", error=self.problem)
             except Exception:  # discovery must outlive any surprise; requests go unaudited
                 log.exception("discovery_crashed")
             delay = self._settings.refresh_interval if self.last_success else _RETRY_SECONDS

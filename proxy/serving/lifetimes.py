@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
@@ -17,6 +18,7 @@ from proxy.ledger.journal import Journal
 from proxy.ledger.outbox import Outbox
 from proxy.ledger.reconciler import CountersUnavailable, Reconciler
 from proxy.serving.exchange import Exchanges
+from proxy.serving.startup import journal_problem
 from proxy.serving.upstream import UpstreamError, translated
 from proxy.settings import Settings
 
@@ -37,7 +39,10 @@ def ledger_context(
         if journal is None or outbox is None:
             yield
             return
-        await journal.open()
+        try:
+            await journal.open()
+        except (OSError, sqlite3.Error) as exc:
+            raise journal_problem(exc, settings.journal) from exc
         await outbox.start()
         log.info(
             "metering",

@@ -334,6 +334,9 @@ class MeteredRelay:
         self._metrics.token_usage(
             prepared.operation, model or "unknown", reading.prompt, reading.completion
         )
+        self._metrics.metered(
+            path, model or "unknown", exchange.who.tenant, reading.prompt, reading.completion
+        )
         record = exchange.record(
             operation=prepared.operation,
             model=model,

@@ -9,6 +9,7 @@ import gc
 import json
 import resource
 import signal
+import sys
 from typing import Any
 
 import structlog
@@ -23,6 +24,8 @@ from proxy.serving.catalog import CATALOG, Catalog
 from proxy.serving.keyfile import KEYFILE
 from proxy.serving.keys import METRICS
 from proxy.serving.memory import tune_allocator
+from proxy.serving.startup import StartupError, key_file_problem, listen
+from proxy.serving.tenancy import KeyFileError
 from proxy.settings import EventLoop, Settings
 
 log = structlog.get_logger("proxy.serving.process")
@@ -35,6 +38,19 @@ def raise_open_files_limit() -> None:
     if soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     log.info("open_files_limit", limit=max(soft, hard))
+
+
+def run_or_explain(settings: Settings) -> int:
+    """Serve; a start-up mistake the operator can fix is one line on stderr and exit 2."""
+    try:
+        run(settings)
+    except KeyFileError as exc:
+        print(f"usage-proxy: {key_file_problem(exc)}", file=sys.stderr)
+        return 2
+    except StartupError as exc:
+        print(f"usage-proxy: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def run(settings: Settings) -> None:
@@ -98,7 +114,7 @@ async def serve(settings: Settings) -> None:
     await runner.setup()
     assert runner.server is not None
     cap_connections(runner.server, settings.max_connections, app[METRICS])
-    await web.TCPSite(runner, settings.host, settings.port).start()
+    await listen(runner, settings.host, settings.port, "--port")
     reload_on_hangup(app)
     freeze = asyncio.create_task(freeze_heap(app[CATALOG]), name="freeze-heap")
     try:

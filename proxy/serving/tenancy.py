@@ -58,20 +58,40 @@ def bearer_key(headers: Mapping[str, str]) -> str | None:
     return token.strip() or None if scheme.lower() == "bearer" else None
 
 
+class KeyFileError(ValueError):
+    """An ``--api-keys`` file that cannot be used; the message names it and the fix."""
+
+
+DIGEST_RECIPE = "printf %s 'THE-KEY' | sha256sum"
+
+
 def load_api_keys(path: Path) -> dict[str, str]:
     """Read ``tenant: sha256-hex`` (or a list of digests) from YAML/JSON; digest -> tenant."""
-    data: Any = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    try:
+        data: Any = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise KeyFileError(f"{path}: no such file; create it or fix the path") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KeyFileError(f"{path}: cannot be read ({exc})") from None
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f" at line {where.line + 1}" if where is not None else ""
+        problem = getattr(exc, "problem", None) or "not YAML"
+        raise KeyFileError(f"{path}: not valid YAML/JSON{line} ({problem})") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping of tenant to SHA-256 digests")
+        raise KeyFileError(f"{path}: expected a mapping of tenant to SHA-256 digests")
     digests: dict[str, str] = {}
     for tenant, value in data.items():
         problem = tenant_problem(str(tenant))
         if problem:
-            raise ValueError(f"{path}: tenant {tenant!r}: {problem}")
+            raise KeyFileError(f"{path}: tenant {tenant!r}: {problem}")
         for digest in value if isinstance(value, list) else [value]:
             text = str(digest).strip().lower()
             if len(text) != 64 or any(c not in "0123456789abcdef" for c in text):
-                raise ValueError(f"{path}: tenant {tenant!r} has a value that is not a SHA-256 hex")
+                raise KeyFileError(
+                    f"{path}: tenant {tenant!r} has a value that is not a SHA-256 hex digest "
+                    f"(a plaintext key?); list the key's digest instead: {DIGEST_RECIPE}"
+                )
             digests[text] = str(tenant)
     return digests
 

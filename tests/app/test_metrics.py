@@ -76,3 +76,83 @@ async def test_admin_port_serves_metrics_and_health(
                 assert resp.status == 200, path
     main = await client.get("/metrics")
     assert "usage_proxy_audited_requests" not in await main.text()
+
+
+async def test_admin_port_serves_the_upstreams_metrics(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path
+) -> None:
+    """Issue #39 case 13: in the pod vLLM listens on loopback only, so Prometheus reads its
+    counters through the proxy's admin port, /upstream/metrics (the main port has none)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        admin_port = sock.getsockname()[1]
+    client = await start(
+        aiohttp_server, aiohttp_client, minilm_path, admin_port=admin_port, admin_host="127.0.0.1"
+    )
+    await client.post("/rerank", json={"query": QUERY, "documents": DOCS})
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{admin_port}/upstream/metrics") as resp,
+    ):
+        assert resp.status == 200
+        text = await resp.text()
+    assert "vllm:prompt_tokens_total" in text
+    assert "usage_proxy_" not in text
+    assert (await client.get("/upstream/metrics")).status != 200
+
+
+async def test_token_counters_cover_every_metered_operation_per_tenant(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """Issue #39 case 5: after chat and embeddings requests there was no per-tenant token
+    counter for them (only the scoring paths had series) and completion tokens were only in
+    the GenAI histogram, without a tenant. Now the prompt counters cover every metered
+    operation and completion counters exist, by tenant on the admin port, equal to the
+    records."""
+    from tests.support.records import journal_records
+
+    admin_port = free_port()
+    client = await start(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tenant_header="X-Tenant-Id",
+        metrics_tenant_label=True,
+        admin_port=admin_port,
+        admin_host="127.0.0.1",
+    )
+    chat = {"messages": [{"role": "user", "content": "Where is Paris?"}]}
+    resp = await client.post("/v1/chat/completions", json=chat, headers={"X-Tenant-Id": "a"})
+    assert resp.status == 200
+    resp = await client.post("/v1/embeddings", json={"input": QUERY}, headers={"X-Tenant-Id": "b"})
+    assert resp.status == 200
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{admin_port}/metrics") as page,
+    ):
+        got = samples(await page.text())
+    for r in journal_records(tmp_path / "journal.sqlite"):
+        labels = (("endpoint", r.endpoint), ("model", "minilm"), ("tenant", r.tenant))
+        assert got[("usage_proxy_reported_prompt_tokens_total", labels)] == (
+            r.prompt_tokens_reported
+        )
+        assert got[("usage_proxy_billed_prompt_tokens_total", labels)] == r.prompt_tokens_billed
+        if r.operation == "chat":
+            assert r.completion_tokens_billed
+            assert got[("usage_proxy_billed_completion_tokens_total", labels)] == (
+                r.completion_tokens_billed
+            )
+            assert got[("usage_proxy_reported_completion_tokens_total", labels)] == (
+                r.completion_tokens_reported
+            )
+    assert {r.operation for r in journal_records(tmp_path / "journal.sqlite")} == {
+        "chat",
+        "embeddings",
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port

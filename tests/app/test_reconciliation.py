@@ -148,3 +148,24 @@ async def test_the_loop_settles_by_itself(
         await asyncio.sleep(0.05)
     assert settler.windows
     assert settler.windows[-1].unbilled_prompt_tokens == 0
+
+
+async def test_nothing_reconciled_is_not_reported_as_no_drift(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #39 case 12: a journal without windows (an upstream without /metrics, or
+    --reconcile-interval 0) printed "0 window(s), prompt-token drift 0", which reads as
+    healthy. Now: exit 1 and say that nothing could be reconciled, and why it may be."""
+    from proxy.ledger.journal import Journal
+
+    path = tmp_path / "journal.sqlite"
+    journal = Journal(path)
+    await journal.open()
+    await journal.close()
+    for form in ("table", "csv", "json"):
+        assert main(["reconcile", "--journal", str(path), "--format", form]) == 1
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        assert f"no reconciliation window in {path}: nothing could be reconciled" in (captured.err)
+        assert "/metrics" in captured.err
+        assert "drift 0" not in captured.err

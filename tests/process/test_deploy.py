@@ -79,11 +79,16 @@ def test_kubernetes_manifests_validate() -> None:
     for doc in k8s_documents():
         kinds.append(doc["kind"])
         if doc["apiVersion"].startswith("monitoring.coreos.com"):
-            endpoint_ports = {e["port"] for e in doc["spec"]["podMetricsEndpoints"]}
-            assert endpoint_ports == {"admin", "vllm"}
             continue
         kubernetes_validate.validate(doc, "1.30", strict=True)
-    assert sorted(kinds) == ["ConfigMap", "Deployment", "PodMonitor", "Service"]
+    assert sorted(kinds) == [
+        "ConfigMap",
+        "Deployment",
+        "NetworkPolicy",
+        "PersistentVolumeClaim",
+        "PodMonitor",
+        "Service",
+    ]
 
 
 def test_sidecar_shares_model_volume_and_service_targets_proxy() -> None:
@@ -141,8 +146,186 @@ def test_alert_rules_query_known_metrics() -> None:
     registry = Metrics(Settings(upstream="http://x")).registry
     exported = {s.name for family in registry.collect() for s in family.samples}
     exported |= {family.name for family in registry.collect()}
+    exported |= {f"{f.name}_total" for f in registry.collect() if f.type == "counter"}
     alerts = {r["alert"]: r["expr"] for g in rules["groups"] for r in g["rules"]}
     assert "UsageLedgerDrift" in alerts
     for name, expr in alerts.items():
         for metric in re.findall(r"\busage_proxy_[a-z_]+", expr):
             assert metric in exported, (name, metric)
+
+
+def pod_spec() -> dict[str, Any]:
+    docs = {d["kind"]: d for d in k8s_documents()}
+    spec: dict[str, Any] = docs["Deployment"]["spec"]["template"]["spec"]
+    return spec
+
+
+def test_vllm_cannot_be_reached_around_the_proxy() -> None:
+    """Issue #39 case 13: vLLM listened on 0.0.0.0:8000, the PodMonitor scraped that port
+    and nothing stopped any pod calling podIP:8000. Now vLLM binds the pod's loopback and
+    declares no port, its metrics are scraped through the proxy's admin port, and a
+    NetworkPolicy on the pod admits only the proxy's ports."""
+    docs = {d["kind"]: d for d in k8s_documents()}
+    containers = {c["name"]: c for c in pod_spec()["containers"]}
+    args = containers["vllm"]["args"]
+    assert args[args.index("--host") + 1] == "127.0.0.1"
+    assert "ports" not in containers["vllm"]
+    assert "httpGet" not in containers["vllm"]["readinessProbe"]  # the kubelet cannot reach it
+    endpoints = docs["PodMonitor"]["spec"]["podMetricsEndpoints"]
+    assert {(e["port"], e["path"]) for e in endpoints} == {
+        ("admin", "/metrics"),
+        ("admin", "/upstream/metrics"),
+    }
+    upstream = next(e for e in endpoints if e["path"] == "/upstream/metrics")
+    assert upstream["relabelings"] == [{"targetLabel": "job", "replacement": "vllm"}]
+    policy = docs["NetworkPolicy"]["spec"]
+    labels = docs["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"].items() <= labels.items()
+    assert policy["policyTypes"] == ["Ingress"]
+    proxy_ports = {p["name"] for p in containers["usage-proxy"]["ports"]}
+    admitted = {p["port"] for rule in policy["ingress"] for p in rule["ports"]}
+    assert admitted == proxy_ports == {"http", "admin"}
+    assert all("ports" in rule for rule in policy["ingress"])  # no rule admits every port
+
+
+def test_pod_meets_the_restricted_pod_security_level() -> None:
+    """Issue #39 case 14: both containers run non-root without privilege escalation or
+    capabilities, under the runtime's seccomp profile; the proxy's read-only root has a
+    writable /tmp."""
+    pod = pod_spec()
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for container in pod["containers"]:
+        context = container["securityContext"]
+        assert context["allowPrivilegeEscalation"] is False, container["name"]
+        assert context["capabilities"]["drop"] == ["ALL"], container["name"]
+        assert context["runAsUser"] > 0, container["name"]
+        tmp = [m["name"] for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]
+        assert len(tmp) == 1, container["name"]
+        assert "emptyDir" in volumes[tmp[0]]
+    proxy = next(c for c in pod["containers"] if c["name"] == "usage-proxy")
+    assert proxy["securityContext"]["readOnlyRootFilesystem"] is True
+
+
+def test_records_have_a_durable_path_and_keys_a_secret(tmp_path: Path) -> None:
+    """Issue #39 case 14: the ledger's Secret was optional (missing meant no ledger) while
+    the journal lived on an emptyDir lost with the pod. Now the Secret is required and the
+    journal is on a PersistentVolumeClaim of the kustomization; the example Secret for
+    --api-keys holds digests the proxy loads, never keys."""
+    from proxy.serving.tenancy import load_api_keys
+
+    docs = {d["kind"]: d for d in k8s_documents()}
+    pod = pod_spec()
+    proxy = next(c for c in pod["containers"] if c["name"] == "usage-proxy")
+    env = {e["name"]: e for e in proxy["env"]}
+    ref = env["USAGE_PROXY_LEDGER_DSN"]["valueFrom"]["secretKeyRef"]
+    assert ref.get("optional", False) is False
+    state = "/var/lib/usage-proxy"  # the image's XDG_STATE_HOME: the journal's directory
+    assert f"XDG_STATE_HOME={state}" in (ROOT / "deploy" / "Dockerfile").read_text()
+    mounts = {m["mountPath"]: m["name"] for m in proxy["volumeMounts"]}
+    journal = next(v for v in pod["volumes"] if v["name"] == mounts[state])
+    claim = journal["persistentVolumeClaim"]["claimName"]
+    assert docs["PersistentVolumeClaim"]["metadata"]["name"] == claim
+    assert pod.get("strategy") is None
+    assert docs["Deployment"]["spec"]["strategy"]["type"] == "Recreate"  # one RWO volume
+    example = yaml.safe_load((K8S / "api-keys.example.yaml").read_text())
+    kubernetes_validate.validate(example, "1.30", strict=True)
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(example["stringData"]["keys.yaml"])
+    assert set(load_api_keys(keys).values()) == {"acme", "globex"}
+    readme = (ROOT / "README.md").read_text()
+    for name in ("api-keys.example.yaml", "usage-journal", "usage-ledger"):
+        assert name in readme, name
+
+
+def dashboard() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(
+        (ROOT / "deploy/grafana/dashboards/usage-proxy.json").read_text()
+    )
+    return data
+
+
+def test_dashboard_has_variables_not_a_fixed_datasource() -> None:
+    """Issue #39 case 7: the datasource uid was hard-coded and there were no variables.
+    Every panel and query uses ${datasource}, and every query is scoped to $instance."""
+    data = dashboard()
+    variables = {v["name"]: v for v in data["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    assert variables["instance"]["includeAll"] is True
+    for panel in data["panels"]:
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == "${datasource}", panel["title"]
+            for selector in re.findall(
+                r"\b(?:usage_proxy|gen_ai)_[a-z_]+(\{[^}]*\})?", target["expr"]
+            ):
+                assert 'instance=~"$instance"' in selector, (panel["title"], target["expr"])
+
+
+def test_no_dashboard_panel_mixes_seconds_and_tokens() -> None:
+    """Issue #39 case 7: the drift panel drew seconds since the last window on the token
+    axis. A panel's queries are all times (time() or _seconds metrics) or none are."""
+    for panel in dashboard()["panels"]:
+        timed = ["time()" in t["expr"] or "_seconds" in t["expr"] for t in panel["targets"]]
+        assert all(timed) or not any(timed), panel["title"]
+        if all(timed) and "latency" not in panel["title"].lower():
+            assert panel["fieldConfig"]["defaults"]["unit"] == "s", panel["title"]
+
+
+def test_engine_panel_compares_like_with_like() -> None:
+    """Issue #39 case 7: the engine's counters (every endpoint) were compared with
+    scoring-only counters. The proxy's token counters now cover every metered operation
+    (tests/app/test_metrics.py), so the panel sums them unfiltered, never by endpoint."""
+    panel = next(
+        p for p in dashboard()["panels"] if p["title"].startswith("Reconciliation: engine")
+    )
+    exprs = [t["expr"] for t in panel["targets"]]
+    assert any("usage_proxy_engine_prompt_tokens_total" in e for e in exprs)
+    assert any("usage_proxy_billed_prompt_tokens_total" in e for e in exprs)
+    assert any("usage_proxy_billed_completion_tokens_total" in e for e in exprs)
+    assert not any("endpoint" in e for e in exprs)
+    assert not any("scoring" in t["legendFormat"] for t in panel["targets"])
+
+
+def test_per_tenant_panels_have_data_with_the_shipped_config() -> None:
+    """Issue #39 case 7: the per-tenant panel was empty with the shipped ConfigMap (no
+    tenant label). Kubernetes and compose turn the label on, with the admin port it needs."""
+    assert any("by (tenant)" in t["expr"] for p in dashboard()["panels"] for t in p["targets"])
+    docs = {d["kind"]: d for d in k8s_documents()}
+    for env in (docs["ConfigMap"]["data"], compose()["services"]["proxy"]["environment"]):
+        settings = Settings(
+            upstream="http://x",
+            metrics_tenant_label=env["USAGE_PROXY_METRICS_TENANT_LABEL"],
+            admin_port=env["USAGE_PROXY_ADMIN_PORT"],
+        )
+        assert settings.metrics_tenant_label is True
+
+
+def alert_rules() -> dict[str, dict[str, Any]]:
+    rules = yaml.safe_load((ROOT / "deploy/prometheus/alerts.yml").read_text())
+    return {r["alert"]: r for g in rules["groups"] for r in g["rules"]}
+
+
+def test_alerts_cover_export_backlog_failures_and_dead_letters() -> None:
+    """Issue #39 case 8: nothing fired on an export backlog, export failures or dead
+    letters; each has a rule on its metric now."""
+    alerts = alert_rules()
+    assert "usage_proxy_export_backlog_records" in alerts["UsageExportBacklog"]["expr"]
+    assert "usage_proxy_export_failures_total" in alerts["UsageExportFailing"]["expr"]
+    assert "usage_proxy_export_dead_records" in alerts["UsageDeadLetters"]["expr"]
+    for name in ("UsageExportBacklog", "UsageExportFailing", "UsageDeadLetters"):
+        assert alerts[name]["annotations"]["summary"], name
+
+
+def test_reconciliation_stalled_is_silent_when_reconciliation_is_off() -> None:
+    """Issue #39 case 8: UsageReconciliationStalled fired forever with
+    --reconcile-interval 0 (nothing settles then). The rule now requires the interval gauge
+    above 0, and the gauge is 0 exactly when reconciliation is off."""
+    expr = " ".join(alert_rules()["UsageReconciliationStalled"]["expr"].split())
+    assert expr.endswith("and usage_proxy_reconcile_interval_seconds > 0")
+    for interval, shown in ((0, 0.0), (15, 15.0)):
+        metrics = Metrics(Settings(upstream="http://x", reconcile_interval=interval))
+        text = metrics.render().decode()
+        assert f"usage_proxy_reconcile_interval_seconds {shown}" in text

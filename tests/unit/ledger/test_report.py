@@ -14,7 +14,8 @@ from proxy.accounting.routes import BY_PATH
 from proxy.cli import main
 from proxy.ledger.journal import Journal
 from proxy.ledger.records import UsageRecord
-from proxy.ledger.report import aggregate, as_html, as_table
+from proxy.ledger.report import aggregate
+from proxy.ledger.report_formats import as_html, as_json, as_table
 
 NOW = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 
@@ -72,8 +73,8 @@ def run(capsys: pytest.CaptureFixture[str], *args: str) -> str:
 def test_json_rows_totals_and_period(
     journal_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """a: 57+57 reported, 36+36 billed (rerank), 8/8 (chat); b (in range): 19/18; totals
-    add up; the object names the period and when it was made."""
+    """a: 57+57 reported, 36+36 billed (rerank), chat 5 prompt + 3 completion; b (in range):
+    19/18; totals add up; the object names the period and when it was made."""
     report = json.loads(
         run(
             capsys,
@@ -82,42 +83,119 @@ def test_json_rows_totals_and_period(
         )
     )
     assert report["since"] == "2026-11-01T00:00:00+00:00"
-    assert report["until"] is None
-    assert report["generated_at"]
+    assert report["until"] == report["generated_at"]
     assert report["group_by"] == ["tenant", "operation"]
-    got = [
-        (r["tenant"], r["operation"], r["requests"], r["reported_tokens"], r["billed_tokens"])
-        for r in report["rows"]
+    names = ("tenant", "operation", "requests", "prompt_tokens_reported")
+    names += ("prompt_tokens_billed", "completion_tokens_reported", "completion_tokens_billed")
+    got = [tuple(r[n] for n in names) for r in report["rows"]]
+    assert got == [
+        ("a", "chat", 1, 5, 5, 3, 3),
+        ("a", "rerank", 2, 114, 72, 0, 0),
+        ("b", "score", 1, 19, 18, 0, 0),
     ]
-    assert got == [("a", "chat", 1, 8, 8), ("a", "rerank", 2, 114, 72), ("b", "score", 1, 19, 18)]
     totals = report["totals"]
-    assert (totals["tenant"], totals["requests"], totals["reported_tokens"]) == ("TOTAL", 4, 141)
-    assert (totals["billed_tokens"], totals["over_reported"]) == (98, 43)
-    assert totals["over_reported_pct"] == 43.88
+    assert (totals["tenant"], totals["requests"]) == ("TOTAL", 4)
+    assert (totals["prompt_tokens_reported"], totals["prompt_tokens_billed"]) == (138, 95)
+    assert (totals["completion_tokens_reported"], totals["completion_tokens_billed"]) == (3, 3)
+    assert totals["over_reported_tokens"] == 43
     assert totals["verdicts"] == {"corrected": 3, "reported": 1}
+
+
+def test_csv_is_detail_rows_a_spreadsheet_can_sum(
+    journal_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #39 case 2: no TOTAL or subtotal row among the data (summing a column gave
+    twice the total), and one integer column per verdict instead of a packed string."""
+    base = ("--journal", str(journal_path), "--group-by", "tenant,day,operation")
+    rows = list(csv.DictReader(io.StringIO(run(capsys, *base, "--format", "csv"))))
+    totals = json.loads(run(capsys, *base, "--format", "json"))["totals"]
+    assert [r["tenant"] for r in rows] == ["a", "a", "b", "b"]
+    for column in ("requests", "prompt_tokens_billed", "completion_tokens_billed"):
+        assert sum(int(r[column]) for r in rows) == totals[column]
+    assert sum(int(r["verdict_corrected"]) for r in rows) == 4
+    assert sum(int(r["verdict_reported"]) for r in rows) == 1
+    assert "verdicts" not in rows[0]
+
+
+def test_period_without_bounds_names_the_records_times(
+    journal_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #39 case 3: without --since/--until every format gives the first and last
+    record's times, and since/until are filled in CSV and JSON (they were empty)."""
+    base = ("--journal", str(journal_path), "--group-by", "tenant")
+    first, last = (NOW - timedelta(days=30)).isoformat(), NOW.isoformat()
+    report = json.loads(run(capsys, *base, "--format", "json"))
+    assert (report["first_record"], report["last_record"]) == (first, last)
+    assert report["since"] == first
+    assert report["until"] == report["generated_at"]
+    assert report["rows"][1]["first_record"] == first
+    rows = list(csv.DictReader(io.StringIO(run(capsys, *base, "--format", "csv"))))
+    assert (rows[0]["since"], rows[0]["first_record"], rows[0]["last_record"]) == (
+        first,
+        last,
+        last,
+    )
+    assert rows[0]["until"]
+    assert f"Usage (UTC) from {first} (first record) to " in run(capsys, *base)
+
+
+def test_backwards_range_is_an_error(
+    journal_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #39 case 3: --since after --until printed an empty report with rc 0."""
+    args = ["report", "--journal", str(journal_path), "--since", "2026-11-20"]
+    assert main([*args, "--until", "2026-11-01"]) == 2
+    err = capsys.readouterr().err
+    assert "--since 2026-11-20" in err
+    assert "is not before --until 2026-11-01" in err
+
+
+def test_over_report_is_a_share_of_what_vllm_reported() -> None:
+    """Issue #39 case 4: 97 over-reported of 239 reported is 40.59 %, not 97/142 = 68.31 %
+    (a share of billed); the column says which."""
+    report = aggregate([rec(1, "a", "/rerank", 239, 142)], group_by=["tenant"])
+    assert json.loads(as_json(report))["totals"]["over_reported_pct"] == 40.59
+    assert "Over-reported % of reported" in as_html(report)
+    assert "Over-rep. %: over-reported tokens as a share of the reported" in as_table(report)
+
+
+def test_per_tenant_subtotals(journal_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Grouped by tenant and more, each tenant's rows are followed by its subtotal (table,
+    HTML, JSON's subtotals; none under a tenant of one row); the CSV stays detail only."""
+    base = ("--journal", str(journal_path), "--group-by", "tenant,operation")
+    subtotals = json.loads(run(capsys, *base, "--format", "json"))["subtotals"]
+    assert [(s["tenant"], s["requests"], s["prompt_tokens_billed"]) for s in subtotals] == [
+        ("a", 3, 77),
+        ("b", 2, 36),
+    ]
+    table = run(capsys, *base).splitlines()
+    at = next(i for i, line in enumerate(table) if line.startswith("a ") and "subtotal" in line)
+    assert table[at - 1].startswith("a ")
+    assert "rerank" in table[at - 1]
+    assert table[at + 1].startswith("b ")
+    assert not any(line.startswith("b ") and "subtotal" in line for line in table)
+    two = [rec(1, "a", "/rerank", 5, 5), rec(2, "a", "/score", 5, 5)]
+    assert '<tr class="subtotal">' in as_html(aggregate(two, group_by=["tenant", "operation"]))
 
 
 def test_every_format_carries_the_same_totals(
     journal_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """table, csv, json and html agree on the totals row and show the period."""
+    """table, json and html agree on the totals row and show the period."""
     base = ("--journal", str(journal_path), "--group-by", "tenant", "--since", "2026-11-01")
-    as_json = json.loads(run(capsys, *base, "--format", "json"))["totals"]
-    rows = list(csv.DictReader(io.StringIO(run(capsys, *base, "--format", "csv"))))
-    assert rows[-1]["tenant"] == "TOTAL"
-    assert int(rows[-1]["billed_tokens"]) == as_json["billed_tokens"] == 98
-    assert rows[-1]["since"] == "2026-11-01T00:00:00+00:00"
+    as_json_ = json.loads(run(capsys, *base, "--format", "json"))["totals"]
+    assert as_json_["prompt_tokens_billed"] == 95
     table = run(capsys, *base)
-    assert "Usage from 2026-11-01T00:00:00+00:00 to now" in table
+    assert "Usage (UTC) from 2026-11-01T00:00:00+00:00 to " in table
     total_line = [line for line in table.splitlines() if line.startswith("TOTAL")]
     assert total_line
-    assert "98" in total_line[0]
-    assert "141" in total_line[0]
+    assert "95" in total_line[0]
+    assert "138" in total_line[0]
     out = tmp_path / "r.html"
     run(capsys, *base, "--format", "html", "--output", str(out))
     page = out.read_text()
-    assert '<tr class="total"><td title="TOTAL">TOTAL</td>' in page
-    assert '<td class="n">98</td>' in page
+    assert '<tr class="total">\n<td title="TOTAL">TOTAL</td>' in page
+    assert '<td class="n">95</td>' in page
 
 
 def test_whole_range_grouped_by_day(journal_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -129,10 +207,9 @@ def test_whole_range_grouped_by_day(journal_path: Path, capsys: pytest.CaptureFi
             )
         )
     )
-    assert [(r["day"], r["requests"], r["billed_tokens"]) for r in rows] == [
+    assert [(r["day"], r["requests"], r["prompt_tokens_billed"]) for r in rows] == [
         ((NOW - timedelta(days=30)).date().isoformat(), "1", "18"),
-        (NOW.date().isoformat(), "4", "98"),
-        ("TOTAL", "5", "116"),
+        (NOW.date().isoformat(), "4", "95"),
     ]
 
 
@@ -146,19 +223,8 @@ def test_unproven_tokens_are_called_out() -> None:
         ],
         group_by=["tenant"],
     )
-    assert report.rows[0].unproven_tokens == 97
-    assert "Billed unproven" in as_table(report)
-
-
-def test_long_tenant_names_stay_readable() -> None:
-    """A 200-character tenant is shortened in the table (full name on hover in HTML)."""
-    long = "tenant-" + "x" * 193
-    report = aggregate([rec(1, long, "/rerank", 57, 36)], group_by=["tenant", "model"])
-    table = as_table(report)
-    assert max(len(line) for line in table.splitlines()) < 160
-    assert long not in table
-    page = as_html(report)
-    assert f'title="{long}"' in page
+    assert report.rows[0].unproven_prompt_tokens == 97
+    assert "Unproven prompt" in as_table(report)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,194 @@
+"""The report's formats: a text table, CSV, JSON and a self-contained HTML page.
+
+The CSV holds the detail rows only (no subtotal or total row), one column per figure and
+per verdict, so a spreadsheet's sums are the totals. The HTML page is rendered by an
+autoescaping jinja2 template (``templates/report.html.j2``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import jinja2
+
+from proxy.ledger.report import COLUMNS, UNPROVEN, Report, Row
+
+TITLES = {"tenant": "Tenant", "model": "Model", "operation": "Operation", "day": "Day (UTC)"}
+SHORT = 32
+
+_TEMPLATES = jinja2.Environment(
+    loader=jinja2.PackageLoader("proxy.ledger", "templates"),
+    autoescape=True,
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+def _verdicts(row: Row) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(row.verdicts.items()))
+
+
+def _number(row: Row, name: str) -> str:
+    value = row.value(name)
+    return f"{value:.2f}" if isinstance(value, float) else f"{value:,}"
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= SHORT else text[: SHORT - 1] + "…"
+
+
+def _lines(report: Report) -> list[tuple[str, Row]]:
+    """The rows in reading order: each tenant's rows then its subtotal, then the totals."""
+    out: list[tuple[str, Row]] = []
+    for i, row in enumerate(report.rows):
+        out.append(("row", row))
+        tenant = row.keys.get("tenant")
+        following = report.rows[i + 1].keys.get("tenant") if i + 1 < len(report.rows) else None
+        subtotal = report.subtotal_of(tenant) if tenant is not None else None
+        if subtotal is not None and following != tenant and subtotal.requests > row.requests:
+            out.append(("subtotal", subtotal))
+    return [*out, ("total", report.totals)]
+
+
+def _key_cells(report: Report, kind: str, row: Row) -> list[str]:
+    cells = [row.keys[g] for g in report.group_by]
+    if kind == "subtotal":
+        cells[1] = "subtotal"
+    return cells
+
+
+def as_table(report: Report) -> str:
+    header = [TITLES[g] for g in report.group_by] + [c.short or c.title for c in COLUMNS]
+    cells = [[*header, "Verdicts"]]
+    for kind, row in _lines(report):
+        keys = [_short(k) for k in _key_cells(report, kind, row)]
+        cells.append(keys + [_number(row, c.name) for c in COLUMNS] + [_verdicts(row)])
+    width = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
+    n_keys = len(report.group_by)
+
+    def line(c: list[str]) -> str:
+        return "  ".join(
+            c[i].ljust(width[i]) if i < n_keys or i == len(c) - 1 else c[i].rjust(width[i])
+            for i in range(len(c))
+        ).rstrip()
+
+    rule = "  ".join("-" * w for w in width)
+    lines = [line(c) for c in cells]
+    legend = [f"  {c.short or c.title}: {c.meaning}" for c in COLUMNS]
+    return "\n".join(
+        [
+            f"Usage (UTC) from {report.period}; generated {report.generated_at}",
+            "",
+            lines[0],
+            rule,
+            *lines[1:-1],
+            rule,
+            lines[-1],
+            "",
+            "Columns:",
+            *legend,
+            "",
+        ]
+    )
+
+
+def csv_columns(report: Report) -> list[str]:
+    """Keys, figures, one ``verdict_<name>`` count per verdict, then the row's own first and
+    last record and the report's range (the same on every row)."""
+    return [
+        *report.group_by,
+        *(c.name for c in COLUMNS),
+        *(f"verdict_{v}" for v in report.verdicts),
+        "first_record",
+        "last_record",
+        "since",
+        "until",
+        "generated_at",
+    ]
+
+
+def as_csv(report: Report) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(csv_columns(report))
+    for row in report.rows:
+        values = row.as_dict()
+        writer.writerow(
+            [
+                *(row.keys[g] for g in report.group_by),
+                *(values[c.name] for c in COLUMNS),
+                *(row.verdicts.get(v, 0) for v in report.verdicts),
+                values["first_record"],
+                values["last_record"],
+                report.start or "",
+                report.end or "",
+                report.generated_at,
+            ]
+        )
+    return out.getvalue()
+
+
+def as_json(report: Report) -> str:
+    body = {
+        "since": report.start,
+        "until": report.end,
+        "first_record": report.first_record,
+        "last_record": report.last_record,
+        "generated_at": report.generated_at,
+        "group_by": list(report.group_by),
+        "columns": {c.name: c.meaning for c in COLUMNS},
+        "rows": [r.as_dict() for r in report.rows],
+        "subtotals": [r.as_dict() for r in report.subtotals],
+        "totals": report.totals.as_dict(),
+    }
+    return json.dumps(body, indent=2) + "\n"
+
+
+BAR = 380  # pixels of the longest bar
+
+
+def _chart(report: Report) -> list[dict[str, object]]:
+    """Per tenant: prompt and completion tokens, reported against billed, as bar lengths."""
+    per_tenant: dict[str, Row] = {}
+    for r in report.rows:
+        tenant = r.keys.get("tenant", "all")
+        per_tenant.setdefault(tenant, Row({"tenant": tenant})).merge(r)
+    names = (
+        "prompt_tokens_reported",
+        "prompt_tokens_billed",
+        "completion_tokens_reported",
+        "completion_tokens_billed",
+    )
+    top = max((int(getattr(r, n)) for r in per_tenant.values() for n in names), default=0) or 1
+    return [
+        {
+            "tenant": tenant,
+            "label": _short(tenant)[:24],
+            "bars": [(n, int(getattr(row, n)), BAR * int(getattr(row, n)) // top) for n in names],
+        }
+        for tenant, row in sorted(per_tenant.items())
+    ]
+
+
+def as_html(report: Report, title: str = "vllm-usage-proxy: usage report") -> str:
+    lines = [
+        (kind, _key_cells(report, kind, row), [_number(row, c.name) for c in COLUMNS], row)
+        for kind, row in _lines(report)
+    ]
+    return _TEMPLATES.get_template("report.html.j2").render(
+        title=title,
+        report=report,
+        keys=[TITLES[g] for g in report.group_by],
+        columns=COLUMNS,
+        lines=lines,
+        short=_short,
+        verdicts=_verdicts,
+        chart=_chart(report),
+        unproven=", ".join(sorted(UNPROVEN)),
+    )
+
+
+FORMATS = {"table": as_table, "csv": as_csv, "json": as_json, "html": as_html}

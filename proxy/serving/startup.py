@@ -1,0 +1,66 @@
+"""Start-up mistakes an operator can fix, as one line each: which flag, which path or
+address, and what to do. They are raised as ``StartupError`` where the context is known
+(a port, the journal, the key file) and printed once, by ``process.run_or_explain``, which
+exits 2 as the configuration errors do. Anything else is a defect and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+
+from aiohttp import web
+
+from proxy.serving.tenancy import KeyFileError
+
+
+class StartupError(Exception):
+    """A start-up failure the operator can fix; the message is the whole story."""
+
+
+def listen_problem(exc: OSError, host: str, port: int, flag: str) -> StartupError:
+    """A port that cannot be bound, said as the flag and the fix."""
+    where = f"{host}:{port}"
+    if exc.errno == errno.EADDRINUSE:
+        fix = f"stop what listens there (ss -ltnp 'sport = :{port}') or choose another {flag}"
+        return StartupError(f"cannot listen on {where} ({flag}): address already in use; {fix}")
+    if exc.errno == errno.EACCES:
+        fix = f"ports below 1024 need privileges: choose {flag} 1024 or above"
+        return StartupError(f"cannot listen on {where} ({flag}): permission denied; {fix}")
+    host_flag = "--admin-host" if flag == "--admin-port" else "--host"
+    reason = exc.strerror or str(exc)
+    return StartupError(
+        f"cannot listen on {where} ({flag}, {host_flag}): {reason}; "
+        f"give {host_flag} an address of this host (0.0.0.0 for all, 127.0.0.1 for local)"
+    )
+
+
+async def listen(runner: web.BaseRunner, host: str, port: int, flag: str) -> None:
+    """Start ``runner`` on ``host:port``; a port that cannot be bound is a StartupError."""
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as exc:
+        raise listen_problem(exc, host, port, flag) from exc
+
+
+def journal_problem(exc: OSError | sqlite3.Error, path: str) -> StartupError:
+    """A journal that cannot be opened or created, with where it must live."""
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    head = f"cannot open the journal {path} (--journal): {reason}; "
+    if isinstance(exc, sqlite3.OperationalError) and "locked" in reason:
+        return StartupError(head + "another process holds it: one proxy per journal")
+    if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
+        return StartupError(
+            head + "the file is not a usage journal: move it away or point "
+            "--journal at another path"
+        )
+    return StartupError(
+        head + f"the directory must be writable by this process (uid {os.getuid()}): "
+        "mount a writable volume there (not a read-only root filesystem) or point "
+        "--journal at one"
+    )
+
+
+def key_file_problem(exc: KeyFileError) -> StartupError:
+    return StartupError(f"--api-keys {exc}")
