@@ -16,6 +16,7 @@ from multidict import CIMultiDictProxy
 from proxy.accounting.dispatch import Prepared, prepare
 from proxy.ledger.recorder import Recorder
 from proxy.metrics import Metrics
+from proxy.serving.admission import Admission
 from proxy.serving.bodies import off_loop
 from proxy.serving.catalog import Catalog
 from proxy.serving.downstream import (
@@ -104,8 +105,10 @@ class MeteredRelay:
         recorder: Recorder,
         metrics: Metrics,
         unmetered: Unmetered,
+        admission: Admission | None = None,
     ) -> None:
         self._base = settings.upstream_base
+        self._admission = admission
         self._limit = settings.max_answer_bytes
         self._instance = settings.instance
         self._catalog = catalog
@@ -123,6 +126,10 @@ class MeteredRelay:
         """Forward ``prepared`` and record the usage of a successful answer."""
         if prepared.unbillable is not None:
             return await self._unbillable(exchange, prepared, prepared.unbillable)
+        if self._admission is not None:
+            refusal = await self._admission.admit_metered(exchange, prepared)
+            if refusal is not None:
+                return refusal
         request = exchange.request
         reserved = 0
         try:
