@@ -5,17 +5,17 @@ that survive a restart. The whole proxy in front of the fake vLLM (real MiniLM).
 from __future__ import annotations
 
 import asyncio
-import json
+import random
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
+from aiohttp import web
 
 from proxy.limits.memory import InProcessLimiter
 from proxy.limits.meters import BudgetMeter, Gate
 from proxy.serving.admission import ADMISSION
-from proxy.serving.keys import METRICS
+from proxy.serving.app import EXCHANGES
 from tests.support.proxies import fake_and_proxy
 from tests.support.records import journal_records
 from tests.support.texts import RERANK
@@ -29,7 +29,12 @@ def write_limits(path: Path, policies: dict[str, Any]) -> Path:
 
 
 async def limited_proxy(
-    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp: Path, policies: Any
+    aiohttp_server: Any,
+    aiohttp_client: Any,
+    minilm_path: Path,
+    tmp: Path,
+    policies: Any,
+    **options: Any,
 ) -> tuple[Any, Any]:
     limits = write_limits(tmp / "limits.yaml", policies)
     return await fake_and_proxy(
@@ -39,7 +44,21 @@ async def limited_proxy(
         tenant_header="X-Tenant-Id",
         journal=str(tmp / "journal.sqlite"),
         limits=str(limits),
+        **options,
     )
+
+
+def reached() -> tuple[list[str], Any]:
+    """A middleware for the fake that lists the paths of the requests reaching it."""
+    seen: list[str] = []
+
+    @web.middleware
+    async def count(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.method == "POST":
+            seen.append(request.path)
+        return await handler(request)
+
+    return seen, count
 
 
 def limiter_of(client: Any) -> InProcessLimiter:
@@ -64,9 +83,7 @@ async def test_rerank_is_admitted_at_its_engine_count(
     count, not 0.29.0's inflated report), is told its standing in x-ratelimit-* headers,
     and its budget settles to the record's billed tokens."""
     policies = {"tenants": {"acme": {"prompt_tokens_per_day": 1000, "requests_per_minute": 60}}}
-    fake, client = await limited_proxy(
-        aiohttp_server, aiohttp_client, minilm_path, tmp_path, policies
-    )
+    _, client = await limited_proxy(aiohttp_server, aiohttp_client, minilm_path, tmp_path, policies)
     resp = await client.post("/rerank", json=RERANK, headers=ACME)
     assert resp.status == 200
     await resp.read()
@@ -80,3 +97,136 @@ async def test_rerank_is_admitted_at_its_engine_count(
     assert resp.headers["x-ratelimit-remaining-requests"] == "59"
     (meter,) = [m for m in limiter_of(client).meters.values() if isinstance(m, BudgetMeter)]
     assert (meter.used, meter.reserved) == (billed, 0)
+
+
+def mixed_request(i: int) -> tuple[str, dict[str, Any]]:
+    """Reranks (engine counts known), embeddings and chat with max_tokens, in turn."""
+    if i % 3 == 0:
+        return "/rerank", {"query": f"query {i}", "documents": [f"doc {i} a", f"doc {i} b"]}
+    if i % 3 == 1:
+        return "/v1/embeddings", {"input": [f"embed text number {i}", "a second input"]}
+    return "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": f"hi {i}"}],
+        "max_tokens": 8,
+    }
+
+
+async def test_200_concurrent_requests_never_exceed_the_budget(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """The issue's test: 200 concurrent requests of one tenant at a prompt-token budget
+    that fits about 60 of them. Admitted engine prompt tokens (the journal's) never exceed
+    the budget, the refused ones never reached the fake, and at every step the budget's
+    remaining + billed + reserved add up to it; nothing stays reserved at the end."""
+    budget = 600  # about 60 of these requests: they bill 5 to 14 engine prompt tokens
+    seen, count = reached()
+    _, client = await limited_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tmp_path,
+        {"tenants": {"acme": {"prompt_tokens_per_day": budget}}},
+        middlewares=(count,),
+        tenant_share=1.0,
+    )
+    limiter = limiter_of(client)
+    checks = 0
+    done = asyncio.Event()
+
+    async def check_sums() -> None:
+        nonlocal checks
+        while not done.is_set():
+            for meter in limiter.meters.values():
+                if isinstance(meter, BudgetMeter):
+                    _, remaining, _ = meter.standing(meter.start)
+                    assert meter.used + meter.reserved <= budget
+                    assert remaining + meter.used + meter.reserved == budget
+                    checks += 1
+            await asyncio.sleep(0)
+
+    async def one(i: int) -> tuple[int, dict[str, str]]:
+        path, body = mixed_request(i)
+        resp = await client.post(path, json=body, headers=ACME)
+        await resp.read()
+        return resp.status, dict(resp.headers)
+
+    checker = asyncio.create_task(check_sums())
+    answers = await asyncio.gather(*(one(i) for i in random.sample(range(200), 200)))
+    done.set()
+    await checker
+    statuses = [status for status, _ in answers]
+    assert set(statuses) <= {200, 429}
+    admitted = statuses.count(200)
+    assert 20 <= admitted <= 70, admitted
+    records = journal_records(tmp_path / "journal.sqlite")
+    assert len(records) == admitted == len(seen)  # the refused reached no upstream
+    engine_prompt = sum(r.prompt_tokens_billed or 0 for r in records)
+    assert engine_prompt <= budget
+    (meter,) = [m for m in limiter.meters.values() if isinstance(m, BudgetMeter)]
+    assert (meter.used, meter.reserved) == (engine_prompt, 0)
+    assert checks > 0
+    for status, headers in answers:
+        assert 0 <= int(headers["x-ratelimit-remaining-tokens"]) <= budget
+        if status == 429:
+            assert int(headers["retry-after-ms"]) > 0
+
+
+async def test_no_reservation_leaks_whatever_stage_a_request_is_killed_at(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """Clients that hang up while counted, while the engine works or mid-stream, upstream
+    errors, and exchanges cancelled (shutdown) before or after forwarding: every
+    reservation ends, settled to a record or released; the gate is empty again."""
+    policies = {"tenants": {"acme": {"total_tokens_per_day": 100000, "concurrency": 50}}}
+    fake, client = await limited_proxy(
+        aiohttp_server, aiohttp_client, minilm_path, tmp_path, policies
+    )
+    limiter = limiter_of(client)
+    fake.delay = 0.05
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+    async def hang_up(path: str, body: dict[str, Any], after: float) -> None:
+        request = asyncio.ensure_future(client.post(path, json=body, headers=ACME))
+        await asyncio.sleep(after)
+        request.cancel()
+        await asyncio.gather(request, return_exceptions=True)
+
+    stages = [
+        hang_up("/rerank", RERANK, 0.0),
+        hang_up("/rerank", RERANK, 0.02),
+        hang_up("/v1/embeddings", {"input": "some text"}, 0.01),
+        hang_up("/v1/chat/completions", {**chat, "stream": True}, 0.08),
+        hang_up("/v1/chat/completions", chat, 0.02),
+    ]
+    await asyncio.gather(*stages)
+    fake.tamper = lambda body, headers: (b"not json", headers)  # upstream answers garbage
+    resp = await client.post("/v1/chat/completions", json=chat, headers=ACME)
+    await resp.read()
+    fake.tamper = None
+    fake.ok_error = True
+    resp = await client.post("/rerank", json={"query": 1}, headers=ACME)  # vLLM's 400
+    await resp.read()
+    fake.ok_error = False
+
+    for after in (0.0, 0.01, 0.03, 0.06):  # cancelled like a shutdown at each stage
+        request = asyncio.ensure_future(client.post("/rerank", json=RERANK, headers=ACME))
+        await asyncio.sleep(after)
+        for task in list(client.app[EXCHANGES]._live):
+            task.cancel()
+        await asyncio.gather(request, return_exceptions=True)
+    for _ in range(200):
+        if client.app[EXCHANGES].in_flight == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert client.app[EXCHANGES].in_flight == 0
+    assert held(limiter) == 0
+    (budget,) = [m for m in limiter.meters.values() if isinstance(m, BudgetMeter)]
+    for _ in range(200):  # a record whose exchange was cancelled mid-commit is committed
+        records = journal_records(tmp_path / "journal.sqlite")
+        billed = sum(
+            (r.prompt_tokens_billed or 0) + (r.completion_tokens_billed or 0) for r in records
+        )
+        if billed == budget.used:
+            break
+        await asyncio.sleep(0.01)
+    assert budget.used == billed
