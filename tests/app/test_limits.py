@@ -9,6 +9,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from aiohttp import web
 
@@ -16,6 +17,8 @@ from proxy.limits.memory import InProcessLimiter
 from proxy.limits.meters import BudgetMeter, Gate
 from proxy.serving.admission import ADMISSION
 from proxy.serving.app import EXCHANGES
+from proxy.serving.keys import METRICS
+from proxy.serving.limitsfile import LIMITSFILE
 from tests.support.proxies import fake_and_proxy
 from tests.support.records import journal_records
 from tests.support.texts import RERANK
@@ -230,3 +233,183 @@ async def test_no_reservation_leaks_whatever_stage_a_request_is_killed_at(
             break
         await asyncio.sleep(0.01)
     assert budget.used == billed
+
+
+async def test_refusal_in_openai_shape_with_exact_retry_after(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """Over a rate: 429 with code rate_limit_exceeded, nothing forwarded, retry-after-ms
+    exactly what the bucket needs (one request per second: 1000 ms after the first),
+    counted by limit and logged; a stream carries the headers too."""
+    seen, count = reached()
+    _, client = await limited_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tmp_path,
+        {"default": {"requests_per_second": 1}},
+        middlewares=(count,),
+    )
+    clock = [1_000_000.0]
+    client.app[ADMISSION]._clock = lambda: clock[0]
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True}
+    first = await client.post("/v1/chat/completions", json=chat, headers=ACME)
+    assert first.status == 200
+    assert (await first.text()).endswith("data: [DONE]\n\n")
+    assert first.headers["x-ratelimit-limit-requests"] == "1"
+    assert first.headers["x-ratelimit-remaining-requests"] == "0"
+    assert first.headers["x-ratelimit-reset-requests"] == "1s"
+    clock[0] += 0.25
+    second = await client.post("/v1/chat/completions", json=chat, headers=ACME)
+    assert second.status == 429
+    error = (await second.json())["error"]
+    assert (error["code"], error["type"], error["param"]) == (
+        "rate_limit_exceeded",
+        "requests",
+        None,
+    )
+    assert "requests_per_second" in error["message"]
+    assert second.headers["retry-after-ms"] == "750"
+    assert second.headers["retry-after"] == "1"
+    assert second.headers["x-ratelimit-reset-requests"] == "750ms"
+    assert "x-should-retry" not in second.headers
+    assert seen == ["/v1/chat/completions"]
+    metrics = client.app[METRICS].render().decode()
+    assert 'usage_proxy_limited_requests_total{limit="requests_per_second"} 1.0' in metrics
+    clock[0] += 0.75
+    third = await client.post("/v1/chat/completions", json=chat, headers=ACME)
+    assert third.status == 200
+    await third.read()
+
+
+async def test_spent_budget_and_oversized_request(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """A monthly budget spent until a distant reset says x-should-retry: false; a request
+    whose cost alone exceeds the budget's whole capacity gets a 400 that says so."""
+    _, client = await limited_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tmp_path,
+        {"tenants": {"acme": {"prompt_tokens_per_month": 40}}},
+    )
+    texts = ["one more short text"] * 3  # 18 tokens: twice fits 40, a third time not
+    for _ in range(2):
+        ok = await client.post("/v1/embeddings", json={"input": texts}, headers=ACME)
+        assert ok.status == 200
+    used = 40 - int(ok.headers["x-ratelimit-remaining-tokens"])
+    assert used == 36
+    spent = await client.post("/v1/embeddings", json={"input": texts}, headers=ACME)
+    assert spent.status == 429
+    assert (await spent.json())["error"]["code"] == "rate_limit_exceeded"
+    assert spent.headers["x-should-retry"] == "false"
+    assert int(spent.headers["retry-after"]) > 60
+    huge = await client.post("/v1/embeddings", json={"input": ["word " * 60]}, headers=ACME)
+    assert huge.status == 400
+    assert "can never be admitted" in (await huge.json())["error"]["message"]
+    assert huge.headers["x-should-retry"] == "false"
+
+
+async def test_the_openai_client_waits_as_told_and_stops_on_a_spent_budget(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """The official openai client, pointed at the proxy: it receives the 429, waits the
+    retry-after-ms it is given and succeeds once the rate allows; a spent monthly budget
+    (x-should-retry: false) stops it at once, without retries."""
+    import openai
+
+    seen, count = reached()
+    policies = {
+        "tenants": {
+            "acme": {"requests_per_second": 1},
+            "poor": {"prompt_tokens_per_month": 10},
+        }
+    }
+    _, client = await limited_proxy(
+        aiohttp_server, aiohttp_client, minilm_path, tmp_path, policies, middlewares=(count,)
+    )
+
+    def openai_client(tenant: str) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(
+            base_url=str(client.make_url("/v1")),
+            api_key="unused",
+            max_retries=2,
+            default_headers={"X-Tenant-Id": tenant},
+        )
+
+    async with openai_client("acme") as acme:
+        started = asyncio.get_running_loop().time()
+        for _ in range(2):
+            answer = await acme.embeddings.create(
+                model="minilm", input="hi", encoding_format="float"
+            )
+            assert answer.usage.prompt_tokens == 3
+        waited = asyncio.get_running_loop().time() - started
+    assert 0.5 < waited < 5  # the second call waited about a second, as it was told
+    assert len(seen) == 2  # its refused first attempt never reached the engine
+    metrics = client.app[METRICS].render().decode()
+    assert 'usage_proxy_limited_requests_total{limit="requests_per_second"} 1.0' in metrics
+
+    text = "hello there my friend"  # 6 tokens: once fits 10, twice not
+    async with openai_client("poor") as poor:
+        await poor.embeddings.create(model="minilm", input=text, encoding_format="float")
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(openai.RateLimitError) as refused:
+            await poor.embeddings.create(model="minilm", input=text, encoding_format="float")
+        assert asyncio.get_running_loop().time() - started < 0.5  # no retry, no wait
+    assert refused.value.code == "rate_limit_exceeded"
+    assert len(seen) == 3
+    metrics = client.app[METRICS].render().decode()
+    assert 'usage_proxy_limited_requests_total{limit="prompt_tokens_per_month"} 1.0' in metrics
+
+
+async def test_a_restart_mid_period_continues_the_budget(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """The budget of a proxy started again on the same journal starts where the last
+    one left it (rebuilt from the records, per tenant, model and key), not at zero."""
+    policies = {
+        "tenants": {
+            "acme": {"prompt_tokens_per_month": 100, "models": {"minilm": {"requests_per_day": 5}}}
+        }
+    }
+    _, first = await limited_proxy(aiohttp_server, aiohttp_client, minilm_path, tmp_path, policies)
+    for _ in range(2):
+        resp = await first.post("/rerank", json=RERANK, headers=ACME)
+        assert resp.status == 200
+    left = int(resp.headers["x-ratelimit-remaining-tokens"])
+    await first.close()
+    billed = sum(r.prompt_tokens_billed or 0 for r in journal_records(tmp_path / "journal.sqlite"))
+    assert left == 100 - billed
+
+    _, second = await limited_proxy(aiohttp_server, aiohttp_client, minilm_path, tmp_path, policies)
+    metrics = second.app[METRICS].render().decode()
+    assert "usage_proxy_limits_restored_records_total 2.0" in metrics
+    resp = await second.post("/v1/embeddings", json={"input": "hi"}, headers=ACME)
+    assert resp.status == 200
+    assert int(resp.headers["x-ratelimit-remaining-tokens"]) == left - 3
+    assert resp.headers["x-ratelimit-remaining-requests"] == "2"  # the model's: 3 of 5 used
+    resp = await second.post("/rerank", json=RERANK, headers=ACME)
+    assert resp.status == 429  # 36 more would pass 100: the month is not reset
+
+
+async def test_a_bad_limits_file_keeps_the_policies_in_use(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """A reload of a file that does not validate (an unknown limit name) is logged and
+    counted and the policies in use stay; a good one is used from the next request."""
+    policies = {"tenants": {"acme": {"requests_per_minute": 1}}}
+    _, client = await limited_proxy(aiohttp_server, aiohttp_client, minilm_path, tmp_path, policies)
+    limits = tmp_path / "limits.yaml"
+    write_limits(limits, {"tenants": {"acme": {"requests_per_fortnight": 1}}})
+    assert not client.app[LIMITSFILE].reload("SIGHUP")
+    metrics = client.app[METRICS].render().decode()
+    assert "usage_proxy_limits_reload_failures_total 1.0" in metrics
+    assert (await client.post("/v1/embeddings", json={"input": "a"}, headers=ACME)).status == 200
+    assert (await client.post("/v1/embeddings", json={"input": "a"}, headers=ACME)).status == 429
+    write_limits(limits, {"tenants": {"acme": {"requests_per_minute": 100}}})
+    assert client.app[LIMITSFILE].reload("SIGHUP")
+    resp = await client.post("/v1/embeddings", json={"input": "a"}, headers=ACME)
+    assert resp.status == 200
+    assert resp.headers["x-ratelimit-limit-requests"] == "100"
