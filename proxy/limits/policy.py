@@ -99,12 +99,21 @@ class Limits(BaseModel):
         return tuple(out)
 
 
+# Records name a key by the first hex digits of its SHA-256 (``key_hash``).
+KEY_HASH_DIGITS = 12
+
+
 class TenantLimits(Limits):
     """A tenant's limits, with narrower ones per served model and per key (its SHA-256
-    hex digest, as in the ``--api-keys`` file and the records' ``key_hash``)."""
+    hex digest as in the ``--api-keys`` file, or the records' shorter ``key_hash``)."""
 
     models: dict[str, Limits] = Field(default_factory=dict)
     keys: dict[str, Limits] = Field(default_factory=dict)
+
+    @field_validator("keys")
+    @classmethod
+    def _as_key_hashes(cls, value: dict[str, Limits]) -> dict[str, Limits]:
+        return {digest.lower()[:KEY_HASH_DIGITS]: limits for digest, limits in value.items()}
 
 
 class Policies(BaseModel):
