@@ -80,26 +80,24 @@ class InProcessLimiter:
         return self.policies.wants_tokens(tenant)
 
     async def reserve(self, who: Who, cost: Cost, now: float) -> Decision:
-        levels = self.policies.levels(who.tenant, who.model, who.key)
-        refusals = []
-        for level in levels:
-            for limit in level.limits:
-                units = cost.of(limit.unit)
-                wait = self.meter(level.scope, limit).wait(units, now)
-                if wait > 0:
-                    budget = limit.window is not None and limit.window.budget
-                    refusals.append(
-                        Refusal(limit.name, level.scope, wait, units, limit.amount, budget)
-                    )
+        plan = [
+            (level.scope, limit, self.meter(level.scope, limit), cost.of(limit.unit))
+            for level in self.policies.levels(who.tenant, who.model, who.key)
+            for limit in level.limits
+        ]
+        refusals = [
+            Refusal(limit.name, scope, wait, units, limit.amount, limit.budget)
+            for scope, limit, meter, units in plan
+            if (wait := meter.wait(units, now)) > 0
+        ]
         if refusals:
             worst = max(refusals, key=lambda r: r.wait)
-            return Decision(None, worst, *self._standings(who, now))
+            return Decision(None, worst, *_standings(plan, now))
         ticket = Ticket(who, cost)
-        for level in levels:
-            for limit in level.limits:
-                self.meter(level.scope, limit).take(cost.of(limit.unit), now)
-                ticket.taken.append((level.scope, limit.name, limit.unit))
-        return Decision(ticket, None, *self._standings(who, now))
+        for scope, limit, meter, units in plan:
+            meter.take(units, now)
+            ticket.taken.append((scope, limit.name, limit.unit))
+        return Decision(ticket, None, *_standings(plan, now))
 
     async def settle(self, ticket: Ticket, billed: Cost, now: float) -> None:
         if not ticket.open:
@@ -158,33 +156,36 @@ class InProcessLimiter:
             lambda start, end: self.history.used(scope, unit, start, end),
         )
 
-    def _standings(
-        self, who: Who, now: float
-    ) -> tuple[Standing | None, Standing | None, tuple[tuple[str, int], ...]]:
-        """The tightest request limit and the tightest token limit (the least remaining),
-        net of the reservations in flight; what is left of the tenant's budgets."""
-        requests: Standing | None = None
-        tokens: Standing | None = None
-        budgets: list[tuple[str, int]] = []
-        for level in self.policies.levels(who.tenant, who.model, who.key):
-            for limit in level.limits:
-                if limit.window is None:
-                    continue
-                standing = Standing(*self.meter(level.scope, limit).standing(now))
-                if limit.window.budget and level.scope[0] == "tenant":
-                    budgets.append((limit.name, standing.remaining))
-                if limit.tokens:
-                    tokens = standing if tokens is None or _tighter(standing, tokens) else tokens
-                elif requests is None or _tighter(standing, requests):
-                    requests = standing
-        return requests, tokens, tuple(budgets)
-
     def _prune(self, now: float) -> None:
         """Forget history older than any period (at most once a quarter hour)."""
         if now - self._pruned < BUCKET_SECONDS:
             return
         self._pruned = now
         self.history.prune(earliest_start(now, self.policies.zone))
+
+
+Plan = list[tuple[tuple[str, ...], Limit, Meter, int]]
+
+
+def _standings(
+    plan: Plan, now: float
+) -> tuple[Standing | None, Standing | None, tuple[tuple[str, int], ...]]:
+    """The tightest request limit and the tightest token limit (the least remaining),
+    net of the reservations in flight; what is left of the tenant's budgets."""
+    requests: Standing | None = None
+    tokens: Standing | None = None
+    budgets: list[tuple[str, int]] = []
+    for scope, limit, meter, _ in plan:
+        if limit.window is None:
+            continue
+        standing = Standing(*meter.standing(now))
+        if limit.budget and scope[0] == "tenant":
+            budgets.append((limit.name, standing.remaining))
+        if limit.tokens:
+            tokens = standing if tokens is None or _tighter(standing, tokens) else tokens
+        elif requests is None or _tighter(standing, requests):
+            requests = standing
+    return requests, tokens, tuple(budgets)
 
 
 def _tighter(a: Standing, b: Standing) -> bool:

@@ -4,13 +4,13 @@ grow, never change). Validated whole with pydantic before it replaces the one in
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, field_validator
 
 
 class Unit(enum.StrEnum):
@@ -44,14 +44,15 @@ class Limit:
     unit: Unit
     window: Window | None
     amount: int
+    name: str = field(init=False, compare=False)
+    tokens: bool = field(init=False, compare=False)  # a token limit, not a request one
+    budget: bool = field(init=False, compare=False)  # a calendar budget, not a rate
 
-    @property
-    def name(self) -> str:
-        return "concurrency" if self.window is None else f"{self.unit}_per_{self.window}"
-
-    @property
-    def tokens(self) -> bool:
-        return self.unit is not Unit.REQUESTS
+    def __post_init__(self) -> None:
+        name = "concurrency" if self.window is None else f"{self.unit}_per_{self.window}"
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "tokens", self.unit is not Unit.REQUESTS)
+        object.__setattr__(self, "budget", self.window is not None and self.window.budget)
 
 
 class Limits(BaseModel):
@@ -85,8 +86,15 @@ class Limits(BaseModel):
     total_tokens_per_month: PositiveInt | None = None
     concurrency: PositiveInt | None = None
 
+    _limits: tuple[Limit, ...] | None = PrivateAttr(None)
+
     def limits(self) -> tuple[Limit, ...]:
-        """The limits set at this level."""
+        """The limits set at this level (read once: every admission asks)."""
+        if self._limits is None:
+            self._limits = self._read()
+        return self._limits
+
+    def _read(self) -> tuple[Limit, ...]:
         out = []
         for name, value in self:
             if value is None or not isinstance(value, int):
@@ -98,6 +106,8 @@ class Limits(BaseModel):
             out.append(Limit(Unit(unit), Window(window), value))
         return tuple(out)
 
+
+LEVELS_HELD = 10_000
 
 # Records name a key by the first hex digits of its SHA-256 (``key_hash``).
 KEY_HASH_DIGITS = 12
@@ -134,12 +144,25 @@ class Policies(BaseModel):
             raise ValueError(f"unknown time zone {value!r}") from exc
         return value
 
+    # Levels already worked out, by (tenant, model, key); dropped whole past LEVELS_HELD.
+    _levels: dict[tuple[str, str | None, str | None], tuple[Level, ...]] = PrivateAttr(
+        default_factory=dict
+    )
+
     @property
     def zone(self) -> ZoneInfo:
         return ZoneInfo(self.timezone)
 
-    def levels(self, tenant: str, model: str | None, key: str | None) -> list[Level]:
+    def levels(self, tenant: str, model: str | None, key: str | None) -> tuple[Level, ...]:
         """Every level that applies to a request; it must have room at each."""
+        found = self._levels.get((tenant, model, key))
+        if found is None:
+            if len(self._levels) >= LEVELS_HELD:
+                self._levels.clear()
+            found = self._levels[tenant, model, key] = tuple(self._find(tenant, model, key))
+        return found
+
+    def _find(self, tenant: str, model: str | None, key: str | None) -> list[Level]:
         own = self.tenants.get(tenant)
         if own is None:
             return [Level(("tenant", tenant), self.default.limits())] if self.default else []

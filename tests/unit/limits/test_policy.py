@@ -79,4 +79,4 @@ def test_levels_that_apply() -> None:
     assert other.limits == (Limit(Unit.REQUESTS, Window.MINUTE, 10),)
     assert policies.wants_tokens("acme")
     assert not policies.wants_tokens("bob")
-    assert Policies().levels("bob", None, None) == []
+    assert Policies().levels("bob", None, None) == ()
