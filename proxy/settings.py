@@ -243,7 +243,7 @@ class Settings(BaseSettings):
     limits: Path | None = Field(
         None,
         description="YAML/JSON file of budgets and rate limits per tenant, model and key "
-        "(docs/metering.md, Limits); reloaded on SIGHUP and when it changes.",
+        "(docs/metering.md, 'Budgets and rate limits'); reloaded on SIGHUP and when it changes.",
     )
     allow_anonymous: bool = Field(
         False,

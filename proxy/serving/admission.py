@@ -200,8 +200,9 @@ def restore_context(
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         if journal is not None:
             now = time.time()
-            since = datetime.fromtimestamp(earliest_start(now, admission.limiter.policies.zone))
-            sums = await journal.usage_since(since.astimezone(UTC), BUCKET_SECONDS)
+            start = earliest_start(now, admission.limiter.policies.zone)
+            since = datetime.fromtimestamp(start, UTC)
+            sums = await journal.usage_since(since, BUCKET_SECONDS)
             history = [
                 Usage(
                     Who(s.tenant, s.model, s.key_hash),
