@@ -34,21 +34,21 @@ def _matches(scope: tuple[str, ...], who: Who) -> bool:
 
 class History:
     """Billed units per (tenant, model, key) and quarter hour, since the oldest period
-    any budget can be in."""
+    any budget can be in; kept by tenant, so a budget reads only its own tenant's rows."""
 
     def __init__(self) -> None:
-        self._rows: dict[Who, dict[int, list[int]]] = defaultdict(dict)
+        self._rows: dict[str, dict[Who, dict[int, list[int]]]] = defaultdict(dict)
 
     def note(self, who: Who, cost: Cost, at: float) -> None:
         bucket = int(at // BUCKET_SECONDS) * BUCKET_SECONDS
-        row = self._rows[who].setdefault(bucket, [0, 0, 0])
+        row = self._rows[who.tenant].setdefault(who, {}).setdefault(bucket, [0, 0, 0])
         row[0] += cost.prompt
         row[1] += cost.completion
         row[2] += cost.requests
 
     def used(self, scope: tuple[str, ...], unit: Unit, start: float, end: float) -> int:
         total = 0
-        for who, buckets in self._rows.items():
+        for who, buckets in self._rows.get(scope[1], {}).items():
             if not _matches(scope, who):
                 continue
             for bucket, (prompt, completion, requests) in buckets.items():
@@ -57,11 +57,14 @@ class History:
         return total
 
     def prune(self, before: float) -> None:
-        for who, buckets in list(self._rows.items()):
-            for bucket in [b for b in buckets if b < before]:
-                del buckets[bucket]
-            if not buckets:
-                del self._rows[who]
+        for tenant, whos in list(self._rows.items()):
+            for who, buckets in list(whos.items()):
+                for bucket in [b for b in buckets if b < before]:
+                    del buckets[bucket]
+                if not buckets:
+                    del whos[who]
+            if not whos:
+                del self._rows[tenant]
 
 
 class InProcessLimiter:

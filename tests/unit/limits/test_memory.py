@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from proxy.limits.limiter import Cost, Usage, Who
 from proxy.limits.memory import InProcessLimiter
 from proxy.limits.meters import BudgetMeter, Gate
-from proxy.limits.policy import Policies
+from proxy.limits.policy import Policies, Unit
 
 T = TypeVar("T")
 NOW = datetime(2026, 12, 3, 9, 30, tzinfo=ZoneInfo("UTC")).timestamp()
@@ -125,3 +125,16 @@ def test_remaining_billed_and_reserved_add_up(steps: list[tuple[int, int, bool]]
         assert isinstance(meter, BudgetMeter)
         assert meter.reserved == 0
         assert meter.used <= 100
+
+
+def test_history_older_than_any_period_is_forgotten() -> None:
+    """Rows before the oldest period any budget can be in (this week's Monday or this
+    month's first) are dropped; the current ones stay, by tenant."""
+    lim = limiter(total_tokens_per_month=10**6)
+    old = datetime(2026, 10, 30, tzinfo=ZoneInfo("UTC")).timestamp()
+    run(lim.restore([Usage(ACME, old, Cost(5, 0)), Usage(ACME, NOW - 60, Cost(7, 0))], NOW))
+    ticket = run(lim.reserve(ACME, Cost(1, 0), NOW)).ticket
+    assert ticket is not None
+    run(lim.settle(ticket, Cost(1, 0), NOW))
+    assert lim.history.used(("tenant", "acme"), Unit.PROMPT, 0, NOW + 1) == 8
+    assert lim.history.used(("tenant", "bob"), Unit.PROMPT, 0, NOW + 1) == 0
