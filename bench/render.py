@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from bench import admission as limits_admission
 from bench import ratios
 from bench.costs import IDLE_APPENDS, IDLE_SECONDS
 
@@ -31,6 +32,7 @@ class Report:
     accounting: dict[str, float]
     journal: dict[str, float]
     goals: dict[str, dict[str, Any]]  # {event loop: bench/ratios.py figures}
+    admission: dict[str, float] = field(default_factory=dict)  # bench/admission.py
 
 
 def splice(document: str, block: str) -> str:
@@ -62,6 +64,7 @@ def render(report: Report) -> str:
         resources(report.results["resources"]),
         accounting(report.accounting),
         journal(report.journal),
+        limits_admission.render(report.admission) if report.admission else [],
         scale(report.results, report.accounting),
     ]
     return "\n\n".join("\n".join(s) for s in sections if s) + "\n"

@@ -27,6 +27,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import ratios
+from bench.admission import admission_cost
 from bench.costs import accounting_cost, journal_cost
 from bench.harness import (
     EVENT_LOOPS,
@@ -244,6 +245,7 @@ def main() -> int:
     accounting = accounting_cost(3 if args.smoke else 50)
     goals = cost_goals(args)
     journal = journal_cost(20 if args.smoke else 300)
+    admission = admission_cost(10 if args.smoke else 300)
     report = Report(
         date=time.strftime("%Y-%m-%d"),
         machine=machine(),
@@ -255,6 +257,7 @@ def main() -> int:
         accounting=accounting,
         journal=journal,
         goals=goals,
+        admission=admission,
     )
     block = render(report)
     print(block)

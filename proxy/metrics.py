@@ -295,6 +295,36 @@ SPECS: dict[str, _Spec] = {
         buckets=TOKEN_BUCKETS,
         unit="token",
     ),
+    # Budgets and rate limits (--limits, proxy.limits).
+    "limited": _Spec(
+        Counter,
+        "usage_proxy_limited_requests",
+        "Requests refused by a limit (429, or 400 when the cost alone exceeds it), by limit.",
+        ("limit",),
+        tenant=True,
+    ),
+    "budget_remaining": _Spec(
+        Gauge,
+        "usage_proxy_budget_remaining",
+        "Units left in a budget's current period, net of reservations (at the last admission).",
+        ("limit",),
+        tenant=True,
+    ),
+    "limits_loaded_at": _Spec(
+        Gauge,
+        "usage_proxy_limits_loaded_timestamp_seconds",
+        "When the limits file in use was loaded (Unix time).",
+    ),
+    "limits_reload_failures": _Spec(
+        Counter,
+        "usage_proxy_limits_reload_failures",
+        "Limits files that could not be loaded (the policies in use stay).",
+    ),
+    "limits_restored": _Spec(
+        Counter,
+        "usage_proxy_limits_restored_records",
+        "Journaled records the budgets were rebuilt from at start.",
+    ),
 }
 
 
@@ -338,6 +368,11 @@ class Metrics:
     backlog: Gauge
     tasks: Gauge
     genai: Histogram
+    limited: Counter
+    budget_remaining: Gauge
+    limits_loaded_at: Gauge
+    limits_reload_failures: Counter
+    limits_restored: Counter
 
     def __init__(
         self,

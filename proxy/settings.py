@@ -252,6 +252,11 @@ class Settings(BaseSettings):
         description="YAML/JSON file mapping tenant to SHA-256 hex digests of bearer keys. "
         "When set, the key decides the tenant and requests without a listed key get 401.",
     )
+    limits: Path | None = Field(
+        None,
+        description="YAML/JSON file of budgets and rate limits per tenant, model and key "
+        "(docs/metering.md, 'Budgets and rate limits'); reloaded on SIGHUP and when it changes.",
+    )
     allow_anonymous: bool = Field(
         False,
         description="With --api-keys: forward requests without a listed key, billed to "

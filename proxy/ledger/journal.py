@@ -18,6 +18,8 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,6 +38,32 @@ from proxy.ledger.sqlite import (
 from proxy.ledger.windows import Entry, parse_entry
 
 log = structlog.get_logger("proxy.ledger.journal")
+
+# Times are stored as UTC ISO strings, so they compare as text and index as such.
+USAGE_SUMS = """
+SELECT tenant, json_extract(body, '$.model'), json_extract(body, '$.key_hash'),
+       (CAST(strftime('%s', substr(time, 1, 19)) AS INTEGER) / ?) * ? AS bucket,
+       sum(coalesce(json_extract(body, '$.prompt_tokens_billed'), 0)),
+       sum(coalesce(json_extract(body, '$.completion_tokens_billed'), 0)),
+       count(*)
+FROM records WHERE kind = 'usage' AND time >= ?
+GROUP BY 1, 2, 3, 4
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class UsageSum:
+    """Billed usage of one tenant, model and key in one interval, from the journal."""
+
+    tenant: str
+    model: str | None
+    key_hash: str | None
+    start: int  # Unix seconds
+    prompt: int
+    completion: int
+    records: int
+
+
 T = TypeVar("T")
 # The future answers a sync appender; async appenders have none.
 _Item = tuple[Row, "asyncio.Future[None] | None"]
@@ -393,6 +421,16 @@ class Journal:
             "SELECT tenant FROM response_owners WHERE response_id = ?", (response_id,)
         ).fetchone()
         return None if row is None else str(row[0])
+
+    async def usage_since(self, since: datetime, bucket: int) -> list[UsageSum]:
+        """Billed usage journaled at or after ``since``, summed by tenant, model, key and
+        ``bucket``-second interval (read-only: budgets are rebuilt from it at start)."""
+        return await self._run(self._usage_since, since.astimezone(UTC).isoformat(), bucket)
+
+    def _usage_since(self, since: str, bucket: int) -> list[UsageSum]:
+        assert self._db is not None
+        rows = self._db.execute(USAGE_SUMS, (bucket, bucket, since))
+        return [UsageSum(*row) for row in rows]
 
     async def close(self) -> None:
         """Commit what is pending, then close the database (appends fail from now)."""

@@ -18,8 +18,11 @@ from proxy.ledger.outbox import Outbox
 from proxy.ledger.reconciler import Reconciler
 from proxy.ledger.recorder import Recorder
 from proxy.ledger.sinks import Sink
+from proxy.limits.memory import InProcessLimiter
+from proxy.limits.policy import load_policies
 from proxy.metrics import Metrics
 from proxy.serving import admin
+from proxy.serving.admission import ADMISSION, Admission, add_headers, restore_context
 from proxy.serving.attribution import attribution, build_resolver
 from proxy.serving.audited import AUDITOR, ScoringAuditor
 from proxy.serving.bodies import BodyBudget
@@ -29,6 +32,7 @@ from proxy.serving.isolation import CacheSalts, ResponseOwners
 from proxy.serving.keyfile import KEYFILE, KeyFile, key_file_context
 from proxy.serving.keys import METRICS, OUTBOX, POOL, RECONCILER, RECORDER
 from proxy.serving.lifetimes import counters_reader, ledger_context, reconciler_context
+from proxy.serving.limitsfile import LIMITSFILE, LimitsFile, limits_file_context
 from proxy.serving.metered import METERED, MeteredRelay
 from proxy.serving.relayed import Relay
 from proxy.serving.routing import Invocations, Router, guard
@@ -100,7 +104,34 @@ def build_shares(settings: Settings, metrics: Metrics) -> TenantShares:
     return TenantShares(connections, bodies, settings.tenant_share, metrics, enforced=tenants)
 
 
+def build_admission(
+    settings: Settings, catalog: Catalog, pool: TokenizerPool, metrics: Metrics
+) -> Admission | None:
+    """Admission against the --limits file's policies (None without one). A file that
+    cannot be loaded at start stops the start: there are no policies in use to keep."""
+    if settings.limits is None:
+        return None
+    limiter = InProcessLimiter(load_policies(Path(settings.limits)))
+    timeout = settings.accounting_timeout
+    return Admission(limiter, catalog, pool, metrics, count_timeout=timeout)
+
+
 A, M, D = Handling.AUDITED, Handling.METERED, Handling.DISPATCHED
+
+
+def add_limits(
+    app: web.Application,
+    settings: Settings,
+    admission: Admission,
+    journal: Journal | None,
+    metrics: Metrics,
+) -> None:
+    """Headers on every answer, the file's live reload, budgets rebuilt at start."""
+    assert settings.limits is not None
+    app[ADMISSION] = admission
+    app[LIMITSFILE] = LimitsFile(Path(settings.limits), admission.limiter, metrics)
+    app.on_response_prepare.append(add_headers)
+    app.cleanup_ctx.append(limits_file_context(app[LIMITSFILE]))
 
 
 def create_app(
@@ -117,7 +148,9 @@ def create_app(
     metrics = Metrics(settings, trusted_tenants=resolver.key_tenants, served=catalog.serves)
     journal, outbox = build_ledger(settings, metrics, sinks)
     shares = build_shares(settings, metrics)
-    exchanges = Exchanges(build_budget(settings), shares, metrics)
+    admission = build_admission(settings, catalog, pool, metrics)
+    settle = {"settle": admission.settle} if admission else {}
+    exchanges = Exchanges(build_budget(settings), shares, metrics, **settle)
     sends = SendWatch(settings.send_timeout, metrics)
     app = web.Application(
         client_max_size=settings.max_body_bytes,
@@ -125,19 +158,23 @@ def create_app(
     )
     reconciler = build_reconciler(settings, app, exchanges, journal, metrics)
     recorder = Recorder(journal, metrics, subscribers=[reconciler.account])
-    auditor = ScoringAuditor(settings, catalog, pool, recorder, metrics)
+    auditor = ScoringAuditor(settings, catalog, pool, recorder, metrics, admission)
     unmetered = Unmetered(settings.unmetered, metrics)
     owners = ResponseOwners(journal)
     salts = (
         None if settings.cache_salt is CacheSalting.OFF else CacheSalts(settings.cache_salt_secret)
     )
-    metered = MeteredRelay(settings, catalog, recorder, metrics, unmetered, owners, salts)
+    metered = MeteredRelay(
+        settings, catalog, recorder, metrics, unmetered, owners, salts, admission
+    )
     invocations = Invocations(auditor, metered, catalog)
     handlers: dict[Handling, Work] = {A: auditor, M: metered, D: invocations}
     app[METRICS], app[POOL], app[RECORDER], app[RECONCILER] = metrics, pool, recorder, reconciler
     app[EXCHANGES], app[METERED], app[AUDITOR] = exchanges, metered, auditor
     if outbox is not None:
         app[OUTBOX] = outbox
+    if admission is not None:
+        add_limits(app, settings, admission, journal, metrics)
     if settings.api_keys:
         app[KEYFILE] = KeyFile(Path(settings.api_keys), resolver, metrics)
         app.cleanup_ctx.append(key_file_context(app[KEYFILE]))
@@ -146,6 +183,7 @@ def create_app(
         catalog_context(catalog),
         pool_context(pool),
         ledger_context(settings, journal, outbox, exchanges),
+        *([restore_context(admission, journal, metrics)] if admission else []),
         reconciler_context(settings, reconciler),
         send_watch_context(sends),
         admin.admin_context(settings, lambda a: admin.add_routes(a, catalog, journal, metrics)),

@@ -33,6 +33,7 @@ from proxy.accounting.verdicts import Audit, invalid, unaudited
 from proxy.ledger.recorder import Recorder
 from proxy.ledger.records import UsageRecord
 from proxy.metrics import Metrics
+from proxy.serving.admission import Admission
 from proxy.serving.bodies import INLINE_BYTES, off_loop
 from proxy.serving.catalog import Catalog
 from proxy.serving.downstream import pass_on_unread, record_headers
@@ -97,8 +98,10 @@ class ScoringAuditor:
         pool: TokenizerPool,
         recorder: Recorder,
         metrics: Metrics,
+        admission: Admission | None = None,
     ) -> None:
         self._settings = settings
+        self._admission = admission
         self._catalog = catalog
         self._pool = pool
         self._recorder = recorder
@@ -124,7 +127,14 @@ class ScoringAuditor:
             if unclear is not None:
                 self.refuse_unclear()
                 return error_response(400, unclear)
-        counting = self._count(body, exchange.path, exchange.who.tenant, lookup)
+        tenant = exchange.who.tenant
+        priced = self._admission is not None and self._admission.limiter.wants_tokens(tenant)
+        counting = self._count(body, exchange.path, tenant, lookup, exact=priced)
+        if self._admission is not None:  # a tenant with a token limit waits for its count
+            limited = await self._admission.admit_scoring(exchange, counting)
+            if limited is not None:
+                counting.cancel()
+                return limited
         sent = time.perf_counter()
         limit = self._settings.max_answer_bytes
         try:
@@ -189,13 +199,20 @@ class ScoringAuditor:
         return {**usage_headers(outcome.audit), **record_headers(record, journaled)}
 
     def _count(
-        self, body: bytes, path: str, tenant: str = "", lookup: Lookup | None = None
+        self,
+        body: bytes,
+        path: str,
+        tenant: str = "",
+        lookup: Lookup | None = None,
+        exact: bool = False,
     ) -> asyncio.Future[Analysis]:
-        """Count the request: from the count cache right here when the body is small and
-        every text was seen before (by this tenant: the cache keeps tenants apart), else
-        in the tokenizer pool while the upstream works."""
+        """Count the request (in full when ``exact``: admission prices it): from the count
+        cache right here when the body is small and every text was seen before (by this
+        tenant: the cache keeps tenants apart), else in the tokenizer pool while the
+        upstream works."""
         loop = asyncio.get_running_loop()
-        full = in_full(wants_full_recount(self._settings.recount_fraction), self.proofs.trusted)
+        sampled = exact or wants_full_recount(self._settings.recount_fraction)
+        full = in_full(sampled, self.proofs.trusted)
         lookup = lookup or self._catalog.lookup
         if len(body) < INLINE_BYTES:
             try:

@@ -12,19 +12,29 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
 from proxy.accounting.routes import Route
 from proxy.ledger.records import UsageRecord
+from proxy.limits.limiter import Decision
 from proxy.metrics import Metrics
 from proxy.serving.attribution import WHO, client_request_id
 from proxy.serving.bodies import BodyBudget, Refused
 from proxy.serving.shares import TenantShares
 from proxy.serving.tenancy import Attribution
 from proxy.serving.upstream import served_path
+
+
+@dataclass(slots=True)
+class Hold:
+    """What the exchange holds of its tenant's limits: the admission's decision (with its
+    reservation) and the record that settles it. Released or settled when it ends."""
+
+    decision: Decision | None = None
+    record: UsageRecord | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +47,7 @@ class Exchange:
     reserved: int  # bytes of the body budget it holds until it ends
     started: float  # time.perf_counter() when it arrived
     who: Attribution
+    hold: Hold = field(default_factory=Hold)
 
     @property
     def path(self) -> str:
@@ -62,8 +73,9 @@ class Exchange:
         m: int | None = None,
         n: int | None = None,
     ) -> UsageRecord:
-        """The usage record of this exchange, with a fresh proxy-minted id."""
-        return UsageRecord(
+        """The usage record of this exchange, with a fresh proxy-minted id (what settles
+        its reservation)."""
+        self.hold.record = record = UsageRecord(
             client_request_id=client_request_id(self.request.headers),
             tenant=self.who.tenant,
             key_hash=self.who.key_hash,
@@ -83,6 +95,7 @@ class Exchange:
             latency_ms=round(self.elapsed_ms, 3),
             instance=instance,
         )
+        return record
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,13 +107,25 @@ class Billing:
 
 
 Work = Callable[[Exchange], Awaitable[web.StreamResponse]]
+Settle = Callable[[Hold], Awaitable[None]]
+
+
+async def _nothing_held(hold: Hold) -> None:
+    return None
 
 
 class Exchanges:
     """The live exchanges, and admission into them."""
 
-    def __init__(self, budget: BodyBudget, shares: TenantShares, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        budget: BodyBudget,
+        shares: TenantShares,
+        metrics: Metrics,
+        settle: Settle = _nothing_held,
+    ) -> None:
         self.budget = budget
+        self._settle = settle
         self._shares = shares
         self._metrics = metrics
         self._live: set[asyncio.Task[Any]] = set()
@@ -166,7 +191,10 @@ class Exchanges:
             if not isinstance(exc, Exception):
                 raise
         finally:
-            self._end(exchange, status)
+            try:
+                await self._settle(exchange.hold)  # never suspends in-process
+            finally:
+                self._end(exchange, status)
 
     def _end(self, exchange: Exchange, status: int) -> None:
         task = asyncio.current_task()

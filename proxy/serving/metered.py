@@ -16,6 +16,7 @@ from multidict import CIMultiDictProxy
 from proxy.accounting.dispatch import Prepared, prepare, takes_cache_salt
 from proxy.ledger.recorder import Recorder
 from proxy.metrics import Metrics
+from proxy.serving.admission import Admission
 from proxy.serving.bodies import off_loop
 from proxy.serving.catalog import Catalog
 from proxy.serving.downstream import (
@@ -108,8 +109,10 @@ class MeteredRelay:
         unmetered: Unmetered,
         owners: ResponseOwners,
         salts: CacheSalts | None,
+        admission: Admission | None = None,
     ) -> None:
         self._base = settings.upstream_base
+        self._admission = admission
         self._limit = settings.max_answer_bytes
         self._instance = settings.instance
         self._catalog = catalog
@@ -131,6 +134,10 @@ class MeteredRelay:
             return await self._unbillable(exchange, prepared, prepared.unbillable)
         if prepared.refusal is not None:
             return error_response(400, prepared.refusal.message, param=prepared.refusal.param)
+        if self._admission is not None:
+            refusal = await self._admission.admit_metered(exchange, prepared)
+            if refusal is not None:
+                return refusal
         sent = await self._isolate(exchange, prepared)
         if isinstance(sent, web.Response):
             return sent

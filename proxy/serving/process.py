@@ -23,6 +23,7 @@ from proxy.serving.app import create_app
 from proxy.serving.catalog import CATALOG, Catalog
 from proxy.serving.keyfile import KEYFILE
 from proxy.serving.keys import METRICS
+from proxy.serving.limitsfile import LIMITSFILE
 from proxy.serving.memory import tune_allocator
 from proxy.serving.startup import StartupError, key_file_problem, listen
 from proxy.serving.tenancy import KeyFileError
@@ -125,15 +126,17 @@ async def serve(settings: Settings) -> None:
 
 
 def reload_on_hangup(app: web.Application) -> None:
-    """SIGHUP, the usual reload signal, reloads the key file (and never ends the process:
-    its default action would, with no drain)."""
-    keys = app.get(KEYFILE)
+    """SIGHUP, the usual reload signal, reloads the key file and the limits file (and
+    never ends the process: its default action would, with no drain)."""
+    keys, limits = app.get(KEYFILE), app.get(LIMITSFILE)
 
     def hangup() -> None:
-        if keys is None:
-            log.info("sighup_ignored", reason="no --api-keys file to reload")
-        else:
+        if keys is None and limits is None:
+            log.info("sighup_ignored", reason="no --api-keys or --limits file to reload")
+        if keys is not None:
             keys.reload("SIGHUP")
+        if limits is not None:
+            limits.reload("SIGHUP")
 
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, hangup)
 

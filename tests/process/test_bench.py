@@ -27,6 +27,7 @@ LAYERS = {
     "upstream": 0,
     "minimal_relay": 0,
     "costs": 1,
+    "admission": 1,
     "ratios": 1,
     "soak": 1,
     "memory": 1,
@@ -55,6 +56,7 @@ def test_bench_smoke() -> None:
         "## Process resources",
         "## Accounting CPU",
         "## The sync commit and its parts",
+        "## What admission adds",
     ):
         assert heading in out
     for goal in GOALS:  # both modes against their floors, each row judged

@@ -1,0 +1,137 @@
+"""The limiter seam: what admission asks of a limiter (reserve, settle, release, restore)
+and what it answers. The in-process limiter (``proxy.limits.memory``) implements it now;
+a shared store (one atomic script per admission) can take it over without touching
+serving."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from proxy.limits.policy import Policies, Unit
+
+# A budget refusal whose reset is further than this tells clients not to retry
+# (``x-should-retry: false``): openai-python would otherwise retry, in vain.
+DISTANT_SECONDS = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """Units of one request: reserved before forwarding, or billed by its record."""
+
+    prompt: int = 0
+    completion: int = 0
+    requests: int = 1
+
+    def of(self, unit: Unit) -> int:
+        if unit is Unit.REQUESTS:
+            return self.requests
+        if unit is Unit.PROMPT:
+            return self.prompt
+        if unit is Unit.COMPLETION:
+            return self.completion
+        return self.prompt + self.completion
+
+
+@dataclass(frozen=True, slots=True)
+class Who:
+    """Whose limits apply: the tenant, the served model, the key's hash."""
+
+    tenant: str
+    model: str | None = None
+    key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """One limit as the x-ratelimit-* headers tell it."""
+
+    limit: int
+    remaining: int
+    reset: float  # seconds until it is whole again
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a request is not admitted."""
+
+    limit: str  # the limit's name, e.g. total_tokens_per_month
+    scope: tuple[str, ...]
+    wait: float  # seconds until it may fit (inf: it never fits, see ``alone``)
+    cost: int
+    amount: int
+    budget: bool = False
+
+    @property
+    def alone(self) -> bool:
+        """The request's cost alone exceeds the limit's whole capacity."""
+        return self.wait == float("inf")
+
+    @property
+    def distant(self) -> bool:
+        """A budget spent until a reset too far away for a client to wait for."""
+        return self.budget and self.wait > DISTANT_SECONDS
+
+
+@dataclass(slots=True)
+class Ticket:
+    """A reservation: the units taken from each meter, owned by one exchange until it is
+    settled or released (either, once)."""
+
+    who: Who
+    cost: Cost
+    taken: list[tuple[tuple[str, ...], str, Unit]] = field(default_factory=list)
+    open: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The answer to a reservation: a ticket, or a refusal; and the headers' standings."""
+
+    ticket: Ticket | None
+    refusal: Refusal | None
+    requests: Standing | None
+    tokens: Standing | None
+    budgets: tuple[tuple[str, int], ...] = ()  # the tenant's budgets: units left
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """One journaled record, as budgets are rebuilt from it."""
+
+    who: Who
+    at: float  # Unix seconds
+    cost: Cost
+
+
+class Limiter(Protocol):
+    """Admission's view of a limiter. ``now`` is Unix seconds (an implementation on a
+    shared store may use the store's clock instead)."""
+
+    policies: Policies
+
+    async def reserve(self, who: Who, cost: Cost, now: float) -> Decision:
+        """Reserve ``cost`` at every level that applies to ``who``, or nothing."""
+        ...
+
+    async def settle(self, ticket: Ticket, billed: Cost, now: float) -> None:
+        """Replace the reservation by what the record bills."""
+        ...
+
+    async def release(self, ticket: Ticket, now: float) -> None:
+        """Give the reservation back: nothing was billed."""
+        ...
+
+    async def restore(self, history: Iterable[Usage], now: float) -> int:
+        """Rebuild the budgets' period usage from the journal; the records taken."""
+        ...
+
+    def replace(self, policies: Policies) -> None:
+        """Use new policies from the next reservation on (reservations held keep theirs)."""
+        ...
+
+    def wants_tokens(self, tenant: str) -> bool:
+        """Whether a token limit may apply to ``tenant`` (its cost is then needed before
+        forwarding)."""
+        ...

@@ -1,0 +1,199 @@
+"""The ``--limits`` file: a contract (docs and outside checks rely on its shape; it may
+grow, never change). Validated whole with pydantic before it replaces the one in use."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, field_validator
+
+
+class Unit(enum.StrEnum):
+    REQUESTS = "requests"
+    PROMPT = "prompt_tokens"
+    COMPLETION = "completion_tokens"
+    TOTAL = "total_tokens"
+
+
+class Window(enum.StrEnum):
+    SECOND = "second"
+    MINUTE = "minute"
+    HOUR = "hour"
+    DAY = "day"
+    WEEK = "week"
+    MONTH = "month"
+
+    @property
+    def budget(self) -> bool:
+        """Calendar periods (reset on exact boundaries) rather than smooth rates."""
+        return self in (Window.DAY, Window.WEEK, Window.MONTH)
+
+
+RATE_SECONDS = {Window.SECOND: 1.0, Window.MINUTE: 60.0, Window.HOUR: 3600.0}
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """One ``<unit>_per_<window>`` limit (or ``concurrency``: unit requests, no window)."""
+
+    unit: Unit
+    window: Window | None
+    amount: int
+    name: str = field(init=False, compare=False)
+    tokens: bool = field(init=False, compare=False)  # a token limit, not a request one
+    budget: bool = field(init=False, compare=False)  # a calendar budget, not a rate
+
+    def __post_init__(self) -> None:
+        name = "concurrency" if self.window is None else f"{self.unit}_per_{self.window}"
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "tokens", self.unit is not Unit.REQUESTS)
+        object.__setattr__(self, "budget", self.window is not None and self.window.budget)
+
+
+class Limits(BaseModel):
+    """The limits of one level (default, tenant, tenant x model, key)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    requests_per_second: PositiveInt | None = None
+    requests_per_minute: PositiveInt | None = None
+    requests_per_hour: PositiveInt | None = None
+    requests_per_day: PositiveInt | None = None
+    requests_per_week: PositiveInt | None = None
+    requests_per_month: PositiveInt | None = None
+    prompt_tokens_per_second: PositiveInt | None = None
+    prompt_tokens_per_minute: PositiveInt | None = None
+    prompt_tokens_per_hour: PositiveInt | None = None
+    prompt_tokens_per_day: PositiveInt | None = None
+    prompt_tokens_per_week: PositiveInt | None = None
+    prompt_tokens_per_month: PositiveInt | None = None
+    completion_tokens_per_second: PositiveInt | None = None
+    completion_tokens_per_minute: PositiveInt | None = None
+    completion_tokens_per_hour: PositiveInt | None = None
+    completion_tokens_per_day: PositiveInt | None = None
+    completion_tokens_per_week: PositiveInt | None = None
+    completion_tokens_per_month: PositiveInt | None = None
+    total_tokens_per_second: PositiveInt | None = None
+    total_tokens_per_minute: PositiveInt | None = None
+    total_tokens_per_hour: PositiveInt | None = None
+    total_tokens_per_day: PositiveInt | None = None
+    total_tokens_per_week: PositiveInt | None = None
+    total_tokens_per_month: PositiveInt | None = None
+    concurrency: PositiveInt | None = None
+
+    _limits: tuple[Limit, ...] | None = PrivateAttr(None)
+
+    def limits(self) -> tuple[Limit, ...]:
+        """The limits set at this level (read once: every admission asks)."""
+        if self._limits is None:
+            self._limits = self._read()
+        return self._limits
+
+    def _read(self) -> tuple[Limit, ...]:
+        out = []
+        for name, value in self:
+            if value is None or not isinstance(value, int):
+                continue
+            if name == "concurrency":
+                out.append(Limit(Unit.REQUESTS, None, value))
+                continue
+            unit, _, window = name.rpartition("_per_")
+            out.append(Limit(Unit(unit), Window(window), value))
+        return tuple(out)
+
+
+LEVELS_HELD = 10_000
+
+# Records name a key by the first hex digits of its SHA-256 (``key_hash``).
+KEY_HASH_DIGITS = 12
+
+
+class TenantLimits(Limits):
+    """A tenant's limits, with narrower ones per served model and per key (its SHA-256
+    hex digest as in the ``--api-keys`` file, or the records' shorter ``key_hash``)."""
+
+    models: dict[str, Limits] = Field(default_factory=dict)
+    keys: dict[str, Limits] = Field(default_factory=dict)
+
+    @field_validator("keys")
+    @classmethod
+    def _as_key_hashes(cls, value: dict[str, Limits]) -> dict[str, Limits]:
+        return {digest.lower()[:KEY_HASH_DIGITS]: limits for digest, limits in value.items()}
+
+
+class Policies(BaseModel):
+    """The whole file."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    timezone: str = "UTC"
+    default: Limits | None = None
+    tenants: dict[str, TenantLimits] = Field(default_factory=dict)
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"unknown time zone {value!r}") from exc
+        return value
+
+    # Levels already worked out, by (tenant, model, key); dropped whole past LEVELS_HELD.
+    _levels: dict[tuple[str, str | None, str | None], tuple[Level, ...]] = PrivateAttr(
+        default_factory=dict
+    )
+
+    @property
+    def zone(self) -> ZoneInfo:
+        return ZoneInfo(self.timezone)
+
+    def levels(self, tenant: str, model: str | None, key: str | None) -> tuple[Level, ...]:
+        """Every level that applies to a request; it must have room at each."""
+        found = self._levels.get((tenant, model, key))
+        if found is None:
+            if len(self._levels) >= LEVELS_HELD:
+                self._levels.clear()
+            found = self._levels[tenant, model, key] = tuple(self._find(tenant, model, key))
+        return found
+
+    def _find(self, tenant: str, model: str | None, key: str | None) -> list[Level]:
+        own = self.tenants.get(tenant)
+        if own is None:
+            return [Level(("tenant", tenant), self.default.limits())] if self.default else []
+        levels = [Level(("tenant", tenant), own.limits())]
+        if model is not None and model in own.models:
+            levels.append(Level(("model", tenant, model), own.models[model].limits()))
+        if key is not None and key in own.keys:
+            levels.append(Level(("key", tenant, key), own.keys[key].limits()))
+        return [level for level in levels if level.limits]
+
+    def wants_tokens(self, tenant: str) -> bool:
+        """Whether any token limit may apply to the tenant (its count is then needed
+        before forwarding)."""
+        own = self.tenants.get(tenant)
+        if own is None:
+            return self.default is not None and any(x.tokens for x in self.default.limits())
+        every = [own, *own.models.values(), *own.keys.values()]
+        return any(x.tokens for limits in every for x in limits.limits())
+
+
+@dataclass(frozen=True, slots=True)
+class Level:
+    """One level of limits and the key its state is kept under."""
+
+    scope: tuple[str, ...]
+    limits: tuple[Limit, ...]
+
+
+def load_policies(path: Path) -> Policies:
+    """Read and validate a limits file (YAML or JSON); raises on anything wrong."""
+    data: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if data is None:
+        data = {}
+    return Policies.model_validate(data)

@@ -1,0 +1,71 @@
+"""Prices before forwarding: exact where the proxy counts as vLLM does, else the stated
+bound, never below what the engine can bill."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from proxy.accounting.types import ServedModel
+from proxy.limits.limiter import Cost
+from proxy.limits.pricing import price_metered, price_scoring
+from proxy.tokenizers.hf import HFTokenizer
+
+MODEL = ServedModel("minilm", "minilm", 256, None, None)
+
+
+def body(payload: dict[str, Any]) -> bytes:
+    return json.dumps(payload).encode()
+
+
+def test_embeddings_are_counted_exactly(minilm: HFTokenizer) -> None:
+    """Texts with the model's tokenizer (special tokens added), token ids by length,
+    both capped by truncate_prompt_tokens."""
+    payload = {"input": ["hello there", "hi"], "model": "minilm"}
+    price = price_metered("embeddings", body(payload), MODEL, minilm)
+    assert (price.cost, price.exact) == (Cost(4 + 3), True)
+    ids = {"input": [[1, 2, 3, 4, 5], [6, 7]], "truncate_prompt_tokens": 3}
+    assert price_metered("embeddings", body(ids), MODEL, minilm).cost == Cost(3 + 2)
+
+
+def test_embeddings_without_a_tokenizer_are_bounded() -> None:
+    """A text the proxy cannot count is priced at the whole context (vLLM refuses more)."""
+    price = price_metered("embeddings", body({"input": ["a", "b"]}), MODEL, None)
+    assert (price.cost, price.exact) == (Cost(512), False)
+
+
+@pytest.mark.parametrize(
+    ("payload", "cost"),
+    [
+        ({"prompt": [1, 2, 3], "max_tokens": 10}, Cost(3, 10)),
+        ({"prompt": [[1, 2], [3, 4, 5]], "max_tokens": 10}, Cost(5, 20)),
+        ({"prompt": [1, 2, 3]}, Cost(3, 253)),
+        ({"prompt": [1, 2, 3], "max_tokens": 10, "n": 2}, Cost(3, 20)),
+        ({"prompt": [1, 2, 3], "max_tokens": 1000}, Cost(3, 253)),
+    ],
+)
+def test_completions_with_token_ids(payload: dict[str, Any], cost: Cost) -> None:
+    """Token-id prompts are exact; the completion is max_tokens times n per prompt, or
+    what the context leaves."""
+    assert price_metered("completions", body(payload), MODEL, None).cost == cost
+
+
+def test_chat_is_bounded_by_its_bytes_and_the_context() -> None:
+    """A text prompt: at most one token per byte of the body; with images, the context
+    minus the completion cap."""
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 8}
+    raw = body(chat)
+    assert price_metered("chat", raw, MODEL, None).cost == Cost(len(raw), 8)
+    image = {"type": "image_url", "image_url": {"url": "http://x/y.png"}}
+    chat["messages"] = [{"role": "user", "content": [image]}]
+    assert price_metered("chat", body(chat), MODEL, None).cost == Cost(256 - 8, 8)
+
+
+def test_unknown_model_or_body_is_unpriced() -> None:
+    """Nothing to price by (vLLM answers 404 or 400): no tokens reserved, said so."""
+    price = price_metered("chat", b"[", MODEL, None)
+    assert (price.cost, price.rule.startswith("unpriced")) == (Cost(0), True)
+    assert price_metered("chat", b"{}", None, None).cost == Cost(0)
+    assert price_scoring(None).cost == Cost(0)

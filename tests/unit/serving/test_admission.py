@@ -1,0 +1,67 @@
+"""Admission's end of a reservation: settled to the record's billed tokens, released
+without a record; and the headers added to any answer of a request that holds one.
+(Admission against the whole proxy: tests/app/test_limits.py.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
+
+from proxy.ledger.records import UsageRecord
+from proxy.limits.limiter import Cost, Who
+from proxy.limits.memory import InProcessLimiter
+from proxy.limits.meters import BudgetMeter
+from proxy.limits.policy import Policies
+from proxy.serving.admission import HOLD, Admission, add_headers
+from proxy.serving.exchange import Hold
+
+POLICIES = Policies.model_validate({"tenants": {"acme": {"total_tokens_per_day": 100}}})
+
+
+def admission() -> Admission:
+    none: Any = None
+    limiter = InProcessLimiter(POLICIES)
+    return Admission(limiter, none, none, none, count_timeout=1.0, clock=lambda: 1e9)
+
+
+def record(prompt: int | None, completion: int | None) -> UsageRecord:
+    return UsageRecord(
+        tenant="acme",
+        endpoint="/v1/chat/completions",
+        operation="chat",
+        prompt_tokens_billed=prompt,
+        completion_tokens_billed=completion,
+        status=200,
+        latency_ms=1.0,
+        instance="test",
+    )
+
+
+async def test_settled_to_the_record_or_released() -> None:
+    """The record's billed tokens (None as 0) replace the reservation; without a record
+    the reservation is given back."""
+    adm = admission()
+    held = Hold(await adm.limiter.reserve(Who("acme"), Cost(30, 30), 1e9))
+    held.record = record(12, None)
+    await adm.settle(held)
+    released = Hold(await adm.limiter.reserve(Who("acme"), Cost(30, 30), 1e9))
+    await adm.settle(released)
+    await adm.settle(Hold())  # nothing held: nothing to do
+    assert isinstance(adm.limiter, InProcessLimiter)
+    (meter,) = adm.limiter.meters.values()
+    assert isinstance(meter, BudgetMeter)
+    assert (meter.used, meter.reserved) == (12, 0)
+
+
+async def test_headers_on_any_answer_that_holds_a_decision() -> None:
+    """A request holding a decision gets its x-ratelimit-* headers; others get none."""
+    adm = admission()
+    request = make_mocked_request("POST", "/v1/chat/completions")
+    response = web.StreamResponse()
+    await add_headers(request, response)
+    assert "x-ratelimit-limit-tokens" not in response.headers
+    request[HOLD] = Hold(await adm.limiter.reserve(Who("acme"), Cost(30, 0), 1e9))
+    await add_headers(request, response)
+    assert response.headers["x-ratelimit-remaining-tokens"] == "70"
