@@ -23,6 +23,8 @@ The families users deploy beyond BERT (issue #30), each with a tokenizer of the 
   with hf_overrides turning it into Qwen3ForSequenceClassification and the score template
   ``qwen3_reranker.jinja`` written next to it (see ``scripts/vllm_cpu.serve_args``).
 - jina-v3-tiny: JinaForRanking (jina-reranker-v3: a Qwen3 body and a 512-wide projector).
+- qwen3-gen-tiny: Qwen3ForCausalLM served to generate (issue #44's doors: beam search,
+  stored responses, the prefix cache), with a ChatML chat template.
 - modernbert-colbert-tiny: ColBERTModernBertModel (GTE-ModernColBERT), byte-level BPE with
   ``[CLS] $A [SEP]``.
 The Qwen vocabularies hold Qwen's special tokens at their real ids (151643...), ``yes`` and
@@ -537,6 +539,24 @@ def build_qwen3_embed(target: Path) -> None:
     build_qwen3_causal(target, 4, "<|endoftext|>", end_token=True)
 
 
+# ChatML, as Qwen3's own template renders a conversation without tools or thinking.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] if message['content'] is string else '' }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def build_qwen3_generate(target: Path) -> None:
+    """qwen3-gen-tiny: Qwen3ForCausalLM served as a generate model (chat, completions,
+    Responses), with a ChatML chat template; its output is noise, its token counts real."""
+    build_qwen3_causal(target, 5, "<|im_end|>", end_token=False)
+    config_path = target / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["chat_template"] = CHATML_TEMPLATE
+    config_path.write_text(json.dumps(config, indent=2))
+
+
 # The score template users pass with --chat-template for the original Qwen3-Reranker:
 # the prompt of the Qwen3-Reranker model card (system judge prompt, "<Instruct>: ...",
 # "<Query>: ...", "<Document>: ...", an empty think block), the query and document taken
@@ -628,6 +648,7 @@ FAMILY_BUILDERS = {
     "qwen3-reranker-tiny": build_qwen3_reranker,
     "jina-v3-tiny": build_jina_v3,
     "modernbert-colbert-tiny": build_modernbert_colbert,
+    "qwen3-gen-tiny": build_qwen3_generate,
 }
 MINILM_BUILDERS = {"cross-encoder-tiny": build_cross_encoder, "colbert-tiny": build_colbert}
 NAMES = (*MINILM_BUILDERS, *FAMILY_BUILDERS)

