@@ -10,7 +10,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from proxy.settings import reference_table
-from scripts import routes_doc
+from scripts import fields_doc, routes_doc
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -35,3 +35,9 @@ text = METERING.read_text()
 head, rest = text.split(COLUMNS_START)
 _, tail = rest.split(COLUMNS_END)
 METERING.write_text(head + COLUMNS_START + columns_reference() + COLUMNS_END + tail)
+
+# The field table (docs/metering.md, request fields), from proxy/accounting/fields.py.
+text = METERING.read_text()
+head, rest = text.split(fields_doc.START)
+_, tail = rest.split(fields_doc.END)
+METERING.write_text(head + fields_doc.START + fields_doc.fields_reference() + fields_doc.END + tail)

@@ -154,3 +154,13 @@ def test_unknown_operations_and_fields_have_no_classification() -> None:
     """field_of answers None for what the table does not know (the enforcement's cue)."""
     assert field_of("chat", "no_such_field") is None
     assert field_of("no_such_operation", "model") is None
+
+
+def test_the_documented_field_table_is_generated() -> None:
+    """docs/metering.md shows the fields whose effect is more than billed work as
+    scripts/fields_doc.py makes them from the table (``make docs``)."""
+    from scripts import fields_doc
+
+    text = (Path(__file__).parents[3] / "docs" / "metering.md").read_text()
+    start = text.index(fields_doc.START) + len(fields_doc.START)
+    assert text[start : text.index(fields_doc.END)] == fields_doc.fields_reference()
