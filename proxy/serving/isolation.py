@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import re
 import secrets
 import sqlite3
 from collections import OrderedDict
@@ -25,21 +24,22 @@ import structlog
 import uuid6
 from aiohttp import web
 
+from proxy.accounting.routes import Route
 from proxy.ledger.journal import Journal, JournalError
 from proxy.serving.upstream import error_response
 
 log = structlog.get_logger("proxy.serving.isolation")
 
-# ``/v1/responses/{response_id}`` and ``.../cancel``: the id a GET or cancel names.
-_STORED = re.compile(r"/v1/responses/([^/]+)(?:/cancel)?")
+# The routes that name a stored response: fetched (GET) or cancelled.
+STORED_ROUTES = frozenset({"/v1/responses/{response_id}", "/v1/responses/{response_id}/cancel"})
 # Owners kept in memory when there is no journal (--journal off), the oldest dropped first.
 MEMORY_OWNERS = 100_000
 
 
-def stored_response_id(path: str) -> str | None:
-    """The response id a stored-response route names (None: not such a route)."""
-    match = _STORED.fullmatch(path)
-    return match.group(1) if match else None
+def stored_response_id(route: Route, path: str) -> str | None:
+    """The response id ``path`` names when its ``route`` is a stored response's (None:
+    another route, such as ``/v1/responses/render``)."""
+    return path.split("/")[3] if route.path in STORED_ROUTES else None
 
 
 def not_found(response_id: str) -> web.Response:

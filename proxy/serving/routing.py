@@ -137,7 +137,7 @@ class Router:
         assert route is not None
         work = self._handlers.get(route.handling)
         if work is None or request.method != "POST":
-            response_id = stored_response_id(path)
+            response_id = stored_response_id(route, path)
             if response_id is not None:  # a stored response: its tenant's alone
                 who = request.get(WHO)
                 tenant = who.tenant if who is not None else KEYLESS

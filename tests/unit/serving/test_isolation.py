@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from proxy.accounting.routes import route_of
 from proxy.ledger.journal import Journal
 from proxy.serving.isolation import CacheSalts, ResponseOwners, stored_response_id
 
@@ -30,12 +32,21 @@ def test_salts_are_keyed() -> None:
     assert CacheSalts(None).salt("alice", None) != CacheSalts(None).salt("alice", None)
 
 
-def test_stored_response_routes_name_their_id() -> None:
-    """GET and cancel name the response; other paths none."""
-    assert stored_response_id("/v1/responses/resp_1") == "resp_1"
-    assert stored_response_id("/v1/responses/resp_1/cancel") == "resp_1"
-    assert stored_response_id("/v1/responses") is None
-    assert stored_response_id("/v1/responses/render") == "render"  # a POST route: not relayed
+@pytest.mark.parametrize(
+    ("path", "named"),
+    [
+        ("/v1/responses/resp_1", "resp_1"),
+        ("/v1/responses/resp_1/cancel", "resp_1"),
+        ("/v1/responses", None),
+        ("/v1/responses/render", None),  # rendering a prompt, not a stored response
+    ],
+)
+def test_stored_response_routes_name_their_id(path: str, named: str | None) -> None:
+    """GET and cancel name the response; other routes under /v1/responses none (review:
+    /v1/responses/render was answered 404 as a response nobody owned)."""
+    route = route_of(path)
+    assert route is not None
+    assert stored_response_id(route, path) == named
 
 
 async def test_owners_without_a_journal_are_kept_in_memory() -> None:
