@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
 
 from proxy.accounting.fields import FIELDS, Effect, Field
 from proxy.accounting.routes import CHOICES_OPERATIONS, STREAMING_OPERATIONS, operation_of
@@ -124,6 +124,13 @@ ECHOED: Mapping[str, tuple[str, ...]] = {
     for operation, fields in FIELDS.items()
 }
 ECHO_MAX_BYTES = 64 * 1024
+# Every field vLLM echoes, billed ones too (Responses' instructions and tools: rendered into
+# the prompt only as far as the chat template renders them): at most this together.
+ECHOED_ALL: Mapping[str, tuple[str, ...]] = {
+    operation: tuple(sorted(n for n, f in fields.items() if Effect.ECHOED in f.effects))
+    for operation, fields in FIELDS.items()
+}
+ECHO_ALL_MAX_BYTES = 1024 * 1024
 # The fields the field table says multiply engine work, per operation.
 MULTIPLYING: Mapping[str, tuple[Field, ...]] = {
     operation: tuple(f for f in fields.values() if Effect.MULTIPLIES in f.effects)
@@ -133,8 +140,7 @@ MULTIPLYING: Mapping[str, tuple[Field, ...]] = {
 
 class _Head(BaseModel):
     """The members of a request to a direct endpoint that decide how it is forwarded and
-    recorded, and those the field table bounds or refuses (a test holds it to the table);
-    the rest, inputs or messages, is not read."""
+    recorded (the rest, inputs or messages, is not read), and state the proxy checks."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -143,27 +149,23 @@ class _Head(BaseModel):
     stream_options: Any = None
     encoding_format: Any = None
     background: Any = None
-    # state: choices, stored responses, cache salts
     n: Any = None
     sampling_params: Any = None
     previous_response_id: Any = None
     cache_salt: Any = None
-    # multiplying engine work
-    use_beam_search: Any = None
-    best_of: Any = None
-    # echoed into the answer
     request_id: Any = None
-    return_token_ids: Any = None
-    return_token_offsets: Any = None
-    return_prompt_text: Any = None
-    max_tool_calls: Any = None
-    metadata: Any = None
-    reasoning: Any = None
-    service_tier: Any = None
-    text: Any = None
-    top_logprobs: Any = None
-    truncation: Any = None
-    user: Any = None
+
+
+def _head(operation: str) -> type[BaseModel]:
+    """``_Head`` and the fields of ``operation`` the field table bounds (echoed) or refuses
+    (multiplying): read from every direct request, so none passes unseen."""
+    names = {*ECHOED_ALL.get(operation, ()), *(f.name for f in MULTIPLYING.get(operation, ()))}
+    extra: dict[str, Any] = {n: (Any, None) for n in sorted(names - set(_Head.model_fields))}
+    model: type[BaseModel] = create_model(f"_Head_{operation}", __base__=_Head, **extra)
+    return model
+
+
+HEADS: Mapping[str, type[BaseModel]] = {operation: _head(operation) for operation in FIELDS}
 
 
 def unbillable_feature(operation: str, payload: dict[str, Any], direct: bool) -> str | None:
@@ -223,17 +225,18 @@ CACHE_SALT_FROM: dict[str, tuple[int, int]] = {
 
 
 def echo_refusal(operation: str, payload: dict[str, Any]) -> Refusal | None:
-    """The refusal of a body whose echoed fields together exceed ``ECHO_MAX_BYTES``."""
-    named = ECHOED.get(operation, ())
-    sizes = {name: _json_size(payload[name]) for name in named if payload.get(name) is not None}
-    if sum(sizes.values()) <= ECHO_MAX_BYTES:
-        return None
-    largest = max(sizes, key=sizes.__getitem__)
-    return Refusal(
-        f"{', '.join(sorted(sizes))}: {sum(sizes.values())} bytes that vLLM copies into its "
-        f"answer; the proxy accepts at most {ECHO_MAX_BYTES} bytes of such fields",
-        largest,
-    )
+    """The refusal of a body whose echoed fields together exceed ``ECHO_MAX_BYTES`` (those
+    vLLM does not bill) or ``ECHO_ALL_MAX_BYTES`` (all of them)."""
+    for named, most in ((ECHOED, ECHO_MAX_BYTES), (ECHOED_ALL, ECHO_ALL_MAX_BYTES)):
+        fields = named.get(operation, ())
+        sizes = {n: _json_size(payload[n]) for n in fields if payload.get(n) is not None}
+        if sum(sizes.values()) > most:
+            return Refusal(
+                f"{', '.join(sorted(sizes))}: {sum(sizes.values())} bytes that vLLM copies "
+                f"into its answer; the proxy accepts at most {most} bytes of such fields",
+                max(sizes, key=sizes.__getitem__),
+            )
+    return None
 
 
 def _json_size(value: Any) -> int:
@@ -280,6 +283,25 @@ def takes_cache_salt(operation: str, release: Release) -> bool:
     return first is not None and release.since(first)
 
 
+TOO_DEEP = (
+    "the body is nested deeper than the proxy reads JSON; vLLM may read it, so it is "
+    "refused rather than forwarded unread"
+)
+
+
+def too_deep(body: bytes) -> bool:
+    """Whether ``body`` is JSON the proxy's parser cannot read for its nesting alone (a
+    newer Python, as vLLM's images run, reads deeper: the engine would run a request
+    whose fields the proxy never saw). Other unreadable bodies vLLM refuses itself."""
+    try:
+        json.loads(body)
+    except RecursionError:
+        return True
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return False
+
+
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
@@ -300,18 +322,16 @@ def prepare(
     body names (``adapter_names_model``); so does the proxy, or a tenant could record any
     model name."""
     direct = operation_of(path)
-    payload = as_sent = top_members(body, _Head) if direct else load_object(body)
+    payload = as_sent = top_members(body, HEADS.get(direct, _Head)) if direct else load_object(body)
     if payload is None:
-        return Prepared(body, direct or "other", None)
+        refusal = Refusal(TOO_DEEP, "body") if too_deep(body) else None
+        return Prepared(body, direct or "other", None, refusal=refusal)
     if adapter_names_model and not direct:
         payload = {**payload, "model": adapter}
     model = payload.get("model") if isinstance(payload.get("model"), str) else None
     if not direct and (unclear := ambiguity(payload, "invocations")) is not None:
         return Prepared(body, "other", model, ambiguous=unclear)
     operation = direct or invocation_operation(payload, task_of(model))
-    unbillable = unbillable_feature(operation, payload, direct is not None)
-    if unbillable is not None:
-        return Prepared(body, operation, model, unbillable=unbillable)
     refusal = echo_refusal(operation, payload)
     if refusal is None and operation == "responses":
         refusal = responses_refusal(payload)
@@ -324,7 +344,11 @@ def prepare(
         copies=copies(operation, payload),
         previous_response_id=_text(payload.get("previous_response_id")),
         cache_salt=_text(payload.get("cache_salt")),
+        # a relay --allow-unmetered allows is still kept apart (owned ids, salts)
+        unbillable=unbillable_feature(operation, payload, direct is not None),
     )
+    if prepared.unbillable is not None:
+        return prepared
     if operation not in STREAMING_OPERATIONS or not lax_bool(payload.get("stream")):
         return prepared
     options = payload.get("stream_options")

@@ -156,7 +156,8 @@ SCORE_SHAPE = _kind(
 RESPONSE_ECHO = _kind(
     {E},
     "copied into the Response object (ResponsesResponse.from_request), sent whole in the "
-    "answer and in response.created / in_progress / completed events; no size limit",
+    "answer and in response.created / in_progress / completed events; no size limit "
+    "(prompt: a stored prompt's id and variables, never rendered into the engine's prompt)",
 )
 RESPONSE_PROMPT_ECHO = _kind(
     {B, E},
@@ -530,6 +531,7 @@ RESPONSES = _table(
     RESPONSE_ECHO(
         "max_tool_calls",
         "metadata",
+        "prompt",
         "reasoning",
         "service_tier",
         "text",
@@ -538,7 +540,7 @@ RESPONSES = _table(
         "user",
     ),
     RESPONSE_ID("request_id"),
-    RESPONSE_PROMPT_ECHO("instructions", "parallel_tool_calls", "prompt", "tool_choice", "tools"),
+    RESPONSE_PROMPT_ECHO("instructions", "parallel_tool_calls", "tool_choice", "tools"),
     SALT("cache_salt"),
     SAMPLING(
         "frequency_penalty",

@@ -129,18 +129,21 @@ class MeteredRelay:
         return await self.relay(exchange, prepared)
 
     async def relay(self, exchange: Exchange, prepared: Prepared) -> web.StreamResponse:
-        """Forward ``prepared`` and record the usage of a successful answer."""
-        if prepared.unbillable is not None:
-            return await self._unbillable(exchange, prepared, prepared.unbillable)
+        """Forward ``prepared`` and record the usage of a successful answer: refused for its
+        fields, kept apart from other tenants (even when relayed unmetered), admitted."""
         if prepared.refusal is not None:
             return error_response(400, prepared.refusal.message, param=prepared.refusal.param)
+        if prepared.unbillable is not None and prepared.unbillable not in self._unmetered.features:
+            return self._unbillable_refusal(prepared.unbillable)
+        sent = await self._isolate(exchange, prepared)
+        if isinstance(sent, web.Response):
+            return sent
+        if prepared.unbillable is not None:
+            return await self._unbillable(exchange, sent, prepared.unbillable)
         if self._admission is not None:
             refusal = await self._admission.admit_metered(exchange, prepared)
             if refusal is not None:
                 return refusal
-        sent = await self._isolate(exchange, prepared)
-        if isinstance(sent, web.Response):
-            return sent
         request = exchange.request
         reserved = 0
         try:
@@ -282,22 +285,25 @@ class MeteredRelay:
             await reply.write_eof()
         return reply
 
+    @staticmethod
+    def _unbillable_refusal(feature: str) -> web.Response:
+        """A request whose answer will carry no usage, refused (400)."""
+        return error_response(
+            400,
+            f"{feature}: vLLM answers it without a usage, so the proxy cannot bill it; "
+            f"an operator may relay it unmetered with --allow-unmetered {feature}",
+            param=feature.partition(".")[2],
+        )
+
     async def _unbillable(
-        self, exchange: Exchange, prepared: Prepared, feature: str
+        self, exchange: Exchange, sent: bytes, feature: str
     ) -> web.StreamResponse:
-        """A request whose answer will carry no usage: refused, or relayed unmetered where
+        """A request whose answer carries no usage, relayed unmetered because
         --allow-unmetered names its feature (logged, counted)."""
-        if feature not in self._unmetered.features:
-            return error_response(
-                400,
-                f"{feature}: vLLM answers it without a usage, so the proxy cannot bill it; "
-                f"an operator may relay it unmetered with --allow-unmetered {feature}",
-                param=feature.partition(".")[2],
-            )
         self._unmetered.relayed(feature)
         request = exchange.request
         try:
-            async with forward(request.app[SESSION], self._base, request, prepared.body) as up:
+            async with forward(request.app[SESSION], self._base, request, sent) as up:
                 headers = response_headers(up.headers, keep_length=True)
                 return await pass_on(request, up, b"", headers)
         except UpstreamError as exc:

@@ -249,3 +249,31 @@ async def test_a_client_gone_before_a_metered_answer_is_recorded_aborted(
     await eventually(recorded)
     (record,) = journal_records(journal)
     assert (record.prompt_tokens_billed, record.aborted) == (CHAT_PROMPT, True)
+
+
+async def test_a_relay_the_operator_allows_unmetered_still_keeps_tenants_apart(
+    exporting: Any,
+) -> None:
+    """Review: with --allow-unmetered responses.background, bob's background request naming
+    alice's response (``previous_response_id``, or her id as its ``request_id``) went to
+    vLLM unchecked: it re-read or replaced her stored response. An unmetered relay is
+    still kept apart; the tenant's own background response is its own."""
+    fake, client, _, _ = await exporting(
+        KEYS, allow_unmetered=f"{FAKE_ROUTES},responses.background"
+    )
+    alice_id = await _store(client, "alice", "alice's secret plan")
+    stored = dict(fake.stored_responses[alice_id])
+    before = fake.prompt_tokens_total
+    body = {"input": "go on", "previous_response_id": alice_id, "background": True}
+    assert (await client.post("/v1/responses", json=body, headers=key("bob"))).status == 404
+    body = {"input": "bob's", "request_id": alice_id, "background": True}
+    assert (await client.post("/v1/responses", json=body, headers=key("bob"))).status == 400
+    assert fake.prompt_tokens_total == before
+    assert fake.stored_responses[alice_id] == stored
+    mine = await client.post(
+        "/v1/responses", json={"input": "x", "background": True}, headers=key("bob")
+    )
+    assert mine.status == 200
+    bob_id = (await mine.json())["id"]
+    assert (await client.get(f"/v1/responses/{bob_id}", headers=key("bob"))).status == 200
+    assert (await client.get(f"/v1/responses/{bob_id}", headers=key("alice"))).status == 404

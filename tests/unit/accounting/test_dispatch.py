@@ -205,7 +205,7 @@ _FIELDS = st.lists(
 )
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(
     path=st.sampled_from(
         ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", INVOCATIONS_PATH]
@@ -347,10 +347,39 @@ def test_every_echoed_field_of_an_operation_is_bounded() -> None:
 
 def test_a_direct_request_reads_every_field_the_table_bounds_or_refuses() -> None:
     """The members read from a direct endpoint's body include each echoed and each
-    multiplying field of the field table, so a new one is read, never passed unseen."""
-    from proxy.accounting.dispatch import ECHOED, MULTIPLYING, _Head
+    multiplying field of its operation in the field table, so a new one is read, never
+    passed unseen."""
+    from proxy.accounting.dispatch import ECHOED_ALL, HEADS, MULTIPLYING
 
-    for names in ECHOED.values():
-        assert set(names) <= set(_Head.model_fields)
-    for fields in MULTIPLYING.values():
-        assert {f.name for f in fields} <= set(_Head.model_fields)
+    for operation, names in ECHOED_ALL.items():
+        assert set(names) <= set(HEADS[operation].model_fields)
+    for operation, fields in MULTIPLYING.items():
+        assert {f.name for f in fields} <= set(HEADS[operation].model_fields)
+
+
+def test_a_responses_prompt_and_all_echoes_are_bounded() -> None:
+    """Review: the Responses ``prompt`` (a stored prompt's id and variables) is copied into
+    every Response event but never rendered into the engine's prompt: bounded as an echo.
+    Billed echoes (instructions, tools: rendered only as far as the template renders
+    them) are bounded together at 1 MiB."""
+    from proxy.accounting.dispatch import ECHO_ALL_MAX_BYTES
+
+    prompt = _prepared("/v1/responses", {"input": "x", "prompt": {"id": "A" * 70_000}})
+    assert prompt.refusal is not None
+    assert prompt.refusal.param == "prompt"
+    tools = [{"type": "function", "name": "f", "description": "d" * ECHO_ALL_MAX_BYTES}]
+    many = _prepared("/v1/responses", {"input": "x", "tools": tools})
+    assert many.refusal is not None
+    assert many.refusal.param == "tools"
+    assert _prepared("/v1/responses", {"input": "x", "tools": tools[:0]}).refusal is None
+
+
+def test_a_body_nested_deeper_than_the_proxy_reads_is_refused() -> None:
+    """Review: a body the proxy's parser cannot read for its depth alone (a newer Python,
+    as vLLM's images run, reads deeper) was forwarded with no check at all (beam search,
+    echo bounds, ownership); it is refused. Other unreadable bodies are vLLM's to refuse."""
+    deep = b'{"use_beam_search": true, "x": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    refused = prepare("/v1/completions", deep).refusal
+    assert refused is not None
+    assert refused.param == "body"
+    assert prepare("/v1/completions", b"{oops").refusal is None
