@@ -235,3 +235,24 @@ async def test_default_model_is_audited(open_proxy: Any, tmp_path: Path, model: 
     assert resp.headers["x-usage-verdict"] == "corrected"
     (record,) = journal_records(tmp_path / "journal.sqlite")
     assert (record.model, record.prompt_tokens_billed) == ("minilm", 36)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_chat_cached_prompt_tokens_are_recorded_as_reported(
+    open_proxy: Any, tmp_path: Path, stream: bool
+) -> None:
+    """With vLLM's --enable-prompt-tokens-details, chat usage carries
+    ``prompt_tokens_details.cached_tokens``: recorded as its own unit (whole answer and
+    the stream's usage chunk alike); without it nothing is inferred."""
+    fake, client = open_proxy
+    body = {"model": "minilm", "stream": stream, "messages": [{"role": "user", "content": "hi"}]}
+    await (await client.post("/v1/chat/completions", json=body)).read()
+    fake.prompt_tokens_details = True
+    await (await client.post("/v1/chat/completions", json=body)).read()
+    without, cached = journal_records(tmp_path / "journal.sqlite")
+    assert without.units.cached_prompt_tokens is None
+    assert cached.units.reported() == {
+        "prompt_tokens": 5,
+        "completion_tokens": 3,
+        "cached_prompt_tokens": 4,
+    }
