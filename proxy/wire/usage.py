@@ -231,6 +231,8 @@ _IO_NAMES = (
 
 def reading_of(usage: dict[str, Any]) -> Reading:
     """Validate a usage object: every count present must be a token count."""
+    if usage.get("type") == "duration":
+        return _duration(usage)
     names = _IO_NAMES if "prompt_tokens" not in usage and "input_tokens" in usage else _NAMES
     counts: list[int | None] = []
     for parts in names:
@@ -252,6 +254,15 @@ def reading_of(usage: dict[str, Any]) -> Reading:
     if problem is not None:
         return Reading(None, None, problem)
     return Reading(prompt, completion, cached=cached)
+
+
+def _duration(usage: dict[str, Any]) -> Reading:
+    """A transcription billed in seconds (vLLM 0.10.2 to 0.32.0, TranscriptionUsageAudio:
+    ``{"type": "duration", "seconds": <int>}``, rounded up by vLLM): no tokens."""
+    seconds = token_count(usage.get("seconds"))
+    if seconds is None:
+        return Reading(None, None, f"usage.seconds is {json.dumps(usage.get('seconds'))[:40]}")
+    return Reading(None, None, seconds=seconds)
 
 
 # Where each API reports the prompt tokens its prefix cache served: chat and completions

@@ -356,3 +356,14 @@ def test_an_impossible_cached_count_makes_the_reading_invalid(usage: dict[str, A
     reading = reading_of(usage)
     assert reading.problem is not None
     assert (reading.prompt, reading.cached) == (None, None)
+
+
+def test_a_transcription_billed_in_seconds_is_read_as_seconds() -> None:
+    """vLLM's non-streamed transcription usage (``TranscriptionUsageAudio``, 0.10.2 to
+    0.32.0) is seconds, no tokens; seconds that are no whole count make it invalid."""
+    body = b'{"text":"hello","usage":{"type":"duration","seconds":7}}'
+    assert read_usage(body, missing=True) == Reading(None, None, seconds=7)
+    for bad in ("7.5", '"7"', "-1", "null"):
+        reading = reading_of(json.loads(f'{{"type":"duration","seconds":{bad}}}'))
+        assert reading.problem is not None
+        assert reading.seconds is None
