@@ -1,17 +1,20 @@
-"""The usage record: one per upstream exchange that reported usage (schema version 2).
+"""The usage record: one per upstream exchange that reported usage (schema version 3).
 
 Records are what billing consumes; see docs/metering.md for the field reference and the
-migration from version 1.
+migrations from versions 1 and 2. Version 3 adds ``units``: what was billed in each unit
+the engine reported. Version 1 and 2 records read on unchanged; their ``units`` are their
+billed tokens, the only units those versions knew.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import uuid6
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validator
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def new_record_id() -> str:
@@ -21,6 +24,40 @@ def new_record_id() -> str:
     drop records. Sinks deduplicate redeliveries of the same record on this id.
     """
     return str(uuid6.uuid7())
+
+
+class Units(BaseModel):
+    """What was billed in each unit the engine reported; ``None`` is a unit it did not
+    report (never inferred, never zero for "unknown").
+
+    A typed structure, not a free-form mapping: a misspelt or negative unit is refused. A
+    new unit is a new optional field here; the journal stores records as JSON and the
+    PostgreSQL ledger stores ``units`` as one ``jsonb`` column, so adding one needs no
+    migration of either.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    prompt_tokens: NonNegativeInt | None = None
+    completion_tokens: NonNegativeInt | None = None
+    # Prompt tokens served from the prefix cache, as vLLM reported them
+    # (prompt_tokens_details.cached_tokens, input_tokens_details.cached_tokens,
+    # cache_read_input_tokens). Part of prompt_tokens, not in addition to them.
+    cached_prompt_tokens: NonNegativeInt | None = None
+    # Seconds of audio, as vLLM reported them (usage {"type": "duration", "seconds": N}):
+    # whole seconds, rounded up by vLLM (TranscriptionUsageAudio.seconds is an int).
+    audio_seconds: NonNegativeInt | None = None
+
+    def reported(self) -> dict[str, int]:
+        """The units the engine reported, by name."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+# Units whose value the record also carries as a v2 ``*_billed`` field.
+TOKEN_UNITS = {
+    "prompt_tokens": "prompt_tokens_billed",
+    "completion_tokens": "completion_tokens_billed",
+}
 
 
 class UsageRecord(BaseModel):
@@ -49,6 +86,29 @@ class UsageRecord(BaseModel):
     aborted: bool = False
     latency_ms: float
     instance: str
+    units: Units = Field(default_factory=Units)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _token_units(cls, data: Any) -> Any:
+        """``units`` holds the billed tokens too, always equal to ``*_billed``: filled from
+        them when absent (v1/v2 records, callers that bill tokens only), refused when they
+        disagree."""
+        if not isinstance(data, dict):
+            return data
+        given = data.get("units")
+        units = dict(given.model_dump() if isinstance(given, Units) else given or {})
+        for unit, billed in TOKEN_UNITS.items():
+            if units.get(unit) is None:
+                units[unit] = data.get(billed)
+        return {**data, "units": units}
+
+    @model_validator(mode="after")
+    def _units_agree(self) -> UsageRecord:
+        for unit, billed in TOKEN_UNITS.items():
+            if getattr(self.units, unit) != getattr(self, billed):
+                raise ValueError(f"units.{unit} is not {billed}")
+        return self
 
     def to_json(self) -> str:
         return self.model_dump_json()

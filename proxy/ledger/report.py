@@ -78,6 +78,21 @@ COLUMNS = (
         "billed completion tokens of the same records",
         "Unproven compl.",
     ),
+    # Units beyond prompt and completion tokens (schema version 3), after the token
+    # figures so a CSV reader that finds columns by position keeps its columns.
+    Column(
+        "cached_prompt_tokens_billed",
+        "Cached prompt billed",
+        "prompt tokens served from the prefix cache, as vLLM reported them (part of the "
+        "prompt tokens billed, not added to them)",
+        "Cached",
+    ),
+    Column(
+        "audio_seconds_billed",
+        "Audio seconds billed",
+        "seconds of audio billed, as vLLM reported them (transcriptions and translations)",
+        "Audio s",
+    ),
 )
 
 
@@ -91,6 +106,8 @@ class Row:
     completion_tokens_billed: int = 0
     unproven_prompt_tokens: int = 0
     unproven_completion_tokens: int = 0
+    cached_prompt_tokens_billed: int = 0
+    audio_seconds_billed: int = 0
     verdicts: dict[str, int] = field(default_factory=dict)
     first: datetime | None = None
     last: datetime | None = None
@@ -121,6 +138,8 @@ class Row:
         self.completion_tokens_reported += r.completion_tokens_reported or 0
         self.prompt_tokens_billed += prompt
         self.completion_tokens_billed += completion
+        self.cached_prompt_tokens_billed += r.units.cached_prompt_tokens or 0
+        self.audio_seconds_billed += r.units.audio_seconds or 0
         verdict = r.verdict or "none"
         self.verdicts[verdict] = self.verdicts.get(verdict, 0) + 1
         if verdict in UNPROVEN:
@@ -136,6 +155,8 @@ class Row:
         self.completion_tokens_billed += other.completion_tokens_billed
         self.unproven_prompt_tokens += other.unproven_prompt_tokens
         self.unproven_completion_tokens += other.unproven_completion_tokens
+        self.cached_prompt_tokens_billed += other.cached_prompt_tokens_billed
+        self.audio_seconds_billed += other.audio_seconds_billed
         for verdict, count in other.verdicts.items():
             self.verdicts[verdict] = self.verdicts.get(verdict, 0) + count
         if other.first and other.last:
@@ -146,11 +167,9 @@ class Row:
         self.last = last if self.last is None else max(self.last, last)
 
     def value(self, name: str) -> int | float:
-        return (
-            round(self.over_reported_pct, 2)
-            if name == "over_reported_pct"
-            else int(getattr(self, name))
-        )
+        if name == "over_reported_pct":
+            return round(self.over_reported_pct, 2)
+        return int(getattr(self, name))
 
     def as_dict(self) -> dict[str, object]:
         return {

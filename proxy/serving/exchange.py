@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from proxy.accounting.routes import Route
-from proxy.ledger.records import UsageRecord
+from proxy.ledger.records import Units, UsageRecord
 from proxy.limits.limiter import Decision
 from proxy.metrics import Metrics
 from proxy.serving.attribution import WHO, client_request_id
@@ -72,6 +72,7 @@ class Exchange:
         instance: str,
         m: int | None = None,
         n: int | None = None,
+        units: Units | None = None,
     ) -> UsageRecord:
         """The usage record of this exchange, with a fresh proxy-minted id (what settles
         its reservation)."""
@@ -94,6 +95,7 @@ class Exchange:
             aborted=aborted,
             latency_ms=round(self.elapsed_ms, 3),
             instance=instance,
+            units=units or Units(),
         )
         return record
 

@@ -15,6 +15,7 @@ from multidict import CIMultiDictProxy
 
 from proxy.accounting.dispatch import Prepared, prepare, takes_cache_salt
 from proxy.ledger.recorder import Recorder
+from proxy.ledger.records import Units
 from proxy.metrics import Metrics
 from proxy.serving.admission import Admission
 from proxy.serving.bodies import off_loop
@@ -361,6 +362,7 @@ class MeteredRelay:
             aborted=aborted,
             instance=self._instance,
             n=prepared.copies if prepared.copies > 1 else None,
+            units=Units(cached_prompt_tokens=reading.cached, audio_seconds=reading.seconds),
         )
         journaled = await self._recorder.record(record)
         return record_headers(record, journaled)

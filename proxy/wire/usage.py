@@ -212,6 +212,10 @@ class Reading:
     prompt: int | None
     completion: int | None
     problem: str | None = None
+    # Prompt tokens the prefix cache served, where vLLM reported them (never inferred).
+    cached: int | None = None
+    # Seconds of audio, where vLLM billed the answer in seconds (transcriptions).
+    seconds: int | None = None
 
 
 # The Responses and Anthropic Messages APIs name the counts input_tokens and output_tokens.
@@ -227,6 +231,8 @@ _IO_NAMES = (
 
 def reading_of(usage: dict[str, Any]) -> Reading:
     """Validate a usage object: every count present must be a token count."""
+    if usage.get("type") == "duration":
+        return _duration(usage)
     names = _IO_NAMES if "prompt_tokens" not in usage and "input_tokens" in usage else _NAMES
     counts: list[int | None] = []
     for parts in names:
@@ -242,7 +248,44 @@ def reading_of(usage: dict[str, Any]) -> Reading:
     prompt, completion = counts
     if prompt is not None and prompt > MAX_TOKENS:
         return Reading(None, None, f"usage.{names[0][0]} and its parts sum to {prompt}")
-    return Reading(prompt, completion)
+    cached, problem = _cached(usage)
+    if problem is None and cached is not None and cached > (prompt or 0):
+        problem = f"{cached} cached prompt tokens of a prompt of {prompt}"
+    if problem is not None:
+        return Reading(None, None, problem)
+    return Reading(prompt, completion, cached=cached)
+
+
+def _duration(usage: dict[str, Any]) -> Reading:
+    """A transcription billed in seconds (vLLM 0.10.2 to 0.32.0, TranscriptionUsageAudio:
+    ``{"type": "duration", "seconds": <int>}``, rounded up by vLLM): no tokens."""
+    seconds = token_count(usage.get("seconds"))
+    if seconds is None:
+        return Reading(None, None, f"usage.seconds is {json.dumps(usage.get('seconds'))[:40]}")
+    return Reading(None, None, seconds=seconds)
+
+
+# Where each API reports the prompt tokens its prefix cache served: chat and completions
+# (with --enable-prompt-tokens-details), Responses (always), Anthropic Messages.
+_CACHED = (
+    ("prompt_tokens_details", "cached_tokens"),
+    ("input_tokens_details", "cached_tokens"),
+    (None, "cache_read_input_tokens"),
+)
+
+
+def _cached(usage: dict[str, Any]) -> tuple[int | None, str | None]:
+    """The cached prompt tokens a usage object reports, or the problem with them."""
+    for parent, key in _CACHED:
+        holder = usage.get(parent) if parent else usage
+        if not isinstance(holder, dict) or holder.get(key) is None:
+            continue
+        count = token_count(holder[key])
+        name = f"usage.{parent}.{key}" if parent else f"usage.{key}"
+        if count is None:
+            return None, f"{name} is {json.dumps(holder[key])[:40]}"
+        return count, None
+    return None, None
 
 
 class _Deciding(BaseModel):

@@ -58,8 +58,9 @@ async def test_messages_and_responses_are_metered(
     """Regression: the Anthropic Messages and Responses APIs (in every supported release)
     were relayed without a record, so a tenant could generate for free by switching API.
     Their usage (``input_tokens``/``output_tokens``; Messages reports the cached part of
-    the prompt apart) is billed as the engine's prompt and completion, and a stream's
-    last event is released once the record is committed."""
+    the prompt apart) is billed as the engine's prompt and completion, the cached prompt
+    tokens are recorded as reported, and a stream's last event is released once the record
+    is committed."""
     fake, client = open_proxy
     body = {"model": "minilm", "stream": stream, "max_tokens": 8}
     body |= {"messages": [{"role": "user", "content": "hi"}]} if path == "/v1/messages" else {}
@@ -71,6 +72,13 @@ async def test_messages_and_responses_are_metered(
     assert (record.operation, record.verdict) == (path.rsplit("/", 1)[1], "reported")
     assert (record.prompt_tokens_billed, record.completion_tokens_billed) == (12, 3)
     assert fake.prompt_tokens_total == 12  # what the engine's counter says
+    # the 8 cached prompt tokens vLLM reports (cache_read_input_tokens, or
+    # input_tokens_details.cached_tokens) are recorded as their own unit, within the 12
+    assert record.units.reported() == {
+        "prompt_tokens": 12,
+        "completion_tokens": 3,
+        "cached_prompt_tokens": 8,
+    }
     if stream:
         last = "message_stop" if path == "/v1/messages" else "response.completed"
         assert text.rstrip().split("\n\n")[-1].startswith(f"event: {last}")
@@ -227,3 +235,24 @@ async def test_default_model_is_audited(open_proxy: Any, tmp_path: Path, model: 
     assert resp.headers["x-usage-verdict"] == "corrected"
     (record,) = journal_records(tmp_path / "journal.sqlite")
     assert (record.model, record.prompt_tokens_billed) == ("minilm", 36)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_chat_cached_prompt_tokens_are_recorded_as_reported(
+    open_proxy: Any, tmp_path: Path, stream: bool
+) -> None:
+    """With vLLM's --enable-prompt-tokens-details, chat usage carries
+    ``prompt_tokens_details.cached_tokens``: recorded as its own unit (whole answer and
+    the stream's usage chunk alike); without it nothing is inferred."""
+    fake, client = open_proxy
+    body = {"model": "minilm", "stream": stream, "messages": [{"role": "user", "content": "hi"}]}
+    await (await client.post("/v1/chat/completions", json=body)).read()
+    fake.prompt_tokens_details = True
+    await (await client.post("/v1/chat/completions", json=body)).read()
+    without, cached = journal_records(tmp_path / "journal.sqlite")
+    assert without.units.cached_prompt_tokens is None
+    assert cached.units.reported() == {
+        "prompt_tokens": 5,
+        "completion_tokens": 3,
+        "cached_prompt_tokens": 4,
+    }

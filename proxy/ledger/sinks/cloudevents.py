@@ -1,7 +1,16 @@
 """CloudEvents 1.0 over HTTP in batch mode, as OpenMeter ingests them.
 
 One event per record: ``id`` = record id (deterministic), ``subject`` = tenant, ``type``
-``vllm-usage-proxy.wire.usage``; ``data`` holds tokens, model, endpoint and verdict.
+``vllm-usage-proxy.wire.usage``; ``data`` holds tokens, model, endpoint and verdict, and one
+property per billing unit (``cached_prompt_tokens``, ``audio_seconds``).
+
+Units are properties of the one event, not one event type per unit: an OpenMeter meter is
+an event type plus a ``valueProperty``, so one SUM meter per unit (``$.audio_seconds``)
+over the one type aggregates as cleanly, while the record stays one event with one
+deterministic id (OpenMeter dedupes on id and source; splitting a record into several
+events would need derived ids and could deliver half a record). The units added in schema
+version 3 are always numbers (0 where the engine did not report that unit) so a SUM meter
+never meets a missing value; ``units`` lists the ones the engine did report.
 """
 
 from __future__ import annotations
@@ -64,6 +73,9 @@ def usage_event(record: UsageRecord) -> dict[str, Any]:
             "prompt_tokens": record.prompt_tokens_billed,
             "completion_tokens": record.completion_tokens_billed,
             "prompt_tokens_reported": record.prompt_tokens_reported,
+            "cached_prompt_tokens": record.units.cached_prompt_tokens or 0,
+            "audio_seconds": record.units.audio_seconds or 0,
+            "units": sorted(record.units.reported()),
             "model": record.model,
             "endpoint": record.endpoint,
             "operation": record.operation,

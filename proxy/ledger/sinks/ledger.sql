@@ -1,4 +1,4 @@
--- The usage ledger, schema version 2: what the proxy runs on first delivery (this file is
+-- The usage ledger, schema version 3: what the proxy runs on first delivery (this file is
 -- read by proxy/ledger/sinks/postgres.py), for teams that migrate schemas themselves.
 CREATE TABLE IF NOT EXISTS usage_records (
     record_id uuid PRIMARY KEY,
@@ -22,6 +22,7 @@ CREATE TABLE IF NOT EXISTS usage_records (
     aborted boolean NOT NULL DEFAULT false,
     latency_ms double precision NOT NULL,
     instance text NOT NULL,
+    units jsonb,
     inserted_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX IF NOT EXISTS usage_records_tenant_time ON usage_records (tenant, time);
@@ -52,4 +53,15 @@ ALTER TABLE usage_records
     ALTER COLUMN m TYPE bigint,
     ALTER COLUMN n TYPE bigint,
     ADD COLUMN IF NOT EXISTS aborted boolean NOT NULL DEFAULT false;
+COMMIT;
+
+-- migrate: schema version 2 to 3
+-- Adding the units column (the proxy does this by itself, in one transaction, when the
+-- table has no units column). Version 2 rows get their billed tokens as units, the only
+-- units version 2 knew, so a query over units sums old and new rows alike. New units are
+-- new keys of this jsonb column: no further migration.
+BEGIN;
+ALTER TABLE usage_records ADD COLUMN units jsonb;
+UPDATE usage_records SET units = jsonb_strip_nulls(jsonb_build_object(
+    'prompt_tokens', prompt_tokens_billed, 'completion_tokens', completion_tokens_billed));
 COMMIT;

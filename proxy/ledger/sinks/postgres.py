@@ -8,36 +8,44 @@ from typing import Any
 
 import asyncpg
 
-from proxy.ledger.records import UsageRecord
+from proxy.ledger.records import Units, UsageRecord
 from proxy.ledger.sinks import PermanentDeliveryError
 from proxy.ledger.windows import Entry, SettledWindow
 
 
-def ledger_sql() -> tuple[str, str]:
-    """The ledger's DDL and the schema-version-1 migration (without its BEGIN/COMMIT:
-    the proxy runs it in its own transaction)."""
+def _statements(migration: str) -> str:
+    lines = [line for line in migration.splitlines() if not line.startswith("--")]
+    return "\n".join(s for s in lines if s not in ("BEGIN;", "COMMIT;"))
+
+
+def ledger_sql() -> tuple[str, str, str]:
+    """The ledger's DDL and the schema-version-1 and -2 migrations (without their
+    BEGIN/COMMIT: the proxy runs them in its own transaction)."""
     text = (resources.files("proxy.ledger.sinks") / "ledger.sql").read_text(encoding="utf-8")
-    ddl, _, migration = text.partition("-- migrate: schema version 1 to 2\n")
-    statements = [line for line in migration.splitlines() if not line.startswith("--")]
-    body = "\n".join(s for s in statements if s not in ("BEGIN;", "COMMIT;"))
-    return ddl, body
+    ddl, _, migrations = text.partition("-- migrate: schema version 1 to 2\n")
+    v1, _, v2 = migrations.partition("-- migrate: schema version 2 to 3\n")
+    return ddl, _statements(v1), _statements(v2)
 
 
 # The DDL lives in ledger.sql beside this module, the one copy (teams that migrate schemas
 # themselves run the same file). Token counts are bigint: the ledger holds every count a
 # record may carry (wire.usage.MAX_TOKENS).
-LEDGER_DDL, MIGRATE_V1 = ledger_sql()
+LEDGER_DDL, MIGRATE_V1, MIGRATE_V2 = ledger_sql()
+_HAS_COLUMN = (
+    "SELECT 1 FROM information_schema.columns WHERE table_name = 'usage_records' "
+    "AND column_name = $1 AND table_schema = current_schema()"
+)
 
 
 async def migrate(conn: Any) -> None:
-    """Create the ledger table, or bring a schema-version-1 table to version 2."""
+    """Create the ledger table, or bring a schema-version-1 or -2 table to version 3, in
+    one transaction (no row is lost or half-migrated)."""
     async with conn.transaction():
-        old = await conn.fetchval(
-            "SELECT 1 FROM information_schema.columns WHERE table_name = 'usage_records' "
-            "AND column_name = 'request_id' AND table_schema = current_schema()"
-        )
-        if old:
+        table = await conn.fetchval("SELECT to_regclass('usage_records')")
+        if await conn.fetchval(_HAS_COLUMN, "request_id"):
             await conn.execute(MIGRATE_V1)
+        if table is not None and not await conn.fetchval(_HAS_COLUMN, "units"):
+            await conn.execute(MIGRATE_V2)
         await conn.execute(LEDGER_DDL)
 
 
@@ -63,6 +71,7 @@ COLUMNS_AND_TYPES = (
     ("aborted", "bool"),
     ("latency_ms", "float8"),
     ("instance", "text"),
+    ("units", "jsonb"),
 )
 COLUMNS = tuple(c for c, _ in COLUMNS_AND_TYPES)
 _ARRAYS = ", ".join(f"${i + 1}::{t}[]" for i, (_, t) in enumerate(COLUMNS_AND_TYPES))
@@ -81,6 +90,8 @@ PERMANENT_SQLSTATE_CLASSES = ("22", "23")
 
 def _row(record: UsageRecord) -> list[Any]:
     data = record.model_dump()
+    # Only the units the engine reported: a missing key is "not reported", as in the record.
+    data["units"] = record.units.model_dump_json(exclude_none=True)
     return [data[c] for c in COLUMNS]
 
 
@@ -148,7 +159,15 @@ async def read_ledger(dsn: str, since: str | None, until: str | None) -> list[Us
         )
     finally:
         await conn.close()
-    return [UsageRecord(**{**dict(r), "record_id": str(r["record_id"])}) for r in rows]
+    return [_record(dict(r)) for r in rows]
+
+
+def _record(row: dict[str, Any]) -> UsageRecord:
+    units = row.pop("units")
+    row["record_id"] = str(row["record_id"])
+    if units is not None:  # asyncpg hands jsonb over as its text
+        row["units"] = Units.model_validate_json(units)
+    return UsageRecord(**row)
 
 
 def _aware(moment: Any) -> Any:

@@ -63,6 +63,10 @@ class FakeState:
     answer_delay: float = 0.0
     # Prefix caching keyed by (cache_salt, prompt): off, a fixed share of every prompt is cached
     prefix_cache: bool = False
+    # --enable-prompt-tokens-details: chat usage carries prompt_tokens_details (vLLM
+    # 0.32.0 _make_prompt_tokens_details) with this many cached tokens
+    prompt_tokens_details: bool = False
+    cached_tokens: int = 4
     cached_prompts: set[tuple[Any, str]] = field(default_factory=set)
 
     @property

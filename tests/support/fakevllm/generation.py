@@ -65,6 +65,12 @@ class GenerationAPI(FakeState):
             "completion_tokens": CHAT_COMPLETION * n,
             "total_tokens": CHAT_PROMPT + CHAT_COMPLETION * n,
         }
+        if self.prompt_tokens_details:
+            usage["prompt_tokens_details"] = {
+                "cached_tokens": self.cached_tokens,
+                "created_cache_tokens": None,
+                "multimodal_tokens": None,
+            }
         if not streamed:
             await asyncio.sleep(self.answer_delay)
             return self.answer(dumps({"id": answer_id, "choices": [], "usage": usage}))

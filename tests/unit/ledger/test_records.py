@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.ledger.records import SCHEMA_VERSION, UsageRecord, new_record_id
+from proxy.ledger.records import SCHEMA_VERSION, Units, UsageRecord, new_record_id
 from tests.support.records import make_record
 
 
@@ -37,3 +37,53 @@ def test_a_record_cannot_be_changed_after_it_is_built() -> None:
     record = make_record(1)
     with pytest.raises(ValueError, match="frozen"):
         record.prompt_tokens_billed = 0  # type: ignore[misc]
+
+
+# A schema-version-2 record as the journal and JSONL sinks stored it (no units).
+V2_BODY = (
+    '{"schema_version":2,"record_id":"01920000-0000-7000-8000-000000000001",'
+    '"client_request_id":null,"time":"2026-01-02T03:04:05Z","tenant":"acme","key_hash":null,'
+    '"model":"minilm","endpoint":"/v1/chat/completions","operation":"chat",'
+    '"upstream_version":"0.11.0","prompt_tokens_reported":12,"prompt_tokens_billed":11,'
+    '"completion_tokens_reported":5,"completion_tokens_billed":5,"verdict":"corrected",'
+    '"m":null,"n":1,"status":200,"aborted":false,"latency_ms":3.0,"instance":"i"}'
+)
+
+
+def test_a_version_2_record_reads_on_with_its_tokens_as_units() -> None:
+    """A stored v2 record keeps its version and fields; its units are its billed tokens."""
+    record = UsageRecord.from_json(V2_BODY)
+    assert record.schema_version == 2
+    assert record.prompt_tokens_billed == 11
+    assert record.units == Units(prompt_tokens=11, completion_tokens=5)
+    assert record.units.reported() == {"prompt_tokens": 11, "completion_tokens": 5}
+    assert UsageRecord.from_json(record.to_json()) == record
+
+
+def test_units_carry_what_the_engine_reported_and_nothing_it_did_not() -> None:
+    """Audio seconds and cached tokens travel in ``units``; an unreported unit stays None."""
+    audio = make_record(1).model_copy(update={"prompt_tokens_billed": None})
+    fields = {**audio.model_dump(), "prompt_tokens_reported": None}
+    fields["units"] = {"audio_seconds": 7}
+    record = UsageRecord(**fields)
+    assert record.schema_version == SCHEMA_VERSION == 3
+    assert record.units.reported() == {"audio_seconds": 7}
+    assert UsageRecord.from_json(record.to_json()).units.audio_seconds == 7
+    cached = make_record(2, billed=36).model_dump()
+    cached["units"] = {"cached_prompt_tokens": 32}
+    assert UsageRecord(**cached).units.reported() == {
+        "prompt_tokens": 36,
+        "cached_prompt_tokens": 32,
+    }
+
+
+def test_units_are_typed_and_agree_with_the_billed_tokens() -> None:
+    """A misspelt or negative unit is refused, and so are token units that disagree with
+    the ``*_billed`` fields billing has always read."""
+    fields = make_record(1).model_dump()
+    with pytest.raises(ValueError, match="audio_secs"):
+        UsageRecord(**{**fields, "units": {"audio_secs": 3}})
+    with pytest.raises(ValueError, match="greater than or equal"):
+        UsageRecord(**{**fields, "units": {"cached_prompt_tokens": -1}})
+    with pytest.raises(ValueError, match="prompt_tokens_billed"):
+        UsageRecord(**{**fields, "units": {"prompt_tokens": 99}})

@@ -259,3 +259,25 @@ def test_missing_journal_is_a_clear_error(
     """No journal at the path: exit 2 and say where it looked."""
     assert main(["report", "--journal", str(tmp_path / "none.sqlite")]) == 2
     assert "no journal at" in capsys.readouterr().err
+
+
+def test_a_journal_holding_version_2_records_reads_on(
+    journal_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Journals are not migrated: a v2 body (no ``units``) stored beside v3 records is
+    read as it was, its tokens counted, and the new unit columns are 0 for it."""
+    import sqlite3
+
+    with sqlite3.connect(journal_path) as db:
+        stored = db.execute("SELECT body FROM records").fetchall()
+        assert all('"units"' in body for (body,) in stored)
+        # rewrite every stored body as a v2 proxy wrote it: no units, version 2
+        for (body,) in stored:
+            old = json.loads(body)
+            del old["units"]
+            old["schema_version"] = 2
+            db.execute("UPDATE records SET body = ? WHERE body = ?", (json.dumps(old), body))
+    args = ("--journal", str(journal_path), "--format", "json", "--since", "2026-11-01")
+    totals = json.loads(run(capsys, *args))["totals"]
+    assert (totals["requests"], totals["prompt_tokens_billed"]) == (4, 95)
+    assert (totals["cached_prompt_tokens_billed"], totals["audio_seconds_billed"]) == (0, 0)

@@ -74,3 +74,27 @@ def test_long_tenant_names_stay_readable() -> None:
     assert long not in table
     page = as_html(report)
     assert f'title="{long}"' in page
+
+
+def test_one_column_per_unit_in_every_format() -> None:
+    """Cached prompt tokens and audio seconds have their own columns, summed per row and in
+    the totals, never folded into the token figures; the CSV stays detail rows only."""
+    chat = rec(1, "a", "/v1/chat/completions", 40, 40, 8, "reported").model_dump()
+    cached = UsageRecord(**{**chat, "units": {"cached_prompt_tokens": 32}})
+    fields = {**chat, "client_request_id": "r2", "prompt_tokens_reported": None}
+    fields |= {"prompt_tokens_billed": None, "completion_tokens_reported": None}
+    audio = UsageRecord(
+        **{**fields, "completion_tokens_billed": None, "units": {"audio_seconds": 8}}
+    )
+    old = rec(3, "a", "/v1/chat/completions", 10, 10)
+    report = aggregate([cached, audio, old, audio])
+    assert [c.name for c in COLUMNS][-2:] == ["cached_prompt_tokens_billed", "audio_seconds_billed"]
+    data = json.loads(as_json(report))
+    assert data["totals"]["cached_prompt_tokens_billed"] == 32
+    assert data["totals"]["audio_seconds_billed"] == 16
+    assert data["totals"]["prompt_tokens_billed"] == 50
+    rows = list(csv.DictReader(io.StringIO(as_csv(report))))
+    assert len(rows) == 1  # one detail row (a, minilm, chat); no totals row
+    assert (rows[0]["cached_prompt_tokens_billed"], rows[0]["audio_seconds_billed"]) == ("32", "16")
+    assert "Audio s" in as_table(report)
+    assert "Audio seconds billed" in as_html(report)

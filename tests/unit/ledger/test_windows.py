@@ -221,3 +221,21 @@ def test_n_choices_are_expected_n_times(operation: str, n: int | None, expected:
     )
     assert (window.unbilled_prompt_tokens, window.overbilled_prompt_tokens) == (0, 0)
     assert window.billed_prompt_tokens == 5
+
+
+def test_reconciliation_tallies_tokens_only() -> None:
+    """Audio seconds and cached prompt tokens never enter the tally the engine's token
+    counters are compared with; the cached tokens are within the prompt already counted."""
+    from proxy.ledger.records import Units
+    from tests.support.records import make_record
+
+    base = make_record(0).model_dump(exclude={"record_id", "units"})
+    audio = UsageRecord(
+        **{**base, "prompt_tokens_reported": None, "prompt_tokens_billed": None},
+        units=Units(audio_seconds=30),
+    )
+    cached = UsageRecord(**base, units=Units(cached_prompt_tokens=30))
+    tally = Tally()
+    tally.add(audio)
+    tally.add(cached)
+    assert (tally.records, tally.prompt_billed, tally.prompt_expected) == (2, 36, 36)

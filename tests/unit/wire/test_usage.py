@@ -259,12 +259,12 @@ _TRAPS = st.sampled_from(['"usage":{"prompt_tokens":1}}', '"usage":', "}", '\\"u
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": 16,
             },
-            Reading(12, 4),
+            Reading(12, 4, cached=8),
         ),
         # vLLM's Anthropic Messages API: input_tokens leaves out what the cache served
         (
             {"input_tokens": 4, "cache_read_input_tokens": 8, "output_tokens": 3},
-            Reading(12, 3),
+            Reading(12, 3, cached=8),
         ),
         (
             {
@@ -273,7 +273,7 @@ _TRAPS = st.sampled_from(['"usage":{"prompt_tokens":1}}', '"usage":', "}", '\\"u
                 "cache_creation_input_tokens": 2,
                 "output_tokens": 3,
             },
-            Reading(12, 3),
+            Reading(12, 3, cached=8),
         ),
         ({"input_tokens": 5, "output_tokens": 0}, Reading(5, 0)),
         ({"input_tokens": 5, "output_tokens": True}, None),
@@ -293,3 +293,77 @@ def test_input_and_output_tokens_are_the_prompt_and_the_completion(
         assert (reading.prompt, reading.completion) == (None, None)
     else:
         assert reading == expected
+
+
+@pytest.mark.parametrize(
+    ("usage", "expected"),
+    [
+        # chat/completions with --enable-prompt-tokens-details (0.32.0 UsageInfo)
+        (
+            {
+                "prompt_tokens": 40,
+                "completion_tokens": 8,
+                "prompt_tokens_details": {"cached_tokens": 32},
+            },
+            32,
+        ),
+        # without the flag vLLM sends null details: nothing is inferred
+        ({"prompt_tokens": 40, "completion_tokens": 8, "prompt_tokens_details": None}, None),
+        ({"prompt_tokens": 40, "completion_tokens": 8}, None),
+        # details with multimodal_tokens only: cached_tokens null
+        ({"prompt_tokens": 40, "prompt_tokens_details": {"cached_tokens": None}}, None),
+        # Responses (ResponseUsage: input_tokens_details.cached_tokens is always sent)
+        (
+            {
+                "input_tokens": 40,
+                "output_tokens": 8,
+                "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            },
+            0,
+        ),
+        (
+            {
+                "input_tokens": 40,
+                "output_tokens": 8,
+                "input_tokens_details": {"cached_tokens": 16, "cache_write_tokens": 0},
+            },
+            16,
+        ),
+        # Anthropic Messages: input_tokens leaves the cache read out; the prompt is the sum
+        ({"input_tokens": 8, "cache_read_input_tokens": 32, "output_tokens": 8}, 32),
+    ],
+)
+def test_cached_prompt_tokens_are_read_where_vllm_reports_them(
+    usage: dict[str, Any], expected: int | None
+) -> None:
+    """Each API's cached-token member is read as reported; absent or null is None."""
+    reading = reading_of(usage)
+    assert reading.problem is None
+    assert reading.cached == expected
+    assert reading.prompt == 40
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        {"prompt_tokens": 40, "prompt_tokens_details": {"cached_tokens": -1}},
+        {"prompt_tokens": 40, "prompt_tokens_details": {"cached_tokens": "32"}},
+        {"prompt_tokens": 40, "prompt_tokens_details": {"cached_tokens": 41}},
+    ],
+)
+def test_an_impossible_cached_count_makes_the_reading_invalid(usage: dict[str, Any]) -> None:
+    """A cached count that is no token count, or exceeds the prompt, bills nothing."""
+    reading = reading_of(usage)
+    assert reading.problem is not None
+    assert (reading.prompt, reading.cached) == (None, None)
+
+
+def test_a_transcription_billed_in_seconds_is_read_as_seconds() -> None:
+    """vLLM's non-streamed transcription usage (``TranscriptionUsageAudio``, 0.10.2 to
+    0.32.0) is seconds, no tokens; seconds that are no whole count make it invalid."""
+    body = b'{"text":"hello","usage":{"type":"duration","seconds":7}}'
+    assert read_usage(body, missing=True) == Reading(None, None, seconds=7)
+    for bad in ("7.5", '"7"', "-1", "null"):
+        reading = reading_of(json.loads(f'{{"type":"duration","seconds":{bad}}}'))
+        assert reading.problem is not None
+        assert reading.seconds is None

@@ -8,7 +8,8 @@ from typing import Any
 
 from proxy.ledger.journal import Journal
 from proxy.ledger.outbox import Outbox
-from proxy.ledger.sinks.cloudevents import BATCH_CONTENT_TYPE, CloudEventsSink
+from proxy.ledger.records import Units, UsageRecord
+from proxy.ledger.sinks.cloudevents import BATCH_CONTENT_TYPE, CloudEventsSink, usage_event
 from tests.support.receivers import Receiver, StrictReceiver
 from tests.support.records import make_record
 
@@ -75,3 +76,25 @@ async def test_retry_after_is_honoured(aiohttp_server: Any, tmp_path: Path) -> N
     assert len(receiver.events) == 1
     await outbox.drain(2)
     await journal.close()
+
+
+def test_every_unit_is_a_numeric_property_of_the_one_event() -> None:
+    """A record is one event; each unit is a property a SUM meter can read (0 where the
+    engine did not report it), and ``units`` names the ones it did report."""
+    base = make_record(1).model_dump(exclude={"record_id", "schema_version", "units"})
+    cached = UsageRecord(**base, units=Units(cached_prompt_tokens=32))
+    data = usage_event(cached)["data"]
+    assert (data["prompt_tokens"], data["cached_prompt_tokens"], data["audio_seconds"]) == (
+        36,
+        32,
+        0,
+    )
+    assert data["units"] == ["cached_prompt_tokens", "prompt_tokens"]
+    audio = UsageRecord(
+        **{**base, "prompt_tokens_reported": None, "prompt_tokens_billed": None},
+        units=Units(audio_seconds=7),
+    )
+    event = usage_event(audio)
+    assert event["id"] == audio.record_id
+    assert (event["data"]["audio_seconds"], event["data"]["units"]) == (7, ["audio_seconds"])
+    assert event["data"]["prompt_tokens"] is None

@@ -32,3 +32,23 @@ async def test_dash_writes_to_stdout(capsys: pytest.CaptureFixture[str]) -> None
     record = make_record(0)
     await sink.deliver([record])
     assert UsageRecord.from_json(capsys.readouterr().out.strip()) == record
+
+
+async def test_lines_carry_the_units(tmp_path: Path) -> None:
+    """Each line holds the record's ``units``: only the units the engine reported."""
+    import json
+
+    from proxy.ledger.records import Units
+
+    base = make_record(0).model_dump(exclude={"record_id", "units"})
+    audio = UsageRecord(
+        **{**base, "prompt_tokens_reported": None, "prompt_tokens_billed": None},
+        units=Units(audio_seconds=7),
+    )
+    target = tmp_path / "out.jsonl"
+    sink = JsonLinesSink(str(target))
+    await sink.start()
+    await sink.deliver([audio])
+    line = json.loads(target.read_text())
+    assert line["schema_version"] == 3
+    assert {k: v for k, v in line["units"].items() if v is not None} == {"audio_seconds": 7}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -14,6 +15,7 @@ from proxy.cli import main
 from proxy.ledger.journal import Journal
 from proxy.ledger.journal_files import list_dead_letters
 from proxy.ledger.outbox import Outbox
+from proxy.ledger.records import Units, UsageRecord
 from proxy.ledger.sinks.postgres import PostgresLedger, migrate, read_ledger
 from proxy.metrics import Metrics
 from proxy.settings import Settings
@@ -206,3 +208,51 @@ async def test_schema_version_1_table_is_migrated(postgres: Cluster) -> None:
         ("req-", 3_000_000_000),
     ]
     assert [r["aborted"] for r in rows] == [False, False]
+
+
+LEDGER_V2 = Path(__file__).resolve().parents[3] / "data" / "ledger_v2.sql"
+
+
+async def test_schema_version_2_table_is_upgraded_with_units(postgres: Cluster) -> None:
+    """An existing v2 ledger gains the units column in place: every v2 row stays, with its
+    billed tokens as units, and v3 rows with audio seconds and cached tokens land beside."""
+    dsn = await fresh_database(postgres)
+    conn = await asyncpg.connect(dsn)
+    await conn.execute(LEDGER_V2.read_text())
+    for i in range(3):
+        await conn.execute(
+            "INSERT INTO usage_records (record_id, schema_version, time, tenant, endpoint, "
+            "operation, prompt_tokens_billed, completion_tokens_billed, status, latency_ms, "
+            "instance) VALUES ($1, 2, now(), 'acme', '/v1/chat/completions', 'chat', $2, $3, "
+            "200, 1.0, 'old')",
+            f"01920000-0000-7000-8000-00000000000{i}",
+            10 + i,
+            None if i == 0 else 5,
+        )
+    base = make_record(0).model_dump(exclude={"record_id", "schema_version", "units"})
+    audio = UsageRecord(
+        **{**base, "prompt_tokens_reported": None, "prompt_tokens_billed": None},
+        units=Units(audio_seconds=7),
+    )
+    cached = UsageRecord(**base, units=Units(cached_prompt_tokens=32))
+    ledger = PostgresLedger(dsn)
+    await ledger.deliver([audio, cached])
+    await ledger.close()
+    stored = await conn.fetch("SELECT schema_version, units::text FROM usage_records ORDER BY 1")
+    await conn.close()
+    assert [(r[0], json.loads(r[1])) for r in stored][:3] == [
+        (2, {"prompt_tokens": 10}),
+        (2, {"prompt_tokens": 11, "completion_tokens": 5}),
+        (2, {"prompt_tokens": 12, "completion_tokens": 5}),
+    ]
+    back = await read_ledger(dsn, None, None)
+    assert len(back) == 5
+    old = sorted((r.units.reported() for r in back if r.schema_version == 2), key=str)
+    assert old == [
+        {"prompt_tokens": 10},
+        {"prompt_tokens": 11, "completion_tokens": 5},
+        {"prompt_tokens": 12, "completion_tokens": 5},
+    ]
+    by_id = {r.record_id: r for r in back}
+    assert by_id[audio.record_id].units == Units(audio_seconds=7)
+    assert by_id[cached.record_id].units == Units(prompt_tokens=36, cached_prompt_tokens=32)
