@@ -24,18 +24,30 @@ period the first time it touches it (the hash remembers which replicas did, by
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from redis.asyncio import Redis
+import structlog
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
 
 from proxy.limits.limiter import Cost, Decision, Refusal, Standing, Ticket, Usage, Who
-from proxy.limits.memory import History
+from proxy.limits.memory import History, InProcessLimiter
 from proxy.limits.meters import GATE_RETRY_SECONDS, HELD_RETRY_SECONDS
 from proxy.limits.periods import period
-from proxy.limits.policy import RATE_SECONDS, Limit, Policies
+from proxy.limits.policy import RATE_SECONDS, FailMode, Limit, Policies
+from proxy.settings import ENV_PREFIX, Settings
+
+log = structlog.get_logger("proxy.serving.sharedlimits")
+T = TypeVar("T")
 
 # A budget's hash outlives its period by this much: a late settlement still lands.
 BUDGET_GRACE_SECONDS = 86_400
@@ -360,3 +372,295 @@ def _standings(
         elif requests is None or remaining < requests.remaining:
             requests = standing
     return requests, tokens, tuple(budgets)
+
+
+class Breaker:
+    """Consecutive store failures open it for ``cooldown`` seconds: a dead or slow store
+    costs each request nothing after the first failures. After the cooldown one request
+    tries the store again (half open): a success closes it, a failure opens it again."""
+
+    def __init__(self, failures: int = 3, cooldown: float = 1.0) -> None:
+        self.failures = failures
+        self.cooldown = cooldown
+        self.count = 0
+        self.open_until = 0.0
+
+    @property
+    def open(self) -> bool:
+        return self.count >= self.failures
+
+    def allows(self, now: float) -> bool:
+        if not self.open:
+            return True
+        if now >= self.open_until:  # half open: this one request tries
+            self.open_until = now + self.cooldown
+            return True
+        return False
+
+    def failed(self, now: float) -> None:
+        self.count += 1
+        if self.open:
+            self.open_until = now + self.cooldown
+
+    def succeeded(self) -> bool:
+        """Close; whether it was open (the store is back)."""
+        was = self.open
+        self.count = 0
+        return was
+
+
+@dataclass(slots=True)
+class LocalTicket(Ticket):
+    """A reservation made in this process while the store was unreachable (``local`` or
+    ``open``): its usage is charged to the store once it is back."""
+
+    id: str = ""
+    inner: Ticket | None = None
+
+
+class GuardedLimiter:
+    """The shared limiter behind a short timeout and a circuit breaker, with the fail
+    mode of each tenant while the store is unreachable: ``closed`` refuses (503),
+    ``open`` admits, ``local`` enforces this replica's share (limit / live replicas) in
+    process. Usage billed while the store was away is charged to it when it is back
+    (idempotently: by reservation id)."""
+
+    def __init__(
+        self,
+        shared: RedisLimiter,
+        *,
+        timeout: float,
+        fail_mode: FailMode,
+        replicas: int = 1,
+        breaker: Breaker | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.shared = shared
+        self.timeout = timeout
+        self.fail_mode = fail_mode
+        self.breaker = breaker or Breaker()
+        self.replicas = max(replicas, 1)
+        self.local = InProcessLimiter(shared.policies.divided(self.replicas))
+        self.errors = 0
+        self.fail_admissions: dict[FailMode, int] = dict.fromkeys(FailMode, 0)
+        self.pending: list[tuple[Ticket, Cost]] = []  # settled while the store was away
+        self.slowest = 0.0  # the longest a store call took (failed ones included), seconds
+        self._clock = clock
+        self._reconciling: asyncio.Task[int] | None = None
+        self._stale = True  # the local budgets re-read this replica's usage on next use
+
+    @property
+    def policies(self) -> Policies:
+        return self.shared.policies
+
+    @policies.setter
+    def policies(self, policies: Policies) -> None:
+        self.replace(policies)
+
+    def replace(self, policies: Policies) -> None:
+        self.shared.replace(policies)
+        self.local.replace(policies.divided(self.replicas))
+
+    def set_replicas(self, replicas: int) -> None:
+        """The live replica count (read from the store, or configured)."""
+        replicas = max(replicas, 1)
+        if replicas != self.replicas:
+            self.replicas = replicas
+            self.local.replace(self.shared.policies.divided(replicas))
+
+    def wants_tokens(self, tenant: str) -> bool:
+        return self.shared.wants_tokens(tenant)
+
+    async def _call(self, call: Awaitable[T]) -> T:
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await call
+        finally:
+            self.slowest = max(self.slowest, time.monotonic() - started)
+
+    def _failed(self, what: str) -> None:
+        self.errors += 1
+        self.breaker.failed(self._clock())
+        log.warning("limits_store_failed", op=what, breaker_open=self.breaker.open)
+
+    def _back(self) -> None:
+        self._stale = True
+        if self.breaker.succeeded() or self.pending:
+            log.info("limits_store_back", pending=len(self.pending))
+            if self._reconciling is None or self._reconciling.done():
+                self._reconciling = asyncio.get_running_loop().create_task(self.reconcile())
+
+    async def reserve(self, who: Who, cost: Cost, now: float) -> Decision:
+        if self.breaker.allows(self._clock()):
+            try:
+                decision = await self._call(self.shared.reserve(who, cost, now))
+            except (RedisError, OSError, TimeoutError):
+                self._failed("reserve")
+            else:
+                self._back()
+                return decision
+        mode = self.shared.policies.fail_mode(who.tenant, self.fail_mode)
+        self.fail_admissions[mode] += 1
+        if mode is FailMode.CLOSED:
+            refusal = Refusal("limits_store", ("tenant", who.tenant), 0.0, 0, 0, False, True)
+            return Decision(None, refusal, None, None)
+        if mode is FailMode.OPEN:
+            return Decision(LocalTicket(who, cost, id=uuid.uuid4().hex), None, None, None)
+        if self._stale:  # this replica's usage billed through the store counts here too
+            self._stale = False
+            await self.local.restore((), now)
+        decision = await self.local.reserve(who, cost, now)
+        if decision.ticket is None:
+            return decision
+        ticket = LocalTicket(who, cost, id=uuid.uuid4().hex, inner=decision.ticket)
+        return Decision(ticket, None, decision.requests, decision.tokens, decision.budgets)
+
+    async def settle(self, ticket: Ticket, billed: Cost, now: float) -> None:
+        await self._end(ticket, billed, now, settle=True)
+
+    async def release(self, ticket: Ticket, now: float) -> None:
+        await self._end(ticket, Cost(0, 0, 0), now, settle=False)
+
+    async def _end(self, ticket: Ticket, billed: Cost, now: float, *, settle: bool) -> None:
+        if not ticket.open:
+            return
+        if isinstance(ticket, LocalTicket):
+            ticket.open = False
+            if ticket.inner is not None:
+                if settle:
+                    await self.local.settle(ticket.inner, billed, now)
+                else:
+                    await self.local.release(ticket.inner, now)
+            if settle:  # charged to the store when it is back
+                self.shared.history.note(ticket.who, billed, now)
+                parts = self.shared._parts(ticket.who, now)
+                stored = StoreTicket(ticket.who, Cost(0, 0, 0), id=ticket.id, parts=parts)
+                self.pending.append((stored, billed))
+            return
+        if settle:
+            self.shared.history.note(ticket.who, billed, now)
+            self.local.history.note(ticket.who, billed, now)
+            self._stale = True  # a settlement after an outage began counts in its share
+        mode = "settle" if settle else "release"
+        if self.breaker.allows(self._clock()):
+            try:
+                await self._call(self.shared._finish(ticket, billed, mode))
+            except (RedisError, OSError, TimeoutError):
+                self._failed(mode)
+            else:
+                ticket.open = False
+                self._back()
+                return
+        ticket.open = False  # the store's reservation expires by its TTL
+        if settle:
+            self.pending.append((ticket, billed))
+
+    async def reconcile(self) -> int:
+        """Charge the store with the usage billed while it was away (each by its id, so
+        a retry never charges twice); what stays pending when it fails again."""
+        done = 0
+        while self.pending:
+            ticket, billed = self.pending[0]
+            try:
+                await self._call(self.shared._finish(ticket, billed, "settle"))
+            except (RedisError, OSError, TimeoutError):
+                self._failed("reconcile")
+                break
+            self.pending.pop(0)
+            done += 1
+        log.info("limits_reconciled", records=done, pending=len(self.pending))
+        return done
+
+    async def restore(self, history: Iterable[Usage], now: float) -> int:
+        rows = list(history)
+        await self.local.restore(rows, now)
+        return await self.shared.restore(rows, now)
+
+    async def beat(self, ttl: float) -> int | None:
+        """Tell the store this replica is alive; the live replica count (None: store
+        unreachable, the last count stays)."""
+        key = f"{self.shared.namespace}:replicas"
+        client = self.shared.client
+        try:
+            async with asyncio.timeout(max(self.timeout, 1.0)):
+                now = float((await client.time())[0])
+                async with client.pipeline(transaction=True) as pipe:
+                    pipe.zadd(key, {self.shared.replica: now})
+                    pipe.zremrangebyscore(key, "-inf", now - ttl)
+                    pipe.zcard(key)
+                    pipe.expire(key, int(ttl) + 1)
+                    result = await pipe.execute()
+        except (RedisError, OSError, TimeoutError):
+            return None
+        count = int(result[2])
+        self.set_replicas(count)
+        return count
+
+
+HEARTBEAT_SECONDS = 5.0
+
+
+def store_password(settings: Settings) -> str | None:
+    """The store's password: from the environment, or a file (never the command line)."""
+    password = os.environ.get(ENV_PREFIX + "LIMITS_STORE_PASSWORD")
+    if settings.limits_store_password_file is not None:
+        password = settings.limits_store_password_file.read_text(encoding="utf-8").strip()
+    return password or None
+
+
+def build_shared_limiter(settings: Settings, policies: Policies) -> GuardedLimiter:
+    """``--limits-store``: the limiter on Redis/Valkey (valkey:// is redis://), behind its
+    timeout, breaker and fail mode. Connections open on first use."""
+    assert settings.limits_store is not None
+    url = settings.limits_store
+    for alias, scheme in (("valkeys://", "rediss://"), ("valkey://", "redis://")):
+        if url.startswith(alias):
+            url = scheme + url.removeprefix(alias)
+    timeout = settings.limits_store_timeout
+    pool = BlockingConnectionPool.from_url(
+        url,
+        password=store_password(settings),
+        max_connections=64,
+        timeout=timeout,  # waiting for a free connection counts against it too
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 0),
+    )
+    client = Redis.from_pool(pool)  # owns the pool: aclose disconnects it
+    shared = RedisLimiter(
+        policies,
+        client,
+        replica=settings.instance,
+        reservation_ttl=settings.limits_reservation_ttl,
+    )
+    return GuardedLimiter(
+        shared,
+        timeout=timeout,
+        fail_mode=FailMode(settings.limits_fail_mode),
+        replicas=settings.limits_replicas or 1,
+    )
+
+
+def store_context(limiter: GuardedLimiter, replicas: int) -> Callable[[Any], AsyncIterator[None]]:
+    """cleanup_ctx: this replica's heartbeat in the store (the live count divides the
+    limits in local fail mode unless --limits-replicas fixes it); the client closed."""
+
+    async def ctx(app: Any) -> AsyncIterator[None]:
+        async def beat() -> None:
+            while True:
+                count = await limiter.beat(3 * HEARTBEAT_SECONDS)
+                if replicas:
+                    limiter.set_replicas(replicas)
+                elif count is not None:
+                    log.debug("limits_replicas", live=count)
+                await asyncio.sleep(HEARTBEAT_SECONDS)
+
+        task = asyncio.get_running_loop().create_task(beat())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await limiter.shared.client.aclose()
+
+    return ctx
