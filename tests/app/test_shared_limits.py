@@ -29,7 +29,7 @@ ACME = {"X-Tenant-Id": "acme"}
 EMBED = {"input": "hi"}  # 3 prompt tokens
 # One event loop runs three proxies, the fake and 300 clients on a shared 2-core box:
 # the store's answers wait for the loop, so the tests allow more than the 50 ms default.
-TIMEOUT = 0.25
+TIMEOUT = 0.5
 
 
 async def replicas(
@@ -146,9 +146,15 @@ async def outage(
         limits_fail_mode=mode,
         limits_replicas=3,
     )
+    for client in clients:  # connections opened and the scripts loaded, one at a time
+        assert (await post(client))[0] == 200
     before = await asyncio.gather(*(post(clients[i % 3]) for i in range(30)))
-    assert [s for s, _ in before].count(200) == 30  # 90 of 300 tokens
+    assert [s for s, _ in before].count(200) == 30  # 99 of 300 tokens, with the warm-up
     store.kill()
+    for client in clients:  # from here on, the outage's store calls
+        limiter = client.app[ADMISSION].limiter
+        assert isinstance(limiter, GuardedLimiter)
+        limiter.slowest = 0.0
     reached = len(seen)
     during = await asyncio.gather(*(post(clients[i % 3]) for i in range(150)))
     return seen, clients, during, reached
@@ -167,16 +173,18 @@ async def test_outage_closed_forwards_nothing(
     for client in clients:  # no store call outlasted its timeout (beyond the loop's lag)
         limiter = client.app[ADMISSION].limiter
         assert isinstance(limiter, GuardedLimiter)
-        assert limiter.slowest < TIMEOUT + 0.1
+        assert limiter.slowest < TIMEOUT + 0.2
     for client in clients:
         await client.close()
-    assert billed(tmp_path) == 90
+    assert billed(tmp_path) == 99
 
 
 @pytest.mark.xfail(
     strict=True,
-    reason="open defect: 101 requests reach the fake while the three local meters "
-    "account 99 (303 tokens > 300); not yet explained",
+    reason="open defect: the outage holds (3 x 99 of 300) but the rebuild after the empty "
+    "restart is lazy per replica: the first replica back admits against its own journal "
+    "alone, the second against two, so two requests pass (303 > 300). Needs: admit within "
+    "the local share until every live replica has contributed (or rebuild from the ledger)",
 )
 async def test_outage_local_divides_and_rebuilds(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path, redis_store: Store
