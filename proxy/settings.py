@@ -257,6 +257,39 @@ class Settings(BaseSettings):
         description="YAML/JSON file of budgets and rate limits per tenant, model and key "
         "(docs/metering.md, 'Budgets and rate limits'); reloaded on SIGHUP and when it changes.",
     )
+    limits_store: str | None = Field(
+        None,
+        description="Share the --limits among replicas on a Redis/Valkey store: "
+        "redis://host:port/db (also rediss://, valkey://, valkeys://). No password in the "
+        "URL: USAGE_PROXY_LIMITS_STORE_PASSWORD or --limits-store-password-file.",
+    )
+    limits_store_password_file: Path | None = Field(
+        None, description="File holding the limits store's password (one line)."
+    )
+    limits_store_timeout: float = Field(
+        0.05,
+        gt=0,
+        description="Seconds one limits store round trip may take; past it (or with the "
+        "circuit breaker open) the fail mode decides.",
+    )
+    limits_fail_mode: Literal["closed", "open", "local"] = Field(
+        "local",
+        description="While the limits store is unreachable: closed (503, nothing forwarded), "
+        "open (admit, count), local (each replica enforces limit / live replicas); a "
+        "tenant's fail_mode in the limits file overrides it.",
+    )
+    limits_replicas: int = Field(
+        0,
+        ge=0,
+        description="Replicas that share the limits store (what local fail mode divides "
+        "by); 0: the live count the store reported while it was up.",
+    )
+    limits_reservation_ttl: float = Field(
+        600.0,
+        gt=0,
+        description="Seconds a reservation in the limits store lives unsettled (a crashed "
+        "replica's are given back after it).",
+    )
     allow_anonymous: bool = Field(
         False,
         description="With --api-keys: forward requests without a listed key, billed to "
@@ -360,6 +393,21 @@ class Settings(BaseSettings):
         default_factory=dict,
         description="Per served-model overrides (config file or JSON in the environment).",
     )
+
+    @field_validator("limits_store")
+    @classmethod
+    def _store_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        scheme, sep, rest = value.partition("://")
+        if not sep or scheme not in ("redis", "rediss", "valkey", "valkeys"):
+            raise ValueError("a redis://, rediss://, valkey:// or valkeys:// URL")
+        if ":" in rest.split("@", 1)[0] and "@" in rest:
+            raise ValueError(
+                "no password on the command line: set USAGE_PROXY_LIMITS_STORE_PASSWORD or "
+                "--limits-store-password-file"
+            )
+        return value
 
     @field_validator("metrics_tenant_label")
     @classmethod

@@ -86,6 +86,7 @@ def fake_upstream(minilm_path: Path, tmp_path: Path) -> Iterator[Process]:
 
 
 from tests.support.postgres import postgres  # noqa: E402,F401  (session fixture)
+from tests.support.redisserver import redis_store  # noqa: E402,F401  (per-test server)
 
 
 @pytest.fixture

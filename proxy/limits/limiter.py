@@ -62,6 +62,7 @@ class Refusal:
     cost: int
     amount: int
     budget: bool = False
+    unavailable: bool = False  # the shared store is unreachable and the fail mode is closed
 
     @property
     def alone(self) -> bool:

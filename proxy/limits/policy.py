@@ -108,15 +108,27 @@ class Limits(BaseModel):
 
 
 LEVELS_HELD = 10_000
+# The field names that are amounts (what a replica's share divides).
+LIMIT_NAMES = frozenset(name for name in Limits.model_fields if name != "fail_mode")
 
 # Records name a key by the first hex digits of its SHA-256 (``key_hash``).
 KEY_HASH_DIGITS = 12
 
 
+class FailMode(enum.StrEnum):
+    """What admission does while the shared limits store is unreachable."""
+
+    CLOSED = "closed"  # refuse (503): nothing is forwarded
+    OPEN = "open"  # admit, log, count
+    LOCAL = "local"  # each replica enforces limit / live replicas
+
+
 class TenantLimits(Limits):
     """A tenant's limits, with narrower ones per served model and per key (its SHA-256
-    hex digest as in the ``--api-keys`` file, or the records' shorter ``key_hash``)."""
+    hex digest as in the ``--api-keys`` file, or the records' shorter ``key_hash``);
+    ``fail_mode`` overrides ``--limits-fail-mode`` for this tenant."""
 
+    fail_mode: FailMode | None = None
     models: dict[str, Limits] = Field(default_factory=dict)
     keys: dict[str, Limits] = Field(default_factory=dict)
 
@@ -172,6 +184,30 @@ class Policies(BaseModel):
         if key is not None and key in own.keys:
             levels.append(Level(("key", tenant, key), own.keys[key].limits()))
         return [level for level in levels if level.limits]
+
+    def fail_mode(self, tenant: str, default: FailMode) -> FailMode:
+        """The tenant's fail mode (its own, else ``default``)."""
+        own = self.tenants.get(tenant)
+        return own.fail_mode if own is not None and own.fail_mode is not None else default
+
+    def divided(self, replicas: int) -> Policies:
+        """Every amount divided by ``replicas`` (rounded down, at least 1): a replica's
+        share while the shared store is unreachable; the sum never exceeds the limit
+        (beyond 1 per replica for a limit smaller than the replica count)."""
+        if replicas <= 1:
+            return self
+
+        def share(data: Any) -> Any:
+            if isinstance(data, dict):
+                return {
+                    name: max(value // replicas, 1)
+                    if name in LIMIT_NAMES and isinstance(value, int)
+                    else share(value)
+                    for name, value in data.items()
+                }
+            return data
+
+        return Policies.model_validate(share(self.model_dump(exclude_none=True)))
 
     def wants_tokens(self, tenant: str) -> bool:
         """Whether any token limit may apply to the tenant (its count is then needed

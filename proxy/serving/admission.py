@@ -139,6 +139,12 @@ class Admission:
             price=price.rule,
         )
         where = f"{refusal.limit} of {':'.join(refusal.scope)}"
+        if refusal.unavailable:
+            return error_response(
+                503,
+                "The limits store is unreachable and this tenant's limits fail closed; "
+                "please try again later.",
+            )
         if refusal.alone:
             return error_response(
                 400,

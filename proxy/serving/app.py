@@ -18,6 +18,7 @@ from proxy.ledger.outbox import Outbox
 from proxy.ledger.reconciler import Reconciler
 from proxy.ledger.recorder import Recorder
 from proxy.ledger.sinks import Sink
+from proxy.limits.limiter import Limiter
 from proxy.limits.memory import InProcessLimiter
 from proxy.limits.policy import load_policies
 from proxy.metrics import Metrics
@@ -37,6 +38,7 @@ from proxy.serving.metered import METERED, MeteredRelay
 from proxy.serving.relayed import Relay
 from proxy.serving.routing import Invocations, Router, guard
 from proxy.serving.sendwatch import SendWatch, send_watch_context
+from proxy.serving.sharedlimits import GuardedLimiter, build_shared_limiter, store_context
 from proxy.serving.shares import TenantShares
 from proxy.serving.unmetered import Unmetered
 from proxy.serving.upstream import SESSION, session_context
@@ -111,7 +113,10 @@ def build_admission(
     cannot be loaded at start stops the start: there are no policies in use to keep."""
     if settings.limits is None:
         return None
-    limiter = InProcessLimiter(load_policies(Path(settings.limits)))
+    policies = load_policies(Path(settings.limits))
+    limiter: Limiter = InProcessLimiter(policies)
+    if settings.limits_store is not None:
+        limiter = build_shared_limiter(settings, policies)
     timeout = settings.accounting_timeout
     return Admission(limiter, catalog, pool, metrics, count_timeout=timeout)
 
@@ -132,6 +137,8 @@ def add_limits(
     app[LIMITSFILE] = LimitsFile(Path(settings.limits), admission.limiter, metrics)
     app.on_response_prepare.append(add_headers)
     app.cleanup_ctx.append(limits_file_context(app[LIMITSFILE]))
+    if isinstance(admission.limiter, GuardedLimiter):
+        app.cleanup_ctx.append(store_context(admission.limiter, settings.limits_replicas))
 
 
 def create_app(

@@ -1,0 +1,185 @@
+"""The shared limiter on a real redis-server (started per test, empty): all-or-nothing
+reservations on the store's clock, idempotent settle and release, reservations that
+expire, budgets rebuilt from each replica's journal when the store restarts empty, and
+three replicas that share one budget without overshoot."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from proxy.limits.limiter import Cost, Usage, Who
+from proxy.limits.memory import InProcessLimiter
+from proxy.limits.policy import Policies
+from proxy.serving.sharedlimits import RedisLimiter
+from tests.support.redisserver import Store
+
+ACME = Who("acme", "m", "k1")
+
+Make = Callable[..., RedisLimiter]
+
+
+def policies(**tenant: object) -> Policies:
+    return Policies.model_validate({"tenants": {"acme": tenant}})
+
+
+@pytest.fixture
+async def make(redis_store: Store) -> AsyncIterator[Make]:
+    clients: list[Redis] = []
+
+    def build(pols: Policies, replica: str = "r1", **options: Any) -> RedisLimiter:
+        client = Redis.from_url(redis_store.url)
+        clients.append(client)
+        return RedisLimiter(pols, client, replica=replica, **options)
+
+    yield build
+    for client in clients:
+        await client.aclose()
+
+
+async def test_all_or_nothing_and_headers(make: Make) -> None:
+    """A request refused at the model level takes nothing at the tenant level; the
+    standings are the in-process limiter's for the same sequence."""
+    pols = policies(
+        total_tokens_per_day=1000,
+        requests_per_minute=10,
+        models={"m": {"prompt_tokens_per_day": 100}},
+    )
+    shared, local = make(pols), InProcessLimiter(pols)
+    now = time.time()
+    for cost in (Cost(60, 5), Cost(50, 0), Cost(30, 0)):
+        a, b = await shared.reserve(ACME, cost, now), await local.reserve(ACME, cost, now)
+        assert (a.ticket is None) == (b.ticket is None)
+        assert a.tokens is not None
+        assert b.tokens is not None
+        assert a.tokens.remaining == b.tokens.remaining
+        assert a.budgets == b.budgets
+        assert a.requests is not None
+        assert b.requests is not None
+        assert a.requests.remaining == b.requests.remaining
+    refused = await shared.reserve(ACME, Cost(50, 0), now)
+    assert refused.refusal is not None
+    assert refused.refusal.scope == ("model", "acme", "m")
+    assert refused.budgets == (("total_tokens_per_day", 1000 - 65 - 30),)
+    alone = await shared.reserve(ACME, Cost(2000, 0), now)
+    assert alone.refusal is not None
+    assert alone.refusal.alone
+
+
+async def test_settle_is_idempotent_and_release_gives_back(make: Make) -> None:
+    """Settling replaces the reservation by the billed units, once: a retried settle (a
+    fresh ticket object with the same id, as after a lost answer) charges nothing more;
+    releasing returns the whole reservation."""
+    lim = make(policies(total_tokens_per_day=100, concurrency=1))
+    now = time.time()
+    first = await lim.reserve(ACME, Cost(30, 20), now)
+    assert first.ticket is not None
+    assert first.tokens is not None
+    assert first.tokens.remaining == 50
+    gate = await lim.reserve(ACME, Cost(1, 0), now)
+    assert gate.refusal is not None
+    assert gate.refusal.limit == "concurrency"
+    await lim.settle(first.ticket, Cost(10, 5), now)
+    first.ticket.open = True  # as a retry that did not see the first answer
+    await lim.settle(first.ticket, Cost(10, 5), now)
+    second = await lim.reserve(ACME, Cost(20, 0), now)
+    assert second.ticket is not None
+    assert second.tokens is not None
+    assert second.tokens.remaining == 100 - 15 - 20
+    await lim.release(second.ticket, now)
+    third = await lim.reserve(ACME, Cost(0, 0), now)
+    assert third.tokens is not None
+    assert third.tokens.remaining == 85
+
+
+async def test_reservations_of_a_crashed_replica_expire(make: Make) -> None:
+    """A reservation never settled (its replica died) is given back once its TTL passes."""
+    lim = make(policies(total_tokens_per_day=100, concurrency=1), reservation_ttl=0.2)
+    now = time.time()
+    held = await lim.reserve(ACME, Cost(90, 0), now)
+    assert held.ticket is not None
+    assert (await lim.reserve(ACME, Cost(20, 0), now)).refusal is not None
+    await asyncio.sleep(0.3)
+    later = await lim.reserve(ACME, Cost(20, 0), time.time())
+    assert later.ticket is not None
+
+
+async def test_keys_expire(make: Make, redis_store: Store) -> None:
+    """Every key the limiter writes has an expiry (none lives forever)."""
+    lim = make(policies(total_tokens_per_day=100, total_tokens_per_minute=50, concurrency=2))
+    decision = await lim.reserve(ACME, Cost(5, 5), time.time())
+    assert decision.ticket is not None
+    await lim.settle(decision.ticket, Cost(5, 5), time.time())
+    client = Redis.from_url(redis_store.url)
+    keys = await client.keys("*")
+    assert keys
+    assert all([await client.ttl(k) > 0 for k in keys])
+    await client.aclose()
+
+
+async def test_budget_rebuilt_from_each_journal_after_an_empty_restart(
+    make: Make, redis_store: Store
+) -> None:
+    """The store restarts empty: each replica adds what its own journal billed this
+    period, once, so the budget is whole again and nobody is counted twice."""
+    pols = policies(total_tokens_per_day=1000)
+    one, two = make(pols, "r1"), make(pols, "r2")
+    now = time.time()
+    for lim, cost in ((one, Cost(100, 0)), (two, Cost(200, 0))):
+        decision = await lim.reserve(ACME, cost, now)
+        assert decision.ticket is not None
+        await lim.settle(decision.ticket, cost, now)
+    redis_store.kill()
+    redis_store.start()
+    for lim in (one, two):  # the store's connections break once
+        with pytest.raises(RedisError):
+            await lim.reserve(ACME, Cost(0, 0), now)
+    await one.reserve(ACME, Cost(0, 0), now)
+    after = await two.reserve(ACME, Cost(0, 0), now)
+    assert after.tokens is not None
+    assert after.tokens.remaining == 700
+    again = await one.reserve(ACME, Cost(0, 0), now)
+    assert again.tokens is not None
+    assert again.tokens.remaining == 700
+
+
+async def test_restore_feeds_the_rebuild(make: Make) -> None:
+    """A replica restarted from its journal adds the journal's usage to an empty store."""
+    lim = make(policies(total_tokens_per_day=1000))
+    now = time.time()
+    assert await lim.restore([Usage(ACME, now - 1, Cost(250, 50, 3))], now) == 1
+    decision = await lim.reserve(ACME, Cost(0, 0), now)
+    assert decision.tokens is not None
+    assert decision.tokens.remaining == 700
+
+
+async def test_three_replicas_share_one_budget_without_overshoot(make: Make) -> None:
+    """Three limiters (one connection each) reserve 300 concurrent requests against one
+    budget: the admitted tokens never exceed it, and the store's charge is what the
+    replicas settled."""
+    pols = policies(total_tokens_per_day=10_000)
+    replicas = [make(pols, f"r{i}") for i in range(3)]
+    settled = [0, 0, 0]
+
+    async def one(i: int) -> None:
+        lim = replicas[i % 3]
+        cost = Cost(40 + i % 17, 11)
+        decision = await lim.reserve(ACME, cost, time.time())
+        if decision.ticket is None:
+            return
+        await asyncio.sleep(0)
+        billed = cost if i % 5 else Cost(cost.prompt, 0)  # some bill less than reserved
+        settled[i % 3] += billed.prompt + billed.completion
+        await lim.settle(decision.ticket, billed, time.time())
+
+    await asyncio.gather(*(one(i) for i in range(300)))
+    assert 0 < sum(settled) <= 10_000
+    final = await replicas[0].reserve(ACME, Cost(0, 0), time.time())
+    assert final.tokens is not None
+    assert final.tokens.remaining == 10_000 - sum(settled)
