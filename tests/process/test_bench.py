@@ -32,6 +32,8 @@ LAYERS = {
     "soak": 1,
     "memory": 1,
     "instructions": 1,
+    "frontend": 1,
+    "gateway": 1,
     "render": 2,
     "run": 3,
 }
@@ -48,6 +50,9 @@ def test_bench_smoke() -> None:
         check=True,
     ).stdout
     for heading in (
+        "## Goals (issue #42)",
+        "## Against vLLM's own front end (issue #42)",
+        "## Against LiteLLM's proxy (issue #42)",
         "## Relay ratios (issue #29; retired as goals, information only)",
         "## Event loops (issue #29)",
         "## Latency",
