@@ -117,6 +117,7 @@ async def compare(vllm: Process, proxy: Process, scale: float) -> list[dict[str,
                     "ratio": proxy_ms / vllm_ms if vllm_ms else float("nan"),
                 }
             )
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # progress: slow runs
     rows.append({"workload": SKIPPED_CHAT, "skipped": NO_GENERATE_MODEL})
     return rows
 
