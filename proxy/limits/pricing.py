@@ -17,6 +17,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
+from pydantic import TypeAdapter, ValidationError
+
 from proxy.accounting.analysis import Analysis
 from proxy.accounting.types import ServedModel, Tokenizer
 from proxy.limits.limiter import Cost
@@ -26,6 +28,7 @@ GENERATION = frozenset({"chat", "completions", "responses", "messages", "generat
 # Members that carry a completion's cap, by endpoint family (vLLM's request models).
 COMPLETION_CAPS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 MEDIA = (b"image", b"audio", b"video")
+_LAX_INT: TypeAdapter[int] = TypeAdapter(int)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,29 +94,46 @@ def _pooling(payload: dict[str, Any], context: int, tokenizer: Tokenizer | None)
 
 def _generation(payload: dict[str, Any], body: bytes, context: int) -> Price:
     prompts = _prompt_ids(payload)
+    texts = _text_prompts(payload)
+    count = len(prompts) if prompts else texts
     if prompts is not None:
         prompt, exact = sum(min(len(p), context) for p in prompts), True
-    elif any(m in body for m in MEDIA):
-        prompt, exact = context, False
+    elif any(m in body for m in MEDIA) or payload.get("previous_response_id") is not None:
+        # media, or a stored conversation re-read (Responses): each prompt up to the context
+        prompt, exact = context * count, False
     else:
-        prompt, exact = min(len(body), context), False
-    cap = next((payload[k] for k in COMPLETION_CAPS if _count(payload.get(k))), None)
+        prompt, exact = min(len(body), context * count), False
     params = payload.get("sampling_params")
-    if cap is None and isinstance(params, dict) and _count(params.get("max_tokens")):
-        cap = params["max_tokens"]
+    params = params if isinstance(params, dict) else {}
+    cap = next((_lax(payload.get(k)) for k in COMPLETION_CAPS if _lax(payload.get(k))), None)
+    cap = cap if cap is not None else _lax(params.get("max_tokens"))
     shortest = min((len(p) for p in prompts), default=0) if prompts else 0
     left = max(context - shortest, 0)
     completion = min(cap, left) if cap is not None else left
-    n = payload.get("n")
-    choices = (n if _count(n) and n > 0 else 1) * (len(prompts) if prompts else 1)
+    n = _lax(params.get("n") if "n" in params else payload.get("n"))
+    choices = (n if n else 1) * count
     if not exact:  # vLLM refuses a prompt that leaves no room for max_tokens
-        prompt = min(prompt, max(context - completion, 1))
+        prompt = min(prompt, max(context - completion, 1) * count)
     rule = "prompt ids" if exact else "prompt bound"
     return Price(Cost(prompt, completion * choices), f"{rule} + completion cap")
 
 
-def _count(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+def _lax(value: Any) -> int | None:
+    """``value`` as vLLM's models read a count (``8``, ``"8"``, ``8.0``), or None when it
+    is absent or no count (vLLM refuses such a request, 400)."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        count = _LAX_INT.validate_python(value)
+    except ValidationError:
+        return None
+    return count if count >= 0 else None
+
+
+def _text_prompts(payload: dict[str, Any]) -> int:
+    """How many text prompts a completion's ``prompt`` holds (a list is a batch)."""
+    value = payload.get("prompt")
+    return len(value) if isinstance(value, list) and value else 1
 
 
 def _prompt_ids(payload: dict[str, Any]) -> list[list[int]] | None:

@@ -69,3 +69,36 @@ def test_unknown_model_or_body_is_unpriced() -> None:
     assert (price.cost, price.rule.startswith("unpriced")) == (Cost(0), True)
     assert price_metered("chat", b"{}", None, None).cost == Cost(0)
     assert price_scoring(None).cost == Cost(0)
+
+
+@pytest.mark.parametrize(
+    ("operation", "payload", "cost"),
+    [
+        ("completions", {"prompt": ["x", "y", "z"], "max_tokens": 10}, Cost(-1, 30)),
+        ("completions", {"prompt": [1, 2, 3], "max_tokens": "10", "n": "2"}, Cost(3, 20)),
+        ("completions", {"prompt": [1, 2, 3], "max_tokens": 10.0, "n": 2.0}, Cost(3, 20)),
+        (
+            "generate",
+            {"token_ids": [1, 2], "sampling_params": {"n": 4, "max_tokens": 5}},
+            Cost(2, 20),
+        ),
+        (
+            "responses",
+            {"input": "x", "previous_response_id": "resp_1", "max_output_tokens": 6},
+            Cost(250, 6),
+        ),
+    ],
+)
+def test_what_vllm_reads_loosely_is_priced_as_vllm_runs_it(
+    operation: str, payload: dict[str, Any], cost: Cost
+) -> None:
+    """Review: a batch of text prompts reserved one completion (the engine makes one per
+    prompt); ``n`` and caps written as "8" or 8.0 (vLLM reads them as 8) reserved one
+    choice, or the whole context; generate's ``sampling_params.n`` was not read; a
+    Responses request continuing a stored conversation reserved its body's bytes, where
+    the engine re-reads the conversation (up to the context)."""
+    price = price_metered(operation, body(payload), MODEL, None)
+    if cost.prompt < 0:  # a text prompt's bound: its bytes
+        assert price.cost.completion == cost.completion
+    else:
+        assert price.cost == cost
