@@ -180,7 +180,9 @@ async def test_outage_closed_forwards_nothing(
 
 
 @pytest.mark.xfail(
-    strict=True,
+    # not strict: whether the lazy rebuild overshoots turns on the order the replicas come
+    # back in, so a lucky order passes (issue #40 stays open on it)
+    strict=False,
     reason="open defect: the outage holds (3 x 99 of 300) but the rebuild after the empty "
     "restart is lazy per replica: the first replica back admits against its own journal "
     "alone, the second against two, so two requests pass (303 > 300). Needs: admit within "
