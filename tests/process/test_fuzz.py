@@ -125,7 +125,14 @@ def test_json_bodies(live: tuple[str, str], path: str, body: Any) -> None:
 def test_malformed_bytes(live: tuple[str, str], path: str, raw: bytes) -> None:
     """Invalid JSON/UTF-8, deep nesting, duplicate keys: vLLM's answer, never a proxy 5xx."""
     fake, proxy = live
+    before = processed(fake)
     status, answer = send(proxy + path, raw)
+    engine = processed(fake) - before
     direct_status, _ = send(fake + path, raw)
-    assert status == direct_status
+    # The proxy's own refusal of a body nested deeper than it reads (issue #44 review: a
+    # newer Python, as vLLM's images run, may read it; the engine must not run it unseen)
+    too_deep = status == 400 and b"nested deeper" in answer
+    assert status == direct_status or too_deep
+    if too_deep:
+        assert engine == 0
     assert b"BadGatewayError" not in answer
