@@ -20,6 +20,7 @@ from typing import Any, TypeGuard
 from pydantic import TypeAdapter, ValidationError
 
 from proxy.accounting.analysis import Analysis
+from proxy.accounting.dispatch import copies
 from proxy.accounting.types import ServedModel, Tokenizer
 from proxy.limits.limiter import Cost
 
@@ -66,7 +67,7 @@ def price_metered(
     if operation in POOLING:
         return _pooling(payload, context, tokenizer)
     if operation in GENERATION:
-        return _generation(payload, body, context)
+        return _generation(operation, payload, body, context)
     return Price(Cost(0), f"unpriced: {operation}")
 
 
@@ -92,7 +93,7 @@ def _pooling(payload: dict[str, Any], context: int, tokenizer: Tokenizer | None)
     )
 
 
-def _generation(payload: dict[str, Any], body: bytes, context: int) -> Price:
+def _generation(operation: str, payload: dict[str, Any], body: bytes, context: int) -> Price:
     prompts = _prompt_ids(payload)
     texts = _text_prompts(payload)
     count = len(prompts) if prompts else texts
@@ -110,8 +111,7 @@ def _generation(payload: dict[str, Any], body: bytes, context: int) -> Price:
     shortest = min((len(p) for p in prompts), default=0) if prompts else 0
     left = max(context - shortest, 0)
     completion = min(cap, left) if cap is not None else left
-    n = _lax(params.get("n") if "n" in params else payload.get("n"))
-    choices = (n if n else 1) * count
+    choices = copies(operation, payload) * count
     if not exact:  # vLLM refuses a prompt that leaves no room for max_tokens
         prompt = min(prompt, max(context - completion, 1) * count)
     rule = "prompt ids" if exact else "prompt bound"
