@@ -1,8 +1,9 @@
 """The report's formats: a text table, CSV, JSON and a self-contained HTML page.
 
 The CSV holds the detail rows only (no subtotal or total row), one column per figure and
-per verdict, so a spreadsheet's sums are the totals. The HTML page is rendered by an
-autoescaping jinja2 template (``templates/report.html.j2``).
+per verdict, so a spreadsheet's sums are the totals; a name that would start a formula is
+written with a leading apostrophe. The text table shows control characters escaped. The
+HTML page is rendered by an autoescaping jinja2 template (``templates/report.html.j2``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from proxy.ledger.report import COLUMNS, UNPROVEN, Report, Row
 
 TITLES = {"tenant": "Tenant", "model": "Model", "operation": "Operation", "day": "Day (UTC)"}
 SHORT = 32
+# A cell that starts with one of these is a formula to a spreadsheet (OWASP, CSV injection).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 _TEMPLATES = jinja2.Environment(
     loader=jinja2.PackageLoader("proxy.ledger", "templates"),
@@ -37,7 +40,15 @@ def _number(row: Row, name: str) -> str:
 
 
 def _short(text: str) -> str:
+    """A name for the terminal: control characters escaped (no name moves the cursor or
+    forges a row), then shortened."""
+    text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
     return text if len(text) <= SHORT else text[: SHORT - 1] + "…"
+
+
+def _text_cell(text: str) -> str:
+    """A name for a spreadsheet: one that would start a formula gets a leading apostrophe."""
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
 
 
 def _lines(report: Report) -> list[tuple[str, Row]]:
@@ -112,13 +123,13 @@ def csv_columns(report: Report) -> list[str]:
 
 def as_csv(report: Report) -> str:
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
+    writer = csv.writer(out, lineterminator="\r\n")  # RFC 4180; also quotes a bare CR
     writer.writerow(csv_columns(report))
     for row in report.rows:
         values = row.as_dict()
         writer.writerow(
             [
-                *(row.keys[g] for g in report.group_by),
+                *(_text_cell(row.keys[g]) for g in report.group_by),
                 *(values[c.name] for c in COLUMNS),
                 *(row.verdicts.get(v, 0) for v in report.verdicts),
                 values["first_record"],
