@@ -29,6 +29,7 @@ GENERATION = frozenset({"chat", "completions", "responses", "messages", "generat
 # Members that carry a completion's cap, by endpoint family (vLLM's request models).
 COMPLETION_CAPS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 MEDIA = (b"image", b"audio", b"video")
+UNCAPPED = "no completion cap: what the context leaves"
 _LAX_INT: TypeAdapter[int] = TypeAdapter(int)
 
 
@@ -39,6 +40,8 @@ class Price:
     cost: Cost
     rule: str
     exact: bool = False
+    # A generation without max_tokens: its completion is priced at what the context leaves.
+    uncapped: bool = False
 
 
 def price_scoring(analysis: Analysis | None) -> Price:
@@ -115,6 +118,8 @@ def _generation(operation: str, payload: dict[str, Any], body: bytes, context: i
     if not exact:  # vLLM refuses a prompt that leaves no room for max_tokens
         prompt = min(prompt, max(context - completion, 1) * count)
     rule = "prompt ids" if exact else "prompt bound"
+    if cap is None:
+        return Price(Cost(prompt, completion * choices), f"{rule} + {UNCAPPED}", uncapped=True)
     return Price(Cost(prompt, completion * choices), f"{rule} + completion cap")
 
 

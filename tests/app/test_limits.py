@@ -311,6 +311,35 @@ async def test_spent_budget_and_oversized_request(
     assert huge.headers["x-should-retry"] == "false"
 
 
+async def test_an_uncapped_chat_over_a_small_limit_is_told_to_set_max_tokens(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """A chat without a completion cap is priced at what the context leaves (the engine may
+    generate that much). Under a token limit smaller than the context the 400 says why and
+    what to do (set max_tokens); nothing is forwarded, and the same chat with a cap is
+    admitted."""
+    seen, count = reached()
+    _, client = await limited_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tmp_path,
+        {"tenants": {"acme": {"total_tokens_per_minute": 100}}},
+        middlewares=(count,),
+    )
+    chat: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}]}
+    uncapped = await client.post("/v1/chat/completions", json=chat, headers=ACME)
+    assert uncapped.status == 400
+    message = (await uncapped.json())["error"]["message"]
+    assert "sets no completion cap" in message
+    assert "max_tokens" in message
+    assert seen == []
+    capped = await client.post("/v1/chat/completions", json={**chat, "max_tokens": 8}, headers=ACME)
+    assert capped.status == 200
+    await capped.read()
+    assert seen == ["/v1/chat/completions"]
+
+
 async def test_the_openai_client_waits_as_told_and_stops_on_a_spent_budget(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
 ) -> None:
