@@ -14,7 +14,7 @@ import json
 
 import jinja2
 
-from proxy.ledger.report import COLUMNS, UNPROVEN, Report, Row
+from proxy.ledger.report import COLUMNS, UNPROVEN, BudgetRow, Report, Row
 
 TITLES = {"tenant": "Tenant", "model": "Model", "operation": "Operation", "day": "Day (UTC)"}
 SHORT = 32
@@ -99,11 +99,36 @@ def as_table(report: Report) -> str:
             rule,
             lines[-1],
             "",
+            *_budget_table(report.budgets),
             "Columns:",
             *legend,
             "",
         ]
     )
+
+
+BUDGET_TITLES = ("Scope", "Budget", "Period", "Used", "Limit", "Left", "Used %")
+
+
+def _budget_cells(b: BudgetRow) -> list[str]:
+    period = f"{b.period_start[:16]} to {b.period_end[:16]}"
+    numbers = [f"{b.used:,}", f"{b.amount:,}", f"{b.remaining:,}", f"{b.percent:.2f}"]
+    return [_short(b.scope), b.budget, period, *numbers]
+
+
+def _budget_table(budgets: tuple[BudgetRow, ...]) -> list[str]:
+    """The budget section: each budget's use in its period (local times of the limits
+    file's zone), or nothing without ``--limits``."""
+    if not budgets:
+        return []
+    cells = [list(BUDGET_TITLES), *(_budget_cells(b) for b in budgets)]
+    width = [max(len(c[i]) for c in cells) for i in range(len(BUDGET_TITLES))]
+    lines = [
+        "  ".join(c[i].ljust(width[i]) if i < 3 else c[i].rjust(width[i]) for i in range(len(c)))
+        for c in cells
+    ]
+    rule = "  ".join("-" * w for w in width)
+    return ["Budgets (their periods holding the report's end):", lines[0], rule, *lines[1:], ""]
 
 
 def csv_columns(report: Report) -> list[str]:
@@ -154,6 +179,7 @@ def as_json(report: Report) -> str:
         "rows": [r.as_dict() for r in report.rows],
         "subtotals": [r.as_dict() for r in report.subtotals],
         "totals": report.totals.as_dict(),
+        "budgets": [b.as_dict() for b in report.budgets],
     }
     return json.dumps(body, indent=2) + "\n"
 
@@ -198,6 +224,8 @@ def as_html(report: Report, title: str = "vllm-usage-proxy: usage report") -> st
         short=_short,
         verdicts=_verdicts,
         chart=_chart(report),
+        budget_titles=BUDGET_TITLES,
+        budget_cells=_budget_cells,
         unproven=", ".join(sorted(UNPROVEN)),
     )
 
