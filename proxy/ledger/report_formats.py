@@ -111,7 +111,7 @@ BUDGET_TITLES = ("Scope", "Budget", "Period", "Used", "Limit", "Left", "Used %")
 
 
 def _budget_cells(b: BudgetRow) -> list[str]:
-    period = f"{b.period_start[:16]} to {b.period_end[:16]}"
+    period = f"{b.period_start} to {b.period_end}"
     numbers = [f"{b.used:,}", f"{b.amount:,}", f"{b.remaining:,}", f"{b.percent:.2f}"]
     return [_short(b.scope), b.budget, period, *numbers]
 
