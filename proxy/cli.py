@@ -427,12 +427,20 @@ def _iso(value: str | None, now: datetime | None = None) -> str | None:
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).astimezone(UTC).isoformat()
 
 
-def _format_errors(exc: ValidationError) -> str:
+def _format_errors(exc: ValidationError, config: Path | None) -> str:
+    """One line per refused value, naming every place it can be set."""
     lines = ["invalid configuration:"]
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "settings"
-        flag = "--" + where.replace("_", "-")
-        lines.append(f"  {flag} ({ENV_PREFIX}{where.upper()}): {err['msg']}")
+        name = err["loc"][0] if err["loc"] else where
+        if err["type"] == "extra_forbidden":
+            origin = f"`{where}` in {config}" if config else f"`{where}`"
+            lines.append(f"  {origin} is not a setting (usage-proxy serve --help lists them)")
+            continue
+        places = [] if name in FILE_ONLY else ["--" + str(name).replace("_", "-")]
+        places.append(f"{ENV_PREFIX}{str(name).upper()}")
+        listed = ", ".join(places) + (f" or `{where}` in {config}" if config else "")
+        lines.append(f"  {listed}: {err['msg']}")
     return "\n".join(lines)
 
 
@@ -454,7 +462,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings({}, args.config, flags=flags(parsed_args=args))
     except ValidationError as exc:
-        print(f"usage-proxy: {_format_errors(exc)}", file=sys.stderr)
+        print(f"usage-proxy: {_format_errors(exc, args.config)}", file=sys.stderr)
         return 2
     except ValueError as exc:
         print(f"usage-proxy: {exc}", file=sys.stderr)
