@@ -49,7 +49,7 @@ def test_toml_config(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["serve"], "--upstream (USAGE_PROXY_UPSTREAM): Field required"),
+        (["serve"], "--upstream, USAGE_PROXY_UPSTREAM: Field required"),
         (["serve", "--upstream", "not a url"], "--upstream"),
         (["serve", "--upstream", "http://x", "--port", "70000"], "--port"),
         (["serve", "--upstream", "http://x", "--log-level", "loud"], "--log-level"),
