@@ -13,7 +13,9 @@ import structlog
 from aiohttp import web
 from multidict import CIMultiDictProxy
 
+from proxy.accounting.audio import prepare_form
 from proxy.accounting.dispatch import Prepared, prepare, takes_cache_salt
+from proxy.accounting.routes import FORM_OPERATIONS
 from proxy.ledger.recorder import Recorder
 from proxy.ledger.records import Units
 from proxy.metrics import Metrics
@@ -126,7 +128,12 @@ class MeteredRelay:
 
     async def __call__(self, exchange: Exchange) -> web.StreamResponse:
         body, task_of = exchange.body, self._catalog.task_of
-        prepared = await off_loop(prepare, body, exchange.path, body, task_of)
+        operation = exchange.route.operation
+        if operation in FORM_OPERATIONS:  # multipart: read (and added to) off the loop
+            kind, release = exchange.request.headers.get("Content-Type"), self._catalog.release
+            prepared = await off_loop(prepare_form, body, operation, body, kind, release)
+        else:
+            prepared = await off_loop(prepare, body, exchange.path, body, task_of)
         return await self.relay(exchange, prepared)
 
     async def relay(self, exchange: Exchange, prepared: Prepared) -> web.StreamResponse:
