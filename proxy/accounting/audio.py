@@ -20,6 +20,14 @@ from proxy.wire.forms import File, FormError, is_multipart, read_form, with_fiel
 # The first series whose whole transcriptions carry the duration usage (read in 0.10.2;
 # 0.8.5's TranscriptionResponse is text alone).
 DURATION_FROM = (0, 10)
+# The form field each audio feature's refusal names (vLLM's ``param``).
+FEATURE_FIELDS = {
+    "transcriptions.whole": "stream",
+    "transcriptions.verbose_json": "response_format",
+    "translations.whole": "stream",
+    "transcriptions.beam_search": "use_beam_search",
+    "translations.beam_search": "use_beam_search",
+}
 
 
 def prepare_form(

@@ -13,7 +13,7 @@ import structlog
 from aiohttp import web
 from multidict import CIMultiDictProxy
 
-from proxy.accounting.audio import prepare_form
+from proxy.accounting.audio import FEATURE_FIELDS, prepare_form
 from proxy.accounting.dispatch import Prepared, prepare, takes_cache_salt
 from proxy.accounting.routes import FORM_OPERATIONS
 from proxy.ledger.recorder import Recorder
@@ -300,7 +300,7 @@ class MeteredRelay:
             400,
             f"{feature}: vLLM answers it without a usage, so the proxy cannot bill it; "
             f"an operator may relay it unmetered with --allow-unmetered {feature}",
-            param=feature.partition(".")[2],
+            param=FEATURE_FIELDS.get(feature, feature.partition(".")[2]),
         )
 
     async def _unbillable(

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+import yaml
 
+from proxy.limits.meters import BudgetMeter
+from proxy.serving.admission import ADMISSION
 from proxy.serving.tenancy import key_digest
 from tests.support.fakevllm.audio import AUDIO_PROMPT, wav
+from tests.support.proxies import fake_and_proxy
 from tests.support.records import journal_records
 
 ACME = {"Authorization": "Bearer sk-acme"}
@@ -147,7 +152,9 @@ async def test_whole_answers_without_a_usage_are_refused(
     before = len(fake.seen_headers)
     resp = await client.post(path, data=form(**fields), headers=ACME)
     assert resp.status == 400
-    assert feature in (await resp.json())["error"]["message"]
+    error = (await resp.json())["error"]
+    assert feature in error["message"]
+    assert error["param"] == ("stream" if feature.endswith("whole") else "response_format")
     assert len(fake.seen_headers) == before
     assert journal_records(journal) == []
 
@@ -243,3 +250,38 @@ async def test_a_long_recording_is_relayed_whole(audio: Any) -> None:
     assert len(fake.last_body) > 40 * 32000
     (record,) = journal_records(journal)
     assert record.units.audio_seconds == 40
+
+
+async def test_audio_is_admitted_on_request_limits_and_settles_at_its_tokens(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """With a token budget and a request rate: audio reserves nothing before forwarding
+    (seconds cannot be priced in tokens), a whole transcription settles at zero tokens, a
+    stream at its prompt and completion tokens, and the request rate refuses the third."""
+    limits = tmp_path / "limits.yaml"
+    policy = {"total_tokens_per_day": 100, "requests_per_minute": 2}
+    limits.write_text(yaml.safe_dump({"tenants": {"acme": policy}}))
+    _, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        version="0.32.0",
+        tenant_header="X-Tenant-Id",
+        journal=str(tmp_path / "journal.sqlite"),
+        limits=str(limits),
+    )
+    acme = {"X-Tenant-Id": "acme"}
+    resp = await client.post(TRANSCRIPTIONS, data=form(), headers=acme)
+    assert resp.status == 200
+    (meter,) = [
+        m for m in client.app[ADMISSION].limiter.meters.values() if isinstance(m, BudgetMeter)
+    ]
+    assert (meter.used, meter.reserved) == (0, 0)
+    resp = await client.post(TRANSCRIPTIONS, data=form(stream="true"), headers=acme)
+    assert resp.status == 200
+    await resp.read()
+    assert (meter.used, meter.reserved) == (AUDIO_PROMPT + 3, 0)
+    resp = await client.post(TRANSCRIPTIONS, data=form(), headers=acme)
+    assert resp.status == 429
+    seconds = [r.units.audio_seconds for r in journal_records(tmp_path / "journal.sqlite")]
+    assert seconds == [3, None]
