@@ -670,6 +670,9 @@ def _audio(operation: str, *shaping: str) -> Mapping[str, Field]:
 
 
 TRANSCRIPTIONS = _audio("transcriptions", "timestamp_granularities")
+# A WebSocket session has no request body: its events (session.update's model, the audio
+# appended and committed) are read as they pass (``proxy.wire.realtime``).
+REALTIME = _table("realtime")
 TRANSLATIONS = _audio("translations")
 
 FIELDS: Mapping[str, Mapping[str, Field]] = MappingProxyType(
@@ -688,6 +691,7 @@ FIELDS: Mapping[str, Mapping[str, Field]] = MappingProxyType(
         "generative_scoring": GENERATIVE_SCORING,
         "transcriptions": TRANSCRIPTIONS,
         "translations": TRANSLATIONS,
+        "realtime": REALTIME,
     }
 )
 

@@ -337,6 +337,17 @@ class MeteredRelay:
             headers.update(await self._settle(exchange, prepared, reading, upstream.status))
         return await pass_on(exchange.request, upstream, b"", headers)
 
+    async def settle(
+        self,
+        exchange: Exchange,
+        prepared: Prepared,
+        reading: Reading,
+        status: int,
+        aborted: bool = False,
+    ) -> dict[str, str]:
+        """Record one metered exchange that another handler relayed (a realtime session)."""
+        return await self._settle(exchange, prepared, reading, status, aborted)
+
     async def _settle(
         self,
         exchange: Exchange,

@@ -12,7 +12,7 @@ import json
 
 from aiohttp import web
 
-from tests.support.fakevllm.audio import AudioAPI
+from tests.support.fakevllm.audio import AudioAPI, RealtimeAPI
 from tests.support.fakevllm.base import VLLM_KEEP_ALIVE, FakeState, dumps, error
 from tests.support.fakevllm.discovery import DiscoveryAPI
 from tests.support.fakevllm.generation import GenerationAPI
@@ -22,7 +22,7 @@ from tests.support.fakevllm.scoring import RECEIVED, RERANK_PATHS, SCORE_PATHS, 
 __all__ = ["VLLM_KEEP_ALIVE", "FakeState", "FakeVLLM", "dumps", "error"]
 
 
-class FakeVLLM(ScoringAPI, EmbeddingsAPI, GenerationAPI, AudioAPI, DiscoveryAPI):
+class FakeVLLM(ScoringAPI, EmbeddingsAPI, GenerationAPI, AudioAPI, RealtimeAPI, DiscoveryAPI):
     """Knobs: version, family, delays and faults are plain attributes tests may change."""
 
     def app(self) -> web.Application:
@@ -31,6 +31,7 @@ class FakeVLLM(ScoringAPI, EmbeddingsAPI, GenerationAPI, AudioAPI, DiscoveryAPI)
         app.router.add_get("/v1/models", self.handle_models)
         app.router.add_get("/openapi.json", self.handle_openapi)
         app.router.add_get("/health", self.handle_health)
+        app.router.add_get("/v1/realtime", self.handle_realtime)
         posted = {path: self.handle_scoring for path in (*SCORE_PATHS, *RERANK_PATHS)}
         posted["/invocations"] = self.handle_invocations
         posted["/v1/embeddings"] = self.handle_embeddings

@@ -9,7 +9,9 @@ is a WAV file whose length is its duration (vLLM decodes it; the fake reads the 
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
+import json
 import math
 import wave
 from dataclasses import dataclass
@@ -17,7 +19,7 @@ from email.parser import BytesParser
 from email.policy import HTTP
 from typing import Any
 
-from aiohttp import web
+from aiohttp import WSMsgType, web
 from multidict import CIMultiDict
 from pydantic import TypeAdapter, ValidationError
 
@@ -171,3 +173,88 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+
+
+# Realtime (``speech_to_text/realtime/connection.py``, 0.20.2 to 0.32.0): PCM16 at 16 kHz,
+# appended base64; the fake's engine reads one audio token per 80 ms (1280 samples).
+SAMPLES_PER_AUDIO_TOKEN = 1280
+
+
+class RealtimeAPI(FakeState):
+    """``GET /v1/realtime``: vLLM's ``RealtimeConnection`` event for event."""
+
+    async def handle_realtime(self, request: web.Request) -> web.StreamResponse:
+        found = tuple(int(x) for x in self.version.split(".")[:2])
+        if found < (0, 20):
+            return error(404, "Not Found", "Not Found")
+        ws = web.WebSocketResponse()
+        if not ws.can_prepare(request).ok:
+            return error(404, "Not Found", "Not Found")
+        await ws.prepare(request)
+        await ws.send_str(json.dumps({"type": "session.created", "id": "sess-1", "created": 1}))
+        session = _Session()
+        async for message in ws:
+            if message.type is not WSMsgType.TEXT:
+                break
+            try:
+                event = json.loads(message.data)
+            except ValueError:
+                await _send_error(ws, "Invalid JSON", "invalid_json")
+                continue
+            await self._realtime_event(ws, session, event)
+        return ws
+
+    async def _realtime_event(
+        self, ws: web.WebSocketResponse, session: _Session, event: dict[str, Any]
+    ) -> None:
+        kind = event.get("type")
+        if kind == "session.update":
+            model = event.get("model")
+            if model is None:
+                await _send_error(ws, "Missing required field: model", "invalid_event")
+            elif model not in self.names:
+                await _send_error(ws, f"The model `{model}` does not exist.", "model_not_found")
+            else:
+                session.validated = True
+        elif kind == "input_audio_buffer.append":
+            try:
+                session.samples += len(base64.b64decode(event["audio"], validate=True)) // 2
+            except (KeyError, ValueError):
+                await _send_error(ws, "Invalid audio data", "invalid_audio")
+        elif kind == "input_audio_buffer.commit":
+            if not session.validated:
+                message = (
+                    "Model not validated. Make sure to validate the model by sending a "
+                    "session.update event."
+                )
+                await _send_error(ws, message, "model_not_validated")
+            elif not event.get("final"):
+                session.generating = True
+            elif session.generating:
+                await self._transcribe(ws, session)
+        else:
+            await _send_error(ws, f"Unknown event type: {kind}", "unknown_event")
+
+    async def _transcribe(self, ws: web.WebSocketResponse, session: _Session) -> None:
+        """The generation the final commit completes: deltas, then the usage."""
+        prompt = session.samples // SAMPLES_PER_AUDIO_TOKEN + AUDIO_PROMPT
+        self.prompt_tokens_total += prompt
+        self.generation_tokens_total += self.chunks
+        for i in range(self.chunks):
+            await ws.send_str(json.dumps({"type": "transcription.delta", "delta": f"t{i}"}))
+            await asyncio.sleep(self.delay)
+        usage = _usage(prompt, self.chunks)
+        text = "".join(f"t{i}" for i in range(self.chunks))
+        await ws.send_str(json.dumps({"type": "transcription.done", "text": text, "usage": usage}))
+        session.generating, session.samples = False, 0
+
+
+@dataclass
+class _Session:
+    validated: bool = False
+    generating: bool = False
+    samples: int = 0
+
+
+async def _send_error(ws: web.WebSocketResponse, message: str, code: str) -> None:
+    await ws.send_str(json.dumps({"type": "error", "error": message, "code": code}))
