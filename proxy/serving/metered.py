@@ -345,8 +345,9 @@ class MeteredRelay:
         status: int,
         aborted: bool = False,
     ) -> dict[str, str]:
-        """Record one metered exchange that another handler relayed (a realtime session)."""
-        return await self._settle(exchange, prepared, reading, status, aborted)
+        """Record one metered session that another handler relayed (realtime), once it
+        ended: ``aborted`` says whether its client cut it short."""
+        return await self._settle(exchange, prepared, reading, status, aborted, ended=True)
 
     async def _settle(
         self,
@@ -355,11 +356,16 @@ class MeteredRelay:
         reading: Reading,
         status: int,
         aborted: bool = False,
+        *,
+        ended: bool = False,
     ) -> dict[str, str]:
-        """Record and journal one metered exchange; the headers its answer carries."""
+        """Record and journal one metered exchange; the headers its answer carries. Unless
+        the exchange has ``ended`` (a session, whose client always closes it), a client
+        whose connection is closing left before its answer: aborted."""
         model = self._catalog.model_name(prepared.model)
         path, transport = exchange.path, exchange.request.transport
-        aborted = aborted or transport is None or transport.is_closing()
+        if not ended:
+            aborted = aborted or transport is None or transport.is_closing()
         if reading.problem:
             self._metrics.invalid_usage.labels(path).inc()
             log.warning("invalid_usage", path=path, problem=reading.problem)

@@ -44,6 +44,14 @@ HANDSHAKE = frozenset({"sec-websocket-key", "sec-websocket-version", "sec-websoc
 Settle = Callable[[Exchange, Prepared, Reading, int, bool], Awaitable[dict[str, str]]]
 
 
+class Refused(Exception):
+    """The upstream answered the upgrade with another status (its own refusal)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class RealtimeRelay:
     """The handler of ``/v1/realtime`` sessions."""
 
@@ -71,8 +79,8 @@ class RealtimeRelay:
                 return refusal
         try:
             up = await self._connect(request)
-        except aiohttp.WSServerHandshakeError as exc:
-            return error_response(exc.status, f"the upstream refused the session: {exc.message}")
+        except Refused as exc:
+            return error_response(exc.status, f"the upstream refused the session: {exc}")
         except UpstreamError as exc:
             return upstream_failure(self._metrics, exc)
         usage = SessionUsage()
@@ -86,7 +94,8 @@ class RealtimeRelay:
             Reading(None, None, problem) if problem else Reading(usage.prompt, usage.completion)
         )
         prepared = Prepared(b"", exchange.route.operation, usage.model)
-        await self._settle(exchange, prepared, reading, 101, client_left)
+        # a client ends every session: aborted is one it cut short of its usage
+        await self._settle(exchange, prepared, reading, 101, client_left and bool(problem))
         return down
 
     async def _connect(self, request: web.Request) -> aiohttp.ClientWebSocketResponse:
@@ -95,9 +104,12 @@ class RealtimeRelay:
             headers.popall(name, None)
         url = URL(self._base + request[TARGET].sent, encoded=True)
         with translated(request[TARGET].path):
-            return await request.app[SESSION].ws_connect(
-                url, headers=headers, max_msg_size=MAX_MESSAGE_BYTES, autoping=True
-            )
+            try:
+                return await request.app[SESSION].ws_connect(
+                    url, headers=headers, max_msg_size=MAX_MESSAGE_BYTES, autoping=True
+                )
+            except aiohttp.WSServerHandshakeError as exc:  # vLLM's answer, not a failure
+                raise Refused(exc.status, exc.message) from exc
 
 
 async def _relay(

@@ -88,6 +88,7 @@ async def test_a_session_is_billed_its_transcription_usage(realtime: Any) -> Non
     )
     assert (record.model, record.verdict, record.status) == ("minilm", "reported", 101)
     assert (record.prompt_tokens_billed, record.completion_tokens_billed) == (prompt, 3)
+    assert not record.aborted  # a client ends every session: only one cut short is aborted
     assert fake.prompt_tokens_total == prompt
 
 
@@ -182,3 +183,13 @@ async def test_sessions_are_admitted_on_request_limits_and_settle_at_their_token
     with pytest.raises(aiohttp.WSServerHandshakeError) as caught:
         await client.ws_connect("/v1/realtime", headers=acme)
     assert caught.value.status == 429
+
+
+async def test_a_release_without_realtime_answers_its_own_404(exporting: Any) -> None:
+    """vLLM before 0.20 has no /v1/realtime: its 404 reaches the client as the refused
+    upgrade's status, and no session is recorded."""
+    _, client, journal, _ = await exporting({"acme": "sk-acme"}, version="0.15.1")
+    with pytest.raises(aiohttp.WSServerHandshakeError) as caught:
+        await client.ws_connect("/v1/realtime", headers=ACME)
+    assert caught.value.status == 404
+    assert journal_records(journal) == []
