@@ -116,8 +116,8 @@ async def _relay(
     down: web.WebSocketResponse, up: aiohttp.ClientWebSocketResponse, usage: SessionUsage
 ) -> bool:
     """Both directions until either side closes; whether the client closed first."""
-    to_upstream = asyncio.create_task(_pump(down, up, usage.from_client))
-    to_client = asyncio.create_task(_pump(up, down, usage.from_server))
+    to_upstream = asyncio.create_task(pump(down, up, usage.from_client))
+    to_client = asyncio.create_task(pump(up, down, usage.from_server))
     done, _ = await asyncio.wait({to_upstream, to_client}, return_when=asyncio.FIRST_COMPLETED)
     client_first = to_upstream in done
     if client_first:
@@ -128,7 +128,7 @@ async def _relay(
     return client_first
 
 
-async def _pump(
+async def pump(
     source: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
     sink: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
     note: Callable[[str], None],

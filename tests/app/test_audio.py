@@ -285,3 +285,21 @@ async def test_audio_is_admitted_on_request_limits_and_settles_at_its_tokens(
     assert resp.status == 429
     seconds = [r.units.audio_seconds for r in journal_records(tmp_path / "journal.sqlite")]
     assert seconds == [3, None]
+
+
+@pytest.mark.parametrize(
+    ("version", "response_format", "status"),
+    [("0.10.2", "diarized_json", 400), ("0.29.0", "diarized_json", 200), ("0.10.2", "text", 200)],
+)
+async def test_each_release_answers_the_formats_it_serves(
+    exporting: Any, version: str, response_format: str, status: int
+) -> None:
+    """A format the release refuses is vLLM's 400 (nothing recorded); one it serves is
+    billed in seconds (diarized_json from 0.29, text as JSON with its usage)."""
+    _, client, journal, _ = await exporting({"acme": "sk-acme"}, version=version)
+    data = form(response_format=response_format)
+    resp = await client.post(TRANSCRIPTIONS, data=data, headers=ACME)
+    assert resp.status == status
+    assert [r.units.audio_seconds for r in journal_records(journal)] == (
+        [3] if status == 200 else []
+    )

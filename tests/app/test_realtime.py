@@ -193,3 +193,33 @@ async def test_a_release_without_realtime_answers_its_own_404(exporting: Any) ->
         await client.ws_connect("/v1/realtime", headers=ACME)
     assert caught.value.status == 404
     assert journal_records(journal) == []
+
+
+async def test_a_side_that_does_not_read_holds_back_the_other() -> None:
+    """Back-pressure: the relay reads its next message only once the last one was sent
+    on, so a sink that does not take it stops the reading (nothing queues in the proxy)."""
+    from aiohttp import WSMessage, WSMsgType
+
+    from proxy.serving.realtime import pump
+
+    taken = 0
+
+    class Source:
+        def __aiter__(self) -> Source:
+            return self
+
+        async def __anext__(self) -> WSMessage:
+            nonlocal taken
+            taken += 1
+            return WSMessage(WSMsgType.TEXT, "x" * 1024, None)
+
+    class Stalled:
+        async def send_str(self, data: str) -> None:
+            await asyncio.Event().wait()  # a peer that never reads
+
+    task = asyncio.create_task(pump(Source(), Stalled(), lambda _: None))  # type: ignore[arg-type]
+    await asyncio.sleep(0.1)
+    assert taken == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

@@ -1,5 +1,6 @@
 """Speech to text: ``/v1/audio/transcriptions`` and ``/translations`` as vLLM serves them
-(``entrypoints/speech_to_text``, 0.10.2 to 0.32.0; 0.8.5 for transcriptions alone).
+(``entrypoints/speech_to_text``, 0.10.2 to 0.32.0; 0.8.5 for transcriptions alone), and the
+``/v1/realtime`` WebSocket (0.20.2 to 0.32.0).
 
 The form is read by the standard library's MIME parser (not the proxy's), as FastAPI fills
 a ``Form()`` model: each field's last value, an empty one as absent, booleans in lax mode. The audio
@@ -29,7 +30,6 @@ LAX_BOOL: TypeAdapter[bool] = TypeAdapter(bool)
 # A streamed transcription's prompt: Whisper's decoder prompt (<|startoftranscript|>,
 # language, task, <|notimestamps|>); the audio itself is encoder input, not prompt tokens.
 AUDIO_PROMPT = 4
-FORMATS = ("json", "text", "srt", "verbose_json", "vtt", "diarized_json")
 
 
 def wav(seconds: float, rate: int = 16000) -> bytes:
@@ -88,6 +88,19 @@ class AudioAPI(FakeState):
             return error(404, "Not Found", "Not Found")
         return await self._speech_to_text(request, "translation")
 
+    def _formats(self) -> tuple[tuple[str, ...], str]:
+        """The response formats each release accepts, and its refusal of the others."""
+        if self._since(0, 29):
+            return ("text", "json", "verbose_json", "diarized_json"), (
+                "Currently only support response_format: "
+                "`text`, `json`, `verbose_json` or `diarized_json`"
+            )
+        if self._since(0, 15):
+            return ("text", "json", "verbose_json"), (
+                "Currently only support response_format: `text`, `json` or `verbose_json`"
+            )
+        return ("text", "json"), "Currently only support response_format `text` or `json`"
+
     def _since(self, major: int, minor: int) -> bool:
         found = tuple(int(x) for x in self.version.split(".")[:2])
         return found >= (major, minor)
@@ -111,11 +124,8 @@ class AudioAPI(FakeState):
         except ValidationError:
             return error(400, "1 validation error:\n  stream: not a boolean", "Bad Request")
         response_format = _last(form, "response_format") or "json"
-        if response_format not in ("text", "json", "verbose_json", "diarized_json"):
-            message = (
-                "Currently only support response_format: "
-                "`text`, `json`, `verbose_json` or `diarized_json`"
-            )
+        formats, message = self._formats()
+        if response_format not in formats:
             return error(400, message, "BadRequestError")
         if response_format in ("verbose_json", "diarized_json") and stream:
             message = f"{response_format} format doesn't support streaming case"
@@ -140,7 +150,18 @@ class AudioAPI(FakeState):
             return {"duration": duration, "language": "en", "text": text, "segments": []}
         if task == "translation" or not self._since(0, 10):
             return {"text": text}
-        return {"text": text, "usage": {"type": "duration", "seconds": math.ceil(duration)}}
+        usage = {"type": "duration", "seconds": math.ceil(duration)}
+        if response_format == "diarized_json":  # TranscriptionResponseDiarized
+            segment = {"type": "transcript.text.segment", "id": "seg_0", "start": 0.0}
+            segment.update(end=duration, text=text, speaker="A")
+            return {
+                "task": "transcribe",
+                "duration": duration,
+                "text": text,
+                "segments": [segment],
+                "usage": usage,
+            }
+        return {"text": text, "usage": usage}
 
     async def _stream(
         self, request: web.Request, task: str, model: str, include: bool, continuous: bool
