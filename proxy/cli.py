@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
+import yaml
 from pydantic import ValidationError
 from pydantic_settings import CliSettingsSource
 
@@ -28,8 +29,12 @@ from proxy.ledger.journal_files import (
     requeue_dead_letters,
 )
 from proxy.ledger.records import UsageRecord
-from proxy.ledger.report import GROUPS, aggregate
+from proxy.ledger.report import GROUPS, BudgetRow, aggregate
 from proxy.ledger.report_formats import FORMATS
+from proxy.limits.budgets import budget_use
+from proxy.limits.limiter import Cost, Usage, Who
+from proxy.limits.periods import earliest_start
+from proxy.limits.policy import Policies, load_policies
 from proxy.settings import (
     ENV_PREFIX,
     FILE_ONLY,
@@ -312,6 +317,15 @@ def _add_report(commands: Any) -> None:
     )
     report.add_argument("--format", choices=sorted(FORMATS), default="table")
     report.add_argument("--output", type=Path, help="write here instead of stdout")
+    report.add_argument(
+        "--limits",
+        type=Path,
+        metavar="FILE",
+        help="the proxy's limits file: add each budget's use in its period holding the "
+        "report's end (table, JSON and HTML; the CSV keeps its detail rows only). Read from "
+        "one replica's journal, a budget shows what that replica billed; from the ledger, what "
+        "every replica billed",
+    )
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -325,21 +339,67 @@ def run_report(args: argparse.Namespace) -> int:
     unknown = [g for g in groups if g not in GROUPS]
     if unknown or not groups:
         raise ValueError(f"--group-by takes {', '.join(GROUPS)}; not {', '.join(unknown)}")
-    if args.ledger_dsn:
-        from proxy.ledger.sinks.postgres import read_ledger  # asyncpg only when asked
-
-        records = asyncio.run(read_ledger(args.ledger_dsn, since, until))
-    else:
-        path = _journal_path(args)
-        records = [UsageRecord.from_json(b) for b in read_journal(path, since, until)]
+    policies = _policies(args.limits) if args.limits else None
+    records = _records(args, since, until)
     generated = datetime.now(UTC).isoformat(timespec="seconds")
     report = aggregate(records, group_by=groups, since=since, until=until, generated_at=generated)
+    if policies is not None:
+        report.budgets = _budgets(args, policies, until)
     text = FORMATS[args.format](report)
     if args.output:
         args.output.write_text(text, encoding="utf-8")
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _policies(path: Path) -> Policies:
+    try:
+        return load_policies(path)
+    except (UnicodeDecodeError, yaml.YAMLError, ValidationError) as exc:
+        raise ValueError(f"--limits {path} is not a valid limits file: {exc}") from None
+
+
+def _records(args: argparse.Namespace, since: str | None, until: str | None) -> list[UsageRecord]:
+    if args.ledger_dsn:
+        from proxy.ledger.sinks.postgres import read_ledger  # asyncpg only when asked
+
+        return asyncio.run(read_ledger(args.ledger_dsn, since, until))
+    path = _journal_path(args)
+    return [UsageRecord.from_json(b) for b in read_journal(path, since, until)]
+
+
+def _budgets(
+    args: argparse.Namespace, policies: Policies, until: str | None
+) -> tuple[BudgetRow, ...]:
+    """Each budget's use in its period holding the report's end (just before ``--until``,
+    else now), from the records of the oldest such period on."""
+    end = datetime.fromisoformat(until).timestamp() if until else datetime.now(UTC).timestamp()
+    at = end - 0.001  # --until is exclusive
+    start = datetime.fromtimestamp(earliest_start(at, policies.zone), UTC).isoformat()
+    history = [
+        Usage(
+            Who(r.tenant, r.model, r.key_hash),
+            r.time.timestamp(),
+            Cost(r.prompt_tokens_billed or 0, r.completion_tokens_billed or 0),
+        )
+        for r in _records(args, start, until)
+    ]
+
+    def local(moment: float) -> str:
+        return datetime.fromtimestamp(moment, policies.zone).isoformat(timespec="minutes")
+
+    return tuple(
+        BudgetRow(
+            " / ".join([u.scope[1], *([f"{u.scope[0]} {u.scope[2]}"] if len(u.scope) > 2 else [])]),
+            u.budget,
+            local(u.start),
+            local(u.end),
+            u.used,
+            u.amount,
+        )
+        for u in budget_use(policies, history, at)
+    )
 
 
 TIME_HELP = "ISO 8601 date or time, UTC unless a zone is given; or today, yesterday, 7d, 12h"
@@ -367,12 +427,20 @@ def _iso(value: str | None, now: datetime | None = None) -> str | None:
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).astimezone(UTC).isoformat()
 
 
-def _format_errors(exc: ValidationError) -> str:
+def _format_errors(exc: ValidationError, config: Path | None) -> str:
+    """One line per refused value, naming every place it can be set."""
     lines = ["invalid configuration:"]
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "settings"
-        flag = "--" + where.replace("_", "-")
-        lines.append(f"  {flag} ({ENV_PREFIX}{where.upper()}): {err['msg']}")
+        name = err["loc"][0] if err["loc"] else where
+        if err["type"] == "extra_forbidden":
+            origin = f"`{where}` in {config}" if config else f"`{where}`"
+            lines.append(f"  {origin} is not a setting (usage-proxy serve --help lists them)")
+            continue
+        places = [] if name in FILE_ONLY else ["--" + str(name).replace("_", "-")]
+        places.append(f"{ENV_PREFIX}{str(name).upper()}")
+        listed = ", ".join(places) + (f" or `{where}` in {config}" if config else "")
+        lines.append(f"  {listed}: {err['msg']}")
     return "\n".join(lines)
 
 
@@ -394,7 +462,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings({}, args.config, flags=flags(parsed_args=args))
     except ValidationError as exc:
-        print(f"usage-proxy: {_format_errors(exc)}", file=sys.stderr)
+        print(f"usage-proxy: {_format_errors(exc, args.config)}", file=sys.stderr)
         return 2
     except ValueError as exc:
         print(f"usage-proxy: {exc}", file=sys.stderr)

@@ -185,6 +185,39 @@ def _when(moment: datetime | None) -> str | None:
     return moment.isoformat(timespec="seconds") if moment else None
 
 
+@dataclass(frozen=True, slots=True)
+class BudgetRow:
+    """One budget of a limits file in the period holding the report's end (worked out by
+    ``proxy.limits.budgets`` and handed in by the command: the ledger knows no policies)."""
+
+    scope: str  # "acme", "acme / model big", "acme / key 3f2a9c01b7d4"
+    budget: str  # the limit's name: prompt_tokens_per_month
+    period_start: str  # ISO 8601, in the limits file's time zone
+    period_end: str
+    used: int
+    amount: int
+
+    @property
+    def remaining(self) -> int:
+        return max(self.amount - self.used, 0)
+
+    @property
+    def percent(self) -> float:
+        return round(100 * self.used / self.amount, 2)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "scope": self.scope,
+            "budget": self.budget,
+            "period_start": self.period_start,
+            "period_end": self.period_end,
+            "used": self.used,
+            "amount": self.amount,
+            "remaining": self.remaining,
+            "used_percent": self.percent,
+        }
+
+
 @dataclass
 class Report:
     group_by: tuple[str, ...]
@@ -194,6 +227,7 @@ class Report:
     since: str | None
     until: str | None
     generated_at: str
+    budgets: tuple[BudgetRow, ...] = ()  # with ``--limits``: each budget's period so far
 
     @property
     def first_record(self) -> str | None:

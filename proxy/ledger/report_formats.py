@@ -1,8 +1,9 @@
 """The report's formats: a text table, CSV, JSON and a self-contained HTML page.
 
 The CSV holds the detail rows only (no subtotal or total row), one column per figure and
-per verdict, so a spreadsheet's sums are the totals. The HTML page is rendered by an
-autoescaping jinja2 template (``templates/report.html.j2``).
+per verdict, so a spreadsheet's sums are the totals; a name that would start a formula is
+written with a leading apostrophe. The text table shows control characters escaped. The
+HTML page is rendered by an autoescaping jinja2 template (``templates/report.html.j2``).
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ import json
 
 import jinja2
 
-from proxy.ledger.report import COLUMNS, UNPROVEN, Report, Row
+from proxy.ledger.report import COLUMNS, UNPROVEN, BudgetRow, Report, Row
 
 TITLES = {"tenant": "Tenant", "model": "Model", "operation": "Operation", "day": "Day (UTC)"}
 SHORT = 32
+# A cell that starts with one of these is a formula to a spreadsheet (OWASP, CSV injection).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 _TEMPLATES = jinja2.Environment(
     loader=jinja2.PackageLoader("proxy.ledger", "templates"),
@@ -37,7 +40,15 @@ def _number(row: Row, name: str) -> str:
 
 
 def _short(text: str) -> str:
+    """A name for the terminal: control characters escaped (no name moves the cursor or
+    forges a row), then shortened."""
+    text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
     return text if len(text) <= SHORT else text[: SHORT - 1] + "…"
+
+
+def _text_cell(text: str) -> str:
+    """A name for a spreadsheet: one that would start a formula gets a leading apostrophe."""
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
 
 
 def _lines(report: Report) -> list[tuple[str, Row]]:
@@ -88,11 +99,36 @@ def as_table(report: Report) -> str:
             rule,
             lines[-1],
             "",
+            *_budget_table(report.budgets),
             "Columns:",
             *legend,
             "",
         ]
     )
+
+
+BUDGET_TITLES = ("Scope", "Budget", "Period", "Used", "Limit", "Left", "Used %")
+
+
+def _budget_cells(b: BudgetRow) -> list[str]:
+    period = f"{b.period_start} to {b.period_end}"
+    numbers = [f"{b.used:,}", f"{b.amount:,}", f"{b.remaining:,}", f"{b.percent:.2f}"]
+    return [_short(b.scope), b.budget, period, *numbers]
+
+
+def _budget_table(budgets: tuple[BudgetRow, ...]) -> list[str]:
+    """The budget section: each budget's use in its period (local times of the limits
+    file's zone), or nothing without ``--limits``."""
+    if not budgets:
+        return []
+    cells = [list(BUDGET_TITLES), *(_budget_cells(b) for b in budgets)]
+    width = [max(len(c[i]) for c in cells) for i in range(len(BUDGET_TITLES))]
+    lines = [
+        "  ".join(c[i].ljust(width[i]) if i < 3 else c[i].rjust(width[i]) for i in range(len(c)))
+        for c in cells
+    ]
+    rule = "  ".join("-" * w for w in width)
+    return ["Budgets (their periods holding the report's end):", lines[0], rule, *lines[1:], ""]
 
 
 def csv_columns(report: Report) -> list[str]:
@@ -112,13 +148,13 @@ def csv_columns(report: Report) -> list[str]:
 
 def as_csv(report: Report) -> str:
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
+    writer = csv.writer(out, lineterminator="\r\n")  # RFC 4180; also quotes a bare CR
     writer.writerow(csv_columns(report))
     for row in report.rows:
         values = row.as_dict()
         writer.writerow(
             [
-                *(row.keys[g] for g in report.group_by),
+                *(_text_cell(row.keys[g]) for g in report.group_by),
                 *(values[c.name] for c in COLUMNS),
                 *(row.verdicts.get(v, 0) for v in report.verdicts),
                 values["first_record"],
@@ -143,6 +179,7 @@ def as_json(report: Report) -> str:
         "rows": [r.as_dict() for r in report.rows],
         "subtotals": [r.as_dict() for r in report.subtotals],
         "totals": report.totals.as_dict(),
+        "budgets": [b.as_dict() for b in report.budgets],
     }
     return json.dumps(body, indent=2) + "\n"
 
@@ -187,6 +224,8 @@ def as_html(report: Report, title: str = "vllm-usage-proxy: usage report") -> st
         short=_short,
         verdicts=_verdicts,
         chart=_chart(report),
+        budget_titles=BUDGET_TITLES,
+        budget_cells=_budget_cells,
         unproven=", ".join(sorted(UNPROVEN)),
     )
 

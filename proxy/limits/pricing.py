@@ -29,6 +29,13 @@ GENERATION = frozenset({"chat", "completions", "responses", "messages", "generat
 # Members that carry a completion's cap, by endpoint family (vLLM's request models).
 COMPLETION_CAPS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 MEDIA = (b"image", b"audio", b"video")
+UNCAPPED = "no completion cap: what the context leaves"
+# What a request the proxy cannot price reserves: a token of each kind, so a spent budget
+# refuses it while a budget with room admits it (it settles to what its record bills).
+UNPRICED = Cost(1, 1)
+# A structured decision's read generates at most two tokens (vLLM 0.32.0, strategies.py:
+# max_tokens=1, the diffusion canvas 2).
+DECISION_REPLY = 2
 _LAX_INT: TypeAdapter[int] = TypeAdapter(int)
 
 
@@ -39,6 +46,8 @@ class Price:
     cost: Cost
     rule: str
     exact: bool = False
+    # A generation without max_tokens: its completion is priced at what the context leaves.
+    uncapped: bool = False
 
 
 def price_scoring(analysis: Analysis | None) -> Price:
@@ -48,7 +57,7 @@ def price_scoring(analysis: Analysis | None) -> Price:
     request = analysis.request if analysis else None
     model = analysis.model if analysis else None
     if request is None or model is None or model.max_model_len <= 0:
-        return Price(Cost(0), "unpriced: the request could not be read")
+        return Price(UNPRICED, "unpriced: the request could not be read")
     sequences = len(request.queries) + len(request.documents)
     return Price(Cost(sequences * model.max_model_len), "bound: every sequence at the context")
 
@@ -62,13 +71,28 @@ def price_metered(
     except ValueError:
         payload = None
     if not isinstance(payload, dict) or model is None or model.max_model_len <= 0:
-        return Price(Cost(0), "unpriced: unknown model or unreadable body")
+        return Price(UNPRICED, "unpriced: unknown model or unreadable body")
     context = model.max_model_len
     if operation in POOLING:
         return _pooling(payload, context, tokenizer)
     if operation in GENERATION:
         return _generation(operation, payload, body, context)
-    return Price(Cost(0), f"unpriced: {operation}")
+    if operation == "decisions":
+        return _decisions(payload, body, context)
+    return Price(UNPRICED, f"unpriced: {operation}")
+
+
+def _decisions(payload: dict[str, Any], body: bytes, context: int) -> Price:
+    """Structured decisions (``/v1/systemone``): at most one engine request per question
+    (``ReadStrategy.num_requests``), each a prompt within the context that holds the state,
+    the instructions and the question (at most one token per byte of the body, as a chat),
+    and a reply of at most ``DECISION_REPLY`` tokens."""
+    questions = payload.get("questions")
+    reads = len(questions) if isinstance(questions, dict) else 0
+    if reads == 0:  # vLLM refuses it (400)
+        return Price(UNPRICED, "unpriced: a decision with no questions")
+    each = context if any(m in body for m in MEDIA) else min(len(body), context)
+    return Price(Cost(each * reads, DECISION_REPLY * reads), "bound: one read per question")
 
 
 def _pooling(payload: dict[str, Any], context: int, tokenizer: Tokenizer | None) -> Price:
@@ -115,6 +139,8 @@ def _generation(operation: str, payload: dict[str, Any], body: bytes, context: i
     if not exact:  # vLLM refuses a prompt that leaves no room for max_tokens
         prompt = min(prompt, max(context - completion, 1) * count)
     rule = "prompt ids" if exact else "prompt bound"
+    if cap is None:
+        return Price(Cost(prompt, completion * choices), f"{rule} + {UNCAPPED}", uncapped=True)
     return Price(Cost(prompt, completion * choices), f"{rule} + completion cap")
 
 

@@ -146,10 +146,17 @@ class Admission:
                 "please try again later.",
             )
         if refusal.alone:
+            why = (
+                " It sets no completion cap, so its completion is priced at what the "
+                "model's context leaves; set max_tokens (max_completion_tokens, "
+                "max_output_tokens) to bound it."
+                if price.uncapped
+                else ""
+            )
             return error_response(
                 400,
                 f"This request alone costs {refusal.cost}, more than the whole {where} "
-                f"({refusal.amount}): it can never be admitted; reduce it.",
+                f"({refusal.amount}): it can never be admitted; reduce it.{why}",
             )
         kind = "requests" if refusal.limit.startswith(("requests", "concurrency")) else "tokens"
         body = {

@@ -72,7 +72,7 @@ class RealtimeRelay:
         down = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, autoping=True)
         if not down.can_prepare(request).ok:  # Starlette routes a plain GET nowhere
             return error_response(404, "Not Found")
-        if self._admission is not None:  # nothing priced: its request limits, settled later
+        if self._admission is not None:  # unpriced: its request limits, settled at its end
             opening = Prepared(b"", exchange.route.operation, None)
             refusal = await self._admission.admit_metered(exchange, opening)
             if refusal is not None:

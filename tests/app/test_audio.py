@@ -255,9 +255,10 @@ async def test_a_long_recording_is_relayed_whole(audio: Any) -> None:
 async def test_audio_is_admitted_on_request_limits_and_settles_at_its_tokens(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
 ) -> None:
-    """With a token budget and a request rate: audio reserves nothing before forwarding
-    (seconds cannot be priced in tokens), a whole transcription settles at zero tokens, a
-    stream at its prompt and completion tokens, and the request rate refuses the third."""
+    """With a token budget and a request rate: audio is unpriced before forwarding
+    (seconds cannot be priced in tokens: a token of each kind is held), a whole
+    transcription settles at zero tokens, a stream at its prompt and completion tokens,
+    and the request rate refuses the third."""
     limits = tmp_path / "limits.yaml"
     policy = {"total_tokens_per_day": 100, "requests_per_minute": 2}
     limits.write_text(yaml.safe_dump({"tenants": {"acme": policy}}))

@@ -311,6 +311,63 @@ async def test_spent_budget_and_oversized_request(
     assert huge.headers["x-should-retry"] == "false"
 
 
+async def test_an_uncapped_chat_over_a_small_limit_is_told_to_set_max_tokens(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """A chat without a completion cap is priced at what the context leaves (the engine may
+    generate that much). Under a token limit smaller than the context the 400 says why and
+    what to do (set max_tokens); nothing is forwarded, and the same chat with a cap is
+    admitted."""
+    seen, count = reached()
+    _, client = await limited_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tmp_path,
+        {"tenants": {"acme": {"total_tokens_per_minute": 100}}},
+        middlewares=(count,),
+    )
+    chat: dict[str, Any] = {"messages": [{"role": "user", "content": "hi"}]}
+    uncapped = await client.post("/v1/chat/completions", json=chat, headers=ACME)
+    assert uncapped.status == 400
+    message = (await uncapped.json())["error"]["message"]
+    assert "sets no completion cap" in message
+    assert "max_tokens" in message
+    assert seen == []
+    capped = await client.post("/v1/chat/completions", json={**chat, "max_tokens": 8}, headers=ACME)
+    assert capped.status == 200
+    await capped.read()
+    assert seen == ["/v1/chat/completions"]
+
+
+async def test_a_spent_budget_refuses_what_the_proxy_cannot_price(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """A budget spent to its last token refuses a request the proxy cannot price exactly
+    (a model it does not know, a structured decision): each reserves at least a token, so
+    none reaches the engine and bills past the budget."""
+    seen, count = reached()
+    _, client = await limited_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tmp_path,
+        {"tenants": {"acme": {"prompt_tokens_per_month": 72}}},
+        middlewares=(count,),
+    )
+    texts = ["one more short text"] * 3  # 18 tokens: four times spends 72 exactly
+    for _ in range(4):
+        ok = await client.post("/v1/embeddings", json={"input": texts}, headers=ACME)
+        assert ok.status == 200
+    assert ok.headers["x-ratelimit-remaining-tokens"] == "0"
+    unknown = {"model": "not-served", "input": texts}
+    decision = {"state": "blue sky", "questions": {"a": {"type": "yes_no"}}}  # < 72 bytes
+    for path, payload in [("/v1/embeddings", unknown), ("/v1/systemone", decision)]:
+        refused = await client.post(path, json=payload, headers=ACME)
+        assert refused.status == 429, path
+    assert seen == ["/v1/embeddings"] * 4
+
+
 async def test_the_openai_client_waits_as_told_and_stops_on_a_spent_budget(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
 ) -> None:

@@ -153,9 +153,9 @@ async def test_a_plain_get_is_not_a_session(realtime: Any) -> None:
 async def test_sessions_are_admitted_on_request_limits_and_settle_at_their_tokens(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
 ) -> None:
-    """With a token budget and one request a minute: the first session is admitted with
-    nothing reserved and settles at its tokens when it ends; the second is refused 429
-    before any upgrade."""
+    """With a token budget and one request a minute: the first session is admitted
+    unpriced and settles at its tokens when it ends; the second is refused 429 before any
+    upgrade."""
     limits = tmp_path / "limits.yaml"
     policy = {"total_tokens_per_day": 1000, "requests_per_minute": 1}
     limits.write_text(yaml.safe_dump({"tenants": {"acme": policy}}))

@@ -144,3 +144,19 @@ def test_config_file_errors_name_the_file(
     assert err.startswith("usage-proxy: ")
     assert message in err
     assert str(path) in err
+
+
+def test_invalid_values_in_a_config_file_say_where_they_can_come_from(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A value the settings refuse names every place it can be set (flag, environment,
+    the config file); a key that is no setting says so, with the file, instead of
+    inventing a flag that does not exist; a value set only by env or file names no flag."""
+    path = tmp_path / "proxy.yaml"
+    path.write_text("port: abc\nnope: 1\ncache_salt_secret: 5\n")
+    assert main(["serve", "--upstream", "http://x", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"--port, USAGE_PROXY_PORT or `port` in {path}: Input should be a valid integer" in err
+    assert f"`nope` in {path} is not a setting (usage-proxy serve --help lists them)" in err
+    assert "--nope" not in err
+    assert "--cache-salt-secret" not in err

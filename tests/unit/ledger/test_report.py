@@ -281,3 +281,61 @@ def test_a_journal_holding_version_2_records_reads_on(
     totals = json.loads(run(capsys, *args))["totals"]
     assert (totals["requests"], totals["prompt_tokens_billed"]) == (4, 95)
     assert (totals["cached_prompt_tokens_billed"], totals["audio_seconds_billed"]) == (0, 0)
+
+
+def test_budget_section_with_the_limits_file(
+    journal_path: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Issue #38 "report shows budget use per tenant and period": with --limits, each
+    budget's use in its period holding the report's end, in the table, JSON and HTML;
+    the CSV keeps its detail rows only. a billed 77 prompt tokens in November (36+36+5),
+    b 18 on the 20th (its October record is another month); a month ending at --until is
+    November's."""
+    limits = tmp_path / "limits.yaml"
+    limits.write_text(
+        "tenants:\n  a: {prompt_tokens_per_month: 100, requests_per_minute: 5}\n"
+        "  b: {total_tokens_per_day: 20}\n"
+    )
+    base = ("--journal", str(journal_path), "--limits", str(limits), "--until", "2026-12-01")
+    data = json.loads(run(capsys, *base, "--since", "2026-11-01", "--format", "json"))
+    budgets = {(b["scope"], b["budget"]): b for b in data["budgets"]}
+    assert list(budgets) == [("a", "prompt_tokens_per_month"), ("b", "total_tokens_per_day")]
+    month = budgets["a", "prompt_tokens_per_month"]
+    assert (month["used"], month["remaining"], month["used_percent"]) == (77, 23, 77.0)
+    assert (month["period_start"], month["period_end"]) == (
+        "2026-11-01T00:00+00:00",
+        "2026-12-01T00:00+00:00",
+    )
+    assert budgets["b", "total_tokens_per_day"]["used"] == 0  # 30 November: no record
+    table = run(capsys, *base, "--format", "table")
+    assert "prompt_tokens_per_month" in table
+    assert "Budgets" in table
+    assert "Budgets" in run(capsys, *base, "--format", "html")
+    assert "prompt_tokens_per_month" not in run(capsys, *base, "--format", "csv")
+    day = json.loads(
+        run(
+            capsys,
+            "--journal",
+            str(journal_path),
+            "--limits",
+            str(limits),
+            "--until",
+            "2026-11-20T13:00",
+            "--format",
+            "json",
+        )
+    )["budgets"][1]
+    assert (day["scope"], day["used"], day["remaining"]) == ("b", 18, 2)
+
+
+def test_a_bad_limits_file_is_one_clear_line(
+    journal_path: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A limits file that does not parse or validate exits 2 with its name, no traceback."""
+    bad = tmp_path / "limits.yaml"
+    for text in ("tenants: [", "tenants: {a: {tokens_per_year: 5}}"):
+        bad.write_text(text)
+        assert main(["report", "--journal", str(journal_path), "--limits", str(bad)]) == 2
+        err = capsys.readouterr().err
+        assert f"--limits {bad} is not a valid limits file" in err
+        assert "Traceback" not in err

@@ -98,3 +98,33 @@ def test_one_column_per_unit_in_every_format() -> None:
     assert (rows[0]["cached_prompt_tokens_billed"], rows[0]["audio_seconds_billed"]) == ("32", "16")
     assert "Audio s" in as_table(report)
     assert "Audio seconds billed" in as_html(report)
+
+
+def test_csv_never_starts_a_formula_from_a_name() -> None:
+    """A model or tenant name is text the client or operator chose: one that begins like a
+    spreadsheet formula (``=``, ``+``, ``-``, ``@``, tab, carriage return) is written with a
+    leading apostrophe, so opening the CSV in a spreadsheet never evaluates it (OWASP's CSV
+    injection rule); the figures stay plain numbers a spreadsheet can sum."""
+    names = ['=HYPERLINK("http://x")', "+1+1", "-2+3", "@SUM(A1)", "\tx", "\rx", "plain"]
+    records = [
+        UsageRecord(**{**rec(i, name, "/rerank", 57, 36).model_dump(), "model": name})
+        for i, name in enumerate(names)
+    ]
+    rows = list(csv.DictReader(io.StringIO(as_csv(aggregate(records)))))
+    assert {r["tenant"] for r in rows} == {"'" + n for n in names[:-1]} | {"plain"}
+    assert {r["model"] for r in rows} == {"'" + n for n in names[:-1]} | {"plain"}
+    assert {r["prompt_tokens_billed"] for r in rows} == {"36"}
+
+
+def test_table_shows_control_characters_as_escapes() -> None:
+    """A name with terminal control sequences (an ANSI escape, a newline) cannot rewrite the
+    operator's terminal or forge a row of the text table: they are shown escaped."""
+    name = "evil\x1b[2J\x1b[31mred\nforged-row\x07"
+    report = aggregate([rec(1, name, "/rerank", 57, 36)], group_by=["tenant"])
+    table = as_table(report)
+    assert "\x1b" not in table
+    assert "\x07" not in table
+    assert [line for line in table.splitlines() if "evil" in line or "forged" in line] == [
+        line for line in table.splitlines() if "evil" in line and "forged" in line
+    ]
+    assert "\\x1b" in table

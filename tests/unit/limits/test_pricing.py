@@ -64,11 +64,29 @@ def test_chat_is_bounded_by_its_bytes_and_the_context() -> None:
 
 
 def test_unknown_model_or_body_is_unpriced() -> None:
-    """Nothing to price by (vLLM answers 404 or 400): no tokens reserved, said so."""
+    """Nothing to price by (vLLM answers 404 or 400): one token of each kind reserved (so a
+    spent budget refuses it), said so."""
     price = price_metered("chat", b"[", MODEL, None)
-    assert (price.cost, price.rule.startswith("unpriced")) == (Cost(0), True)
-    assert price_metered("chat", b"{}", None, None).cost == Cost(0)
-    assert price_scoring(None).cost == Cost(0)
+    assert (price.cost, price.rule.startswith("unpriced")) == (Cost(1, 1), True)
+    assert price_metered("chat", b"{}", None, None).cost == Cost(1, 1)
+    assert price_scoring(None).cost == Cost(1, 1)
+
+
+def test_a_decision_is_bounded_per_question() -> None:
+    """A structured decision reads once per question at most, each read a prompt within the
+    context (one token per byte of the body at most) and a reply of at most two tokens; a
+    body naming an image reads each question at the whole context."""
+    decision = {
+        "state": "the sky is blue",
+        "questions": {"a": {"type": "yes_no"}, "b": {"type": "yes_no"}},
+    }
+    raw = body(decision)
+    assert price_metered("decisions", raw, MODEL, None).cost == Cost(2 * len(raw), 4)
+    seeing = body({**decision, "images": ["http://x/y.png"]})
+    assert price_metered("decisions", seeing, MODEL, None).cost == Cost(2 * 256, 4)
+    assert price_metered(
+        "decisions", body({"state": "x", "questions": {}}), MODEL, None
+    ).cost == Cost(1, 1)
 
 
 @pytest.mark.parametrize(
