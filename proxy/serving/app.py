@@ -38,8 +38,8 @@ from proxy.serving.metered import METERED, MeteredRelay
 from proxy.serving.relayed import Relay
 from proxy.serving.routing import Invocations, Router, guard
 from proxy.serving.sendwatch import SendWatch, send_watch_context
-from proxy.serving.sharedlimits import GuardedLimiter, build_shared_limiter, store_context
 from proxy.serving.shares import TenantShares
+from proxy.serving.storeguard import GuardedLimiter, build_shared_limiter, store_context
 from proxy.serving.unmetered import Unmetered
 from proxy.serving.upstream import SESSION, session_context
 from proxy.settings import CacheSalting, Durability, Settings
@@ -138,7 +138,7 @@ def add_limits(
     app.on_response_prepare.append(add_headers)
     app.cleanup_ctx.append(limits_file_context(app[LIMITSFILE]))
     if isinstance(admission.limiter, GuardedLimiter):
-        app.cleanup_ctx.append(store_context(admission.limiter, settings.limits_replicas))
+        app.cleanup_ctx.append(store_context(admission.limiter, journaled=journal is not None))
 
 
 def create_app(

@@ -1,0 +1,154 @@
+"""The guarded shared limiter on a real redis-server: while the store's budgets are being
+rebuilt (it was found empty) nothing is reserved on it and each tenant's fail mode
+decides, by this replica's share; usage billed without the store is contributed to it
+once; the store's password comes from the environment or a file."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from proxy.limits.limiter import Cost, Usage, Who
+from proxy.limits.policy import FailMode, Policies
+from proxy.serving.sharedlimits import RedisLimiter
+from proxy.serving.storeguard import GuardedLimiter, store_password
+from proxy.settings import Settings
+from tests.support.redisserver import Store
+
+ACME = Who("acme", "m", "k1")
+UPSTREAM = "http://127.0.0.1:8000"
+Make = Callable[..., GuardedLimiter]
+
+
+def policies(**tenant: object) -> Policies:
+    return Policies.model_validate({"tenants": {"acme": tenant}})
+
+
+@pytest.fixture
+async def make(redis_store: Store) -> AsyncIterator[Make]:
+    made: list[GuardedLimiter] = []
+
+    def build(pols: Policies, replica: str, **options: Any) -> GuardedLimiter:
+        shared = RedisLimiter(pols, Redis.from_url(redis_store.url), replica=replica, grace=60)
+        guarded = GuardedLimiter(shared, **{"timeout": 1.0, "fail_mode": FailMode.LOCAL, **options})
+        made.append(guarded)
+        return guarded
+
+    yield build
+    for guarded in made:
+        await guarded.close()
+
+
+async def billed_before(limiter: GuardedLimiter, prompt: int) -> None:
+    """The replica's journal holds ``prompt`` tokens billed this period."""
+    await limiter.restore([Usage(ACME, time.time() - 1, Cost(prompt, 0))], time.time())
+
+
+async def test_a_rebuilding_store_admits_by_the_local_share(make: Make) -> None:
+    """Three replicas that each billed 90 of a 300 budget, the store found empty: the first
+    to contribute is refused 20 more by its share (100), where the store, with its part
+    alone (90 of 300), would have admitted it; once all three have contributed the store
+    answers for the whole budget (30 left)."""
+    pols = policies(prompt_tokens_per_day=300)
+    replicas = [make(pols, f"r{i}", replicas=3) for i in range(3)]
+    await billed_before(replicas[0], 90)  # its journal read, it contributes
+    assert await replicas[0].contribute() is False
+    first = await replicas[0].reserve(ACME, Cost(20, 0), time.time())
+    assert first.refusal is not None
+    assert first.refusal.scope == ("tenant", "acme")
+    assert replicas[0].fail_admissions[FailMode.LOCAL] == 1
+    assert replicas[0].rebuilds == 1
+    assert not replicas[0].complete
+    await billed_before(replicas[1], 90)
+    assert await replicas[1].contribute() is False
+    await billed_before(replicas[2], 90)
+    assert await replicas[2].contribute() is True
+    whole = await replicas[0].reserve(ACME, Cost(20, 0), time.time())
+    assert whole.ticket is not None
+    assert whole.tokens is not None
+    assert whole.tokens.remaining == 10
+    assert replicas[0].fail_admissions[FailMode.LOCAL] == 1
+
+
+async def test_a_closed_tenant_is_refused_while_the_store_rebuilds(make: Make) -> None:
+    """A tenant whose limits fail closed gets a 503 refusal while the store's budgets are
+    incomplete, though the store answers."""
+    pols = Policies.model_validate(
+        {"tenants": {"acme": {"fail_mode": "closed", "prompt_tokens_per_day": 300}}}
+    )
+    limiter = make(pols, "r0", replicas=2)
+    await limiter.restore([], time.time())
+    decision = await limiter.reserve(ACME, Cost(1, 0), time.time())
+    assert decision.refusal is not None
+    assert decision.refusal.unavailable
+    assert limiter.fail_admissions[FailMode.CLOSED] == 1
+
+
+async def test_usage_billed_without_the_store_is_contributed_once(
+    make: Make, redis_store: Store
+) -> None:
+    """Admitted by the local share while the store is down, then settled: the store
+    started again empty is charged what the journal billed, the outage's record included,
+    once however often the replica contributes."""
+    pols = policies(prompt_tokens_per_day=300)
+    limiter = make(pols, "r0", replicas=1)
+    await billed_before(limiter, 40)
+    assert await limiter.contribute() is True
+    redis_store.kill()
+    decision = await limiter.reserve(ACME, Cost(25, 0), time.time())
+    assert decision.ticket is not None
+    assert limiter.errors
+    await limiter.settle(decision.ticket, Cost(25, 0), time.time())
+    assert limiter.dirty
+    redis_store.start()
+    limiter.breaker.open_until = 0.0
+    assert await limiter.contribute() is True
+    assert await limiter.contribute() is True
+    after = await limiter.reserve(ACME, Cost(0, 0), time.time())
+    assert after.tokens is not None
+    assert after.tokens.remaining == 300 - 65
+
+
+async def test_an_open_reservation_without_the_store_counts_in_the_rebuild(
+    make: Make, redis_store: Store
+) -> None:
+    """A request admitted without the store and still in flight when the store is rebuilt
+    is held in this replica's part, so the others cannot spend it meanwhile."""
+    pols = policies(prompt_tokens_per_day=300)
+    limiter = make(pols, "r0", replicas=1)
+    await limiter.restore([], time.time())
+    assert await limiter.contribute() is True
+    redis_store.kill()
+    decision = await limiter.reserve(ACME, Cost(50, 0), time.time())
+    assert decision.ticket is not None
+    redis_store.start()
+    limiter.breaker.open_until = 0.0
+    assert await limiter.contribute() is True
+    during = await limiter.reserve(ACME, Cost(0, 0), time.time())
+    assert during.tokens is not None
+    assert during.tokens.remaining == 250
+
+
+def test_the_password_comes_from_the_environment_or_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store's password is read from USAGE_PROXY_LIMITS_STORE_PASSWORD, or from the
+    file, which wins; none when neither is set."""
+    settings = Settings(upstream=UPSTREAM, limits_store="redis://127.0.0.1:6379/0")
+    monkeypatch.delenv("USAGE_PROXY_LIMITS_STORE_PASSWORD", raising=False)
+    assert store_password(settings) is None
+    monkeypatch.setenv("USAGE_PROXY_LIMITS_STORE_PASSWORD", "from-env")
+    assert store_password(settings) == "from-env"
+    secret = tmp_path / "password"
+    secret.write_text("from-file\n")
+    filed = Settings(
+        upstream=UPSTREAM,
+        limits_store="redis://127.0.0.1:6379/0",
+        limits_store_password_file=secret,
+    )
+    assert store_password(filed) == "from-file"
