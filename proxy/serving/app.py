@@ -116,7 +116,7 @@ def build_admission(
     policies = load_policies(Path(settings.limits))
     limiter: Limiter = InProcessLimiter(policies)
     if settings.limits_store is not None:
-        limiter = build_shared_limiter(settings, policies)
+        limiter = build_shared_limiter(settings, policies, metrics)
     timeout = settings.accounting_timeout
     return Admission(limiter, catalog, pool, metrics, count_timeout=timeout)
 
@@ -185,6 +185,8 @@ def create_app(
     if settings.api_keys:
         app[KEYFILE] = KeyFile(Path(settings.api_keys), resolver, metrics)
         app.cleanup_ctx.append(key_file_context(app[KEYFILE]))
+    limiter = admission.limiter if admission else None
+    store = limiter.problem if isinstance(limiter, GuardedLimiter) else None
     for context in (
         session_context(settings),
         catalog_context(catalog),
@@ -193,10 +195,13 @@ def create_app(
         *([restore_context(admission, journal, metrics)] if admission else []),
         reconciler_context(settings, reconciler),
         send_watch_context(sends),
-        admin.admin_context(settings, lambda a: admin.add_routes(a, catalog, journal, metrics)),
+        admin.admin_context(
+            settings, lambda a: admin.add_routes(a, catalog, journal, metrics, store)
+        ),
     ):
         app.cleanup_ctx.append(context)
-    admin.add_routes(app, catalog, journal, metrics if settings.admin_port is None else None)
+    page = metrics if settings.admin_port is None else None
+    admin.add_routes(app, catalog, journal, page, store)
     relay = Relay(settings.upstream_base, settings.body_read_timeout, metrics)
     admin_port = settings.admin_port is not None
     routes = Router(exchanges, handlers, relay, unmetered, shares, owners, admin_port=admin_port)

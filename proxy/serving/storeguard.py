@@ -23,6 +23,7 @@ from redis.exceptions import RedisError
 from proxy.limits.limiter import Cost, Decision, Refusal, Ticket, Usage, Who
 from proxy.limits.memory import InProcessLimiter
 from proxy.limits.policy import FailMode, Policies
+from proxy.metrics import Metrics
 from proxy.serving.sharedlimits import Rebuilding, RedisLimiter
 from proxy.settings import ENV_PREFIX, Settings
 
@@ -93,9 +94,11 @@ class GuardedLimiter:
         fail_mode: FailMode,
         replicas: int = 0,
         breaker: Breaker | None = None,
+        metrics: Metrics | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.shared = shared
+        self.metrics = metrics
         self.timeout = timeout
         self.fail_mode = fail_mode
         self.breaker = breaker or Breaker()
@@ -112,7 +115,6 @@ class GuardedLimiter:
         self.restored = False  # this replica's journal read: it can contribute
         self.dirty = False  # billed without the store: to contribute
         self.slowest = 0.0  # the longest a store call took (failed ones included), seconds
-        self.observe: Callable[[str, float], None] = lambda op, seconds: None
         self._clock = clock
         self._syncing: asyncio.Task[bool] | None = None
         self._stale = True  # the local budgets re-read this replica's usage on next use
@@ -147,19 +149,40 @@ class GuardedLimiter:
         finally:
             took = time.monotonic() - started
             self.slowest = max(self.slowest, took)
-            self.observe(op, took)
+            if self.metrics is not None:
+                self.metrics.store_seconds.labels(op).observe(took)
 
     def _failed(self, op: str, exc: BaseException) -> None:
         kind = "timeout" if isinstance(exc, TimeoutError) else type(exc).__name__
         self.errors[kind] = self.errors.get(kind, 0) + 1
         self.reachable = False
         self.breaker.failed(self._clock())
+        if self.metrics is not None:
+            self.metrics.store_errors.labels(kind).inc()
+            self.metrics.store_breaker.set(int(self.breaker.open))
         log.warning("limits_store_failed", op=op, error=kind, breaker_open=self.breaker.open)
+
+    def _succeeded(self) -> bool:
+        """The store answered; whether the breaker was open (it is back)."""
+        self.reachable = True
+        if self.metrics is not None:
+            self.metrics.store_breaker.set(0)
+        return self.breaker.succeeded()
+
+    def problem(self) -> tuple[str, bool] | None:
+        """What /readyz reports about the store, and whether it fails readiness: only an
+        unreachable store in closed mode (this replica then refuses every limited request,
+        while one that reaches the store would serve them)."""
+        if not self.reachable:
+            closed = self.fail_mode is FailMode.CLOSED
+            return f"unreachable: limited tenants admitted by fail mode {self.fail_mode}", closed
+        if self.generation is not None and not self.complete:
+            return "rebuilding: the store was found empty; waiting for every replica's part", False
+        return None
 
     def _back(self) -> None:
         self._stale = True
-        self.reachable = True
-        if self.breaker.succeeded() or self.dirty:
+        if self._succeeded() or self.dirty:
             log.info("limits_store_back", dirty=self.dirty)
             self._contribute_soon()
 
@@ -195,6 +218,9 @@ class GuardedLimiter:
     async def _fail(self, who: Who, cost: Cost, now: float) -> Decision:
         mode = self.shared.policies.fail_mode(who.tenant, self.fail_mode)
         self.fail_admissions[mode] += 1
+        if self.metrics is not None:
+            reason = "rebuilding" if self.reachable else "unreachable"
+            self.metrics.fail_admissions.labels(mode.value, reason).inc()
         if mode is FailMode.CLOSED:
             refusal = Refusal("limits_store", ("tenant", who.tenant), 0.0, 0, 0, False, True)
             return Decision(None, refusal, None, None)
@@ -278,10 +304,11 @@ class GuardedLimiter:
             self._failed("sync", exc)
             self.dirty = True
             return False
-        self.breaker.succeeded()
-        self.reachable = True
+        self._succeeded()
         if synced.created:
             self.rebuilds += 1
+            if self.metrics is not None:
+                self.metrics.store_rebuilds.inc()
             log.warning(
                 "limits_store_rebuild",
                 generation=synced.generation,
@@ -321,7 +348,7 @@ class GuardedLimiter:
         except STORE_ERRORS as exc:
             self._failed("beat", exc)
             return None
-        self.reachable = True
+        self.reachable = True  # the breaker is left to the requests' calls
         count = int(result[2])
         generation, mine, complete = (v.decode() if v else None for v in result[4])
         self._count(count, complete == "1")
@@ -357,7 +384,9 @@ def store_password(settings: Settings) -> str | None:
     return password or None
 
 
-def build_shared_limiter(settings: Settings, policies: Policies) -> GuardedLimiter:
+def build_shared_limiter(
+    settings: Settings, policies: Policies, metrics: Metrics | None = None
+) -> GuardedLimiter:
     """``--limits-store``: the limiter on Redis/Valkey (valkey:// is redis://), behind its
     timeout, breaker and fail mode. Connections open on first use."""
     assert settings.limits_store is not None
@@ -388,6 +417,7 @@ def build_shared_limiter(settings: Settings, policies: Policies) -> GuardedLimit
         timeout=timeout,
         fail_mode=FailMode(settings.limits_fail_mode),
         replicas=settings.limits_replicas,
+        metrics=metrics,
     )
 
 

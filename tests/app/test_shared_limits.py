@@ -92,6 +92,23 @@ async def used(store: Store, key: str) -> int:
         await client.aclose()
 
 
+def samples(page: str, name: str) -> list[tuple[str, float]]:
+    """The samples of one metric in a Prometheus page: (name with labels, value)."""
+    found = []
+    for line in page.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            found.append((key, float(value)))
+    return found
+
+
+def metric(page: str, key: str) -> float:
+    """One sample's value (name with its labels, as the page writes it)."""
+    values = [v for k, v in samples(page, key) if k == key]
+    assert len(values) == 1, key
+    return values[0]
+
+
 def billed(tmp: Path) -> int:
     return sum(
         r.prompt_tokens_billed or 0
@@ -188,6 +205,9 @@ async def test_outage_closed_forwards_nothing(
     assert len(seen) == reached
     for client in clients:  # no store call outlasted its timeout (beyond the loop's lag)
         assert limiter(client).slowest < TIMEOUT + 0.2
+    ready = await clients[0].get("/readyz")  # closed: this replica serves no limited tenant
+    assert ready.status == 503
+    assert (await ready.json())["problems"]["limits_store"].startswith("unreachable")
     for client in clients:
         await client.close()
     assert billed(tmp_path) == 99
@@ -210,6 +230,19 @@ async def test_outage_local_divides_and_rebuilds(
     assert 3 * len(seen) <= 300
     for client in clients:  # a store call took no longer than its timeout
         assert limiter(client).slowest < TIMEOUT + 0.2
+    ready = await clients[0].get("/readyz")  # local: still serving, the problem reported
+    assert ready.status == 200
+    assert (await ready.json())["problems"]["limits_store"].startswith("unreachable")
+    page = await (await clients[0].get("/metrics")).text()
+    assert (
+        metric(
+            page, 'usage_proxy_limits_fail_mode_admissions_total{mode="local",reason="unreachable"}'
+        )
+        > 0
+    )
+    assert metric(page, "usage_proxy_limits_store_breaker_open") == 1
+    assert sum(v for k, v in samples(page, "usage_proxy_limits_store_errors_total")) > 0
+    assert metric(page, 'usage_proxy_limits_store_seconds_count{op="reserve"}') > 0
     rebuilds = sum(limiter(client).rebuilds for client in clients)
     redis_store.start()
     for client in clients:  # the breaker lets one request try again after its cooldown
@@ -226,6 +259,15 @@ async def test_outage_local_divides_and_rebuilds(
     left = (300 - 3 * len(seen)) // 3
     after = await asyncio.gather(*(post(clients[i % 3]) for i in range(left + 6)))
     assert [s for s, _ in after].count(200) == left
+    ready = await clients[0].get("/readyz")  # its last store answer was a reservation
+    assert ready.status == 200
+    assert "limits_store" not in (await ready.json())["problems"]
+    page = await (await clients[0].get("/metrics")).text()
+    assert metric(page, "usage_proxy_limits_store_breaker_open") == 0
+    rebuilt = [await (await c.get("/metrics")).text() for c in clients]
+    assert (
+        sum(metric(p, "usage_proxy_limits_store_rebuilds_total") for p in rebuilt) == rebuilds + 1
+    )
     assert 3 * len(seen) <= 300
     for client in clients:
         await client.close()
