@@ -14,6 +14,7 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Literal
+from urllib.parse import parse_qs
 
 import yaml
 from pydantic import (
@@ -402,7 +403,9 @@ class Settings(BaseSettings):
         scheme, sep, rest = value.partition("://")
         if not sep or scheme not in ("redis", "rediss", "valkey", "valkeys"):
             raise ValueError("a redis://, rediss://, valkey:// or valkeys:// URL")
-        if ":" in rest.split("@", 1)[0] and "@" in rest:
+        netloc, _, query = rest.partition("?")
+        in_userinfo = "@" in netloc and ":" in netloc.split("@", 1)[0]
+        if in_userinfo or "password" in parse_qs(query):
             raise ValueError(
                 "no password on the command line: set USAGE_PROXY_LIMITS_STORE_PASSWORD or "
                 "--limits-store-password-file"

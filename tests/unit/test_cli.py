@@ -144,3 +144,24 @@ def test_config_file_errors_name_the_file(
     assert err.startswith("usage-proxy: ")
     assert message in err
     assert str(path) in err
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:s3cret@127.0.0.1:6379/0",
+        "valkeys://proxy:s3cret@valkey:6379/0",
+        "redis://127.0.0.1:6379/0?password=s3cret",
+    ],
+)
+def test_a_limits_store_password_on_the_command_line_is_refused(
+    capsys: pytest.CaptureFixture[str], url: str
+) -> None:
+    """--limits-store with a password in its URL (user info or query) exits 2 before
+    anything starts, saying where the password goes, without echoing it (argv is
+    visible to every user of the host, and error lines reach logs)."""
+    assert main(["serve", "--upstream", "http://x", "--limits-store", url]) == 2
+    err = capsys.readouterr().err
+    assert "no password on the command line" in err
+    assert "USAGE_PROXY_LIMITS_STORE_PASSWORD" in err
+    assert "s3cret" not in err

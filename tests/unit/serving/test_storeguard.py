@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from proxy.limits.limiter import Cost, Usage, Who
 from proxy.limits.policy import FailMode, Policies
 from proxy.serving.sharedlimits import RedisLimiter
-from proxy.serving.storeguard import GuardedLimiter, store_password
+from proxy.serving.storeguard import GuardedLimiter, build_shared_limiter, store_password
 from proxy.settings import Settings
 from tests.support.redisserver import Store
 
@@ -152,3 +152,76 @@ def test_the_password_comes_from_the_environment_or_a_file(
         limits_store_password_file=secret,
     )
     assert store_password(filed) == "from-file"
+
+
+def tls_settings(store: Store, **options: Any) -> Settings:
+    """The TLS handshake of a first connection can outlast the 50 ms default on this
+    shared box: these tests allow a second."""
+    return Settings(
+        upstream=UPSTREAM,
+        limits_store=store.url,
+        instance="r0",
+        **{"limits_store_timeout": 1.0, "limits_replicas": 1, **options},
+    )
+
+
+async def admitted_in_store(limiter: GuardedLimiter) -> bool:
+    """Whether a reservation is made in the store (not by the fail mode)."""
+    await limiter.restore([], time.time())
+    try:
+        whole = await limiter.contribute()
+        decision = await limiter.reserve(ACME, Cost(5, 0), time.time())
+        return whole and decision.ticket is not None and not limiter.errors
+    finally:
+        await limiter.close()
+
+
+async def test_tls_with_the_password_from_a_file(tls_redis_store: Store, tmp_path: Path) -> None:
+    """rediss:// to a server that speaks TLS only (its CA named in the URL's query), the
+    password read from --limits-store-password-file: the store answers."""
+    secret = tmp_path / "password"
+    secret.write_text(f"{tls_redis_store.password}\n")
+    settings = tls_settings(tls_redis_store, limits_store_password_file=secret)
+    pols = policies(prompt_tokens_per_day=300)
+    assert await admitted_in_store(build_shared_limiter(settings, pols))
+
+
+async def test_tls_with_the_password_from_the_environment(
+    tls_redis_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """valkeys:// (rediss://) with the password from USAGE_PROXY_LIMITS_STORE_PASSWORD."""
+    assert tls_redis_store.password is not None
+    monkeypatch.setenv("USAGE_PROXY_LIMITS_STORE_PASSWORD", tls_redis_store.password)
+    url = tls_redis_store.url.replace("rediss://", "valkeys://")
+    settings = Settings(
+        upstream=UPSTREAM,
+        limits_store=url,
+        instance="r0",
+        limits_store_timeout=1.0,
+        limits_replicas=1,
+    )
+    pols = policies(prompt_tokens_per_day=300)
+    assert await admitted_in_store(build_shared_limiter(settings, pols))
+
+
+async def test_without_the_password_the_fail_mode_decides(
+    tls_redis_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No password (or plain redis:// to the TLS port): the store refuses or cannot be
+    spoken to, each call fails within the timeout and the fail mode admits."""
+    monkeypatch.delenv("USAGE_PROXY_LIMITS_STORE_PASSWORD", raising=False)
+    pols = policies(prompt_tokens_per_day=300)
+    plain = tls_redis_store.url.replace("rediss://", "redis://").split("?")[0]
+    for url in (tls_redis_store.url, plain):
+        settings = Settings(
+            upstream=UPSTREAM,
+            limits_store=url,
+            instance="r0",
+            limits_store_timeout=0.5,
+            limits_replicas=1,
+        )
+        limiter = build_shared_limiter(settings, pols)
+        assert not await admitted_in_store(limiter)
+        assert limiter.errors
+        assert limiter.fail_admissions[FailMode.LOCAL] == 1
+        assert limiter.slowest < 0.5 + 0.2
