@@ -225,3 +225,55 @@ async def test_without_the_password_the_fail_mode_decides(
         assert limiter.errors
         assert limiter.fail_admissions[FailMode.LOCAL] == 1
         assert limiter.slowest < 0.5 + 0.2
+
+
+async def test_each_tenant_fails_by_its_own_mode(make: Make, redis_store: Store) -> None:
+    """With the store down, a tenant with ``fail_mode: open`` in the limits file is
+    admitted beyond any share (and counted), one with ``closed`` is refused (503), and
+    one without falls back to --limits-fail-mode (local: half of 100 with 2 replicas)."""
+    pols = Policies.model_validate(
+        {
+            "tenants": {
+                "acme": {"fail_mode": "open", "prompt_tokens_per_day": 100},
+                "globex": {"fail_mode": "closed", "prompt_tokens_per_day": 100},
+                "initech": {"prompt_tokens_per_day": 100},
+            }
+        }
+    )
+    limiter = make(pols, "r0", replicas=2)
+    await limiter.restore([], time.time())
+    redis_store.kill()
+    now = time.time()
+    opened = [await limiter.reserve(Who("acme"), Cost(40, 0), now) for _ in range(4)]
+    assert all(d.ticket is not None for d in opened)  # 160 > 100: open admits
+    closed = await limiter.reserve(Who("globex"), Cost(1, 0), now)
+    assert closed.refusal is not None
+    assert closed.refusal.unavailable
+    local = [await limiter.reserve(Who("initech"), Cost(20, 0), now) for _ in range(3)]
+    assert [d.ticket is not None for d in local] == [True, True, False]  # a share of 50
+    assert limiter.fail_admissions == {FailMode.OPEN: 4, FailMode.CLOSED: 1, FailMode.LOCAL: 3}
+
+
+async def test_usage_billed_while_the_store_was_skipped_is_contributed_when_back(
+    make: Make,
+) -> None:
+    """The store keeps its state but this replica could not reach it (the breaker open):
+    what it admitted and billed meanwhile by its share is added to the store's charge when
+    it answers again, once."""
+    pols = policies(prompt_tokens_per_day=300)
+    limiter = make(pols, "r0", replicas=1)
+    await limiter.restore([], time.time())
+    assert await limiter.contribute() is True
+    limiter.breaker.count, limiter.breaker.open_until = 3, time.monotonic() + 60
+    decision = await limiter.reserve(ACME, Cost(30, 0), time.time())
+    assert decision.ticket is not None
+    assert limiter.fail_admissions[FailMode.LOCAL] == 1
+    await limiter.settle(decision.ticket, Cost(30, 0), time.time())
+    limiter.breaker.open_until = 0.0  # half open: the next call tries the store
+    after = await limiter.reserve(ACME, Cost(0, 0), time.time())
+    assert after.ticket is not None
+    assert await limiter.contribute() is True
+    assert await limiter.contribute() is True
+    again = await limiter.reserve(ACME, Cost(0, 0), time.time())
+    assert again.tokens is not None
+    assert again.tokens.remaining == 270
