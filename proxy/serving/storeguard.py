@@ -191,7 +191,15 @@ class GuardedLimiter:
             self._syncing = asyncio.get_running_loop().create_task(self._sync(time.time()))
 
     async def reserve(self, who: Who, cost: Cost, now: float) -> Decision:
-        decision = await self._reserve_in_store(who, cost, now)
+        """The store's decision within one ``timeout`` in all (a reservation, and on a
+        store found empty this replica's contribution and a second try), else the fail
+        mode's."""
+        try:
+            async with asyncio.timeout(self.timeout):
+                decision = await self._reserve_in_store(who, cost, now)
+        except TimeoutError as exc:  # the round trips together outlasted the timeout
+            self._failed("reserve", exc)
+            decision = None
         return decision if decision is not None else await self._fail(who, cost, now)
 
     async def _reserve_in_store(self, who: Who, cost: Cost, now: float) -> Decision | None:

@@ -5,6 +5,7 @@ once; the store's password comes from the environment or a file."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -277,3 +278,40 @@ async def test_usage_billed_while_the_store_was_skipped_is_contributed_when_back
     again = await limiter.reserve(ACME, Cost(0, 0), time.time())
     assert again.tokens is not None
     assert again.tokens.remaining == 270
+
+
+async def test_a_silent_store_costs_each_request_at_most_the_timeout() -> None:
+    """A store that accepts connections and never answers: each admission waits at most
+    the timeout, then the fail mode decides; after 3 failures the breaker skips the
+    store and admissions cost no wait at all."""
+    silent: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        silent.append(writer)  # read nothing, answer nothing
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    settings = Settings(
+        upstream=UPSTREAM,
+        limits_store=f"redis://127.0.0.1:{port}/0",
+        limits_store_timeout=0.1,
+        limits_replicas=1,
+        instance="r0",
+    )
+    limiter = build_shared_limiter(settings, policies(prompt_tokens_per_day=300))
+    limiter.restored = True
+    waits = []
+    for _ in range(6):
+        started = time.monotonic()
+        decision = await limiter.reserve(ACME, Cost(1, 0), time.time())
+        waits.append(time.monotonic() - started)
+        assert decision.ticket is not None
+    assert all(wait < 0.1 + 0.05 for wait in waits), waits
+    assert all(wait < 0.01 for wait in waits[3:]), waits  # the breaker is open
+    assert limiter.errors == {"timeout": 3}
+    assert limiter.fail_admissions[FailMode.LOCAL] == 6
+    await limiter.close()
+    for writer in silent:
+        writer.close()
+    server.close()
+    await server.wait_closed()
