@@ -92,6 +92,7 @@ class StoreTicket(Ticket):
     id: str = ""
     parts: list[Taken] = field(default_factory=list)
     noted: bool = False  # its billed units are in this replica's history
+    by_share: bool = False  # made while the generation was incomplete, by the share
 
 
 class RedisLimiter:
@@ -167,13 +168,21 @@ class RedisLimiter:
         return billed + held
 
     async def reserve(self, who: Who, cost: Cost, now: float) -> Decision:
+        return (await self.reserve_by(who, cost, now, 0))[0]
+
+    async def reserve_by(
+        self, who: Who, cost: Cost, now: float, share: int
+    ) -> tuple[Decision, bool]:
+        """The store's decision, and whether it was made by this replica's share (the
+        generation incomplete, ``share``: the replica count to divide budgets by; 0:
+        raise ``Rebuilding`` instead)."""
         parts = self.parts(who, now)
         if not parts:
-            return Decision(Ticket(who, cost), None, None, None)
+            return Decision(Ticket(who, cost), None, None, None), False
         rid = uuid.uuid4().hex
         keys = [self.generation_key, self.registry_key]
         args: list[Any] = [rid, self.reservation_ttl, self.replica, len(parts)]
-        args += [HELD_RETRY_SECONDS, GATE_RETRY_SECONDS, self.grace]
+        args += [HELD_RETRY_SECONDS, GATE_RETRY_SECONDS, self.grace, share]
         for part in parts:
             keys += [part.key, part.holds]
             expire = part.span + BUDGET_GRACE_SECONDS if part.kind == "b" else 0
@@ -189,7 +198,8 @@ class RedisLimiter:
         if int(out[0]) < 0:
             raise Rebuilding(bool(int(out[1])))
         admitted, worst, worst_wait = int(out[0]), int(out[1]), float(out[2])
-        standings = [(int(out[3 + 2 * i]), float(out[4 + 2 * i])) for i in range(len(parts))]
+        by_share = bool(int(out[3]))
+        standings = [(int(out[4 + 2 * i]), float(out[5 + 2 * i])) for i in range(len(parts))]
         headers = _standings(parts, standings)
         if not admitted:
             part = parts[worst - 1]
@@ -202,10 +212,10 @@ class RedisLimiter:
                 limit.amount,
                 limit.budget,
             )
-            return Decision(None, refusal, *headers)
-        ticket = StoreTicket(who, cost, id=rid, parts=parts)
+            return Decision(None, refusal, *headers), by_share
+        ticket = StoreTicket(who, cost, id=rid, parts=parts, by_share=by_share)
         ticket.taken = [(p.scope, p.limit.name, p.limit.unit) for p in parts]
-        return Decision(ticket, None, *headers)
+        return Decision(ticket, None, *headers), by_share
 
     async def settle(self, ticket: Ticket, billed: Cost, now: float) -> None:
         if not ticket.open:
@@ -235,6 +245,7 @@ class RedisLimiter:
             return
         keys = [f"{self.namespace}:done:{ticket.id}"]
         args: list[Any] = [ticket.id, self.replica, len(ticket.parts), DONE_SECONDS, mode]
+        args.append(int(ticket.by_share))
         for part in ticket.parts:
             keys += [part.key, part.holds]
             unit = part.limit.unit

@@ -203,32 +203,42 @@ class GuardedLimiter:
         return decision if decision is not None else await self._fail(who, cost, now)
 
     async def _reserve_in_store(self, who: Who, cost: Cost, now: float) -> Decision | None:
-        """The store's decision; None when it cannot answer for the budgets."""
+        """The store's decision; None when it cannot answer for the budgets. While they
+        are being rebuilt, a tenant in local fail mode is admitted there by this
+        replica's share once the replica has contributed its part."""
+        mode = self.shared.policies.fail_mode(who.tenant, self.fail_mode)
+        share = self.replicas if mode is FailMode.LOCAL else 0
         for attempt in (0, 1):
             if not self.breaker.allows(self._clock()):
                 return None
             try:
-                decision = await self._call("reserve", self.shared.reserve(who, cost, now))
+                call = self.shared.reserve_by(who, cost, now, share)
+                decision, by_share = await self._call("reserve", call)
             except Rebuilding as exc:
                 self._back()
                 self.complete = False
-                if attempt or exc.contributed or not await self.contribute():
+                if attempt or exc.contributed:
                     return None
+                await self.contribute()
             except STORE_ERRORS as exc:
                 self._failed("reserve", exc)
                 return None
             else:
                 self._back()
-                self.complete = True
+                self.complete = not by_share
+                if by_share:
+                    self._count_fail(FailMode.LOCAL, "rebuilding")
                 return decision
         return None
 
-    async def _fail(self, who: Who, cost: Cost, now: float) -> Decision:
-        mode = self.shared.policies.fail_mode(who.tenant, self.fail_mode)
+    def _count_fail(self, mode: FailMode, reason: str) -> None:
         self.fail_admissions[mode] += 1
         if self.metrics is not None:
-            reason = "rebuilding" if self.reachable else "unreachable"
             self.metrics.fail_admissions.labels(mode.value, reason).inc()
+
+    async def _fail(self, who: Who, cost: Cost, now: float) -> Decision:
+        mode = self.shared.policies.fail_mode(who.tenant, self.fail_mode)
+        self._count_fail(mode, "rebuilding" if self.reachable else "unreachable")
         if mode is FailMode.CLOSED:
             refusal = Refusal("limits_store", ("tenant", who.tenant), 0.0, 0, 0, False, True)
             return Decision(None, refusal, None, None)

@@ -10,8 +10,11 @@ twice, or after a retry, or out of order, counts nothing twice.
 The store's generation (``<ns>:gen``) says whether those fields are whole. A store found
 empty (started anew, or a fresh deployment) starts a generation: until every replica it
 expects has contributed its journal (``c:<replica>``), or a grace of three heartbeats has
-passed and every replica alive in the registry has, the generation is incomplete and no
-reservation is made on it (the replicas admit in their fail mode, by their share).
+passed and every replica alive in the registry has, the generation is incomplete: a
+replica that has contributed may still reserve on it (in ``local`` fail mode), each
+budget then by its share alone (``floor(amount / replicas)`` against its own part and its
+own holds, ``h:<replica>``), so that no request admitted meanwhile is unknown to the
+store when the generation completes; otherwise nothing is reserved on it.
 """
 
 # complete(gen, registry, now, grace): whether the generation is whole (and mark it so).
@@ -60,15 +63,18 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local id, ttl, replica, n = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local held_retry, gate_retry = tonumber(ARGV[5]), tonumber(ARGV[6])
-local grace = tonumber(ARGV[7])
+local grace, share = tonumber(ARGV[7]), tonumber(ARGV[8])
+local by_share = 0
 if not complete(KEYS[1], KEYS[2], now, grace) then
-  return {-1, redis.call('HEXISTS', KEYS[1], 'c:' .. replica)}
+  local mine = redis.call('HEXISTS', KEYS[1], 'c:' .. replica)
+  if share <= 0 or mine == 0 then return {-1, mine} end
+  by_share = 1  -- budgets by this replica's share of them: its own part and holds
 end
 local EPS = 1e-9
 local state = {}
 local worst, worst_wait = 0, 0
 for i = 1, n do
-  local a = 7 + (i - 1) * 6
+  local a = 8 + (i - 1) * 6
   local kind, amount, cost = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
   local span, own = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
   local k, z = KEYS[2 + 2 * i - 1], KEYS[2 + 2 * i]
@@ -87,7 +93,12 @@ for i = 1, n do
     local held = tonumber(redis.call('HGET', k, 'reserved') or '0')
     local expired = redis.call('ZRANGEBYSCORE', z, '-inf', now)
     if #expired > 0 then
-      for _, m in ipairs(expired) do held = held - tonumber(string.match(m, '|(%d+)$')) end
+      for _, m in ipairs(expired) do
+        local units = tonumber(string.match(m, '|(%d+)$'))
+        held = held - units
+        local owner = string.match(m, '^[^|]*|(.*)|%d+$')
+        if owner then redis.call('HINCRBY', k, 'h:' .. owner, -units) end
+      end
       redis.call('ZREMRANGEBYSCORE', z, '-inf', now)
       redis.call('HSET', k, 'reserved', held)
     end
@@ -95,11 +106,18 @@ for i = 1, n do
     s.used = 0
     if kind == 'b' then
       s.used = contribute(k, replica, own, tonumber(ARGV[a + 6]))
-      if cost > amount then
+      local limit = amount
+      if by_share == 1 then
+        limit = math.max(math.floor(amount / share), 1)
+        s.used = tonumber(redis.call('HGET', k, 'u:' .. replica) or '0')
+        s.held = tonumber(redis.call('HGET', k, 'h:' .. replica) or '0')
+      end
+      s.limit = limit
+      if cost > limit then
         wait = math.huge
-      elseif s.used + held + cost <= amount then
+      elseif s.used + s.held + cost <= limit then
         wait = 0
-      elseif s.used + cost <= amount then
+      elseif s.used + cost <= limit then
         wait = math.min(held_retry, span - now)
       else
         wait = span - now
@@ -115,7 +133,7 @@ local admitted = 0
 if worst == 0 then
   admitted = 1
   for i = 1, n do
-    local a = 7 + (i - 1) * 6
+    local a = 8 + (i - 1) * 6
     local kind, amount, cost = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
     local k, z, s = KEYS[2 + 2 * i - 1], KEYS[2 + 2 * i], state[i]
     if kind == 'r' then
@@ -123,17 +141,24 @@ if worst == 0 then
       s.tat = math.max(s.tat, now) + cost * span / amount
       redis.call('SET', k, string.format('%.17g', s.tat), 'EXAT', math.ceil(s.tat) + 1)
     else
-      s.held = redis.call('HINCRBY', k, 'reserved', cost)
-      redis.call('ZADD', z, now + ttl, id .. '|' .. cost)
+      local member = id .. '|' .. cost
+      if kind == 'b' and by_share == 1 then
+        member = id .. '|' .. replica .. '|' .. cost  -- held in this replica's share too
+        s.held = redis.call('HINCRBY', k, 'h:' .. replica, cost)
+        redis.call('HINCRBY', k, 'reserved', cost)
+      else
+        s.held = redis.call('HINCRBY', k, 'reserved', cost)
+      end
+      redis.call('ZADD', z, now + ttl, member)
       local until_ = math.max(math.ceil(ARGV[a + 6]), math.ceil(now + ttl) + 1)
       redis.call('EXPIREAT', k, until_)
       redis.call('EXPIREAT', z, until_)
     end
   end
 end
-local out = {admitted, worst, string.format('%.17g', worst_wait)}
+local out = {admitted, worst, string.format('%.17g', worst_wait), by_share}
 for i = 1, n do
-  local a = 7 + (i - 1) * 6
+  local a = 8 + (i - 1) * 6
   local kind, amount = ARGV[a + 1], tonumber(ARGV[a + 2])
   local span, s = tonumber(ARGV[a + 4]), state[i]
   local remaining, reset
@@ -143,7 +168,7 @@ for i = 1, n do
     remaining = math.max(math.min(amount, math.floor(room / interval + EPS)), 0)
     reset = math.max(s.tat - now, 0)
   elseif kind == 'b' then
-    remaining = math.max(amount - s.used - s.held, 0)
+    remaining = math.max(s.limit - s.used - s.held, 0)
     reset = span - now
   else
     remaining = math.max(amount - s.held, 0)
@@ -164,8 +189,9 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local id, replica, n = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local settle = ARGV[5] == 'settle'
+local by_share = ARGV[6] == '1'
 for i = 1, n do
-  local a = 5 + (i - 1) * 6
+  local a = 6 + (i - 1) * 6
   local kind, reserved, billed = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
   local interval, own, expire_at = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), ARGV[a + 6]
   local k, z = KEYS[2 * i], KEYS[2 * i + 1]
@@ -177,8 +203,11 @@ for i = 1, n do
       redis.call('DEL', k)
     end
   else
-    if redis.call('ZREM', z, id .. '|' .. reserved) == 1 then
+    local member = id .. '|' .. reserved
+    if kind == 'b' and by_share then member = id .. '|' .. replica .. '|' .. reserved end
+    if redis.call('ZREM', z, member) == 1 then
       redis.call('HINCRBY', k, 'reserved', -reserved)
+      if kind == 'b' and by_share then redis.call('HINCRBY', k, 'h:' .. replica, -reserved) end
     end
     if kind == 'b' and settle then
       contribute(k, replica, own, tonumber(expire_at))

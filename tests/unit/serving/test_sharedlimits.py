@@ -244,3 +244,53 @@ async def test_three_replicas_share_one_budget_without_overshoot(make: Make) -> 
     final = await replicas[0].reserve(ACME, Cost(0, 0), time.time())
     assert final.tokens is not None
     assert final.tokens.remaining == 10_000 - sum(settled)
+
+
+async def test_an_incomplete_generation_reserves_by_share_and_the_whole_sees_it(
+    make: Make,
+) -> None:
+    """While a store found empty waits for replicas, one that has contributed reserves on
+    it by its share of each budget (its own part and holds against amount / replicas);
+    what it holds then is in the store when the generation completes, so the others
+    cannot spend it; a hold that expires leaves its share too."""
+    pols = policies(prompt_tokens_per_day=300)
+    one, two, three = (make(pols, f"r{i}", grace=60.0, reservation_ttl=0.5) for i in range(3))
+    now = time.time()
+    for lim in (one, two, three):
+        await lim.restore([Usage(ACME, now - 1, Cost(90, 0))], now)
+    assert await joined(one, known=3) == [False]
+    held, by_share = await one.reserve_by(ACME, Cost(10, 0), now, 3)
+    assert by_share
+    assert held.ticket is not None
+    assert held.tokens is not None
+    assert held.tokens.remaining == 0  # 90 billed + 10 held of its 100
+    refused, _ = await one.reserve_by(ACME, Cost(1, 0), now, 3)
+    assert refused.refusal is not None
+    with pytest.raises(Rebuilding):  # no share given: nothing reserved
+        await one.reserve(ACME, Cost(1, 0), now)
+    assert await joined(two, three, known=3) == [False, True]
+    over = await two.reserve(ACME, Cost(21, 0), now)  # 270 billed + 10 held by r0
+    assert over.refusal is not None
+    fits = await two.reserve(ACME, Cost(20, 0), now)
+    assert fits.ticket is not None
+    await one.settle(held.ticket, Cost(10, 0), now)
+    await two.settle(fits.ticket, Cost(20, 0), now)
+    last = await three.reserve(ACME, Cost(1, 0), now)
+    assert last.refusal is not None
+    assert last.tokens is not None
+    assert last.tokens.remaining == 0
+
+
+async def test_an_expired_hold_by_share_gives_the_share_back(make: Make) -> None:
+    """A reservation made by a replica's share that is never settled expires and leaves
+    both the budget's holds and the replica's share."""
+    pols = policies(prompt_tokens_per_day=300)
+    one = make(pols, "r0", grace=60.0, reservation_ttl=0.2)
+    assert await joined(one, known=3) == [False]
+    first, _ = await one.reserve_by(ACME, Cost(100, 0), time.time(), 3)
+    assert first.ticket is not None
+    assert (await one.reserve_by(ACME, Cost(1, 0), time.time(), 3))[0].refusal is not None
+    await asyncio.sleep(0.3)
+    again, by_share = await one.reserve_by(ACME, Cost(100, 0), time.time(), 3)
+    assert by_share
+    assert again.ticket is not None
