@@ -34,12 +34,13 @@ from proxy.serving.keyfile import KEYFILE, KeyFile, key_file_context
 from proxy.serving.keys import METRICS, OUTBOX, POOL, RECONCILER, RECORDER
 from proxy.serving.lifetimes import counters_reader, ledger_context, reconciler_context
 from proxy.serving.limitsfile import LIMITSFILE, LimitsFile, limits_file_context
+from proxy.serving.limitsstore import build_shared_limiter, store_context
 from proxy.serving.metered import METERED, MeteredRelay
 from proxy.serving.relayed import Relay
 from proxy.serving.routing import Invocations, Router, guard
 from proxy.serving.sendwatch import SendWatch, send_watch_context
 from proxy.serving.shares import TenantShares
-from proxy.serving.storeguard import GuardedLimiter, build_shared_limiter, store_context
+from proxy.serving.storeguard import GuardedLimiter
 from proxy.serving.unmetered import Unmetered
 from proxy.serving.upstream import SESSION, session_context
 from proxy.settings import CacheSalting, Durability, Settings
