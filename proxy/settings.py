@@ -275,15 +275,16 @@ class Settings(BaseSettings):
     )
     limits_fail_mode: Literal["closed", "open", "local"] = Field(
         "local",
-        description="While the limits store is unreachable: closed (503, nothing forwarded), "
-        "open (admit, count), local (each replica enforces limit / live replicas); a "
-        "tenant's fail_mode in the limits file overrides it.",
+        description="While the limits store is unreachable, or rebuilding after it was found "
+        "empty: closed (503, nothing forwarded), open (admit, count), local (each replica "
+        "enforces limit / replicas); a tenant's fail_mode in the limits file overrides it.",
     )
     limits_replicas: int = Field(
         0,
         ge=0,
         description="Replicas that share the limits store (what local fail mode divides "
-        "by); 0: the live count the store reported while it was up.",
+        "by, and how many journals a store found empty waits for); 0: the live count the "
+        "store reported while it was up.",
     )
     limits_reservation_ttl: float = Field(
         600.0,
