@@ -2,7 +2,10 @@
 side with no limits: the embedded limiter alone (reserve + settle over three levels), and
 a rerank through the whole proxy in front of the fake vLLM (same event loop), with no
 limits, with a request rate only, and with a token budget, each for texts the count cache
-holds and for fresh texts (whose count is then awaited before forwarding).
+holds and for fresh texts (whose count is then awaited before forwarding). Where a
+redis-server (or valkey-server) binary exists, the same token budget on a loopback store
+(``--limits-store``, issue #40) beside them: the shared limiter alone (two round trips:
+reserve, settle) and through the proxy.
 
 Run alone: ``.venv/bin/python -m bench.admission [requests]``.
 """
@@ -21,6 +24,7 @@ from typing import Any, TypeVar, cast
 from bench.harness import minilm_dir
 
 T = TypeVar("T")
+STORE_ROW = "token budget, loopback redis-server store"
 LIMITS = {
     "none": None,
     "requests only": {"tenants": {"acme": {"requests_per_second": 1_000_000}}},
@@ -36,25 +40,26 @@ LIMITS = {
 }
 
 
+BENCH_POLICIES = {
+    "tenants": {
+        "acme": {
+            "requests_per_minute": 10**9,
+            "total_tokens_per_month": 10**15,
+            "concurrency": 10**6,
+            "models": {"m": {"prompt_tokens_per_minute": 10**12}},
+            "keys": {"abcdefabcdef": {"requests_per_second": 10**9}},
+        }
+    }
+}
+
+
 def limiter_cost(repeat: int) -> float:
     """Microseconds of CPU for one reserve + settle at three levels (tenant, model, key)."""
     from proxy.limits.limiter import Cost, Who
     from proxy.limits.memory import InProcessLimiter
     from proxy.limits.policy import Policies
 
-    policies = Policies.model_validate(
-        {
-            "tenants": {
-                "acme": {
-                    "requests_per_minute": 10**9,
-                    "total_tokens_per_month": 10**15,
-                    "concurrency": 10**6,
-                    "models": {"m": {"prompt_tokens_per_minute": 10**12}},
-                    "keys": {"abcdefabcdef": {"requests_per_second": 10**9}},
-                }
-            }
-        }
-    )
+    policies = Policies.model_validate(BENCH_POLICIES)
     limiter = InProcessLimiter(policies)
     who, now = Who("acme", "m", "abcdefabcdef"), time.time()
 
@@ -78,8 +83,60 @@ def limiter_cost(repeat: int) -> float:
     return (time.process_time() - started) / repeat * 1e6
 
 
-async def _through_proxy(limits: dict[str, Any] | None, fresh: bool, requests: int) -> float:
-    """CPU ms per sequential rerank (the proxy and the fake share the process)."""
+async def _store_pairs(url: str, repeat: int) -> dict[str, float]:
+    """Wall and CPU µs per reserve + settle at three levels on the store at ``url``."""
+    from redis.asyncio import Redis
+
+    from proxy.limits.limiter import Cost, Who
+    from proxy.limits.policy import Policies
+    from proxy.serving.sharedlimits import RedisLimiter
+
+    client = Redis.from_url(url)
+    limiter = RedisLimiter(Policies.model_validate(BENCH_POLICIES), client, grace=0.0)
+    who, now = Who("acme", "m", "abcdefabcdef"), time.time()
+    assert (await limiter.sync(1, now)).complete
+
+    async def once() -> None:
+        ticket = (await limiter.reserve(who, Cost(40, 10), now)).ticket
+        assert ticket is not None
+        await limiter.settle(ticket, Cost(30, 10), now)
+
+    for _ in range(20):
+        await once()
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(repeat):
+        await once()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    await client.aclose()
+    return {"store_limiter_us": wall / repeat * 1e6, "store_limiter_cpu_us": cpu / repeat * 1e6}
+
+
+class _LoopbackStore:
+    """A throwaway redis-server on loopback (tests.support.redisserver), or none."""
+
+    def __enter__(self) -> str | None:
+        from scripts.vllm_cpu import free_port
+        from tests.support.redisserver import Store, server_binary
+
+        binary = server_binary()
+        self._tmp = tempfile.TemporaryDirectory()
+        self.store = None if binary is None else Store(binary, Path(self._tmp.name), free_port())
+        if self.store is None:
+            return None
+        self.store.start()
+        return self.store.url
+
+    def __exit__(self, *exc: object) -> None:
+        if self.store is not None:
+            self.store.kill()
+        self._tmp.cleanup()
+
+
+async def _through_proxy(
+    limits: dict[str, Any] | None, fresh: bool, requests: int, store: str | None = None
+) -> float:
+    """CPU ms per sequential rerank (the proxy and the fake share the process); with
+    ``store``, the limits on that Redis/Valkey store."""
     import yaml
     from aiohttp.test_utils import TestClient, TestServer
 
@@ -101,6 +158,8 @@ async def _through_proxy(limits: dict[str, Any] | None, fresh: bool, requests: i
             path = Path(tmp) / "limits.yaml"
             path.write_text(yaml.safe_dump(limits))
             options["limits"] = str(path)
+        if store is not None:  # a timeout long enough that no admission falls back
+            options.update(limits_store=store, limits_replicas=1, limits_store_timeout=1.0)
         _, proxy = await fake_and_proxy(
             server, client, minilm_dir(), tenant_header="X-Tenant-Id", **options
         )
@@ -122,6 +181,13 @@ async def _through_proxy(limits: dict[str, Any] | None, fresh: bool, requests: i
         for i in range(requests):
             await one(i)
         cpu = (time.process_time() - started) / requests * 1000
+        if store is not None:  # every admission was the store's, none the fail mode's
+            from proxy.serving.admission import ADMISSION
+            from proxy.serving.storeguard import GuardedLimiter
+
+            guarded = proxy.app[ADMISSION].limiter
+            assert isinstance(guarded, GuardedLimiter)
+            assert not any(guarded.fail_admissions.values()), guarded.fail_admissions
         await proxy.close()
         return cpu
 
@@ -134,6 +200,13 @@ def admission_cost(requests: int) -> dict[str, float]:
         for fresh in (False, True):
             key = f"{name}, {'fresh texts' if fresh else 'cache hit'}"
             out[key] = asyncio.run(_through_proxy(limits, fresh, requests))
+    with _LoopbackStore() as url:
+        if url is not None:
+            out |= asyncio.run(_store_pairs(url, max(requests, 200)))
+            for fresh in (False, True):
+                key = f"{STORE_ROW}, {'fresh texts' if fresh else 'cache hit'}"
+                budget = LIMITS["token budget"]
+                out[key] = asyncio.run(_through_proxy(budget, fresh, requests, url))
     return out
 
 
@@ -145,11 +218,16 @@ def render(a: dict[str, float]) -> list[str]:
         f"- the embedded limiter alone, reserve + settle over three levels: "
         f"{a['limiter_us']:.1f} µs",
         "",
-        "| limits | cache hit | fresh texts |",
-        "|---|---:|---:|",
     ]
+    if "store_limiter_us" in a:
+        lines.append(
+            f"- the shared limiter alone on a loopback redis-server, reserve + settle (two "
+            f"round trips) over the same three levels: {a['store_limiter_us']:.0f} µs wall, "
+            f"{a['store_limiter_cpu_us']:.0f} µs CPU in the proxy's process"
+        )
+    lines += ["", "| limits | cache hit | fresh texts |", "|---|---:|---:|"]
     base_hit, base_fresh = a["none, cache hit"], a["none, fresh texts"]
-    for name in LIMITS:
+    for name in [*LIMITS, *([STORE_ROW] if f"{STORE_ROW}, cache hit" in a else [])]:
         hit, fresh = a[f"{name}, cache hit"], a[f"{name}, fresh texts"]
         if name == "none":
             lines.append(f"| none | {hit:.3f} | {fresh:.3f} |")

@@ -325,6 +325,37 @@ SPECS: dict[str, _Spec] = {
         "usage_proxy_limits_restored_records",
         "Journaled records the budgets were rebuilt from at start.",
     ),
+    # The shared limits store (--limits-store, proxy.serving.storeguard).
+    "store_seconds": _Spec(
+        Histogram,
+        "usage_proxy_limits_store_seconds",
+        "Round trips to the limits store by operation (failed and timed out ones included).",
+        ("op",),
+        buckets=LATENCY_BUCKETS,
+    ),
+    "store_errors": _Spec(
+        Counter,
+        "usage_proxy_limits_store_errors",
+        "Limits store calls that failed, by kind (timeout, or the client's error class).",
+        ("kind",),
+    ),
+    "store_breaker": _Spec(
+        Gauge,
+        "usage_proxy_limits_store_breaker_open",
+        "1 while the circuit breaker skips the limits store, else 0.",
+    ),
+    "fail_admissions": _Spec(
+        Counter,
+        "usage_proxy_limits_fail_mode_admissions",
+        "Admissions decided by the fail mode, not the store, by mode and reason "
+        "(unreachable, or rebuilding: the store was found empty).",
+        ("mode", "reason"),
+    ),
+    "store_rebuilds": _Spec(
+        Counter,
+        "usage_proxy_limits_store_rebuilds",
+        "Times this replica found the limits store empty and started a rebuild.",
+    ),
 }
 
 
@@ -373,6 +404,11 @@ class Metrics:
     limits_loaded_at: Gauge
     limits_reload_failures: Counter
     limits_restored: Counter
+    store_seconds: Histogram
+    store_errors: Counter
+    store_breaker: Gauge
+    fail_admissions: Counter
+    store_rebuilds: Counter
 
     def __init__(
         self,

@@ -14,6 +14,7 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Literal
+from urllib.parse import parse_qs
 
 import yaml
 from pydantic import (
@@ -274,15 +275,16 @@ class Settings(BaseSettings):
     )
     limits_fail_mode: Literal["closed", "open", "local"] = Field(
         "local",
-        description="While the limits store is unreachable: closed (503, nothing forwarded), "
-        "open (admit, count), local (each replica enforces limit / live replicas); a "
-        "tenant's fail_mode in the limits file overrides it.",
+        description="While the limits store is unreachable, or rebuilding after it was found "
+        "empty: closed (503, nothing forwarded), open (admit, count), local (each replica "
+        "enforces limit / replicas); a tenant's fail_mode in the limits file overrides it.",
     )
     limits_replicas: int = Field(
         0,
         ge=0,
         description="Replicas that share the limits store (what local fail mode divides "
-        "by); 0: the live count the store reported while it was up.",
+        "by, and how many journals a store found empty waits for); 0: the live count the "
+        "store reported while it was up.",
     )
     limits_reservation_ttl: float = Field(
         600.0,
@@ -402,7 +404,9 @@ class Settings(BaseSettings):
         scheme, sep, rest = value.partition("://")
         if not sep or scheme not in ("redis", "rediss", "valkey", "valkeys"):
             raise ValueError("a redis://, rediss://, valkey:// or valkeys:// URL")
-        if ":" in rest.split("@", 1)[0] and "@" in rest:
+        netloc, _, query = rest.partition("?")
+        in_userinfo = "@" in netloc and ":" in netloc.split("@", 1)[0]
+        if in_userinfo or "password" in parse_qs(query):
             raise ValueError(
                 "no password on the command line: set USAGE_PROXY_LIMITS_STORE_PASSWORD or "
                 "--limits-store-password-file"

@@ -86,7 +86,10 @@ def fake_upstream(minilm_path: Path, tmp_path: Path) -> Iterator[Process]:
 
 
 from tests.support.postgres import postgres  # noqa: E402,F401  (session fixture)
-from tests.support.redisserver import redis_store  # noqa: E402,F401  (per-test server)
+from tests.support.redisserver import (  # noqa: E402,F401  (per-test servers)
+    redis_store,
+    tls_redis_store,
+)
 
 
 @pytest.fixture

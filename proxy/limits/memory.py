@@ -21,7 +21,8 @@ BUCKET_SECONDS = 900
 MeterKey = tuple[tuple[str, ...], str]
 
 
-def _matches(scope: tuple[str, ...], who: Who) -> bool:
+def matches(scope: tuple[str, ...], who: Who) -> bool:
+    """Whether ``who``'s requests count at the level ``scope``."""
     kind, tenant = scope[0], scope[1]
     if who.tenant != tenant:
         return False
@@ -49,12 +50,16 @@ class History:
     def used(self, scope: tuple[str, ...], unit: Unit, start: float, end: float) -> int:
         total = 0
         for who, buckets in self._rows.get(scope[1], {}).items():
-            if not _matches(scope, who):
+            if not matches(scope, who):
                 continue
             for bucket, (prompt, completion, requests) in buckets.items():
                 if start <= bucket < end:
                     total += Cost(prompt, completion, requests).of(unit)
         return total
+
+    def whos(self) -> list[Who]:
+        """Everyone with billed units in the history."""
+        return [who for whos in self._rows.values() for who in whos]
 
     def prune(self, before: float) -> None:
         for tenant, whos in list(self._rows.items()):

@@ -23,9 +23,14 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-def readiness(catalog: Catalog, journal: Journal | None) -> Handler:
+StoreProblem = Callable[[], tuple[str, bool] | None]
+
+
+def readiness(catalog: Catalog, journal: Journal | None, store: StoreProblem | None) -> Handler:
     """Ready when discovery has reached the upstream, every served model can be audited,
-    and records can be journaled (a load balancer then drains a pod whose disk failed)."""
+    and records can be journaled (a load balancer then drains a pod whose disk failed).
+    The limits store's problem is reported; it fails readiness only when ``store`` says
+    so (unreachable in closed mode)."""
 
     async def readyz(request: web.Request) -> web.Response:
         problems = {name: m.problem for name, m in catalog.models.items() if m.problem}
@@ -35,7 +40,11 @@ def readiness(catalog: Catalog, journal: Journal | None) -> Handler:
             problems["upstream"] = "the upstream's /v1/models lists no model"
         if journal is not None and not journal.healthy and not await journal.probe():
             problems["journal"] = journal.problem or "records cannot be journaled"
+        found = store() if store is not None else None
         ready = catalog.ready.is_set() and not problems and bool(catalog.models)
+        if found is not None:
+            problems["limits_store"], fails = found
+            ready = ready and not fails
         body = {
             "status": "ready" if ready else "not ready",
             "upstream_version": catalog.release.version,
@@ -59,10 +68,11 @@ def add_routes(
     catalog: Catalog,
     journal: Journal | None,
     metrics: Metrics | None = None,
+    store: StoreProblem | None = None,
 ) -> None:
     """Health and readiness; the metrics page too when ``metrics`` is given."""
     app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readiness(catalog, journal))
+    app.router.add_get("/readyz", readiness(catalog, journal, store))
     if metrics is not None:
         app.router.add_get("/metrics", metrics_page(metrics))
 

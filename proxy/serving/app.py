@@ -34,12 +34,13 @@ from proxy.serving.keyfile import KEYFILE, KeyFile, key_file_context
 from proxy.serving.keys import METRICS, OUTBOX, POOL, RECONCILER, RECORDER
 from proxy.serving.lifetimes import counters_reader, ledger_context, reconciler_context
 from proxy.serving.limitsfile import LIMITSFILE, LimitsFile, limits_file_context
+from proxy.serving.limitsstore import build_shared_limiter, store_context
 from proxy.serving.metered import METERED, MeteredRelay
 from proxy.serving.relayed import Relay
 from proxy.serving.routing import Invocations, Router, guard
 from proxy.serving.sendwatch import SendWatch, send_watch_context
-from proxy.serving.sharedlimits import GuardedLimiter, build_shared_limiter, store_context
 from proxy.serving.shares import TenantShares
+from proxy.serving.storeguard import GuardedLimiter
 from proxy.serving.unmetered import Unmetered
 from proxy.serving.upstream import SESSION, session_context
 from proxy.settings import CacheSalting, Durability, Settings
@@ -116,7 +117,7 @@ def build_admission(
     policies = load_policies(Path(settings.limits))
     limiter: Limiter = InProcessLimiter(policies)
     if settings.limits_store is not None:
-        limiter = build_shared_limiter(settings, policies)
+        limiter = build_shared_limiter(settings, policies, metrics)
     timeout = settings.accounting_timeout
     return Admission(limiter, catalog, pool, metrics, count_timeout=timeout)
 
@@ -138,7 +139,7 @@ def add_limits(
     app.on_response_prepare.append(add_headers)
     app.cleanup_ctx.append(limits_file_context(app[LIMITSFILE]))
     if isinstance(admission.limiter, GuardedLimiter):
-        app.cleanup_ctx.append(store_context(admission.limiter, settings.limits_replicas))
+        app.cleanup_ctx.append(store_context(admission.limiter, journaled=journal is not None))
 
 
 def create_app(
@@ -185,6 +186,8 @@ def create_app(
     if settings.api_keys:
         app[KEYFILE] = KeyFile(Path(settings.api_keys), resolver, metrics)
         app.cleanup_ctx.append(key_file_context(app[KEYFILE]))
+    limiter = admission.limiter if admission else None
+    store = limiter.problem if isinstance(limiter, GuardedLimiter) else None
     for context in (
         session_context(settings),
         catalog_context(catalog),
@@ -193,10 +196,13 @@ def create_app(
         *([restore_context(admission, journal, metrics)] if admission else []),
         reconciler_context(settings, reconciler),
         send_watch_context(sends),
-        admin.admin_context(settings, lambda a: admin.add_routes(a, catalog, journal, metrics)),
+        admin.admin_context(
+            settings, lambda a: admin.add_routes(a, catalog, journal, metrics, store)
+        ),
     ):
         app.cleanup_ctx.append(context)
-    admin.add_routes(app, catalog, journal, metrics if settings.admin_port is None else None)
+    page = metrics if settings.admin_port is None else None
+    admin.add_routes(app, catalog, journal, page, store)
     relay = Relay(settings.upstream_base, settings.body_read_timeout, metrics)
     admin_port = settings.admin_port is not None
     routes = Router(exchanges, handlers, relay, unmetered, shares, owners, admin_port=admin_port)

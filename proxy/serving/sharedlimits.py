@@ -1,199 +1,75 @@
 """Limits shared by every replica on one Redis or Valkey store (``--limits-store``).
 
-Each admission is one round trip: one Lua script checks every level that applies
-(tenant, tenant x model, key) on the store's clock (``TIME``) and reserves at all of them
-or none, answering what the ``x-ratelimit-*`` headers need. Settlement and release are
-one round trip each and idempotent: a ticket carries a reservation id, and the first
-settle or release of an id marks it done (a retry changes nothing).
+Each admission is one round trip: one Lua script (``storescripts``) checks every level
+that applies (tenant, tenant x model, key) on the store's clock (``TIME``) and reserves
+at all of them or none, answering what the ``x-ratelimit-*`` headers need. Settlement and
+release are one round trip each and idempotent: a ticket carries a reservation id, and
+the first settle or release of an id marks it done (a retry changes nothing).
 
 The arithmetic is the in-process limiter's (``proxy.limits.rates``, ``meters``,
 ``periods``), written once more in Lua because it must run inside the store:
 
 * rates are GCRA, one key holding the theoretical arrival time, expiring once it is past;
 * calendar budgets are one hash per period (its start in the key name), expiring a day
-  after the period ends: ``used`` (billed), ``reserved`` (held by requests in flight);
+  after the period ends: ``u:<replica>`` (what that replica billed), ``used`` (their
+  sum), ``reserved`` (held by requests in flight);
 * reservations at budgets and gates are also members ``<id>|<units>`` of a sorted set
   scored by their expiry, so a crashed replica's reservations are given back when they
   expire (``--limits-reservation-ttl``); nothing leaks.
 
-The store is a cache of the journals: when a budget's hash is missing (a store started
-empty, or a new period), each replica adds the usage its own journal holds for that
-period the first time it touches it (the hash remembers which replicas did, by
-``--limits-replica-id``), so the budget is rebuilt and no replica is counted twice.
+The store is a cache of the journals. Each replica's part of a budget is its own
+journal's total for the period, so a replica writes it as a total (raised, never added
+to): a store that restarts empty is rebuilt by every replica contributing its journal
+(``sync``), and no reservation is made on it until the generation is complete (see
+``storescripts``): meanwhile the replicas admit in their fail mode, by their share.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import os
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import structlog
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.asyncio import Redis
 
 from proxy.limits.limiter import Cost, Decision, Refusal, Standing, Ticket, Usage, Who
-from proxy.limits.memory import History, InProcessLimiter
+from proxy.limits.memory import History, matches
 from proxy.limits.meters import GATE_RETRY_SECONDS, HELD_RETRY_SECONDS
 from proxy.limits.periods import period
-from proxy.limits.policy import RATE_SECONDS, FailMode, Limit, Policies
-from proxy.settings import ENV_PREFIX, Settings
+from proxy.limits.policy import RATE_SECONDS, Limit, Policies
+from proxy.serving.storescripts import END, RESERVE, SYNC
 
 log = structlog.get_logger("proxy.serving.sharedlimits")
-T = TypeVar("T")
 
 # A budget's hash outlives its period by this much: a late settlement still lands.
 BUDGET_GRACE_SECONDS = 86_400
 # How long a settled or released id is remembered (a retry within it changes nothing).
 DONE_SECONDS = 86_400
+# The generation marker outlives every budget hash (a month and its grace), refreshed by
+# each contribution and heartbeat: while it lives, the budgets in the store are whole.
+GENERATION_SECONDS = 40 * 86_400
 
-RESERVE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local id, ttl, replica, n = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
-local held_retry, gate_retry = tonumber(ARGV[5]), tonumber(ARGV[6])
-local EPS = 1e-9
-local state = {}
-local worst, worst_wait, rebuilt = 0, 0, 0
-for i = 1, n do
-  local a = 6 + (i - 1) * 6
-  local kind, amount, cost = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  local span, own = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
-  local k, z = KEYS[2 * i - 1], KEYS[2 * i]
-  local wait = 0
-  local s = {}
-  if kind == 'r' then
-    local interval = span / amount
-    s.tat = tonumber(redis.call('GET', k) or '0')
-    if cost > amount then
-      wait = math.huge
-    else
-      local after = math.max(s.tat, now) + cost * interval
-      if after - now > span + EPS then wait = math.max(after - span - now, 0) end
-    end
-  else
-    local held = tonumber(redis.call('HGET', k, 'reserved') or '0')
-    local expired = redis.call('ZRANGEBYSCORE', z, '-inf', now)
-    if #expired > 0 then
-      for _, m in ipairs(expired) do held = held - tonumber(string.match(m, '|(%d+)$')) end
-      redis.call('ZREMRANGEBYSCORE', z, '-inf', now)
-      redis.call('HSET', k, 'reserved', held)
-    end
-    s.held = held
-    s.used = 0
-    if kind == 'b' then
-      if redis.call('HSETNX', k, 'r:' .. replica, own) == 1 then
-        s.used = redis.call('HINCRBY', k, 'used', own)
-        rebuilt = rebuilt + 1
-        redis.call('EXPIREAT', k, math.ceil(ARGV[a + 6]))
-      else
-        s.used = tonumber(redis.call('HGET', k, 'used') or '0')
-      end
-      if cost > amount then
-        wait = math.huge
-      elseif s.used + held + cost <= amount then
-        wait = 0
-      elseif s.used + cost <= amount then
-        wait = math.min(held_retry, span - now)
-      else
-        wait = span - now
-      end
-    elseif held + cost > amount then
-      wait = gate_retry
-    end
-  end
-  state[i] = s
-  if wait > 0 and (worst == 0 or wait > worst_wait) then worst, worst_wait = i, wait end
-end
-local admitted = 0
-if worst == 0 then
-  admitted = 1
-  for i = 1, n do
-    local a = 6 + (i - 1) * 6
-    local kind, amount, cost = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-    local k, z, s = KEYS[2 * i - 1], KEYS[2 * i], state[i]
-    if kind == 'r' then
-      local span = tonumber(ARGV[a + 4])
-      s.tat = math.max(s.tat, now) + cost * span / amount
-      redis.call('SET', k, string.format('%.17g', s.tat), 'EXAT', math.ceil(s.tat) + 1)
-    else
-      s.held = redis.call('HINCRBY', k, 'reserved', cost)
-      redis.call('ZADD', z, now + ttl, id .. '|' .. cost)
-      local until_ = math.max(math.ceil(ARGV[a + 6]), math.ceil(now + ttl) + 1)
-      redis.call('EXPIREAT', k, until_)
-      redis.call('EXPIREAT', z, until_)
-    end
-  end
-end
-local out = {admitted, worst, string.format('%.17g', worst_wait), rebuilt}
-for i = 1, n do
-  local a = 6 + (i - 1) * 6
-  local kind, amount = ARGV[a + 1], tonumber(ARGV[a + 2])
-  local span, s = tonumber(ARGV[a + 4]), state[i]
-  local remaining, reset
-  if kind == 'r' then
-    local interval = span / amount
-    local room = span - math.max(s.tat - now, 0)
-    remaining = math.max(math.min(amount, math.floor(room / interval + EPS)), 0)
-    reset = math.max(s.tat - now, 0)
-  elseif kind == 'b' then
-    remaining = math.max(amount - s.used - s.held, 0)
-    reset = span - now
-  else
-    remaining = math.max(amount - s.held, 0)
-    reset = 0
-  end
-  out[#out + 1] = remaining
-  out[#out + 1] = string.format('%.17g', reset)
-end
-return out
-"""
 
-END = """
-if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', tonumber(ARGV[4])) then return -1 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local id, replica, n = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local settle = ARGV[5] == 'settle'
-local rebuilt = 0
-for i = 1, n do
-  local a = 5 + (i - 1) * 6
-  local kind, reserved, billed = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  local interval, own, expire_at = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), ARGV[a + 6]
-  local k, z = KEYS[2 * i], KEYS[2 * i + 1]
-  if kind == 'r' then
-    local tat = tonumber(redis.call('GET', k) or '0') - (reserved - billed) * interval
-    if tat > now then
-      redis.call('SET', k, string.format('%.17g', tat), 'EXAT', math.ceil(tat) + 1)
-    else
-      redis.call('DEL', k)
-    end
-  else
-    if redis.call('ZREM', z, id .. '|' .. reserved) == 1 then
-      redis.call('HINCRBY', k, 'reserved', -reserved)
-    end
-    if kind == 'b' and settle then
-      if redis.call('HSETNX', k, 'r:' .. replica, own) == 1 then
-        redis.call('HINCRBY', k, 'used', own)
-        rebuilt = rebuilt + 1
-      else
-        redis.call('HINCRBY', k, 'used', billed)
-      end
-      redis.call('EXPIREAT', k, math.ceil(expire_at))
-    end
-  end
-end
-return rebuilt
-"""
+class Rebuilding(Exception):
+    """The store's budgets are being rebuilt (a store found empty): no reservation is
+    made on it until every replica has contributed its journal."""
 
-_KIND = {"rate": "r", "budget": "b", "gate": "g"}
+    def __init__(self, contributed: bool) -> None:
+        super().__init__("the limits store's budgets are being rebuilt")
+        self.contributed = contributed  # whether this replica has already
+
+
+@dataclass(frozen=True, slots=True)
+class Synced:
+    """What a contribution found: the store's generation, whether it is complete, and
+    whether this contribution started it (the store was empty: a rebuild)."""
+
+    generation: str
+    complete: bool
+    created: bool
+    budgets: int  # budget hashes this replica wrote its total to
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,10 +91,13 @@ class StoreTicket(Ticket):
 
     id: str = ""
     parts: list[Taken] = field(default_factory=list)
+    noted: bool = False  # its billed units are in this replica's history
+    by_share: bool = False  # made while the generation was incomplete, by the share
 
 
 class RedisLimiter:
-    """``proxy.limits.limiter.Limiter`` on a Redis/Valkey store shared by replicas."""
+    """``proxy.limits.limiter.Limiter`` on a Redis/Valkey store shared by replicas.
+    ``reserve`` raises ``Rebuilding`` while the store's generation is incomplete."""
 
     def __init__(
         self,
@@ -228,16 +107,27 @@ class RedisLimiter:
         namespace: str = "usage-proxy",
         replica: str = "replica",
         reservation_ttl: float = 600.0,
+        grace: float = 15.0,
     ) -> None:
         self.policies = policies
         self.client = client
         self.namespace = namespace
         self.replica = replica
         self.reservation_ttl = reservation_ttl
-        self.history = History()  # this replica's billed usage: what it adds to a rebuild
-        self.rebuilt = 0  # budgets this replica added its usage to (store empty or new period)
+        self.grace = grace  # an incomplete generation waits this long for unknown replicas
+        self.history = History()  # this replica's billed usage: its part of each budget
+        self.holds: dict[str, Ticket] = {}  # admitted without the store, not yet ended
         self._reserve: Any = client.register_script(RESERVE)
         self._end: Any = client.register_script(END)
+        self._sync: Any = client.register_script(SYNC)
+
+    @property
+    def generation_key(self) -> str:
+        return f"{self.namespace}:gen"
+
+    @property
+    def registry_key(self) -> str:
+        return f"{self.namespace}:replicas"
 
     def replace(self, policies: Policies) -> None:
         self.policies = policies
@@ -246,11 +136,12 @@ class RedisLimiter:
         return self.policies.wants_tokens(tenant)
 
     def _key(self, scope: tuple[str, ...], limit: Limit, suffix: str) -> str:
-        # {tenant}: every key of a tenant in one hash slot (a cluster runs the script).
+        # {tenant}: every key of a tenant's levels in one hash slot
         rest = ":".join(scope[2:])
         return f"{self.namespace}:{{{scope[1]}}}:{scope[0]}:{rest}:{limit.name}{suffix}"
 
-    def _parts(self, who: Who, now: float) -> list[Taken]:
+    def parts(self, who: Who, now: float) -> list[Taken]:
+        """Every limit that applies to ``who``, with its keys in the store."""
         parts = []
         zone = self.policies.zone
         for level in self.policies.levels(who.tenant, who.model, who.key):
@@ -266,19 +157,32 @@ class RedisLimiter:
                 parts.append(Taken(level.scope, limit, key, key + ":holds", kind, span, start))
         return parts
 
-    def _own(self, part: Taken) -> int:
+    def own(self, part: Taken) -> int:
+        """This replica's part of a budget: what it billed in the period, and what it
+        holds in reservations it made without the store."""
         if part.kind != "b":
             return 0
-        return self.history.used(part.scope, part.limit.unit, part.start, part.span)
+        unit = part.limit.unit
+        billed = self.history.used(part.scope, unit, part.start, part.span)
+        held = sum(t.cost.of(unit) for t in self.holds.values() if matches(part.scope, t.who))
+        return billed + held
 
     async def reserve(self, who: Who, cost: Cost, now: float) -> Decision:
-        parts = self._parts(who, now)
+        return (await self.reserve_by(who, cost, now, 0))[0]
+
+    async def reserve_by(
+        self, who: Who, cost: Cost, now: float, share: int
+    ) -> tuple[Decision, bool]:
+        """The store's decision, and whether it was made by this replica's share (the
+        generation incomplete, ``share``: the replica count to divide budgets by; 0:
+        raise ``Rebuilding`` instead)."""
+        parts = self.parts(who, now)
         if not parts:
-            return Decision(Ticket(who, cost), None, None, None)
+            return Decision(Ticket(who, cost), None, None, None), False
         rid = uuid.uuid4().hex
-        keys: list[str] = []
+        keys = [self.generation_key, self.registry_key]
         args: list[Any] = [rid, self.reservation_ttl, self.replica, len(parts)]
-        args += [HELD_RETRY_SECONDS, GATE_RETRY_SECONDS]
+        args += [HELD_RETRY_SECONDS, GATE_RETRY_SECONDS, self.grace, share]
         for part in parts:
             keys += [part.key, part.holds]
             expire = part.span + BUDGET_GRACE_SECONDS if part.kind == "b" else 0
@@ -287,12 +191,14 @@ class RedisLimiter:
                 part.limit.amount,
                 cost.of(part.limit.unit),
                 part.span,
-                self._own(part),
+                self.own(part),
                 expire,
             ]
         out = await self._reserve(keys=keys, args=args)
-        admitted, worst, worst_wait, rebuilt = int(out[0]), int(out[1]), float(out[2]), out[3]
-        self.rebuilt += int(rebuilt)
+        if int(out[0]) < 0:
+            raise Rebuilding(bool(int(out[1])))
+        admitted, worst, worst_wait = int(out[0]), int(out[1]), float(out[2])
+        by_share = bool(int(out[3]))
         standings = [(int(out[4 + 2 * i]), float(out[5 + 2 * i])) for i in range(len(parts))]
         headers = _standings(parts, standings)
         if not admitted:
@@ -306,29 +212,40 @@ class RedisLimiter:
                 limit.amount,
                 limit.budget,
             )
-            return Decision(None, refusal, *headers)
-        ticket = StoreTicket(who, cost, id=rid, parts=parts)
+            return Decision(None, refusal, *headers), by_share
+        ticket = StoreTicket(who, cost, id=rid, parts=parts, by_share=by_share)
         ticket.taken = [(p.scope, p.limit.name, p.limit.unit) for p in parts]
-        return Decision(ticket, None, *headers)
+        return Decision(ticket, None, *headers), by_share
 
     async def settle(self, ticket: Ticket, billed: Cost, now: float) -> None:
         if not ticket.open:
             return
-        self.history.note(ticket.who, billed, now)
-        await self._finish(ticket, billed, "settle")
+        self.note(ticket, billed, now)
+        await self.finish(ticket, billed, "settle")
         ticket.open = False
+
+    def note(self, ticket: Ticket, billed: Cost, now: float) -> None:
+        """Add a settlement to this replica's history, once per reservation."""
+        if isinstance(ticket, StoreTicket):
+            if ticket.noted:
+                return
+            ticket.noted = True
+        self.history.note(ticket.who, billed, now)
 
     async def release(self, ticket: Ticket, now: float) -> None:
         if not ticket.open:
             return
-        await self._finish(ticket, Cost(0, 0, 0), "release")
+        await self.finish(ticket, Cost(0, 0, 0), "release")
         ticket.open = False
 
-    async def _finish(self, ticket: Ticket, billed: Cost, mode: str) -> None:
+    async def finish(self, ticket: Ticket, billed: Cost, mode: str) -> None:
+        """Settle or release a store reservation (once per id); a settlement raises this
+        replica's part of each budget to its total, the record included (noted before)."""
         if not isinstance(ticket, StoreTicket) or not ticket.parts:
             return
         keys = [f"{self.namespace}:done:{ticket.id}"]
         args: list[Any] = [ticket.id, self.replica, len(ticket.parts), DONE_SECONDS, mode]
+        args.append(int(ticket.by_share))
         for part in ticket.parts:
             keys += [part.key, part.holds]
             unit = part.limit.unit
@@ -338,11 +255,34 @@ class RedisLimiter:
                 ticket.cost.of(unit),
                 billed.of(unit),
                 interval,
-                self._own(part),  # including this record: noted before
+                self.own(part),
                 part.span + BUDGET_GRACE_SECONDS if part.kind == "b" else 0,
             ]
-        rebuilt = await self._end(keys=keys, args=args)
-        self.rebuilt += max(int(rebuilt), 0)
+        await self._end(keys=keys, args=args)
+
+    def budgets(self, now: float) -> list[Taken]:
+        """Every budget of this period this replica has a part in (billed or held)."""
+        whos = set(self.history.whos()) | {t.who for t in self.holds.values()}
+        found: dict[str, Taken] = {}
+        for who in whos:
+            for part in self.parts(who, now):
+                if part.kind == "b":
+                    found.setdefault(part.key, part)
+        return list(found.values())
+
+    async def sync(self, known: int, now: float) -> Synced:
+        """Contribute this replica's part of every budget to the store (one round trip),
+        starting a generation if the store has none; ``known``: the replicas this one
+        knew of before (0: none known), whom a new generation waits for."""
+        parts = self.budgets(now)
+        keys = [self.generation_key, self.registry_key] + [p.key for p in parts]
+        args: list[Any] = [self.replica, known, self.grace, GENERATION_SECONDS]
+        args += [uuid.uuid4().hex, len(parts)]
+        for part in parts:
+            args += [self.own(part), part.span + BUDGET_GRACE_SECONDS]
+        out = await self._sync(keys=keys, args=args)
+        generation = out[0].decode() if isinstance(out[0], bytes) else str(out[0])
+        return Synced(generation, bool(int(out[1])), bool(int(out[2])), len(parts))
 
     async def restore(self, history: Iterable[Usage], now: float) -> int:
         taken = 0
@@ -372,295 +312,3 @@ def _standings(
         elif requests is None or remaining < requests.remaining:
             requests = standing
     return requests, tokens, tuple(budgets)
-
-
-class Breaker:
-    """Consecutive store failures open it for ``cooldown`` seconds: a dead or slow store
-    costs each request nothing after the first failures. After the cooldown one request
-    tries the store again (half open): a success closes it, a failure opens it again."""
-
-    def __init__(self, failures: int = 3, cooldown: float = 1.0) -> None:
-        self.failures = failures
-        self.cooldown = cooldown
-        self.count = 0
-        self.open_until = 0.0
-
-    @property
-    def open(self) -> bool:
-        return self.count >= self.failures
-
-    def allows(self, now: float) -> bool:
-        if not self.open:
-            return True
-        if now >= self.open_until:  # half open: this one request tries
-            self.open_until = now + self.cooldown
-            return True
-        return False
-
-    def failed(self, now: float) -> None:
-        self.count += 1
-        if self.open:
-            self.open_until = now + self.cooldown
-
-    def succeeded(self) -> bool:
-        """Close; whether it was open (the store is back)."""
-        was = self.open
-        self.count = 0
-        return was
-
-
-@dataclass(slots=True)
-class LocalTicket(Ticket):
-    """A reservation made in this process while the store was unreachable (``local`` or
-    ``open``): its usage is charged to the store once it is back."""
-
-    id: str = ""
-    inner: Ticket | None = None
-
-
-class GuardedLimiter:
-    """The shared limiter behind a short timeout and a circuit breaker, with the fail
-    mode of each tenant while the store is unreachable: ``closed`` refuses (503),
-    ``open`` admits, ``local`` enforces this replica's share (limit / live replicas) in
-    process. Usage billed while the store was away is charged to it when it is back
-    (idempotently: by reservation id)."""
-
-    def __init__(
-        self,
-        shared: RedisLimiter,
-        *,
-        timeout: float,
-        fail_mode: FailMode,
-        replicas: int = 1,
-        breaker: Breaker | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.shared = shared
-        self.timeout = timeout
-        self.fail_mode = fail_mode
-        self.breaker = breaker or Breaker()
-        self.replicas = max(replicas, 1)
-        self.local = InProcessLimiter(shared.policies.divided(self.replicas))
-        self.errors = 0
-        self.fail_admissions: dict[FailMode, int] = dict.fromkeys(FailMode, 0)
-        self.pending: list[tuple[Ticket, Cost]] = []  # settled while the store was away
-        self.slowest = 0.0  # the longest a store call took (failed ones included), seconds
-        self._clock = clock
-        self._reconciling: asyncio.Task[int] | None = None
-        self._stale = True  # the local budgets re-read this replica's usage on next use
-
-    @property
-    def policies(self) -> Policies:
-        return self.shared.policies
-
-    @policies.setter
-    def policies(self, policies: Policies) -> None:
-        self.replace(policies)
-
-    def replace(self, policies: Policies) -> None:
-        self.shared.replace(policies)
-        self.local.replace(policies.divided(self.replicas))
-
-    def set_replicas(self, replicas: int) -> None:
-        """The live replica count (read from the store, or configured)."""
-        replicas = max(replicas, 1)
-        if replicas != self.replicas:
-            self.replicas = replicas
-            self.local.replace(self.shared.policies.divided(replicas))
-
-    def wants_tokens(self, tenant: str) -> bool:
-        return self.shared.wants_tokens(tenant)
-
-    async def _call(self, call: Awaitable[T]) -> T:
-        started = time.monotonic()
-        try:
-            async with asyncio.timeout(self.timeout):
-                return await call
-        finally:
-            self.slowest = max(self.slowest, time.monotonic() - started)
-
-    def _failed(self, what: str) -> None:
-        self.errors += 1
-        self.breaker.failed(self._clock())
-        log.warning("limits_store_failed", op=what, breaker_open=self.breaker.open)
-
-    def _back(self) -> None:
-        self._stale = True
-        if self.breaker.succeeded() or self.pending:
-            log.info("limits_store_back", pending=len(self.pending))
-            if self._reconciling is None or self._reconciling.done():
-                self._reconciling = asyncio.get_running_loop().create_task(self.reconcile())
-
-    async def reserve(self, who: Who, cost: Cost, now: float) -> Decision:
-        if self.breaker.allows(self._clock()):
-            try:
-                decision = await self._call(self.shared.reserve(who, cost, now))
-            except (RedisError, OSError, TimeoutError):
-                self._failed("reserve")
-            else:
-                self._back()
-                return decision
-        mode = self.shared.policies.fail_mode(who.tenant, self.fail_mode)
-        self.fail_admissions[mode] += 1
-        if mode is FailMode.CLOSED:
-            refusal = Refusal("limits_store", ("tenant", who.tenant), 0.0, 0, 0, False, True)
-            return Decision(None, refusal, None, None)
-        if mode is FailMode.OPEN:
-            return Decision(LocalTicket(who, cost, id=uuid.uuid4().hex), None, None, None)
-        if self._stale:  # this replica's usage billed through the store counts here too
-            self._stale = False
-            await self.local.restore((), now)
-        decision = await self.local.reserve(who, cost, now)
-        if decision.ticket is None:
-            return decision
-        ticket = LocalTicket(who, cost, id=uuid.uuid4().hex, inner=decision.ticket)
-        return Decision(ticket, None, decision.requests, decision.tokens, decision.budgets)
-
-    async def settle(self, ticket: Ticket, billed: Cost, now: float) -> None:
-        await self._end(ticket, billed, now, settle=True)
-
-    async def release(self, ticket: Ticket, now: float) -> None:
-        await self._end(ticket, Cost(0, 0, 0), now, settle=False)
-
-    async def _end(self, ticket: Ticket, billed: Cost, now: float, *, settle: bool) -> None:
-        if not ticket.open:
-            return
-        if isinstance(ticket, LocalTicket):
-            ticket.open = False
-            if ticket.inner is not None:
-                if settle:
-                    await self.local.settle(ticket.inner, billed, now)
-                else:
-                    await self.local.release(ticket.inner, now)
-            if settle:  # charged to the store when it is back
-                self.shared.history.note(ticket.who, billed, now)
-                parts = self.shared._parts(ticket.who, now)
-                stored = StoreTicket(ticket.who, Cost(0, 0, 0), id=ticket.id, parts=parts)
-                self.pending.append((stored, billed))
-            return
-        if settle:
-            self.shared.history.note(ticket.who, billed, now)
-            self.local.history.note(ticket.who, billed, now)
-            self._stale = True  # a settlement after an outage began counts in its share
-        mode = "settle" if settle else "release"
-        if self.breaker.allows(self._clock()):
-            try:
-                await self._call(self.shared._finish(ticket, billed, mode))
-            except (RedisError, OSError, TimeoutError):
-                self._failed(mode)
-            else:
-                ticket.open = False
-                self._back()
-                return
-        ticket.open = False  # the store's reservation expires by its TTL
-        if settle:
-            self.pending.append((ticket, billed))
-
-    async def reconcile(self) -> int:
-        """Charge the store with the usage billed while it was away (each by its id, so
-        a retry never charges twice); what stays pending when it fails again."""
-        done = 0
-        while self.pending:
-            ticket, billed = self.pending[0]
-            try:
-                await self._call(self.shared._finish(ticket, billed, "settle"))
-            except (RedisError, OSError, TimeoutError):
-                self._failed("reconcile")
-                break
-            self.pending.pop(0)
-            done += 1
-        log.info("limits_reconciled", records=done, pending=len(self.pending))
-        return done
-
-    async def restore(self, history: Iterable[Usage], now: float) -> int:
-        rows = list(history)
-        await self.local.restore(rows, now)
-        return await self.shared.restore(rows, now)
-
-    async def beat(self, ttl: float) -> int | None:
-        """Tell the store this replica is alive; the live replica count (None: store
-        unreachable, the last count stays)."""
-        key = f"{self.shared.namespace}:replicas"
-        client = self.shared.client
-        try:
-            async with asyncio.timeout(max(self.timeout, 1.0)):
-                now = float((await client.time())[0])
-                async with client.pipeline(transaction=True) as pipe:
-                    pipe.zadd(key, {self.shared.replica: now})
-                    pipe.zremrangebyscore(key, "-inf", now - ttl)
-                    pipe.zcard(key)
-                    pipe.expire(key, int(ttl) + 1)
-                    result = await pipe.execute()
-        except (RedisError, OSError, TimeoutError):
-            return None
-        count = int(result[2])
-        self.set_replicas(count)
-        return count
-
-
-HEARTBEAT_SECONDS = 5.0
-
-
-def store_password(settings: Settings) -> str | None:
-    """The store's password: from the environment, or a file (never the command line)."""
-    password = os.environ.get(ENV_PREFIX + "LIMITS_STORE_PASSWORD")
-    if settings.limits_store_password_file is not None:
-        password = settings.limits_store_password_file.read_text(encoding="utf-8").strip()
-    return password or None
-
-
-def build_shared_limiter(settings: Settings, policies: Policies) -> GuardedLimiter:
-    """``--limits-store``: the limiter on Redis/Valkey (valkey:// is redis://), behind its
-    timeout, breaker and fail mode. Connections open on first use."""
-    assert settings.limits_store is not None
-    url = settings.limits_store
-    for alias, scheme in (("valkeys://", "rediss://"), ("valkey://", "redis://")):
-        if url.startswith(alias):
-            url = scheme + url.removeprefix(alias)
-    timeout = settings.limits_store_timeout
-    pool = BlockingConnectionPool.from_url(
-        url,
-        password=store_password(settings),
-        max_connections=64,
-        timeout=timeout,  # waiting for a free connection counts against it too
-        socket_timeout=timeout,
-        socket_connect_timeout=timeout,
-        retry=Retry(NoBackoff(), 0),
-    )
-    client = Redis.from_pool(pool)  # owns the pool: aclose disconnects it
-    shared = RedisLimiter(
-        policies,
-        client,
-        replica=settings.instance,
-        reservation_ttl=settings.limits_reservation_ttl,
-    )
-    return GuardedLimiter(
-        shared,
-        timeout=timeout,
-        fail_mode=FailMode(settings.limits_fail_mode),
-        replicas=settings.limits_replicas or 1,
-    )
-
-
-def store_context(limiter: GuardedLimiter, replicas: int) -> Callable[[Any], AsyncIterator[None]]:
-    """cleanup_ctx: this replica's heartbeat in the store (the live count divides the
-    limits in local fail mode unless --limits-replicas fixes it); the client closed."""
-
-    async def ctx(app: Any) -> AsyncIterator[None]:
-        async def beat() -> None:
-            while True:
-                count = await limiter.beat(3 * HEARTBEAT_SECONDS)
-                if replicas:
-                    limiter.set_replicas(replicas)
-                elif count is not None:
-                    log.debug("limits_replicas", live=count)
-                await asyncio.sleep(HEARTBEAT_SECONDS)
-
-        task = asyncio.get_running_loop().create_task(beat())
-        yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await limiter.shared.client.aclose()
-
-    return ctx

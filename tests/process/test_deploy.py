@@ -34,6 +34,7 @@ def test_compose_services_ports_volumes() -> None:
         "postgres",
         "prometheus",
         "grafana",
+        "valkey",
     }
     assert data["services"]["vllm"]["profiles"] == ["gpu"]
     assert data["services"]["vllm-cpu"]["profiles"] == ["cpu"]
@@ -73,6 +74,19 @@ def k8s_documents() -> list[dict[str, Any]]:
     return docs
 
 
+STORE = "usage-limits-store"
+
+
+def scoring_documents() -> list[dict[str, Any]]:
+    """The manifests of the vLLM pod with its proxy (the limits store's are apart)."""
+    return [d for d in k8s_documents() if d["metadata"]["name"] != STORE]
+
+
+def store_documents() -> dict[str, dict[str, Any]]:
+    """The limits store's manifests, by kind."""
+    return {d["kind"]: d for d in k8s_documents() if d["metadata"]["name"] == STORE}
+
+
 def test_kubernetes_manifests_validate() -> None:
     """Core resources validate strictly against the Kubernetes 1.30 schemas."""
     kinds = []
@@ -84,16 +98,19 @@ def test_kubernetes_manifests_validate() -> None:
     assert sorted(kinds) == [
         "ConfigMap",
         "Deployment",
+        "Deployment",
+        "NetworkPolicy",
         "NetworkPolicy",
         "PersistentVolumeClaim",
         "PodMonitor",
+        "Service",
         "Service",
     ]
 
 
 def test_sidecar_shares_model_volume_and_service_targets_proxy() -> None:
     """The proxy mounts vLLM's model path; the Service only exposes the proxy port."""
-    docs = {d["kind"]: d for d in k8s_documents()}
+    docs = {d["kind"]: d for d in scoring_documents()}
     pod = docs["Deployment"]["spec"]["template"]["spec"]
     containers = {c["name"]: c for c in pod["containers"]}
     mounts = {
@@ -107,6 +124,80 @@ def test_sidecar_shares_model_volume_and_service_targets_proxy() -> None:
     for name in config:
         if name.startswith("USAGE_PROXY_"):
             assert name.removeprefix("USAGE_PROXY_").lower() in Settings.model_fields
+
+
+def test_compose_runs_a_pinned_valkey_the_proxy_uses() -> None:
+    """compose's limits store: a pinned Valkey image, without persistence (an old
+    snapshot would not be rebuilt from the journals) or eviction (a budget never
+    silently dropped), named by the proxy's --limits-store."""
+    data = compose()
+    valkey = data["services"]["valkey"]
+    image, _, tag = valkey["image"].partition(":")
+    assert image == "valkey/valkey"
+    assert re.fullmatch(r"\d+\.\d+\.\d+", tag)
+    command = valkey["command"]
+    assert command[command.index("--save") + 1] == ""
+    assert command[command.index("--appendonly") + 1] == "no"
+    assert command[command.index("--maxmemory-policy") + 1] == "noeviction"
+    proxy = data["services"]["proxy"]
+    assert proxy["environment"]["USAGE_PROXY_LIMITS_STORE"] == "valkey://valkey:6379/0"
+    assert "valkey" in proxy["depends_on"]
+
+
+def test_the_limits_store_is_hardened_and_reached_only_by_the_proxies() -> None:
+    """Kubernetes' limits store: one pinned Valkey at a time (Recreate), restricted pod
+    security with a read-only root, no persistence nor eviction, its password from a
+    Secret file (never argv); a NetworkPolicy admits only the proxy pods on its port and
+    lets it call nobody; the proxy finds it by the ConfigMap and reads the password from
+    the same Secret, mounted as a file."""
+    store = store_documents()
+    assert set(store) == {"Deployment", "Service", "NetworkPolicy"}
+    deployment = store["Deployment"]["spec"]
+    assert deployment["replicas"] == 1
+    assert deployment["strategy"]["type"] == "Recreate"
+    pod = deployment["template"]["spec"]
+    labels = deployment["template"]["metadata"]["labels"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["automountServiceAccountToken"] is False
+    (valkey,) = pod["containers"]
+    assert re.fullmatch(r"valkey/valkey:\d+\.\d+\.\d+", valkey["image"])
+    context = valkey["securityContext"]
+    assert context["readOnlyRootFilesystem"] is True
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"]["drop"] == ["ALL"]
+    command = valkey["command"]
+    assert command[command.index("--save") + 1] == ""
+    assert command[command.index("--maxmemory-policy") + 1] == "noeviction"
+    assert not any("requirepass" in arg or "pass" in arg.lower() for arg in command)
+    assert "limits" in valkey["resources"]
+    config = next(v for v in pod["volumes"] if v["name"] == "config")
+    assert config["secret"]["secretName"] == "usage-limits-store"
+    service = store["Service"]["spec"]
+    assert service["selector"].items() <= labels.items()
+    policy = store["NetworkPolicy"]["spec"]
+    assert policy["podSelector"]["matchLabels"].items() <= labels.items()
+    assert policy["policyTypes"] == ["Ingress", "Egress"]
+    assert "egress" not in policy  # the store calls nobody
+    (rule,) = policy["ingress"]
+    proxies = {d["kind"]: d for d in scoring_documents()}["Deployment"]
+    proxy_labels = proxies["spec"]["template"]["metadata"]["labels"]
+    (source,) = rule["from"]
+    assert source["podSelector"]["matchLabels"].items() <= proxy_labels.items()
+    assert [p["port"] for p in rule["ports"]] == ["valkey"]
+    settings = {d["kind"]: d for d in scoring_documents()}["ConfigMap"]["data"]
+    assert settings["USAGE_PROXY_LIMITS_STORE"] == "valkey://usage-limits-store:6379/0"
+    secret_file = Path(settings["USAGE_PROXY_LIMITS_STORE_PASSWORD_FILE"])
+    proxy = next(c for c in pod_spec()["containers"] if c["name"] == "usage-proxy")
+    mount = next(m for m in proxy["volumeMounts"] if m["mountPath"] == str(secret_file.parent))
+    volume = next(v for v in pod_spec()["volumes"] if v["name"] == mount["name"])
+    assert volume["secret"]["secretName"] == "usage-limits-store"
+    assert volume["secret"]["items"] == [{"key": "password", "path": secret_file.name}]
+    example = yaml.safe_load((K8S / "limits-store.example.yaml").read_text())
+    kubernetes_validate.validate(example, "1.30", strict=True)
+    password = example["stringData"]["password"]
+    assert example["stringData"]["valkey.conf"].strip() == f"requirepass {password}"
+    assert "limits-store.example.yaml" in (ROOT / "README.md").read_text()
 
 
 def test_dockerfile_is_multistage_and_non_root() -> None:
@@ -155,7 +246,7 @@ def test_alert_rules_query_known_metrics() -> None:
 
 
 def pod_spec() -> dict[str, Any]:
-    docs = {d["kind"]: d for d in k8s_documents()}
+    docs = {d["kind"]: d for d in scoring_documents()}
     spec: dict[str, Any] = docs["Deployment"]["spec"]["template"]["spec"]
     return spec
 
@@ -165,7 +256,7 @@ def test_vllm_cannot_be_reached_around_the_proxy() -> None:
     and nothing stopped any pod calling podIP:8000. Now vLLM binds the pod's loopback and
     declares no port, its metrics are scraped through the proxy's admin port, and a
     NetworkPolicy on the pod admits only the proxy's ports."""
-    docs = {d["kind"]: d for d in k8s_documents()}
+    docs = {d["kind"]: d for d in scoring_documents()}
     containers = {c["name"]: c for c in pod_spec()["containers"]}
     args = containers["vllm"]["args"]
     assert args[args.index("--host") + 1] == "127.0.0.1"
@@ -215,7 +306,7 @@ def test_records_have_a_durable_path_and_keys_a_secret(tmp_path: Path) -> None:
     --api-keys holds digests the proxy loads, never keys."""
     from proxy.serving.tenancy import load_api_keys
 
-    docs = {d["kind"]: d for d in k8s_documents()}
+    docs = {d["kind"]: d for d in scoring_documents()}
     pod = pod_spec()
     proxy = next(c for c in pod["containers"] if c["name"] == "usage-proxy")
     env = {e["name"]: e for e in proxy["env"]}
@@ -293,7 +384,7 @@ def test_per_tenant_panels_have_data_with_the_shipped_config() -> None:
     """Issue #39 case 7: the per-tenant panel was empty with the shipped ConfigMap (no
     tenant label). Kubernetes and compose turn the label on, with the admin port it needs."""
     assert any("by (tenant)" in t["expr"] for p in dashboard()["panels"] for t in p["targets"])
-    docs = {d["kind"]: d for d in k8s_documents()}
+    docs = {d["kind"]: d for d in scoring_documents()}
     for env in (docs["ConfigMap"]["data"], compose()["services"]["proxy"]["environment"]):
         settings = Settings(
             upstream="http://x",

@@ -4,6 +4,9 @@ port is a store that restarts empty.
 
 No system service is used. Where no binary exists the tests that need it skip loudly,
 except under CI=true, where they fail: CI must install it (scripts/system-deps does).
+
+``tls_redis_store`` serves TLS only (a self-signed certificate for 127.0.0.1 made with
+the openssl command) and requires a password, set in its config file, never argv.
 """
 
 from __future__ import annotations
@@ -33,18 +36,46 @@ class Store:
     base: Path
     port: int
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    tls: bool = False  # serve TLS only, with base/cert.pem (its own CA) and base/key.pem
+    password: str | None = None  # required by the server (in its config file)
 
     @property
     def url(self) -> str:
+        if self.tls:
+            return f"rediss://127.0.0.1:{self.port}/0?ssl_ca_certs={self.base / 'cert.pem'}"
         return f"redis://127.0.0.1:{self.port}/0"
+
+    def _listen(self) -> list[str]:
+        """The config file (the password) and the port options."""
+        config: list[str] = []
+        if self.password is not None:
+            (self.base / "redis.conf").write_text(f"requirepass {self.password}\n")
+            config = [str(self.base / "redis.conf")]
+        if not self.tls:
+            return [*config, "--port", str(self.port)]
+        cert, key = str(self.base / "cert.pem"), str(self.base / "key.pem")
+        return [
+            *config,
+            "--port",
+            "0",
+            "--tls-port",
+            str(self.port),
+            "--tls-cert-file",
+            cert,
+            "--tls-key-file",
+            key,
+            "--tls-ca-cert-file",
+            cert,
+            "--tls-auth-clients",
+            "no",
+        ]
 
     def start(self) -> None:
         """Start the server (empty: no RDB, no AOF) and wait until it accepts."""
         self.process = subprocess.Popen(
             [
                 self.binary,
-                "--port",
-                str(self.port),
+                *self._listen(),
                 "--bind",
                 "127.0.0.1",
                 "--dir",
@@ -65,6 +96,8 @@ class Store:
         while time.monotonic() < deadline:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
+                    if self.tls or self.password is not None:
+                        return  # accepting; the tests speak TLS and AUTH themselves
                     sock.sendall(b"PING\r\n")
                     if sock.recv(16).startswith(b"+PONG"):
                         return
@@ -80,15 +113,69 @@ class Store:
             self.process = None
 
 
+def _missing(message: str) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def _binary() -> str:
+    binary = server_binary()
+    if binary is None:
+        _missing("redis-server not found (apt-get install redis-server; scripts/system-deps)")
+    assert binary is not None
+    return binary
+
+
+def self_signed(base: Path) -> None:
+    """A certificate for 127.0.0.1 (its own CA) and its key, in ``base``."""
+    if shutil.which("openssl") is None:
+        _missing("openssl not found (apt-get install openssl)")
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(base / "key.pem"),
+            "-out",
+            str(base / "cert.pem"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+
+
+@pytest.fixture
+def tls_redis_store() -> Iterator[Store]:
+    """A fresh server per test that speaks TLS only and requires ``store.password``."""
+    binary = _binary()
+    base = Path(tempfile.mkdtemp(prefix="usage-proxy-redis-"))
+    self_signed(base)
+    store = Store(binary, base, free_port(), tls=True, password="store-s3cret")
+    try:
+        store.start()
+        yield store
+    finally:
+        store.kill()
+        shutil.rmtree(base, ignore_errors=True)
+
+
 @pytest.fixture
 def redis_store() -> Iterator[Store]:
     """A fresh, empty server per test (it starts in a few milliseconds)."""
-    binary = server_binary()
-    if binary is None:
-        message = "redis-server not found (apt-get install redis-server; scripts/system-deps)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+    binary = _binary()
     base = Path(tempfile.mkdtemp(prefix="usage-proxy-redis-"))
     store = Store(binary, base, free_port())
     try:

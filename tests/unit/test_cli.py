@@ -160,3 +160,24 @@ def test_invalid_values_in_a_config_file_say_where_they_can_come_from(
     assert f"`nope` in {path} is not a setting (usage-proxy serve --help lists them)" in err
     assert "--nope" not in err
     assert "--cache-salt-secret" not in err
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:s3cret@127.0.0.1:6379/0",
+        "valkeys://proxy:s3cret@valkey:6379/0",
+        "redis://127.0.0.1:6379/0?password=s3cret",
+    ],
+)
+def test_a_limits_store_password_on_the_command_line_is_refused(
+    capsys: pytest.CaptureFixture[str], url: str
+) -> None:
+    """--limits-store with a password in its URL (user info or query) exits 2 before
+    anything starts, saying where the password goes, without echoing it (argv is
+    visible to every user of the host, and error lines reach logs)."""
+    assert main(["serve", "--upstream", "http://x", "--limits-store", url]) == 2
+    err = capsys.readouterr().err
+    assert "no password on the command line" in err
+    assert "USAGE_PROXY_LIMITS_STORE_PASSWORD" in err
+    assert "s3cret" not in err

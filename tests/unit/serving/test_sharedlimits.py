@@ -1,7 +1,8 @@
 """The shared limiter on a real redis-server (started per test, empty): all-or-nothing
 reservations on the store's clock, idempotent settle and release, reservations that
-expire, budgets rebuilt from each replica's journal when the store restarts empty, and
-three replicas that share one budget without overshoot."""
+expire, budgets rebuilt from each replica's journal when the store restarts empty (no
+reservation until every replica has contributed), and three replicas that share one
+budget without overshoot."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from redis.exceptions import RedisError
 from proxy.limits.limiter import Cost, Usage, Who
 from proxy.limits.memory import InProcessLimiter
 from proxy.limits.policy import Policies
-from proxy.serving.sharedlimits import RedisLimiter
+from proxy.serving.sharedlimits import Rebuilding, RedisLimiter
 from tests.support.redisserver import Store
 
 ACME = Who("acme", "m", "k1")
@@ -36,11 +37,17 @@ async def make(redis_store: Store) -> AsyncIterator[Make]:
     def build(pols: Policies, replica: str = "r1", **options: Any) -> RedisLimiter:
         client = Redis.from_url(redis_store.url)
         clients.append(client)
-        return RedisLimiter(pols, client, replica=replica, **options)
+        return RedisLimiter(pols, client, replica=replica, **{"grace": 0.0, **options})
 
     yield build
     for client in clients:
         await client.aclose()
+
+
+async def joined(*limiters: RedisLimiter, known: int = 0) -> list[bool]:
+    """Each replica contributes its journal to the store, in turn: whether the store's
+    budgets were whole after each."""
+    return [(await lim.sync(known, time.time())).complete for lim in limiters]
 
 
 async def test_all_or_nothing_and_headers(make: Make) -> None:
@@ -52,6 +59,7 @@ async def test_all_or_nothing_and_headers(make: Make) -> None:
         models={"m": {"prompt_tokens_per_day": 100}},
     )
     shared, local = make(pols), InProcessLimiter(pols)
+    await joined(shared)
     now = time.time()
     for cost in (Cost(60, 5), Cost(50, 0), Cost(30, 0)):
         a, b = await shared.reserve(ACME, cost, now), await local.reserve(ACME, cost, now)
@@ -77,6 +85,7 @@ async def test_settle_is_idempotent_and_release_gives_back(make: Make) -> None:
     fresh ticket object with the same id, as after a lost answer) charges nothing more;
     releasing returns the whole reservation."""
     lim = make(policies(total_tokens_per_day=100, concurrency=1))
+    await joined(lim)
     now = time.time()
     first = await lim.reserve(ACME, Cost(30, 20), now)
     assert first.ticket is not None
@@ -101,6 +110,7 @@ async def test_settle_is_idempotent_and_release_gives_back(make: Make) -> None:
 async def test_reservations_of_a_crashed_replica_expire(make: Make) -> None:
     """A reservation never settled (its replica died) is given back once its TTL passes."""
     lim = make(policies(total_tokens_per_day=100, concurrency=1), reservation_ttl=0.2)
+    await joined(lim)
     now = time.time()
     held = await lim.reserve(ACME, Cost(90, 0), now)
     assert held.ticket is not None
@@ -113,6 +123,7 @@ async def test_reservations_of_a_crashed_replica_expire(make: Make) -> None:
 async def test_keys_expire(make: Make, redis_store: Store) -> None:
     """Every key the limiter writes has an expiry (none lives forever)."""
     lim = make(policies(total_tokens_per_day=100, total_tokens_per_minute=50, concurrency=2))
+    await joined(lim)
     decision = await lim.reserve(ACME, Cost(5, 5), time.time())
     assert decision.ticket is not None
     await lim.settle(decision.ticket, Cost(5, 5), time.time())
@@ -123,13 +134,27 @@ async def test_keys_expire(make: Make, redis_store: Store) -> None:
     await client.aclose()
 
 
+async def test_no_reservation_until_the_store_has_a_generation(make: Make) -> None:
+    """A store with no generation (empty) makes no reservation: the replica is told to
+    contribute first."""
+    lim = make(policies(total_tokens_per_day=1000))
+    with pytest.raises(Rebuilding) as raised:
+        await lim.reserve(ACME, Cost(1, 0), time.time())
+    assert not raised.value.contributed
+    assert await joined(lim) == [True]
+    assert (await lim.reserve(ACME, Cost(1, 0), time.time())).ticket is not None
+
+
 async def test_budget_rebuilt_from_each_journal_after_an_empty_restart(
     make: Make, redis_store: Store
 ) -> None:
-    """The store restarts empty: each replica adds what its own journal billed this
-    period, once, so the budget is whole again and nobody is counted twice."""
+    """The store restarts empty: until every replica known before has added what its own
+    journal billed this period, nobody reserves on it (the lazy rebuild let the first
+    replica back admit against its own journal alone: #40); then the budget is whole
+    and nobody is counted twice."""
     pols = policies(total_tokens_per_day=1000)
-    one, two = make(pols, "r1"), make(pols, "r2")
+    one, two = make(pols, "r1", grace=60.0), make(pols, "r2", grace=60.0)
+    await joined(one, two, known=2)
     now = time.time()
     for lim, cost in ((one, Cost(100, 0)), (two, Cost(200, 0))):
         decision = await lim.reserve(ACME, cost, now)
@@ -140,13 +165,47 @@ async def test_budget_rebuilt_from_each_journal_after_an_empty_restart(
     for lim in (one, two):  # the store's connections break once
         with pytest.raises(RedisError):
             await lim.reserve(ACME, Cost(0, 0), now)
-    await one.reserve(ACME, Cost(0, 0), now)
+    assert await joined(one, known=2) == [False]
+    with pytest.raises(Rebuilding) as raised:
+        await one.reserve(ACME, Cost(700, 0), now)  # 900 would be admitted with r1's part alone
+    assert raised.value.contributed
+    assert await joined(two, known=2) == [True]
     after = await two.reserve(ACME, Cost(0, 0), now)
     assert after.tokens is not None
     assert after.tokens.remaining == 700
+    assert await joined(one, two, known=2) == [True, True]  # a second contribution adds nothing
     again = await one.reserve(ACME, Cost(0, 0), now)
     assert again.tokens is not None
     assert again.tokens.remaining == 700
+
+
+async def test_a_generation_waits_its_grace_for_unknown_replicas(make: Make) -> None:
+    """Without a replica count known before, a new generation is whole only after its
+    grace, and only if every replica alive in the registry has contributed."""
+    pols = policies(total_tokens_per_day=1000)
+    one, two = make(pols, "r1", grace=0.3), make(pols, "r2", grace=0.3)
+    await one.client.zadd(one.registry_key, {"r1": time.time(), "r2": time.time()})
+    assert await joined(one) == [False]
+    await asyncio.sleep(0.35)
+    assert await joined(one) == [False]  # r2 is alive and has not contributed
+    assert await joined(two) == [True]
+
+
+async def test_settlements_write_totals_so_retries_count_once(make: Make) -> None:
+    """A replica's part is its journal's total: a settlement, a contribution and a
+    retried settlement after it each leave the store's charge at what was billed."""
+    lim = make(policies(total_tokens_per_day=1000))
+    await joined(lim)
+    now = time.time()
+    decision = await lim.reserve(ACME, Cost(40, 0), now)
+    assert decision.ticket is not None
+    await lim.settle(decision.ticket, Cost(30, 0), now)
+    await joined(lim)
+    decision.ticket.open = True
+    await lim.settle(decision.ticket, Cost(30, 0), now)
+    after = await lim.reserve(ACME, Cost(0, 0), now)
+    assert after.tokens is not None
+    assert after.tokens.remaining == 970
 
 
 async def test_restore_feeds_the_rebuild(make: Make) -> None:
@@ -154,6 +213,7 @@ async def test_restore_feeds_the_rebuild(make: Make) -> None:
     lim = make(policies(total_tokens_per_day=1000))
     now = time.time()
     assert await lim.restore([Usage(ACME, now - 1, Cost(250, 50, 3))], now) == 1
+    await joined(lim)
     decision = await lim.reserve(ACME, Cost(0, 0), now)
     assert decision.tokens is not None
     assert decision.tokens.remaining == 700
@@ -165,6 +225,7 @@ async def test_three_replicas_share_one_budget_without_overshoot(make: Make) -> 
     replicas settled."""
     pols = policies(total_tokens_per_day=10_000)
     replicas = [make(pols, f"r{i}") for i in range(3)]
+    await joined(*replicas)
     settled = [0, 0, 0]
 
     async def one(i: int) -> None:
@@ -183,3 +244,53 @@ async def test_three_replicas_share_one_budget_without_overshoot(make: Make) -> 
     final = await replicas[0].reserve(ACME, Cost(0, 0), time.time())
     assert final.tokens is not None
     assert final.tokens.remaining == 10_000 - sum(settled)
+
+
+async def test_an_incomplete_generation_reserves_by_share_and_the_whole_sees_it(
+    make: Make,
+) -> None:
+    """While a store found empty waits for replicas, one that has contributed reserves on
+    it by its share of each budget (its own part and holds against amount / replicas);
+    what it holds then is in the store when the generation completes, so the others
+    cannot spend it; a hold that expires leaves its share too."""
+    pols = policies(prompt_tokens_per_day=300)
+    one, two, three = (make(pols, f"r{i}", grace=60.0, reservation_ttl=0.5) for i in range(3))
+    now = time.time()
+    for lim in (one, two, three):
+        await lim.restore([Usage(ACME, now - 1, Cost(90, 0))], now)
+    assert await joined(one, known=3) == [False]
+    held, by_share = await one.reserve_by(ACME, Cost(10, 0), now, 3)
+    assert by_share
+    assert held.ticket is not None
+    assert held.tokens is not None
+    assert held.tokens.remaining == 0  # 90 billed + 10 held of its 100
+    refused, _ = await one.reserve_by(ACME, Cost(1, 0), now, 3)
+    assert refused.refusal is not None
+    with pytest.raises(Rebuilding):  # no share given: nothing reserved
+        await one.reserve(ACME, Cost(1, 0), now)
+    assert await joined(two, three, known=3) == [False, True]
+    over = await two.reserve(ACME, Cost(21, 0), now)  # 270 billed + 10 held by r0
+    assert over.refusal is not None
+    fits = await two.reserve(ACME, Cost(20, 0), now)
+    assert fits.ticket is not None
+    await one.settle(held.ticket, Cost(10, 0), now)
+    await two.settle(fits.ticket, Cost(20, 0), now)
+    last = await three.reserve(ACME, Cost(1, 0), now)
+    assert last.refusal is not None
+    assert last.tokens is not None
+    assert last.tokens.remaining == 0
+
+
+async def test_an_expired_hold_by_share_gives_the_share_back(make: Make) -> None:
+    """A reservation made by a replica's share that is never settled expires and leaves
+    both the budget's holds and the replica's share."""
+    pols = policies(prompt_tokens_per_day=300)
+    one = make(pols, "r0", grace=60.0, reservation_ttl=0.2)
+    assert await joined(one, known=3) == [False]
+    first, _ = await one.reserve_by(ACME, Cost(100, 0), time.time(), 3)
+    assert first.ticket is not None
+    assert (await one.reserve_by(ACME, Cost(1, 0), time.time(), 3))[0].refusal is not None
+    await asyncio.sleep(0.3)
+    again, by_share = await one.reserve_by(ACME, Cost(100, 0), time.time(), 3)
+    assert by_share
+    assert again.ticket is not None

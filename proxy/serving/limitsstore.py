@@ -1,0 +1,98 @@
+"""The limits store as the application wires it (``--limits-store``): its URL (valkey://
+is redis://), its password (from the environment or a file, never the command line), one
+client with a bounded pool and no retries, the guarded limiter on it, and this replica's
+heartbeat in it (a cleanup_ctx)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import structlog
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from proxy.limits.policy import FailMode, Policies
+from proxy.metrics import Metrics
+from proxy.serving.sharedlimits import RedisLimiter
+from proxy.serving.storeguard import GuardedLimiter
+from proxy.settings import ENV_PREFIX, Settings
+
+log = structlog.get_logger("proxy.serving.limitsstore")
+
+HEARTBEAT_SECONDS = 5.0
+
+
+def store_password(settings: Settings) -> str | None:
+    """The store's password: from the environment, or a file (never the command line)."""
+    password = os.environ.get(ENV_PREFIX + "LIMITS_STORE_PASSWORD")
+    if settings.limits_store_password_file is not None:
+        password = settings.limits_store_password_file.read_text(encoding="utf-8").strip()
+    return password or None
+
+
+def build_shared_limiter(
+    settings: Settings, policies: Policies, metrics: Metrics | None = None
+) -> GuardedLimiter:
+    """``--limits-store``: the limiter on Redis/Valkey (valkey:// is redis://), behind its
+    timeout, breaker and fail mode. Connections open on first use."""
+    assert settings.limits_store is not None
+    url = settings.limits_store
+    for alias, scheme in (("valkeys://", "rediss://"), ("valkey://", "redis://")):
+        if url.startswith(alias):
+            url = scheme + url.removeprefix(alias)
+    timeout = settings.limits_store_timeout
+    pool = BlockingConnectionPool.from_url(
+        url,
+        password=store_password(settings),
+        max_connections=64,
+        timeout=timeout,  # waiting for a free connection counts against it too
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 0),
+    )
+    client = Redis.from_pool(pool)  # owns the pool: aclose disconnects it
+    shared = RedisLimiter(
+        policies,
+        client,
+        replica=settings.instance,
+        reservation_ttl=settings.limits_reservation_ttl,
+        grace=3 * HEARTBEAT_SECONDS,
+    )
+    return GuardedLimiter(
+        shared,
+        timeout=timeout,
+        fail_mode=FailMode(settings.limits_fail_mode),
+        replicas=settings.limits_replicas,
+        metrics=metrics,
+    )
+
+
+def store_context(
+    limiter: GuardedLimiter, *, journaled: bool
+) -> Callable[[Any], AsyncIterator[None]]:
+    """cleanup_ctx: this replica's heartbeat in the store (the live count divides the
+    limits in local fail mode unless --limits-replicas fixes it), which contributes its
+    journal once it is read (at once without a journal); the client closed."""
+
+    async def ctx(app: Any) -> AsyncIterator[None]:
+        limiter.restored = limiter.restored or not journaled
+
+        async def beat() -> None:
+            while True:
+                count = await limiter.beat(3 * HEARTBEAT_SECONDS)
+                log.debug("limits_replicas", live=count, dividing_by=limiter.replicas)
+                await asyncio.sleep(HEARTBEAT_SECONDS)
+
+        task = asyncio.get_running_loop().create_task(beat())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await limiter.close()
+
+    return ctx

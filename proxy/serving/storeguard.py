@@ -1,0 +1,388 @@
+"""The shared limiter as admission uses it: behind a short timeout and a circuit breaker,
+with each tenant's fail mode while the store cannot answer for the budgets (unreachable,
+or rebuilding after it was found empty), this replica's heartbeat in the store, and its
+contribution of its journal to the store's budgets. ``limitsstore`` builds it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import structlog
+from redis.exceptions import RedisError
+
+from proxy.limits.limiter import Cost, Decision, Refusal, Ticket, Usage, Who
+from proxy.limits.memory import InProcessLimiter
+from proxy.limits.policy import FailMode, Policies
+from proxy.metrics import Metrics
+from proxy.serving.sharedlimits import Rebuilding, RedisLimiter
+
+log = structlog.get_logger("proxy.serving.storeguard")
+T = TypeVar("T")
+
+STORE_ERRORS = (RedisError, OSError, TimeoutError)
+
+
+class Breaker:
+    """Consecutive store failures open it for ``cooldown`` seconds: a dead or slow store
+    costs each request nothing after the first failures. After the cooldown one request
+    tries the store again (half open): a success closes it, a failure opens it again."""
+
+    def __init__(self, failures: int = 3, cooldown: float = 1.0) -> None:
+        self.failures = failures
+        self.cooldown = cooldown
+        self.count = 0
+        self.open_until = 0.0
+
+    @property
+    def open(self) -> bool:
+        return self.count >= self.failures
+
+    def allows(self, now: float) -> bool:
+        if not self.open:
+            return True
+        if now >= self.open_until:  # half open: this one request tries
+            self.open_until = now + self.cooldown
+            return True
+        return False
+
+    def failed(self, now: float) -> None:
+        self.count += 1
+        if self.open:
+            self.open_until = now + self.cooldown
+
+    def succeeded(self) -> bool:
+        """Close; whether it was open (the store is back)."""
+        was = self.open
+        self.count = 0
+        return was
+
+
+@dataclass(slots=True)
+class LocalTicket(Ticket):
+    """A reservation made in this process while the store could not answer (``local`` or
+    ``open``): held in this replica's part of the store's budgets until it ends, then
+    billed there."""
+
+    id: str = ""
+    inner: Ticket | None = None
+
+
+class GuardedLimiter:
+    """The shared limiter behind a short timeout and a circuit breaker, with the fail
+    mode of each tenant while the store cannot answer: ``closed`` refuses (503),
+    ``open`` admits, ``local`` enforces this replica's share (limit / replicas) in
+    process. What is billed meanwhile is contributed to the store when it answers again
+    (as this replica's total: a retry counts nothing twice)."""
+
+    def __init__(
+        self,
+        shared: RedisLimiter,
+        *,
+        timeout: float,
+        fail_mode: FailMode,
+        replicas: int = 0,
+        breaker: Breaker | None = None,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.shared = shared
+        self.metrics = metrics
+        self.timeout = timeout
+        self.fail_mode = fail_mode
+        self.breaker = breaker or Breaker()
+        self.configured = max(replicas, 0)  # --limits-replicas (0: read from the store)
+        self.known = self.configured  # replicas seen alive while the budgets were whole
+        self.replicas = max(self.configured, 1)  # what local fail mode divides by
+        self.local = InProcessLimiter(shared.policies.divided(self.replicas))
+        self.errors: dict[str, int] = {}  # store failures by kind
+        self.fail_admissions: dict[FailMode, int] = dict.fromkeys(FailMode, 0)
+        self.rebuilds = 0  # generations this replica started (the store was found empty)
+        self.generation: str | None = None  # the last one this replica contributed to
+        self.complete = False  # whether the store's budgets were whole when last told
+        self.reachable = True  # whether the store answered the last call
+        self.restored = False  # this replica's journal read: it can contribute
+        self.dirty = False  # billed without the store: to contribute
+        self.slowest = 0.0  # the longest a store call took (failed ones included), seconds
+        self._clock = clock
+        self._syncing: asyncio.Task[bool] | None = None
+        self._stale = True  # the local budgets re-read this replica's usage on next use
+
+    @property
+    def policies(self) -> Policies:
+        return self.shared.policies
+
+    @policies.setter
+    def policies(self, policies: Policies) -> None:
+        self.replace(policies)
+
+    def replace(self, policies: Policies) -> None:
+        self.shared.replace(policies)
+        self.local.replace(policies.divided(self.replicas))
+
+    def set_replicas(self, replicas: int) -> None:
+        """The replica count local fail mode divides by."""
+        replicas = max(replicas, 1)
+        if replicas != self.replicas:
+            self.replicas = replicas
+            self.local.replace(self.shared.policies.divided(replicas))
+
+    def wants_tokens(self, tenant: str) -> bool:
+        return self.shared.wants_tokens(tenant)
+
+    async def _call(self, op: str, call: Awaitable[T]) -> T:
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await call
+        finally:
+            took = time.monotonic() - started
+            self.slowest = max(self.slowest, took)
+            if self.metrics is not None:
+                self.metrics.store_seconds.labels(op).observe(took)
+
+    def _failed(self, op: str, exc: BaseException) -> None:
+        kind = "timeout" if isinstance(exc, TimeoutError) else type(exc).__name__
+        self.errors[kind] = self.errors.get(kind, 0) + 1
+        self.reachable = False
+        self.breaker.failed(self._clock())
+        if self.metrics is not None:
+            self.metrics.store_errors.labels(kind).inc()
+            self.metrics.store_breaker.set(int(self.breaker.open))
+        log.warning("limits_store_failed", op=op, error=kind, breaker_open=self.breaker.open)
+
+    def _succeeded(self) -> bool:
+        """The store answered; whether the breaker was open (it is back)."""
+        self.reachable = True
+        if self.metrics is not None:
+            self.metrics.store_breaker.set(0)
+        return self.breaker.succeeded()
+
+    def problem(self) -> tuple[str, bool] | None:
+        """What /readyz reports about the store, and whether it fails readiness: only an
+        unreachable store in closed mode (this replica then refuses every limited request,
+        while one that reaches the store would serve them)."""
+        if not self.reachable:
+            closed = self.fail_mode is FailMode.CLOSED
+            return f"unreachable: limited tenants admitted by fail mode {self.fail_mode}", closed
+        if self.generation is not None and not self.complete:
+            return "rebuilding: the store was found empty; waiting for every replica's part", False
+        return None
+
+    def _back(self) -> None:
+        self._stale = True
+        if self._succeeded() or self.dirty:
+            log.info("limits_store_back", dirty=self.dirty)
+            self._contribute_soon()
+
+    def _contribute_soon(self) -> None:
+        if self.restored and (self._syncing is None or self._syncing.done()):
+            self._syncing = asyncio.get_running_loop().create_task(self._sync(time.time()))
+
+    async def reserve(self, who: Who, cost: Cost, now: float) -> Decision:
+        """The store's decision within one ``timeout`` in all (a reservation, and on a
+        store found empty this replica's contribution and a second try), else the fail
+        mode's."""
+        try:
+            async with asyncio.timeout(self.timeout):
+                decision = await self._reserve_in_store(who, cost, now)
+        except TimeoutError as exc:  # the round trips together outlasted the timeout
+            self._failed("reserve", exc)
+            decision = None
+        return decision if decision is not None else await self._fail(who, cost, now)
+
+    async def _reserve_in_store(self, who: Who, cost: Cost, now: float) -> Decision | None:
+        """The store's decision; None when it cannot answer for the budgets. While they
+        are being rebuilt, a tenant in local fail mode is admitted there by this
+        replica's share once the replica has contributed its part."""
+        mode = self.shared.policies.fail_mode(who.tenant, self.fail_mode)
+        share = self.replicas if mode is FailMode.LOCAL else 0
+        for attempt in (0, 1):
+            if not self.breaker.allows(self._clock()):
+                return None
+            try:
+                call = self.shared.reserve_by(who, cost, now, share)
+                decision, by_share = await self._call("reserve", call)
+            except Rebuilding as exc:
+                self._back()
+                self.complete = False
+                if attempt or exc.contributed:
+                    return None
+                await self.contribute()
+            except STORE_ERRORS as exc:
+                self._failed("reserve", exc)
+                return None
+            else:
+                self._back()
+                self.complete = not by_share
+                if by_share:
+                    self._count_fail(FailMode.LOCAL, "rebuilding")
+                return decision
+        return None
+
+    def _count_fail(self, mode: FailMode, reason: str) -> None:
+        self.fail_admissions[mode] += 1
+        if self.metrics is not None:
+            self.metrics.fail_admissions.labels(mode.value, reason).inc()
+
+    async def _fail(self, who: Who, cost: Cost, now: float) -> Decision:
+        mode = self.shared.policies.fail_mode(who.tenant, self.fail_mode)
+        self._count_fail(mode, "rebuilding" if self.reachable else "unreachable")
+        if mode is FailMode.CLOSED:
+            refusal = Refusal("limits_store", ("tenant", who.tenant), 0.0, 0, 0, False, True)
+            return Decision(None, refusal, None, None)
+        if mode is FailMode.OPEN:
+            return self._held(LocalTicket(who, cost, id=uuid.uuid4().hex), None)
+        if self._stale:  # this replica's usage billed through the store counts here too
+            self._stale = False
+            await self.local.restore((), now)
+        decision = await self.local.reserve(who, cost, now)
+        if decision.ticket is None:
+            return decision
+        ticket = LocalTicket(who, cost, id=uuid.uuid4().hex, inner=decision.ticket)
+        return self._held(ticket, decision)
+
+    def _held(self, ticket: LocalTicket, decision: Decision | None) -> Decision:
+        self.shared.holds[ticket.id] = ticket
+        if decision is None:
+            return Decision(ticket, None, None, None)
+        return Decision(ticket, None, decision.requests, decision.tokens, decision.budgets)
+
+    async def settle(self, ticket: Ticket, billed: Cost, now: float) -> None:
+        await self._end(ticket, billed, now, settle=True)
+
+    async def release(self, ticket: Ticket, now: float) -> None:
+        await self._end(ticket, Cost(0, 0, 0), now, settle=False)
+
+    async def _end(self, ticket: Ticket, billed: Cost, now: float, *, settle: bool) -> None:
+        if not ticket.open:
+            return
+        if isinstance(ticket, LocalTicket):
+            await self._end_local(ticket, billed, now, settle=settle)
+            return
+        if settle:
+            self.shared.history.note(ticket.who, billed, now)
+            self.local.history.note(ticket.who, billed, now)
+            self._stale = True  # a settlement after an outage began counts in its share
+        mode = "settle" if settle else "release"
+        ticket.open = False  # else the store's reservation expires by its TTL
+        if self.breaker.allows(self._clock()):
+            try:
+                await self._call(mode, self.shared.finish(ticket, billed, mode))
+            except STORE_ERRORS as exc:
+                self._failed(mode, exc)
+            else:
+                self._back()
+                return
+        self.dirty = self.dirty or settle
+
+    async def _end_local(
+        self, ticket: LocalTicket, billed: Cost, now: float, *, settle: bool
+    ) -> None:
+        ticket.open = False
+        if ticket.inner is not None:
+            if settle:
+                await self.local.settle(ticket.inner, billed, now)
+            else:
+                await self.local.release(ticket.inner, now)
+        elif settle:
+            self.local.history.note(ticket.who, billed, now)
+        if settle:
+            self.shared.history.note(ticket.who, billed, now)
+        del self.shared.holds[ticket.id]  # billed now, or given back
+        self.dirty = True
+        if self.breaker.allows(self._clock()):
+            self._contribute_soon()
+
+    async def contribute(self) -> bool:
+        """Contribute this replica's part of every budget to the store now (one sync at a
+        time); whether the store's budgets are whole."""
+        if not self.restored:
+            return False
+        if self._syncing is None or self._syncing.done():
+            self._syncing = asyncio.get_running_loop().create_task(self._sync(time.time()))
+        return await asyncio.shield(self._syncing)
+
+    async def _sync(self, now: float) -> bool:
+        self.dirty = False  # what is billed from here on is in the next contribution
+        try:
+            synced = await self._call("sync", self.shared.sync(self.known, now))
+        except STORE_ERRORS as exc:
+            self._failed("sync", exc)
+            self.dirty = True
+            return False
+        self._succeeded()
+        if synced.created:
+            self.rebuilds += 1
+            if self.metrics is not None:
+                self.metrics.store_rebuilds.inc()
+            log.warning(
+                "limits_store_rebuild",
+                generation=synced.generation,
+                budgets=synced.budgets,
+                expect=self.known,
+            )
+        if synced.generation != self.generation:
+            self.generation = synced.generation
+            log.info(
+                "limits_store_contributed", generation=synced.generation, budgets=synced.budgets
+            )
+        self.complete = synced.complete
+        return synced.complete
+
+    async def restore(self, history: Iterable[Usage], now: float) -> int:
+        rows = list(history)
+        await self.local.restore(rows, now)
+        taken = await self.shared.restore(rows, now)
+        self.restored = True
+        self._contribute_soon()  # the store's budgets may be waiting for this replica's part
+        return taken
+
+    async def beat(self, ttl: float) -> int | None:
+        """Tell the store this replica is alive, contribute to it when its budgets need
+        this replica's part; the live replica count (None: store unreachable)."""
+        shared, client = self.shared, self.shared.client
+        try:
+            async with asyncio.timeout(max(self.timeout, 1.0)):
+                now = float((await client.time())[0])
+                async with client.pipeline(transaction=True) as pipe:
+                    pipe.zadd(shared.registry_key, {shared.replica: now})
+                    pipe.zremrangebyscore(shared.registry_key, "-inf", now - ttl)
+                    pipe.zcard(shared.registry_key)
+                    pipe.expire(shared.registry_key, int(ttl) + 1)
+                    pipe.hmget(shared.generation_key, "id", "c:" + shared.replica, "complete")
+                    result = await pipe.execute()
+        except STORE_ERRORS as exc:
+            self._failed("beat", exc)
+            return None
+        self.reachable = True  # the breaker is left to the requests' calls
+        count = int(result[2])
+        generation, mine, complete = (v.decode() if v else None for v in result[4])
+        self._count(count, complete == "1")
+        stale = generation is None or generation != self.generation or mine is None
+        if stale or self.dirty or complete != "1":
+            await self.contribute()
+        return count
+
+    def _count(self, live: int, whole: bool) -> None:
+        """Divide by the configured count, else by the live one; while the budgets are
+        being rebuilt, never by fewer than were known before."""
+        if self.configured:
+            self.set_replicas(self.configured)
+        elif whole:
+            self.known = live
+            self.set_replicas(live)
+        else:
+            self.set_replicas(max(self.replicas, live))
+
+    async def close(self) -> None:
+        if self._syncing is not None:
+            self._syncing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._syncing
+        await self.shared.client.aclose()

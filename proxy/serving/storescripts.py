@@ -1,0 +1,247 @@
+"""The Lua scripts the shared limiter runs in Redis/Valkey, each atomic on the store's
+clock (``TIME``): a reservation, its end (settle or release), and a replica's
+contribution of its journal to the store (``SYNC``).
+
+A budget's hash holds ``u:<replica>``, what that replica's journal billed in the period
+(plus what it holds in reservations it made while the store was away), and ``used``,
+their sum. A replica only ever raises its own field to its own total, so writing it
+twice, or after a retry, or out of order, counts nothing twice.
+
+The store's generation (``<ns>:gen``) says whether those fields are whole. A store found
+empty (started anew, or a fresh deployment) starts a generation: until every replica it
+expects has contributed its journal (``c:<replica>``), or a grace of three heartbeats has
+passed and every replica alive in the registry has, the generation is incomplete: a
+replica that has contributed may still reserve on it (in ``local`` fail mode), each
+budget then by its share alone (``floor(amount / replicas)`` against its own part and its
+own holds, ``h:<replica>``), so that no request admitted meanwhile is unknown to the
+store when the generation completes; otherwise nothing is reserved on it.
+"""
+
+# complete(gen, registry, now, grace): whether the generation is whole (and mark it so).
+COMPLETE = """
+local function complete(gen, reg, now, grace)
+  if redis.call('HGET', gen, 'complete') == '1' then return true end
+  local h = redis.call('HGETALL', gen)
+  if #h == 0 then return false end
+  local f = {}
+  for i = 1, #h, 2 do f[h[i]] = h[i + 1] end
+  local n = 0
+  for name, _ in pairs(f) do
+    if string.sub(name, 1, 2) == 'c:' then n = n + 1 end
+  end
+  local expect = tonumber(f.expect or '0')
+  local ok = expect > 0 and n >= expect
+  if not ok and n > 0 and now - tonumber(f.since) >= grace then
+    ok = true
+    for _, r in ipairs(redis.call('ZRANGE', reg, 0, -1)) do
+      if not f['c:' .. r] then ok = false end
+    end
+  end
+  if ok then redis.call('HSET', gen, 'complete', '1') end
+  return ok
+end
+
+-- contribute(k, replica, own, expire_at): raise this replica's part of a budget to its
+-- own total; the budget's used units after it.
+local function contribute(k, replica, own, expire_at)
+  local field = 'u:' .. replica
+  local old = tonumber(redis.call('HGET', k, field) or '0')
+  if own > old then
+    redis.call('HSET', k, field, own)
+    local used = redis.call('HINCRBY', k, 'used', own - old)
+    redis.call('EXPIREAT', k, math.ceil(expire_at))
+    return used
+  end
+  return tonumber(redis.call('HGET', k, 'used') or '0')
+end
+"""
+
+RESERVE = (
+    COMPLETE
+    + """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local id, ttl, replica, n = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local held_retry, gate_retry = tonumber(ARGV[5]), tonumber(ARGV[6])
+local grace, share = tonumber(ARGV[7]), tonumber(ARGV[8])
+local by_share = 0
+if not complete(KEYS[1], KEYS[2], now, grace) then
+  local mine = redis.call('HEXISTS', KEYS[1], 'c:' .. replica)
+  if share <= 0 or mine == 0 then return {-1, mine} end
+  by_share = 1  -- budgets by this replica's share of them: its own part and holds
+end
+local EPS = 1e-9
+local state = {}
+local worst, worst_wait = 0, 0
+for i = 1, n do
+  local a = 8 + (i - 1) * 6
+  local kind, amount, cost = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  local span, own = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
+  local k, z = KEYS[2 + 2 * i - 1], KEYS[2 + 2 * i]
+  local wait = 0
+  local s = {}
+  if kind == 'r' then
+    local interval = span / amount
+    s.tat = tonumber(redis.call('GET', k) or '0')
+    if cost > amount then
+      wait = math.huge
+    else
+      local after = math.max(s.tat, now) + cost * interval
+      if after - now > span + EPS then wait = math.max(after - span - now, 0) end
+    end
+  else
+    local held = tonumber(redis.call('HGET', k, 'reserved') or '0')
+    local expired = redis.call('ZRANGEBYSCORE', z, '-inf', now)
+    if #expired > 0 then
+      for _, m in ipairs(expired) do
+        local units = tonumber(string.match(m, '|(%d+)$'))
+        held = held - units
+        local owner = string.match(m, '^[^|]*|(.*)|%d+$')
+        if owner then redis.call('HINCRBY', k, 'h:' .. owner, -units) end
+      end
+      redis.call('ZREMRANGEBYSCORE', z, '-inf', now)
+      redis.call('HSET', k, 'reserved', held)
+    end
+    s.held = held
+    s.used = 0
+    if kind == 'b' then
+      s.used = contribute(k, replica, own, tonumber(ARGV[a + 6]))
+      local limit = amount
+      if by_share == 1 then
+        limit = math.max(math.floor(amount / share), 1)
+        s.used = tonumber(redis.call('HGET', k, 'u:' .. replica) or '0')
+        s.held = tonumber(redis.call('HGET', k, 'h:' .. replica) or '0')
+      end
+      s.limit = limit
+      if cost > limit then
+        wait = math.huge
+      elseif s.used + s.held + cost <= limit then
+        wait = 0
+      elseif s.used + cost <= limit then
+        wait = math.min(held_retry, span - now)
+      else
+        wait = span - now
+      end
+    elseif held + cost > amount then
+      wait = gate_retry
+    end
+  end
+  state[i] = s
+  if wait > 0 and (worst == 0 or wait > worst_wait) then worst, worst_wait = i, wait end
+end
+local admitted = 0
+if worst == 0 then
+  admitted = 1
+  for i = 1, n do
+    local a = 8 + (i - 1) * 6
+    local kind, amount, cost = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+    local k, z, s = KEYS[2 + 2 * i - 1], KEYS[2 + 2 * i], state[i]
+    if kind == 'r' then
+      local span = tonumber(ARGV[a + 4])
+      s.tat = math.max(s.tat, now) + cost * span / amount
+      redis.call('SET', k, string.format('%.17g', s.tat), 'EXAT', math.ceil(s.tat) + 1)
+    else
+      local member = id .. '|' .. cost
+      if kind == 'b' and by_share == 1 then
+        member = id .. '|' .. replica .. '|' .. cost  -- held in this replica's share too
+        s.held = redis.call('HINCRBY', k, 'h:' .. replica, cost)
+        redis.call('HINCRBY', k, 'reserved', cost)
+      else
+        s.held = redis.call('HINCRBY', k, 'reserved', cost)
+      end
+      redis.call('ZADD', z, now + ttl, member)
+      local until_ = math.max(math.ceil(ARGV[a + 6]), math.ceil(now + ttl) + 1)
+      redis.call('EXPIREAT', k, until_)
+      redis.call('EXPIREAT', z, until_)
+    end
+  end
+end
+local out = {admitted, worst, string.format('%.17g', worst_wait), by_share}
+for i = 1, n do
+  local a = 8 + (i - 1) * 6
+  local kind, amount = ARGV[a + 1], tonumber(ARGV[a + 2])
+  local span, s = tonumber(ARGV[a + 4]), state[i]
+  local remaining, reset
+  if kind == 'r' then
+    local interval = span / amount
+    local room = span - math.max(s.tat - now, 0)
+    remaining = math.max(math.min(amount, math.floor(room / interval + EPS)), 0)
+    reset = math.max(s.tat - now, 0)
+  elseif kind == 'b' then
+    remaining = math.max(s.limit - s.used - s.held, 0)
+    reset = span - now
+  else
+    remaining = math.max(amount - s.held, 0)
+    reset = 0
+  end
+  out[#out + 1] = remaining
+  out[#out + 1] = string.format('%.17g', reset)
+end
+return out
+"""
+)
+
+END = (
+    COMPLETE
+    + """
+if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', tonumber(ARGV[4])) then return -1 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local id, replica, n = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local settle = ARGV[5] == 'settle'
+local by_share = ARGV[6] == '1'
+for i = 1, n do
+  local a = 6 + (i - 1) * 6
+  local kind, reserved, billed = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  local interval, own, expire_at = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), ARGV[a + 6]
+  local k, z = KEYS[2 * i], KEYS[2 * i + 1]
+  if kind == 'r' then
+    local tat = tonumber(redis.call('GET', k) or '0') - (reserved - billed) * interval
+    if tat > now then
+      redis.call('SET', k, string.format('%.17g', tat), 'EXAT', math.ceil(tat) + 1)
+    else
+      redis.call('DEL', k)
+    end
+  else
+    local member = id .. '|' .. reserved
+    if kind == 'b' and by_share then member = id .. '|' .. replica .. '|' .. reserved end
+    if redis.call('ZREM', z, member) == 1 then
+      redis.call('HINCRBY', k, 'reserved', -reserved)
+      if kind == 'b' and by_share then redis.call('HINCRBY', k, 'h:' .. replica, -reserved) end
+    end
+    if kind == 'b' and settle then
+      contribute(k, replica, own, tonumber(expire_at))
+    end
+  end
+end
+return 0
+"""
+)
+
+SYNC = (
+    COMPLETE
+    + """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local gen, reg = KEYS[1], KEYS[2]
+local replica, known, grace = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local gen_ttl, new_id, n = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
+local created = 0
+if redis.call('EXISTS', gen) == 0 then
+  redis.call('HSET', gen, 'id', new_id, 'since', string.format('%.17g', now), 'expect', 0)
+  created = 1
+end
+for i = 1, n do
+  local a = 6 + (i - 1) * 2
+  contribute(KEYS[2 + i], replica, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]))
+end
+redis.call('HSET', gen, 'c:' .. replica, '1')
+if known > tonumber(redis.call('HGET', gen, 'expect') or '0') then
+  redis.call('HSET', gen, 'expect', known)
+end
+redis.call('EXPIRE', gen, gen_ttl)
+local done = 0
+if complete(gen, reg, now, grace) then done = 1 end
+return {redis.call('HGET', gen, 'id'), done, created}
+"""
+)

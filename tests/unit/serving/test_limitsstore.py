@@ -1,0 +1,156 @@
+"""The limits store as the app connects to it, on real redis-servers: TLS (a server that
+speaks TLS only) with a password from a file or the environment, a missing password or a
+silent store costing each request at most the timeout, then the fail mode."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from proxy.limits.limiter import Cost, Who
+from proxy.limits.policy import FailMode, Policies
+from proxy.serving.limitsstore import build_shared_limiter, store_password
+from proxy.serving.storeguard import GuardedLimiter
+from proxy.settings import Settings
+from tests.support.redisserver import Store
+
+ACME = Who("acme", "m", "k1")
+UPSTREAM = "http://127.0.0.1:8000"
+
+
+def policies(**tenant: object) -> Policies:
+    return Policies.model_validate({"tenants": {"acme": tenant}})
+
+
+def test_the_password_comes_from_the_environment_or_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store's password is read from USAGE_PROXY_LIMITS_STORE_PASSWORD, or from the
+    file, which wins; none when neither is set."""
+    settings = Settings(upstream=UPSTREAM, limits_store="redis://127.0.0.1:6379/0")
+    monkeypatch.delenv("USAGE_PROXY_LIMITS_STORE_PASSWORD", raising=False)
+    assert store_password(settings) is None
+    monkeypatch.setenv("USAGE_PROXY_LIMITS_STORE_PASSWORD", "from-env")
+    assert store_password(settings) == "from-env"
+    secret = tmp_path / "password"
+    secret.write_text("from-file\n")
+    filed = Settings(
+        upstream=UPSTREAM,
+        limits_store="redis://127.0.0.1:6379/0",
+        limits_store_password_file=secret,
+    )
+    assert store_password(filed) == "from-file"
+
+
+def tls_settings(store: Store, **options: Any) -> Settings:
+    """The TLS handshake of a first connection can outlast the 50 ms default on this
+    shared box: these tests allow a second."""
+    return Settings(
+        upstream=UPSTREAM,
+        limits_store=store.url,
+        instance="r0",
+        **{"limits_store_timeout": 1.0, "limits_replicas": 1, **options},
+    )
+
+
+async def admitted_in_store(limiter: GuardedLimiter) -> bool:
+    """Whether a reservation is made in the store (not by the fail mode)."""
+    await limiter.restore([], time.time())
+    try:
+        whole = await limiter.contribute()
+        decision = await limiter.reserve(ACME, Cost(5, 0), time.time())
+        return whole and decision.ticket is not None and not limiter.errors
+    finally:
+        await limiter.close()
+
+
+async def test_tls_with_the_password_from_a_file(tls_redis_store: Store, tmp_path: Path) -> None:
+    """rediss:// to a server that speaks TLS only (its CA named in the URL's query), the
+    password read from --limits-store-password-file: the store answers."""
+    secret = tmp_path / "password"
+    secret.write_text(f"{tls_redis_store.password}\n")
+    settings = tls_settings(tls_redis_store, limits_store_password_file=secret)
+    pols = policies(prompt_tokens_per_day=300)
+    assert await admitted_in_store(build_shared_limiter(settings, pols))
+
+
+async def test_tls_with_the_password_from_the_environment(
+    tls_redis_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """valkeys:// (rediss://) with the password from USAGE_PROXY_LIMITS_STORE_PASSWORD."""
+    assert tls_redis_store.password is not None
+    monkeypatch.setenv("USAGE_PROXY_LIMITS_STORE_PASSWORD", tls_redis_store.password)
+    url = tls_redis_store.url.replace("rediss://", "valkeys://")
+    settings = Settings(
+        upstream=UPSTREAM,
+        limits_store=url,
+        instance="r0",
+        limits_store_timeout=1.0,
+        limits_replicas=1,
+    )
+    pols = policies(prompt_tokens_per_day=300)
+    assert await admitted_in_store(build_shared_limiter(settings, pols))
+
+
+async def test_without_the_password_the_fail_mode_decides(
+    tls_redis_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No password (or plain redis:// to the TLS port): the store refuses or cannot be
+    spoken to, each call fails within the timeout and the fail mode admits."""
+    monkeypatch.delenv("USAGE_PROXY_LIMITS_STORE_PASSWORD", raising=False)
+    pols = policies(prompt_tokens_per_day=300)
+    plain = tls_redis_store.url.replace("rediss://", "redis://").split("?")[0]
+    for url in (tls_redis_store.url, plain):
+        settings = Settings(
+            upstream=UPSTREAM,
+            limits_store=url,
+            instance="r0",
+            limits_store_timeout=0.5,
+            limits_replicas=1,
+        )
+        limiter = build_shared_limiter(settings, pols)
+        assert not await admitted_in_store(limiter)
+        assert limiter.errors
+        assert limiter.fail_admissions[FailMode.LOCAL] == 1
+        assert limiter.slowest < 0.5 + 0.2
+
+
+async def test_a_silent_store_costs_each_request_at_most_the_timeout() -> None:
+    """A store that accepts connections and never answers: each admission waits at most
+    the timeout, then the fail mode decides; after 3 failures the breaker skips the
+    store and admissions cost no wait at all."""
+    silent: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        silent.append(writer)  # read nothing, answer nothing
+
+    server = await asyncio.start_server(hold, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    settings = Settings(
+        upstream=UPSTREAM,
+        limits_store=f"redis://127.0.0.1:{port}/0",
+        limits_store_timeout=0.1,
+        limits_replicas=1,
+        instance="r0",
+    )
+    limiter = build_shared_limiter(settings, policies(prompt_tokens_per_day=300))
+    limiter.restored = True
+    waits = []
+    for _ in range(6):
+        started = time.monotonic()
+        decision = await limiter.reserve(ACME, Cost(1, 0), time.time())
+        waits.append(time.monotonic() - started)
+        assert decision.ticket is not None
+    assert all(wait < 0.1 + 0.05 for wait in waits), waits
+    assert all(wait < 0.01 for wait in waits[3:]), waits  # the breaker is open
+    assert limiter.errors == {"timeout": 3}
+    assert limiter.fail_admissions[FailMode.LOCAL] == 6
+    await limiter.close()
+    for writer in silent:
+        writer.close()
+    server.close()
+    await server.wait_closed()

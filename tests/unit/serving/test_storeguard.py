@@ -1,0 +1,184 @@
+"""The guarded shared limiter on a real redis-server: while the store's budgets are being
+rebuilt (it was found empty) nothing is reserved on it and each tenant's fail mode
+decides, by this replica's share; usage billed without the store is contributed to it
+once; each tenant fails by its own mode."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from proxy.limits.limiter import Cost, Usage, Who
+from proxy.limits.policy import FailMode, Policies
+from proxy.serving.sharedlimits import RedisLimiter
+from proxy.serving.storeguard import GuardedLimiter
+from tests.support.redisserver import Store
+
+ACME = Who("acme", "m", "k1")
+UPSTREAM = "http://127.0.0.1:8000"
+Make = Callable[..., GuardedLimiter]
+
+
+def policies(**tenant: object) -> Policies:
+    return Policies.model_validate({"tenants": {"acme": tenant}})
+
+
+@pytest.fixture
+async def make(redis_store: Store) -> AsyncIterator[Make]:
+    made: list[GuardedLimiter] = []
+
+    def build(pols: Policies, replica: str, **options: Any) -> GuardedLimiter:
+        shared = RedisLimiter(pols, Redis.from_url(redis_store.url), replica=replica, grace=60)
+        guarded = GuardedLimiter(shared, **{"timeout": 1.0, "fail_mode": FailMode.LOCAL, **options})
+        made.append(guarded)
+        return guarded
+
+    yield build
+    for guarded in made:
+        await guarded.close()
+
+
+async def billed_before(limiter: GuardedLimiter, prompt: int) -> None:
+    """The replica's journal holds ``prompt`` tokens billed this period."""
+    await limiter.restore([Usage(ACME, time.time() - 1, Cost(prompt, 0))], time.time())
+
+
+async def test_a_rebuilding_store_admits_by_the_local_share(make: Make) -> None:
+    """Three replicas that each billed 90 of a 300 budget, the store found empty: the first
+    to contribute is refused 20 more by its share (100), where the store, with its part
+    alone (90 of 300), would have admitted it; once all three have contributed the store
+    answers for the whole budget (30 left)."""
+    pols = policies(prompt_tokens_per_day=300)
+    replicas = [make(pols, f"r{i}", replicas=3) for i in range(3)]
+    await billed_before(replicas[0], 90)  # its journal read, it contributes
+    assert await replicas[0].contribute() is False
+    first = await replicas[0].reserve(ACME, Cost(20, 0), time.time())
+    assert first.refusal is not None
+    assert first.refusal.scope == ("tenant", "acme")
+    assert replicas[0].fail_admissions[FailMode.LOCAL] == 1
+    assert replicas[0].rebuilds == 1
+    assert not replicas[0].complete
+    await billed_before(replicas[1], 90)
+    assert await replicas[1].contribute() is False
+    await billed_before(replicas[2], 90)
+    assert await replicas[2].contribute() is True
+    whole = await replicas[0].reserve(ACME, Cost(20, 0), time.time())
+    assert whole.ticket is not None
+    assert whole.tokens is not None
+    assert whole.tokens.remaining == 10
+    assert replicas[0].fail_admissions[FailMode.LOCAL] == 1
+
+
+async def test_a_closed_tenant_is_refused_while_the_store_rebuilds(make: Make) -> None:
+    """A tenant whose limits fail closed gets a 503 refusal while the store's budgets are
+    incomplete, though the store answers."""
+    pols = Policies.model_validate(
+        {"tenants": {"acme": {"fail_mode": "closed", "prompt_tokens_per_day": 300}}}
+    )
+    limiter = make(pols, "r0", replicas=2)
+    await limiter.restore([], time.time())
+    decision = await limiter.reserve(ACME, Cost(1, 0), time.time())
+    assert decision.refusal is not None
+    assert decision.refusal.unavailable
+    assert limiter.fail_admissions[FailMode.CLOSED] == 1
+
+
+async def test_usage_billed_without_the_store_is_contributed_once(
+    make: Make, redis_store: Store
+) -> None:
+    """Admitted by the local share while the store is down, then settled: the store
+    started again empty is charged what the journal billed, the outage's record included,
+    once however often the replica contributes."""
+    pols = policies(prompt_tokens_per_day=300)
+    limiter = make(pols, "r0", replicas=1)
+    await billed_before(limiter, 40)
+    assert await limiter.contribute() is True
+    redis_store.kill()
+    decision = await limiter.reserve(ACME, Cost(25, 0), time.time())
+    assert decision.ticket is not None
+    assert limiter.errors
+    await limiter.settle(decision.ticket, Cost(25, 0), time.time())
+    assert limiter.dirty
+    redis_store.start()
+    limiter.breaker.open_until = 0.0
+    assert await limiter.contribute() is True
+    assert await limiter.contribute() is True
+    after = await limiter.reserve(ACME, Cost(0, 0), time.time())
+    assert after.tokens is not None
+    assert after.tokens.remaining == 300 - 65
+
+
+async def test_an_open_reservation_without_the_store_counts_in_the_rebuild(
+    make: Make, redis_store: Store
+) -> None:
+    """A request admitted without the store and still in flight when the store is rebuilt
+    is held in this replica's part, so the others cannot spend it meanwhile."""
+    pols = policies(prompt_tokens_per_day=300)
+    limiter = make(pols, "r0", replicas=1)
+    await limiter.restore([], time.time())
+    assert await limiter.contribute() is True
+    redis_store.kill()
+    decision = await limiter.reserve(ACME, Cost(50, 0), time.time())
+    assert decision.ticket is not None
+    redis_store.start()
+    limiter.breaker.open_until = 0.0
+    assert await limiter.contribute() is True
+    during = await limiter.reserve(ACME, Cost(0, 0), time.time())
+    assert during.tokens is not None
+    assert during.tokens.remaining == 250
+
+
+async def test_each_tenant_fails_by_its_own_mode(make: Make, redis_store: Store) -> None:
+    """With the store down, a tenant with ``fail_mode: open`` in the limits file is
+    admitted beyond any share (and counted), one with ``closed`` is refused (503), and
+    one without falls back to --limits-fail-mode (local: half of 100 with 2 replicas)."""
+    pols = Policies.model_validate(
+        {
+            "tenants": {
+                "acme": {"fail_mode": "open", "prompt_tokens_per_day": 100},
+                "globex": {"fail_mode": "closed", "prompt_tokens_per_day": 100},
+                "initech": {"prompt_tokens_per_day": 100},
+            }
+        }
+    )
+    limiter = make(pols, "r0", replicas=2)
+    await limiter.restore([], time.time())
+    redis_store.kill()
+    now = time.time()
+    opened = [await limiter.reserve(Who("acme"), Cost(40, 0), now) for _ in range(4)]
+    assert all(d.ticket is not None for d in opened)  # 160 > 100: open admits
+    closed = await limiter.reserve(Who("globex"), Cost(1, 0), now)
+    assert closed.refusal is not None
+    assert closed.refusal.unavailable
+    local = [await limiter.reserve(Who("initech"), Cost(20, 0), now) for _ in range(3)]
+    assert [d.ticket is not None for d in local] == [True, True, False]  # a share of 50
+    assert limiter.fail_admissions == {FailMode.OPEN: 4, FailMode.CLOSED: 1, FailMode.LOCAL: 3}
+
+
+async def test_usage_billed_while_the_store_was_skipped_is_contributed_when_back(
+    make: Make,
+) -> None:
+    """The store keeps its state but this replica could not reach it (the breaker open):
+    what it admitted and billed meanwhile by its share is added to the store's charge when
+    it answers again, once."""
+    pols = policies(prompt_tokens_per_day=300)
+    limiter = make(pols, "r0", replicas=1)
+    await limiter.restore([], time.time())
+    assert await limiter.contribute() is True
+    limiter.breaker.count, limiter.breaker.open_until = 3, time.monotonic() + 60
+    decision = await limiter.reserve(ACME, Cost(30, 0), time.time())
+    assert decision.ticket is not None
+    assert limiter.fail_admissions[FailMode.LOCAL] == 1
+    await limiter.settle(decision.ticket, Cost(30, 0), time.time())
+    limiter.breaker.open_until = 0.0  # half open: the next call tries the store
+    after = await limiter.reserve(ACME, Cost(0, 0), time.time())
+    assert after.ticket is not None
+    assert await limiter.contribute() is True
+    assert await limiter.contribute() is True
+    again = await limiter.reserve(ACME, Cost(0, 0), time.time())
+    assert again.tokens is not None
+    assert again.tokens.remaining == 270
