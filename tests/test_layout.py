@@ -26,6 +26,7 @@ TESTED_THROUGH_THE_APP = {
     "serving/downstream": "writing to clients: app/test_answers.py, app/test_stalled_clients.py",
     "serving/keys": "typed application state, no behaviour of its own",
     "serving/lifetimes": "resources' cleanup contexts: app/test_metering.py, process tests",
+    "serving/realtime": "the realtime session handler: app/test_realtime.py",
     "serving/metered": "the metered handler: app/test_metering.py, app/test_generation.py",
     "serving/storescripts": "the store's Lua, run by serving/sharedlimits: test_sharedlimits.py",
     "serving/relayed": "the transparent handler: app/test_app.py, app/test_security.py",

@@ -203,10 +203,16 @@ MULTIPLIERS: Mapping[str, Callable[[dict[str, Any]], bool]] = {
     "best_of": _asks_best_of,
 }
 # What ``--allow-unmetered`` may name besides paths.
+# Audio answers without a usage (``proxy.accounting.audio``): a whole translation, a whole
+# transcription before 0.10 or in verbose_json.
+AUDIO_FEATURES = frozenset(
+    {"transcriptions.whole", "transcriptions.verbose_json", "translations.whole"}
+)
 UNMETERED_FEATURES = frozenset(
     {
         "responses.background",
         "embeddings.bytes_only",
+        *AUDIO_FEATURES,
         *(f.feature for fields in MULTIPLYING.values() for f in fields if f.feature),
     }
 )

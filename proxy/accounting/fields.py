@@ -609,6 +609,72 @@ GENERATIVE_SCORING = _table(
     SALT("cache_salt"),
 )
 
+# Audio (multipart forms, ``proxy.accounting.audio``): a whole transcription is billed in
+# seconds of audio (usage.seconds), a stream in tokens; vLLM cuts long audio into chunks of
+# at most 30 s (Whisper), one engine request each.
+AUDIO = _kind(
+    {B},
+    "the audio the engine reads: a whole transcription is billed in its seconds "
+    "(usage.seconds, rounded up), a stream in the tokens of every chunk's engine request",
+)
+AUDIO_PROMPT = _kind(
+    {B},
+    "shapes the decoder prompt (language, task, text prompt, hotwords; bounded by the "
+    "decoder's context): in a stream's prompt_tokens; a whole answer is billed in seconds",
+)
+AUDIO_SAMPLING = _kind(
+    {B},
+    "a sampling parameter of each chunk's one engine request: streamed, every token it "
+    "makes is in usage.completion_tokens; whole, billed in seconds of audio",
+)
+AUDIO_BEAM = _kind(
+    {X},
+    "beam search (never streamed: vLLM refuses it): n beams per audio chunk, one engine "
+    "request per live beam per token; the usage reports the audio's seconds alone",
+    "beam_search",
+)
+
+
+def _audio(operation: str, *shaping: str) -> Mapping[str, Field]:
+    """Transcriptions and translations validate the same fields (``SpeechToTextRequest``),
+    but for the output ``shaping`` of one of them."""
+    return _table(
+        operation,
+        AUDIO("file"),
+        AUDIO_BEAM("use_beam_search"),
+        AUDIO_PROMPT("hotwords", "language", "prompt", "to_language"),
+        AUDIO_SAMPLING(
+            "frequency_penalty",
+            "include_stop_str_in_output",
+            "max_completion_tokens",
+            "min_p",
+            "presence_penalty",
+            "repetition_penalty",
+            "seed",
+            "temperature",
+            "top_k",
+            "top_p",
+            "vllm_xargs",
+            "watermarking",
+        ),
+        BEAM_ONLY("length_penalty", "n"),
+        MODEL("model"),
+        OUTPUT_SHAPING(
+            "response_format",
+            "stream",
+            "stream_continuous_usage_stats",
+            "stream_include_usage",
+            *shaping,
+        ),
+    )
+
+
+TRANSCRIPTIONS = _audio("transcriptions", "timestamp_granularities")
+# A WebSocket session has no request body: its events (session.update's model, the audio
+# appended and committed) are read as they pass (``proxy.wire.realtime``).
+REALTIME = _table("realtime")
+TRANSLATIONS = _audio("translations")
+
 FIELDS: Mapping[str, Mapping[str, Field]] = MappingProxyType(
     {
         "score": SCORE,
@@ -623,6 +689,9 @@ FIELDS: Mapping[str, Mapping[str, Field]] = MappingProxyType(
         "decisions": DECISIONS,
         "generate": GENERATE,
         "generative_scoring": GENERATIVE_SCORING,
+        "transcriptions": TRANSCRIPTIONS,
+        "translations": TRANSLATIONS,
+        "realtime": REALTIME,
     }
 )
 

@@ -69,6 +69,14 @@ ROUTES: tuple[Route, ...] = (
     *_r(M, "POST", "generate", "/inference/v1/generate"),
     # Scoring with a generative model: usage as vLLM reports it (no pre-fix inflation)
     *_r(M, "POST", "generative_scoring", "/generative_scoring"),
+    # Multipart forms (``proxy.accounting.audio``): a whole transcription billed in seconds
+    # of audio (usage type "duration"), a streamed one in tokens; a whole translation has
+    # no usage (refused unless --allow-unmetered names translations.whole)
+    *_r(M, "POST", "transcriptions", "/v1/audio/transcriptions"),
+    *_r(M, "POST", "translations", "/v1/audio/translations"),
+    # A WebSocket session (``proxy.serving.realtime``): billed the tokens of the
+    # transcription.done events vLLM sends in it
+    *_r(M, "GET", "realtime", "/v1/realtime"),
     *_r(Handling.DISPATCHED, "POST", "invocations", "/invocations"),
     *_r(F, "GET", "probe", "/health", "/healthz", "/readyz", "/load", "/version", keyless=True),
     *_r(F, "GET,POST", "probe", "/ping", keyless=True),
@@ -132,9 +140,6 @@ ROUTES: tuple[Route, ...] = (
         why=CONTROL,
     ),
     *_r(X, "DELETE", "control", "/adapters/{adapter_name}", why=CONTROL),
-    # Duration (not tokens) or no usage at all; multipart bodies the proxy does not rewrite
-    *_r(X, "POST", "audio", "/v1/audio/transcriptions", "/v1/audio/translations", why=UNMETERABLE),
-    *_r(X, "GET", "realtime", "/v1/realtime", why=UNMETERABLE),  # a WebSocket
     *_r(X, "POST", "cohere_chat", "/cohere/v2/chat", why=UNMETERABLE),
 )
 BY_PATH: dict[str, Route] = {r.path: r for r in ROUTES if "{" not in r.path and "*" not in r.path}
@@ -150,6 +155,10 @@ _TEMPLATED = tuple((_pattern(r.path), r) for r in ROUTES if r.path not in BY_PAT
 
 SCORING_OPERATIONS = frozenset({"score", "rerank"})
 STREAMING_OPERATIONS = frozenset({"chat", "completions", "generate"})
+# The operations whose requests are multipart forms, read by ``proxy.accounting.audio``.
+FORM_OPERATIONS = frozenset({"transcriptions", "translations"})
+# The metered routes served as WebSocket sessions.
+SESSION_OPERATIONS = frozenset({"realtime"})
 # The operations whose requests ask for ``n`` choices, each a read of the prompt.
 CHOICES_OPERATIONS = frozenset({"chat", "completions", "generate"})
 KEYLESS_PATHS = frozenset(r.path for r in ROUTES if r.keyless)

@@ -85,6 +85,8 @@ class Tally:
     unproven: int = 0
     aborted: int = 0
     upstream_errors: int = 0
+    # Records billed in seconds of audio: the engine counts their tokens, no token bill does.
+    in_seconds: int = 0
     verdicts: dict[str, int] = field(default_factory=dict)
 
     def merge(self, other: Tally) -> None:
@@ -93,6 +95,7 @@ class Tally:
             *("records", "prompt_reported", "prompt_billed", "prompt_expected"),
             *("completion_reported", "completion_billed", "unproven", "aborted"),
             "upstream_errors",
+            "in_seconds",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for verdict, count in other.verdicts.items():
@@ -110,6 +113,7 @@ class Tally:
         self.verdicts[verdict] = self.verdicts.get(verdict, 0) + 1
         self.unproven += verdict in UNPROVEN
         self.aborted += record.aborted
+        self.in_seconds += record.units.audio_seconds is not None
 
 
 class SettledWindow(BaseModel):
@@ -227,6 +231,12 @@ def causes(reset: bool, unbilled: int, overbilled: int, tally: Tally) -> list[st
         found.append(
             f"upstream_errors: {tally.upstream_errors} metered request(s) failed upstream "
             "(work done before an error, e.g. prefill, is not billed)"
+        )
+    if unbilled and tally.in_seconds:
+        found.append(
+            f"billed_in_seconds: {tally.in_seconds} whole transcription(s) billed in seconds "
+            "of audio; the engine counted their tokens (decoder prompt and text), no token "
+            "bill shows them"
         )
     if unbilled:
         found.append(

@@ -36,6 +36,7 @@ from proxy.serving.lifetimes import counters_reader, ledger_context, reconciler_
 from proxy.serving.limitsfile import LIMITSFILE, LimitsFile, limits_file_context
 from proxy.serving.limitsstore import build_shared_limiter, store_context
 from proxy.serving.metered import METERED, MeteredRelay
+from proxy.serving.realtime import RealtimeRelay
 from proxy.serving.relayed import Relay
 from proxy.serving.routing import Invocations, Router, guard
 from proxy.serving.sendwatch import SendWatch, send_watch_context
@@ -205,6 +206,16 @@ def create_app(
     admin.add_routes(app, catalog, journal, page, store)
     relay = Relay(settings.upstream_base, settings.body_read_timeout, metrics)
     admin_port = settings.admin_port is not None
-    routes = Router(exchanges, handlers, relay, unmetered, shares, owners, admin_port=admin_port)
+    sessions = RealtimeRelay(settings, metrics, metered.settle, admission)
+    routes = Router(
+        exchanges,
+        handlers,
+        relay,
+        unmetered,
+        shares,
+        owners,
+        admin_port=admin_port,
+        sessions=sessions,
+    )
     app.router.add_route("*", "/{tail:.*}", routes.handle)
     return app

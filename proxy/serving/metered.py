@@ -13,7 +13,9 @@ import structlog
 from aiohttp import web
 from multidict import CIMultiDictProxy
 
+from proxy.accounting.audio import FEATURE_FIELDS, prepare_form
 from proxy.accounting.dispatch import Prepared, prepare, takes_cache_salt
+from proxy.accounting.routes import FORM_OPERATIONS
 from proxy.ledger.recorder import Recorder
 from proxy.ledger.records import Units
 from proxy.metrics import Metrics
@@ -126,7 +128,12 @@ class MeteredRelay:
 
     async def __call__(self, exchange: Exchange) -> web.StreamResponse:
         body, task_of = exchange.body, self._catalog.task_of
-        prepared = await off_loop(prepare, body, exchange.path, body, task_of)
+        operation = exchange.route.operation
+        if operation in FORM_OPERATIONS:  # multipart: read (and added to) off the loop
+            kind, release = exchange.request.headers.get("Content-Type"), self._catalog.release
+            prepared = await off_loop(prepare_form, body, operation, body, kind, release)
+        else:
+            prepared = await off_loop(prepare, body, exchange.path, body, task_of)
         return await self.relay(exchange, prepared)
 
     async def relay(self, exchange: Exchange, prepared: Prepared) -> web.StreamResponse:
@@ -293,7 +300,7 @@ class MeteredRelay:
             400,
             f"{feature}: vLLM answers it without a usage, so the proxy cannot bill it; "
             f"an operator may relay it unmetered with --allow-unmetered {feature}",
-            param=feature.partition(".")[2],
+            param=FEATURE_FIELDS.get(feature, feature.partition(".")[2]),
         )
 
     async def _unbillable(
@@ -330,7 +337,7 @@ class MeteredRelay:
             headers.update(await self._settle(exchange, prepared, reading, upstream.status))
         return await pass_on(exchange.request, upstream, b"", headers)
 
-    async def _settle(
+    async def settle(
         self,
         exchange: Exchange,
         prepared: Prepared,
@@ -338,10 +345,27 @@ class MeteredRelay:
         status: int,
         aborted: bool = False,
     ) -> dict[str, str]:
-        """Record and journal one metered exchange; the headers its answer carries."""
+        """Record one metered session that another handler relayed (realtime), once it
+        ended: ``aborted`` says whether its client cut it short."""
+        return await self._settle(exchange, prepared, reading, status, aborted, ended=True)
+
+    async def _settle(
+        self,
+        exchange: Exchange,
+        prepared: Prepared,
+        reading: Reading,
+        status: int,
+        aborted: bool = False,
+        *,
+        ended: bool = False,
+    ) -> dict[str, str]:
+        """Record and journal one metered exchange; the headers its answer carries. Unless
+        the exchange has ``ended`` (a session, whose client always closes it), a client
+        whose connection is closing left before its answer: aborted."""
         model = self._catalog.model_name(prepared.model)
         path, transport = exchange.path, exchange.request.transport
-        aborted = aborted or transport is None or transport.is_closing()
+        if not ended:
+            aborted = aborted or transport is None or transport.is_closing()
         if reading.problem:
             self._metrics.invalid_usage.labels(path).inc()
             log.warning("invalid_usage", path=path, problem=reading.problem)

@@ -3,6 +3,7 @@ decoded path vLLM's router will match (``proxy.accounting.routes``), behind a gu
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 
 import structlog
@@ -10,7 +11,13 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from proxy.accounting.dispatch import prepare
-from proxy.accounting.routes import SCORING_OPERATIONS, Handling, Route, route_of
+from proxy.accounting.routes import (
+    SCORING_OPERATIONS,
+    SESSION_OPERATIONS,
+    Handling,
+    Route,
+    route_of,
+)
 from proxy.serving.attribution import WHO
 from proxy.serving.audited import ScoringAuditor
 from proxy.serving.bodies import off_loop
@@ -103,8 +110,10 @@ class Router:
         owners: ResponseOwners,
         *,
         admin_port: bool,
+        sessions: Work | None = None,
     ) -> None:
         self._exchanges = exchanges
+        self._sessions = sessions
         self._owners = owners
         self._shares = shares
         self._handlers = handlers
@@ -135,6 +144,9 @@ class Router:
             self._unmetered.relayed(path, request.method)
             return await self._relay(request)
         assert route is not None
+        if route.operation in SESSION_OPERATIONS and self._sessions is not None:
+            session = Exchange(request, route, b"", 0, time.perf_counter(), request[WHO])
+            return await self._exchanges.run(session, self._sessions)
         work = self._handlers.get(route.handling)
         if work is None or request.method != "POST":
             response_id = stored_response_id(route, path)

@@ -4,6 +4,7 @@ where transport failures become HTTP answers (502 unreachable, 504 timeout)."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -21,6 +22,9 @@ from proxy.wire.encoding import content_codings, decode_body
 from proxy.wire.targets import Target
 
 SESSION = web.AppKey("upstream_session", aiohttp.ClientSession)
+# Bodies above aiohttp's ``TOO_LARGE_BYTES_BODY`` (1 MiB, past which it warns that one write
+# may hold the event loop) are sent from a BytesIO, in 64 KiB writes.
+LARGE_BODY_BYTES = 1 << 20
 
 # RFC 9110 section 7.6.1 hop-by-hop fields, plus the ones the transport sets itself.
 HOP_BY_HOP = frozenset(
@@ -173,6 +177,8 @@ async def forward(
     headers = request_headers(request.headers)
     if isinstance(data, bytes) or "Content-Encoding" in headers:
         headers.popall("Content-Length", None)  # recomputed from the bytes we send
+    if isinstance(data, bytes) and len(data) > LARGE_BODY_BYTES:
+        data = io.BytesIO(data)  # written in chunks (aiohttp warns of one large write)
     # aiohttp decodes a compressed request body as it is read: what is sent is decoded
     headers.popall("Content-Encoding", None)
     if metered:

@@ -93,8 +93,7 @@ async def test_the_path_metered_is_the_path_served(
 @pytest.mark.parametrize(
     ("method", "raw", "status"),
     [
-        ("POST", "/v1/audio/transcriptions", 403),
-        ("POST", "/v1/audio/translations", 403),
+        ("POST", "/cohere/v2/chat", 403),
         ("POST", "/v1/load_lora_adapter", 403),
         ("POST", "/sleep", 403),
         ("POST", "/no/such/endpoint", 404),
@@ -107,7 +106,8 @@ async def test_the_path_metered_is_the_path_served(
 async def test_what_cannot_be_metered_never_reaches_the_engine(
     rig: Any, tmp_path: Path, method: str, raw: str, status: int
 ) -> None:
-    """Regression: audio, engine control and unknown paths were relayed as they came.
+    """Regression: audio, engine control and unknown paths were relayed as they came
+    (audio is metered now: tests/app/test_audio.py, tests/app/test_realtime.py).
     Refused in vLLM's error shape, with the setting that would relay them, and the
     upstream never sees them."""
     _, client, paths = rig

@@ -12,6 +12,7 @@ import json
 
 from aiohttp import web
 
+from tests.support.fakevllm.audio import AudioAPI, RealtimeAPI
 from tests.support.fakevllm.base import VLLM_KEEP_ALIVE, FakeState, dumps, error
 from tests.support.fakevllm.discovery import DiscoveryAPI
 from tests.support.fakevllm.generation import GenerationAPI
@@ -21,7 +22,7 @@ from tests.support.fakevllm.scoring import RECEIVED, RERANK_PATHS, SCORE_PATHS, 
 __all__ = ["VLLM_KEEP_ALIVE", "FakeState", "FakeVLLM", "dumps", "error"]
 
 
-class FakeVLLM(ScoringAPI, EmbeddingsAPI, GenerationAPI, DiscoveryAPI):
+class FakeVLLM(ScoringAPI, EmbeddingsAPI, GenerationAPI, AudioAPI, RealtimeAPI, DiscoveryAPI):
     """Knobs: version, family, delays and faults are plain attributes tests may change."""
 
     def app(self) -> web.Application:
@@ -30,6 +31,7 @@ class FakeVLLM(ScoringAPI, EmbeddingsAPI, GenerationAPI, DiscoveryAPI):
         app.router.add_get("/v1/models", self.handle_models)
         app.router.add_get("/openapi.json", self.handle_openapi)
         app.router.add_get("/health", self.handle_health)
+        app.router.add_get("/v1/realtime", self.handle_realtime)
         posted = {path: self.handle_scoring for path in (*SCORE_PATHS, *RERANK_PATHS)}
         posted["/invocations"] = self.handle_invocations
         posted["/v1/embeddings"] = self.handle_embeddings
@@ -39,6 +41,8 @@ class FakeVLLM(ScoringAPI, EmbeddingsAPI, GenerationAPI, DiscoveryAPI):
         posted["/v1/messages"] = self.handle_messages
         posted["/v1/responses"] = self.handle_responses
         posted["/v1/systemone"] = self.handle_decisions
+        posted["/v1/audio/transcriptions"] = self.handle_transcriptions
+        posted["/v1/audio/translations"] = self.handle_translations
         for path, handler in posted.items():
             app.router.add_post(path, handler)
         app.router.add_get("/v1/responses/{response_id}", self.handle_stored_response)

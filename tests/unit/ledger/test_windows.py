@@ -239,3 +239,30 @@ def test_reconciliation_tallies_tokens_only() -> None:
     tally.add(audio)
     tally.add(cached)
     assert (tally.records, tally.prompt_billed, tally.prompt_expected) == (2, 36, 36)
+
+
+def test_drift_from_transcriptions_billed_in_seconds_is_named() -> None:
+    """A whole transcription is billed in seconds; the engine still counts its decoder
+    prompt tokens: the window's unbilled tokens name it as a cause, before unmetered
+    traffic (which it may also be)."""
+    from proxy.ledger.records import Units
+    from tests.support.records import make_record
+
+    base = make_record(0).model_dump(exclude={"record_id", "units"})
+    audio = UsageRecord(
+        **{**base, "prompt_tokens_reported": None, "prompt_tokens_billed": None},
+        units=Units(audio_seconds=30),
+    )
+    tally = Tally()
+    tally.add(audio)
+    window = settle(
+        EngineReading(100, 0, 1.0),
+        EngineReading(104, 0, 1.0),
+        tally,
+        start=NOW,
+        end=NOW,
+        instance="i",
+        upstream="u",
+    )
+    assert window.unbilled_prompt_tokens == 4
+    assert [c.split(":")[0] for c in window.causes] == ["billed_in_seconds", "unmetered_traffic"]

@@ -1,0 +1,89 @@
+"""What an audio request is (``/v1/audio/transcriptions`` and ``/translations``), read
+from its multipart form the way vLLM reads it, and the form to send.
+
+Pure: bytes in, a decision out. vLLM's ``TranscriptionRequest`` and ``TranslationRequest``
+are pydantic models filled from the form (FastAPI ``Form()``): each field's last value,
+an empty one as absent, booleans in lax mode. What vLLM reports (0.10.2 to 0.32.0,
+``speech_to_text``): a whole transcription carries ``usage: {"type": "duration",
+"seconds": N}`` (not in ``verbose_json``, nor before 0.10); a whole translation no usage
+at all; a stream, token usage in a last chunk when the form asks
+``stream_include_usage``. So the proxy asks for it, as it asks for ``include_usage`` in
+chat, and hides that chunk from a client that did not.
+"""
+
+from __future__ import annotations
+
+from proxy.accounting.dispatch import Prepared, Refusal, lax_bool, unbillable_feature
+from proxy.accounting.types import Release
+from proxy.wire.forms import File, FormError, is_multipart, read_form, with_field
+
+# The first series whose whole transcriptions carry the duration usage (read in 0.10.2;
+# 0.8.5's TranscriptionResponse is text alone).
+DURATION_FROM = (0, 10)
+# The form field each audio feature's refusal names (vLLM's ``param``).
+FEATURE_FIELDS = {
+    "transcriptions.whole": "stream",
+    "transcriptions.verbose_json": "response_format",
+    "translations.whole": "stream",
+    "transcriptions.beam_search": "use_beam_search",
+    "translations.beam_search": "use_beam_search",
+}
+
+
+def prepare_form(
+    operation: str, body: bytes, content_type: str | None, release: Release
+) -> Prepared:
+    """Read one audio request: its model, whether it streams, what it cannot be billed
+    for; a stream that did not ask for its usage asks for it in the form sent (one part
+    appended, the rest as sent) and has that chunk hidden. A body that is not a form is
+    sent as it came (vLLM answers it 422: no file); a form Starlette refuses is refused
+    here with its message, as vLLM would (400)."""
+    if not is_multipart(content_type):
+        return Prepared(body, operation, None)
+    assert content_type is not None
+    try:
+        form = read_form(body, content_type)
+    except FormError as exc:
+        return Prepared(body, operation, None, refusal=Refusal(str(exc), "body"))
+    model = _text(form.value("model"))
+    last = dict(form.items)  # each field's last value, the one vLLM reads
+    sent_fields = {n: v for n, v in last.items() if isinstance(v, str) and v}
+    multiplying = unbillable_feature(operation, sent_fields, True)
+    if multiplying is not None:  # beam search: never streamed, billed in seconds alone
+        return Prepared(body, operation, model, unbillable=multiplying)
+    if not _flag(form.value("stream")):
+        feature = _whole_feature(operation, form.value("response_format"), release)
+        return Prepared(body, operation, model, unbillable=feature)
+    if _flag(form.value("stream_include_usage")):
+        return Prepared(body, operation, model, streamed=True)
+    try:
+        sent = with_field(body, form.boundary, "stream_include_usage", "true")
+        if _flag(form.value("stream_continuous_usage_stats")):
+            # vLLM reads it only with stream_include_usage: the client saw no usage per chunk
+            sent = with_field(sent, form.boundary, "stream_continuous_usage_stats", "false")
+    except FormError as exc:  # no closing delimiter: nothing to append a part to
+        return Prepared(body, operation, model, refusal=Refusal(str(exc), "body"))
+    return Prepared(sent, operation, model, streamed=True, strip_usage=True)
+
+
+def _whole_feature(
+    operation: str, response_format: str | File | None, release: Release
+) -> str | None:
+    """The feature of a whole (not streamed) answer that carries no usage."""
+    if operation == "translations":
+        return "translations.whole"
+    if not release.since(DURATION_FROM):
+        return "transcriptions.whole"
+    if response_format == "verbose_json":
+        return "transcriptions.verbose_json"
+    return None
+
+
+def _flag(value: str | File | None) -> bool:
+    """A boolean form field as vLLM reads it: absent or empty is false."""
+    return isinstance(value, str) and value != "" and lax_bool(value)
+
+
+def _text(value: str | File | None) -> str | None:
+    """A string form field as vLLM reads it: absent or empty is the default (None)."""
+    return value if isinstance(value, str) and value else None

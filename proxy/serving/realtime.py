@@ -1,0 +1,145 @@
+"""The realtime transcription WebSocket (``GET /v1/realtime``): relayed both ways with
+aiohttp's client and server WebSockets, one record per session.
+
+Each direction reads its next message only once the last one was sent on, so a slow
+reader slows its sender (back-pressure through both sockets, nothing queued here). The
+session bills the sum of the ``transcription.done`` usages vLLM sent (``proxy.wire.realtime``)
+to the key's tenant, recorded when the session ends; a session that ends without one is
+recorded invalid with its duration, never silently free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+import structlog
+from aiohttp import WSMsgType, web
+from yarl import URL
+
+from proxy.accounting.dispatch import Prepared
+from proxy.metrics import Metrics
+from proxy.serving.admission import Admission
+from proxy.serving.exchange import Exchange
+from proxy.serving.upstream import (
+    SESSION,
+    TARGET,
+    UpstreamError,
+    error_response,
+    request_headers,
+    translated,
+    upstream_failure,
+)
+from proxy.settings import Settings
+from proxy.wire.realtime import SessionUsage
+from proxy.wire.usage import Reading
+
+log = structlog.get_logger("proxy.serving.realtime")
+
+# Largest message relayed either way (vLLM's server takes uvicorn's 16 MiB default).
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# The WebSocket handshake's own headers: each side's socket sets its own.
+HANDSHAKE = frozenset({"sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions"})
+Settle = Callable[[Exchange, Prepared, Reading, int, bool], Awaitable[dict[str, str]]]
+
+
+class Refused(Exception):
+    """The upstream answered the upgrade with another status (its own refusal)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class RealtimeRelay:
+    """The handler of ``/v1/realtime`` sessions."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        settle: Settle,
+        admission: Admission | None = None,
+    ) -> None:
+        self._base = settings.upstream_base
+        self._metrics = metrics
+        self._settle = settle
+        self._admission = admission
+
+    async def __call__(self, exchange: Exchange) -> web.StreamResponse:
+        request = exchange.request
+        down = web.WebSocketResponse(max_msg_size=MAX_MESSAGE_BYTES, autoping=True)
+        if not down.can_prepare(request).ok:  # Starlette routes a plain GET nowhere
+            return error_response(404, "Not Found")
+        if self._admission is not None:  # unpriced: its request limits, settled at its end
+            opening = Prepared(b"", exchange.route.operation, None)
+            refusal = await self._admission.admit_metered(exchange, opening)
+            if refusal is not None:
+                return refusal
+        try:
+            up = await self._connect(request)
+        except Refused as exc:
+            return error_response(exc.status, f"the upstream refused the session: {exc}")
+        except UpstreamError as exc:
+            return upstream_failure(self._metrics, exc)
+        usage = SessionUsage()
+        async with up:
+            await down.prepare(request)
+            client_left = await _relay(down, up, usage)
+        if not down.closed:
+            await down.close(code=up.close_code or aiohttp.WSCloseCode.OK)
+        problem = usage.why_unbilled
+        reading = (
+            Reading(None, None, problem) if problem else Reading(usage.prompt, usage.completion)
+        )
+        prepared = Prepared(b"", exchange.route.operation, usage.model)
+        # a client ends every session: aborted is one it cut short of its usage
+        await self._settle(exchange, prepared, reading, 101, client_left and bool(problem))
+        return down
+
+    async def _connect(self, request: web.Request) -> aiohttp.ClientWebSocketResponse:
+        headers = request_headers(request.headers)
+        for name in HANDSHAKE:
+            headers.popall(name, None)
+        url = URL(self._base + request[TARGET].sent, encoded=True)
+        with translated(request[TARGET].path):
+            try:
+                return await request.app[SESSION].ws_connect(
+                    url, headers=headers, max_msg_size=MAX_MESSAGE_BYTES, autoping=True
+                )
+            except aiohttp.WSServerHandshakeError as exc:  # vLLM's answer, not a failure
+                raise Refused(exc.status, exc.message) from exc
+
+
+async def _relay(
+    down: web.WebSocketResponse, up: aiohttp.ClientWebSocketResponse, usage: SessionUsage
+) -> bool:
+    """Both directions until either side closes; whether the client closed first."""
+    to_upstream = asyncio.create_task(pump(down, up, usage.from_client))
+    to_client = asyncio.create_task(pump(up, down, usage.from_server))
+    done, _ = await asyncio.wait({to_upstream, to_client}, return_when=asyncio.FIRST_COMPLETED)
+    client_first = to_upstream in done
+    if client_first:
+        await up.close()  # vLLM aborts the engine request, as when its client leaves
+    else:
+        await down.close(code=up.close_code or aiohttp.WSCloseCode.OK)
+    await asyncio.gather(to_upstream, to_client)
+    return client_first
+
+
+async def pump(
+    source: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
+    sink: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
+    note: Callable[[str], None],
+) -> None:
+    """Messages from ``source`` to ``sink``, one at a time, until either closes."""
+    try:
+        async for message in source:
+            if message.type is WSMsgType.TEXT:
+                note(message.data)
+                await sink.send_str(message.data)
+            elif message.type is WSMsgType.BINARY:
+                await sink.send_bytes(message.data)
+    except (ConnectionError, aiohttp.ClientError) as exc:
+        log.info("realtime_side_closed", error=type(exc).__name__)

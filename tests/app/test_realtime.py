@@ -1,0 +1,225 @@
+"""The realtime WebSocket through the proxy: relayed both ways, one record per session
+billing vLLM's transcription.done usage to the key's tenant."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from proxy.ledger.records import UsageRecord
+from proxy.limits.meters import BudgetMeter
+from proxy.serving.admission import ADMISSION
+from tests.support.fakevllm.audio import AUDIO_PROMPT, SAMPLES_PER_AUDIO_TOKEN
+from tests.support.proxies import fake_and_proxy
+from tests.support.records import journal_records
+
+ACME = {"Authorization": "Bearer sk-acme"}
+
+
+def append(samples: int) -> str:
+    """An input_audio_buffer.append of ``samples`` of silent PCM16."""
+    audio = base64.b64encode(b"\0\0" * samples).decode()
+    return json.dumps({"type": "input_audio_buffer.append", "audio": audio})
+
+
+COMMIT = json.dumps({"type": "input_audio_buffer.commit"})
+FINAL = json.dumps({"type": "input_audio_buffer.commit", "final": True})
+UPDATE = json.dumps({"type": "session.update", "model": "minilm"})
+
+
+async def recorded(journal: Path) -> list[UsageRecord]:
+    """The journal's records once the session's is there (it is recorded as it ends)."""
+    for _ in range(100):
+        if found := journal_records(journal):
+            return found
+        await asyncio.sleep(0.05)
+    return []
+
+
+async def events_until(ws: aiohttp.ClientWebSocketResponse, kind: str) -> list[dict[str, Any]]:
+    """The events received up to and including the first of ``kind``."""
+    seen = []
+    while True:
+        event = json.loads((await ws.receive(timeout=5)).data)
+        seen.append(event)
+        if event["type"] == kind:
+            return seen
+
+
+@pytest.fixture
+async def realtime(exporting: Any) -> Any:
+    """The proxy (keys: acme) in front of a fake vLLM 0.32.0 serving a realtime model."""
+    fake, client, journal, _ = await exporting({"acme": "sk-acme"}, version="0.32.0")
+    return fake, client, journal
+
+
+async def utterance(ws: aiohttp.ClientWebSocketResponse, samples: int) -> list[dict[str, Any]]:
+    await ws.send_str(COMMIT)
+    await ws.send_str(append(samples))
+    await ws.send_str(FINAL)
+    return await events_until(ws, "transcription.done")
+
+
+async def test_a_session_is_billed_its_transcription_usage(realtime: Any) -> None:
+    """Both directions are relayed as sent; the session's transcription.done usage is
+    recorded once, when it ends, to the key's tenant, with the session's model."""
+    fake, client, journal = realtime
+    async with client.ws_connect("/v1/realtime", headers=ACME) as ws:
+        created = json.loads((await ws.receive(timeout=5)).data)
+        assert created["type"] == "session.created"
+        await ws.send_str(UPDATE)
+        seen = await utterance(ws, 16000)
+        assert [e["type"] for e in seen] == [*["transcription.delta"] * 3, "transcription.done"]
+        assert journal_records(journal) == []  # billed when the session ends
+    prompt = 16000 // SAMPLES_PER_AUDIO_TOKEN + AUDIO_PROMPT
+    assert seen[-1]["usage"]["prompt_tokens"] == prompt
+    (record,) = await recorded(journal)
+    assert (record.tenant, record.operation, record.endpoint) == (
+        "acme",
+        "realtime",
+        "/v1/realtime",
+    )
+    assert (record.model, record.verdict, record.status) == ("minilm", "reported", 101)
+    assert (record.prompt_tokens_billed, record.completion_tokens_billed) == (prompt, 3)
+    assert not record.aborted  # a client ends every session: only one cut short is aborted
+    assert fake.prompt_tokens_total == prompt
+
+
+async def test_a_session_of_several_utterances_bills_their_sum(realtime: Any) -> None:
+    """Each utterance ends with its own transcription.done: one record, their sum."""
+    _, client, journal = realtime
+    async with client.ws_connect("/v1/realtime", headers=ACME) as ws:
+        await ws.receive(timeout=5)
+        await ws.send_str(UPDATE)
+        await utterance(ws, 12800)
+        await utterance(ws, 25600)
+    (record,) = await recorded(journal)
+    expected = 12800 // SAMPLES_PER_AUDIO_TOKEN + 25600 // SAMPLES_PER_AUDIO_TOKEN
+    assert record.prompt_tokens_billed == expected + 2 * AUDIO_PROMPT
+    assert record.completion_tokens_billed == 6
+
+
+async def test_a_session_that_ends_without_usage_is_recorded_invalid(realtime: Any) -> None:
+    """A client that leaves before the transcription is done: recorded invalid, with the
+    session's duration, never free and silent."""
+    _, client, journal = realtime
+    async with client.ws_connect("/v1/realtime", headers=ACME) as ws:
+        await ws.receive(timeout=5)
+        await ws.send_str(UPDATE)
+        await ws.send_str(COMMIT)
+        await ws.send_str(append(1600))
+        await asyncio.sleep(0.3)
+    (record,) = await recorded(journal)
+    assert record.verdict == "invalid"
+    assert record.aborted
+    assert record.latency_ms >= 300
+    assert record.prompt_tokens_billed is None
+
+
+async def test_vllms_error_events_reach_the_client(realtime: Any) -> None:
+    """A commit before session.update gets vLLM's error event, as without the proxy."""
+    _, client, _ = realtime
+    async with client.ws_connect("/v1/realtime", headers=ACME) as ws:
+        await ws.receive(timeout=5)
+        await ws.send_str(COMMIT)
+        event = json.loads((await ws.receive(timeout=5)).data)
+    assert (event["type"], event["code"]) == ("error", "model_not_validated")
+
+
+async def test_a_session_needs_a_key(realtime: Any) -> None:
+    """No key, no session: 401 before any upgrade, nothing recorded."""
+    _, client, journal = realtime
+    with pytest.raises(aiohttp.WSServerHandshakeError) as caught:
+        await client.ws_connect("/v1/realtime")
+    assert caught.value.status == 401
+    assert journal_records(journal) == []
+
+
+async def test_a_plain_get_is_not_a_session(realtime: Any) -> None:
+    """A GET without the upgrade is answered 404, as vLLM's router answers it."""
+    _, client, journal = realtime
+    resp = await client.get("/v1/realtime", headers=ACME)
+    assert resp.status == 404
+    assert journal_records(journal) == []
+
+
+async def test_sessions_are_admitted_on_request_limits_and_settle_at_their_tokens(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """With a token budget and one request a minute: the first session is admitted
+    unpriced and settles at its tokens when it ends; the second is refused 429 before any
+    upgrade."""
+    limits = tmp_path / "limits.yaml"
+    policy = {"total_tokens_per_day": 1000, "requests_per_minute": 1}
+    limits.write_text(yaml.safe_dump({"tenants": {"acme": policy}}))
+    _, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        version="0.32.0",
+        tenant_header="X-Tenant-Id",
+        journal=str(tmp_path / "journal.sqlite"),
+        limits=str(limits),
+    )
+    acme = {"X-Tenant-Id": "acme"}
+    async with client.ws_connect("/v1/realtime", headers=acme) as ws:
+        await ws.receive(timeout=5)
+        await ws.send_str(UPDATE)
+        await utterance(ws, 12800)
+    (record,) = await recorded(tmp_path / "journal.sqlite")
+    (meter,) = [
+        m for m in client.app[ADMISSION].limiter.meters.values() if isinstance(m, BudgetMeter)
+    ]
+    billed = (record.prompt_tokens_billed or 0) + (record.completion_tokens_billed or 0)
+    assert billed > 0
+    assert (meter.used, meter.reserved) == (billed, 0)
+    with pytest.raises(aiohttp.WSServerHandshakeError) as caught:
+        await client.ws_connect("/v1/realtime", headers=acme)
+    assert caught.value.status == 429
+
+
+async def test_a_release_without_realtime_answers_its_own_404(exporting: Any) -> None:
+    """vLLM before 0.20 has no /v1/realtime: its 404 reaches the client as the refused
+    upgrade's status, and no session is recorded."""
+    _, client, journal, _ = await exporting({"acme": "sk-acme"}, version="0.15.1")
+    with pytest.raises(aiohttp.WSServerHandshakeError) as caught:
+        await client.ws_connect("/v1/realtime", headers=ACME)
+    assert caught.value.status == 404
+    assert journal_records(journal) == []
+
+
+async def test_a_side_that_does_not_read_holds_back_the_other() -> None:
+    """Back-pressure: the relay reads its next message only once the last one was sent
+    on, so a sink that does not take it stops the reading (nothing queues in the proxy)."""
+    from aiohttp import WSMessage, WSMsgType
+
+    from proxy.serving.realtime import pump
+
+    taken = 0
+
+    class Source:
+        def __aiter__(self) -> Source:
+            return self
+
+        async def __anext__(self) -> WSMessage:
+            nonlocal taken
+            taken += 1
+            return WSMessage(WSMsgType.TEXT, "x" * 1024, None)
+
+    class Stalled:
+        async def send_str(self, data: str) -> None:
+            await asyncio.Event().wait()  # a peer that never reads
+
+    task = asyncio.create_task(pump(Source(), Stalled(), lambda _: None))  # type: ignore[arg-type]
+    await asyncio.sleep(0.1)
+    assert taken == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

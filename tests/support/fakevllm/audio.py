@@ -1,0 +1,281 @@
+"""Speech to text: ``/v1/audio/transcriptions`` and ``/translations`` as vLLM serves them
+(``entrypoints/speech_to_text``, 0.10.2 to 0.32.0; 0.8.5 for transcriptions alone), and the
+``/v1/realtime`` WebSocket (0.20.2 to 0.32.0).
+
+The form is read by the standard library's MIME parser (not the proxy's), as FastAPI fills
+a ``Form()`` model: each field's last value, an empty one as absent, booleans in lax mode. The audio
+is a WAV file whose length is its duration (vLLM decodes it; the fake reads the header).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import math
+import wave
+from dataclasses import dataclass
+from email.parser import BytesParser
+from email.policy import HTTP
+from typing import Any
+
+from aiohttp import WSMsgType, web
+from multidict import CIMultiDict
+from pydantic import TypeAdapter, ValidationError
+
+from tests.support.fakevllm.base import FakeState, dumps, error
+
+LAX_BOOL: TypeAdapter[bool] = TypeAdapter(bool)
+# A streamed transcription's prompt: Whisper's decoder prompt (<|startoftranscript|>,
+# language, task, <|notimestamps|>); the audio itself is encoder input, not prompt tokens.
+AUDIO_PROMPT = 4
+
+
+def wav(seconds: float, rate: int = 16000) -> bytes:
+    """A silent mono 16-bit WAV file of ``seconds``."""
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(b"\0\0" * int(seconds * rate))
+    return out.getvalue()
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A file part."""
+
+    data: bytes
+
+
+def parse_form(content_type: str, body: bytes) -> list[tuple[str, str | Upload]] | None:
+    """The parts of a multipart form in order (None: not one)."""
+    head = f"Content-Type: {content_type}\r\n\r\n".encode()
+    message = BytesParser(policy=HTTP).parsebytes(head + body)
+    if not message.is_multipart():
+        return None
+    parts: list[tuple[str, str | Upload]] = []
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        data = part.get_payload(decode=True)
+        if not isinstance(name, str) or not isinstance(data, bytes):
+            return None
+        parts.append((name, Upload(data) if part.get_filename() else data.decode()))
+    return parts
+
+
+def _last(form: list[tuple[str, str | Upload]], name: str) -> Any:
+    """Starlette's ``FormData.get``: the last value; FastAPI reads "" as absent."""
+    values = [v for k, v in form if k == name]
+    value = values[-1] if values else None
+    return None if value == "" else value
+
+
+def _flag(value: Any) -> bool:
+    return value is not None and LAX_BOOL.validate_python(value)
+
+
+class AudioAPI(FakeState):
+    """The speech-to-text endpoints; the engine's counters grow as vLLM's do."""
+
+    async def handle_transcriptions(self, request: web.Request) -> web.StreamResponse:
+        return await self._speech_to_text(request, "transcription")
+
+    async def handle_translations(self, request: web.Request) -> web.StreamResponse:
+        if not self._since(0, 10):  # 0.8.5 serves transcriptions only
+            return error(404, "Not Found", "Not Found")
+        return await self._speech_to_text(request, "translation")
+
+    def _formats(self) -> tuple[tuple[str, ...], str]:
+        """The response formats each release accepts, and its refusal of the others."""
+        if self._since(0, 29):
+            return ("text", "json", "verbose_json", "diarized_json"), (
+                "Currently only support response_format: "
+                "`text`, `json`, `verbose_json` or `diarized_json`"
+            )
+        if self._since(0, 15):
+            return ("text", "json", "verbose_json"), (
+                "Currently only support response_format: `text`, `json` or `verbose_json`"
+            )
+        return ("text", "json"), "Currently only support response_format `text` or `json`"
+
+    def _since(self, major: int, minor: int) -> bool:
+        found = tuple(int(x) for x in self.version.split(".")[:2])
+        return found >= (major, minor)
+
+    async def _speech_to_text(self, request: web.Request, task: str) -> web.StreamResponse:
+        """vLLM's ``create_transcriptions``: the form validated, the audio decoded, then the
+        whole answer or the stream (``_create_speech_to_text``)."""
+        self.seen_headers.append(CIMultiDict(request.headers))
+        self.last_body = await request.read()
+        form = parse_form(request.headers.get("Content-Type", ""), self.last_body)
+        upload = _last(form or [], "file")
+        if form is None or not isinstance(upload, Upload):
+            return error(400, "1 validation error:\n  file: Field required", "Bad Request")
+        options = ("stream_include_usage", "stream_continuous_usage_stats")
+        if any(bool(_last(form, o)) for o in options) and not _last(form, "stream"):
+            asked = next(o for o in options if _last(form, o))
+            message = "Stream options can only be defined when `stream=True`."
+            return error(400, message, "BadRequestError", asked)
+        try:
+            stream, include, continuous = (_flag(_last(form, n)) for n in ("stream", *options))
+        except ValidationError:
+            return error(400, "1 validation error:\n  stream: not a boolean", "Bad Request")
+        response_format = _last(form, "response_format") or "json"
+        formats, message = self._formats()
+        if response_format not in formats:
+            return error(400, message, "BadRequestError")
+        if response_format in ("verbose_json", "diarized_json") and stream:
+            message = f"{response_format} format doesn't support streaming case"
+            return error(400, message, "BadRequestError")
+        try:
+            with wave.open(io.BytesIO(upload.data)) as w:
+                duration = w.getnframes() / w.getframerate()
+        except (wave.Error, EOFError):
+            return error(400, "Invalid or unsupported audio file.", "BadRequestError")
+        model = _last(form, "model") or self.name
+        self.prompt_tokens_total += AUDIO_PROMPT
+        self.generation_tokens_total += self.chunks
+        if stream:
+            return await self._stream(request, task, model, include, continuous)
+        return self.answer(dumps(self._whole(task, response_format, duration)))
+
+    def _whole(self, task: str, response_format: str, duration: float) -> dict[str, Any]:
+        """A whole answer: a transcription's usage in seconds of audio, rounded up (0.10.2
+        on; 0.8.5 answers the text alone); none in verbose_json, none for a translation."""
+        text = " ".join(f"t{i}" for i in range(self.chunks))
+        if response_format == "verbose_json":
+            return {"duration": duration, "language": "en", "text": text, "segments": []}
+        if task == "translation" or not self._since(0, 10):
+            return {"text": text}
+        usage = {"type": "duration", "seconds": math.ceil(duration)}
+        if response_format == "diarized_json":  # TranscriptionResponseDiarized
+            segment = {"type": "transcript.text.segment", "id": "seg_0", "start": 0.0}
+            segment.update(end=duration, text=text, speaker="A")
+            return {
+                "task": "transcribe",
+                "duration": duration,
+                "text": text,
+                "segments": [segment],
+                "usage": usage,
+            }
+        return {"text": text, "usage": usage}
+
+    async def _stream(
+        self, request: web.Request, task: str, model: str, include: bool, continuous: bool
+    ) -> web.StreamResponse:
+        """``_speech_to_text_stream_generator``: a chunk per token, usage per chunk with
+        both options, a last usage chunk (``choices: []``) with include_usage, [DONE]."""
+        reply = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await reply.prepare(request)
+        head = {"id": f"{task}-1", "object": f"{task}.chunk", "created": 1, "model": model}
+        for i in range(self.chunks):
+            choice: dict[str, Any] = {"delta": {"content": f"t{i}"}}
+            if i == self.chunks - 1:
+                choice.update(finish_reason="stop", stop_reason=None)
+            chunk: dict[str, Any] = {**head, "choices": [choice]}
+            if include and continuous:
+                chunk["usage"] = _usage(AUDIO_PROMPT, i + 1)
+            await reply.write(b"data: " + dumps(chunk) + b"\n\n")
+            await asyncio.sleep(self.delay)
+        if include:
+            last = {**head, "choices": [], "usage": _usage(AUDIO_PROMPT, self.chunks)}
+            await reply.write(b"data: " + dumps(last) + b"\n\n")
+        await reply.write(b"data: [DONE]\n\n")
+        await reply.write_eof()
+        return reply
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+# Realtime (``speech_to_text/realtime/connection.py``, 0.20.2 to 0.32.0): PCM16 at 16 kHz,
+# appended base64; the fake's engine reads one audio token per 80 ms (1280 samples).
+SAMPLES_PER_AUDIO_TOKEN = 1280
+
+
+class RealtimeAPI(FakeState):
+    """``GET /v1/realtime``: vLLM's ``RealtimeConnection`` event for event."""
+
+    async def handle_realtime(self, request: web.Request) -> web.StreamResponse:
+        found = tuple(int(x) for x in self.version.split(".")[:2])
+        if found < (0, 20):
+            return error(404, "Not Found", "Not Found")
+        ws = web.WebSocketResponse()
+        if not ws.can_prepare(request).ok:
+            return error(404, "Not Found", "Not Found")
+        await ws.prepare(request)
+        await ws.send_str(json.dumps({"type": "session.created", "id": "sess-1", "created": 1}))
+        session = _Session()
+        async for message in ws:
+            if message.type is not WSMsgType.TEXT:
+                break
+            try:
+                event = json.loads(message.data)
+            except ValueError:
+                await _send_error(ws, "Invalid JSON", "invalid_json")
+                continue
+            await self._realtime_event(ws, session, event)
+        return ws
+
+    async def _realtime_event(
+        self, ws: web.WebSocketResponse, session: _Session, event: dict[str, Any]
+    ) -> None:
+        kind = event.get("type")
+        if kind == "session.update":
+            model = event.get("model")
+            if model is None:
+                await _send_error(ws, "Missing required field: model", "invalid_event")
+            elif model not in self.names:
+                await _send_error(ws, f"The model `{model}` does not exist.", "model_not_found")
+            else:
+                session.validated = True
+        elif kind == "input_audio_buffer.append":
+            try:
+                session.samples += len(base64.b64decode(event["audio"], validate=True)) // 2
+            except (KeyError, ValueError):
+                await _send_error(ws, "Invalid audio data", "invalid_audio")
+        elif kind == "input_audio_buffer.commit":
+            if not session.validated:
+                message = (
+                    "Model not validated. Make sure to validate the model by sending a "
+                    "session.update event."
+                )
+                await _send_error(ws, message, "model_not_validated")
+            elif not event.get("final"):
+                session.generating = True
+            elif session.generating:
+                await self._transcribe(ws, session)
+        else:
+            await _send_error(ws, f"Unknown event type: {kind}", "unknown_event")
+
+    async def _transcribe(self, ws: web.WebSocketResponse, session: _Session) -> None:
+        """The generation the final commit completes: deltas, then the usage."""
+        prompt = session.samples // SAMPLES_PER_AUDIO_TOKEN + AUDIO_PROMPT
+        self.prompt_tokens_total += prompt
+        self.generation_tokens_total += self.chunks
+        for i in range(self.chunks):
+            await ws.send_str(json.dumps({"type": "transcription.delta", "delta": f"t{i}"}))
+            await asyncio.sleep(self.delay)
+        usage = _usage(prompt, self.chunks)
+        text = "".join(f"t{i}" for i in range(self.chunks))
+        await ws.send_str(json.dumps({"type": "transcription.done", "text": text, "usage": usage}))
+        session.generating, session.samples = False, 0
+
+
+@dataclass
+class _Session:
+    validated: bool = False
+    generating: bool = False
+    samples: int = 0
+
+
+async def _send_error(ws: web.WebSocketResponse, message: str, code: str) -> None:
+    await ws.send_str(json.dumps({"type": "error", "error": message, "code": code}))
