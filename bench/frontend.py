@@ -10,8 +10,12 @@ through the proxy; the CPU (user + system, all threads, from /proc) of vLLM's AP
 process during the direct requests and of the proxy during the proxied ones, each per
 request. The API server is the process that listens on the HTTP port, found through
 /proc, not the engine core it spawns (the engine's CPU is the model's, not the front
-end's). Streamed chat needs a generate model; none is provisioned, so that row is
-reported as skipped rather than downloading one.
+end's). Then the same release serves ``qwen3-gen-tiny`` (a tiny random Qwen3 causal LM
+with a ChatML template, built locally by scripts/prepare_models.py, nothing downloaded)
+in the same slot, for streamed chat completions of exactly 200 tokens.
+
+SIGTERM stops the bench as Ctrl-C does: the servers it started (vLLM, the proxy) are
+stopped on the way out rather than left running.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -33,6 +38,7 @@ from bench.harness import (
     Process,
     cores_awake,
     cpu_seconds,
+    exit_on_sigterm,
     listening_pid,
     minilm_dir,
     port_of,
@@ -40,12 +46,14 @@ from bench.harness import (
     start_audited_proxy,
 )
 from bench.workload import request, unique_bodies
-from scripts.vllm_cpu import env_python, reserved, start_vllm
+from scripts.vllm_cpu import env_python, prepare_models, reserved, start_vllm
 
 MODEL = "minilm"
 GOAL = 0.25  # proxy CPU per request <= this times the API server's
-SKIPPED_CHAT = "chat streamed, 200 tokens"
-NO_GENERATE_MODEL = "no generate model is provisioned (none is downloaded for the bench)"
+CHAT = "chat streamed, 200 tokens"
+CHAT_MODEL = "gen"
+CHAT_TOKENS = 200
+NO_GENERATE_MODEL = "no generate model could be built (scripts/prepare_models.py)"
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,42 @@ def workloads(scale: float) -> list[Workload]:
     ]
 
 
+def chat(i: int) -> bytes:
+    """A streamed chat completion of exactly ``CHAT_TOKENS`` tokens (``ignore_eos``: a
+    random model would otherwise stop anywhere), its usage in the last event."""
+    return json.dumps(
+        {
+            "model": CHAT_MODEL,
+            "messages": [{"role": "user", "content": f"Tell me a story, number {i}."}],
+            "max_tokens": CHAT_TOKENS,
+            "min_tokens": CHAT_TOKENS,
+            "ignore_eos": True,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+    ).encode()
+
+
+def chat_workload(scale: float) -> Workload:
+    count = max(2, int(20 * scale))
+    return Workload(CHAT, "/v1/chat/completions", tuple(chat(i) for i in range(8)), count)
+
+
+async def completion_tokens(session: aiohttp.ClientSession, url: str, body: bytes) -> int:
+    """The completion tokens the usage event of one streamed chat reports."""
+    async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as r:
+        text = (await r.read()).decode()
+        if r.status != 200:
+            raise RuntimeError(f"{url}: HTTP {r.status}: {text[:200]}")
+    for line in text.splitlines():
+        if line.startswith("data: {") and '"usage"' in line:
+            usage = json.loads(line[6:]).get("usage")
+            if usage:
+                return int(usage["completion_tokens"])
+    raise RuntimeError(f"{url}: no usage in the stream")
+
+
 async def per_request(
     session: aiohttp.ClientSession, url: str, pid: int, bodies: list[bytes]
 ) -> float:
@@ -91,13 +135,13 @@ async def per_request(
     return (cpu_seconds(pid) - before) / len(bodies) * 1000
 
 
-async def compare(vllm: Process, proxy: Process, scale: float) -> list[dict[str, Any]]:
+async def compare(vllm: Process, proxy: Process, loads: list[Workload]) -> list[dict[str, Any]]:
     """Per workload: the API server's CPU ms per direct request, the proxy's per proxied
     request, and their ratio."""
     api = listening_pid(vllm.popen.pid, port_of(vllm.url))
     rows = []
     async with aiohttp.ClientSession() as session:
-        for load in workloads(scale):
+        for load in loads:
             bodies = [load.bodies[i % len(load.bodies)] for i in range(2 * load.count)]
             direct, proxied = bodies[: load.count], bodies[load.count :]
             if len(load.bodies) == 1:  # warm both on the body they will see
@@ -118,8 +162,38 @@ async def compare(vllm: Process, proxy: Process, scale: float) -> list[dict[str,
                 }
             )
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # progress: slow runs
-    rows.append({"workload": SKIPPED_CHAT, "skipped": NO_GENERATE_MODEL})
     return rows
+
+
+async def compare_chat(vllm: Process, proxy: Process, scale: float) -> list[dict[str, Any]]:
+    """The streamed chat row, once both sides are seen to stream ``CHAT_TOKENS`` tokens."""
+    async with aiohttp.ClientSession() as session:
+        path = "/v1/chat/completions"
+        for base in (vllm.url, proxy.url):
+            tokens = await completion_tokens(session, base + path, chat(0))
+            if tokens != CHAT_TOKENS:
+                raise RuntimeError(f"{base}: {tokens} completion tokens, not {CHAT_TOKENS}")
+    return await compare(vllm, proxy, [chat_workload(scale)])
+
+
+def measure(
+    python: Path, model: Path, name: str, workdir: Path, args: list[str], work: Any
+) -> list[dict[str, Any]]:
+    """Start vLLM (one server slot) serving ``model`` and the proxy in front of it, run
+    ``work(vllm, proxy)`` (a coroutine), stop both (also on SIGTERM: ``exit_on_sigterm``)."""
+    with reserved(1) as slots:
+        vllm = start_vllm(python, model, name, workdir, extra_args=args, slots=[slots.pop()])
+    proxy: Process | None = None
+    try:
+        vllm.wait_ready("/health", 900)
+        proxy = start_audited_proxy(vllm.url, workdir, workdir / f"journal-{name}.sqlite")
+        proxy.wait_ready("/readyz", 60)
+        rows: list[dict[str, Any]] = asyncio.run(work(vllm, proxy))
+        return rows
+    finally:
+        if proxy is not None:
+            proxy.stop()
+        vllm.stop()
 
 
 def run(version: str, scale: float = 1.0) -> dict[str, Any]:
@@ -129,19 +203,37 @@ def run(version: str, scale: float = 1.0) -> dict[str, Any]:
         return {"version": version, "skipped": f"vllm-cpu {version} is not provisioned"}
     with tempfile.TemporaryDirectory(prefix="usage-proxy-frontend-") as tmp:
         workdir = Path(tmp)
-        with reserved(1) as slots:
-            vllm = start_vllm(python, minilm_dir(), MODEL, workdir, slots=[slots.pop()])
-        proxy: Process | None = None
-        try:
-            vllm.wait_ready("/health", 900)
-            proxy = start_audited_proxy(vllm.url, workdir, workdir / "journal.sqlite")
-            proxy.wait_ready("/readyz", 60)
-            rows = asyncio.run(compare(vllm, proxy, scale))
-        finally:
-            if proxy is not None:
-                proxy.stop()
-            vllm.stop()
+        rows = measure(
+            python,
+            minilm_dir(),
+            MODEL,
+            workdir,
+            [],
+            lambda vllm, proxy: compare(vllm, proxy, workloads(scale)),
+        )
+        rows += chat_rows(python, workdir, scale)
     return {"version": version, "rows": rows}
+
+
+def chat_rows(python: Path, workdir: Path, scale: float) -> list[dict[str, Any]]:
+    """The streamed chat row, from the same release serving ``qwen3-gen-tiny``; said
+    skipped, with why, when that model cannot be built or served."""
+    try:
+        model = prepare_models(python)["generate"]
+    except (subprocess.CalledProcessError, KeyError) as exc:
+        return [{"workload": CHAT, "skipped": f"{NO_GENERATE_MODEL}: {exc}"}]
+    args = ["--runner", "generate", "--max-model-len", "1024"]
+    try:
+        return measure(
+            python,
+            model,
+            CHAT_MODEL,
+            workdir,
+            args,
+            lambda vllm, proxy: compare_chat(vllm, proxy, scale),
+        )
+    except (RuntimeError, OSError, aiohttp.ClientError) as exc:
+        return [{"workload": CHAT, "skipped": f"not measured: {exc}"[:300]}]
 
 
 def table(result: dict[str, Any]) -> list[str]:
@@ -171,6 +263,7 @@ def main() -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies request counts")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    exit_on_sigterm()
     result = run(args.version, args.scale)
     print(json.dumps(result, indent=2) if args.json else "\n".join(table(result)))
     return 0

@@ -34,6 +34,7 @@ from bench.harness import (
     _spawn,
     cores_awake,
     cpu_seconds,
+    exit_on_sigterm,
     free_port,
     listening_pid,
     pct,
@@ -192,6 +193,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=200, help="per target and workload")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    exit_on_sigterm()
     result = run(args.requests)
     print(json.dumps(result, indent=2) if args.json else "\n".join(table(result)))
     return 0

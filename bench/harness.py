@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -59,6 +60,22 @@ def cores_awake() -> Iterator[list[subprocess.Popen[bytes]]]:
             spinner.kill()
         for spinner in spinners:
             spinner.wait()
+
+
+class Terminated(SystemExit):
+    """SIGTERM, raised where the bench is, so that every ``finally`` on the way out runs
+    (the servers it started are stopped, the server slot given back)."""
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM ends the bench as Ctrl-C does, once: a second one while it stops its
+    servers is ignored, so that stopping them is not cut short."""
+
+    def terminate(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise Terminated(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminate)
 
 
 def start_upstream(latency_ms: float, workdir: Path) -> Process:

@@ -4,10 +4,13 @@ where CPU time moves by 20 % from run to run and wall-clock time means little.
     python bench/instructions.py                       # every target on both event loops
     python bench/instructions.py --targets proxy-sync --event-loops uvloop --keep DIR
 
+    python bench/instructions.py --targets proxy-sync --scenario embeddings  # issue #42's x1
+
 Each target runs under ``valgrind --tool=callgrind`` with collection off; after warm-up
 requests (count cache filled, code paths translated) collection is switched on and the
-counters zeroed, ``--requests`` cache-hit reranks (1x64, 0 ms upstream, sequential) are
-sent, and the dump's total (all threads) is divided by their number. ``--keep`` keeps the
+counters zeroed, ``--requests`` requests of ``--scenario`` (cache-hit reranks 1x64 by
+default; ``embeddings``: one short input) are sent sequentially at 0 ms upstream, and the
+dump's total (all threads) is divided by their number. ``--keep`` keeps the
 dumps for ``callgrind_annotate``. The fake upstream and the client run outside valgrind.
 """
 
@@ -33,7 +36,7 @@ from bench.harness import (
     sequential,
     start_upstream,
 )
-from bench.workload import request
+from bench.workload import SCENARIOS, request
 from scripts.vllm_cpu import _spawn
 
 TARGETS = ("relay", "durable", "proxy-sync", "proxy-async")
@@ -65,8 +68,15 @@ def total(dump: Path) -> int:
     raise ValueError(f"no totals in {dump}")
 
 
-async def count(target: str, loop: str, upstream: Process, workdir: Path, requests: int) -> float:
-    """Million instructions per cache-hit rerank of ``target`` on ``loop``."""
+async def count(
+    target: str,
+    loop: str,
+    upstream: Process,
+    workdir: Path,
+    requests: int,
+    scenario: str = "rerank 1x64",
+) -> float:
+    """Million instructions per request of ``scenario`` to ``target`` on ``loop``."""
     port = free_port()
     out = workdir / f"callgrind.{target}.{loop}.{port}"
     argv = [
@@ -80,7 +90,7 @@ async def count(target: str, loop: str, upstream: Process, workdir: Path, reques
     process = _spawn(target, argv, {LOOP_ENV: loop}, log, port)
     try:
         process.wait_ready("/readyz" if target.startswith("proxy") else "/health", 600)
-        path, body = request("rerank 1x64")
+        path, body = request(scenario)
         url = process.url + path
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
             await sequential(session, url, [body] * 20)  # translated, cache filled
@@ -102,7 +112,7 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, dict[str
         upstream.wait_ready("/health", 60)
         for loop in args.event_loops:
             for target in args.targets:
-                figure = await count(target, loop, upstream, workdir, args.requests)
+                figure = await count(target, loop, upstream, workdir, args.requests, args.scenario)
                 results.setdefault(loop, {})[target] = figure
                 print(f"{loop:8} {target:12} {figure:.3f} M instructions/request", flush=True)
     finally:
@@ -113,6 +123,7 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, dict[str
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="rerank 1x64")
     parser.add_argument("--targets", nargs="+", choices=TARGETS, default=list(TARGETS))
     parser.add_argument("--event-loops", nargs="+", choices=EVENT_LOOPS, default=EVENT_LOOPS)
     parser.add_argument("--keep", type=Path, help="keep the callgrind dumps in this folder")

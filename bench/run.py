@@ -34,6 +34,7 @@ from bench.harness import (
     ROOT,
     Process,
     cpu_seconds,
+    exit_on_sigterm,
     latency,
     machine,
     pct,
@@ -244,6 +245,7 @@ def write(output: Path, block: str) -> None:
 
 def main() -> int:
     args = parse()
+    exit_on_sigterm()  # a bench stopped by SIGTERM stops what it started (bench/harness.py)
     with tempfile.TemporaryDirectory(prefix="usage-proxy-bench-") as tmp:
         Path(tmp).chmod(0o755)  # nginx workers run unprivileged
         results = asyncio.run(measure(args, Path(tmp)))

@@ -193,15 +193,47 @@ def test_comparison_tables_judge_only_what_was_measured() -> None:
     rows = [
         {**measured, "ratio": 2.9 / 5.6},
         {**cheap, "ratio": 1.0 / 5.6},
-        {"workload": frontend.SKIPPED_CHAT, "skipped": frontend.NO_GENERATE_MODEL},
+        {"workload": frontend.CHAT, "skipped": frontend.NO_GENERATE_MODEL},
     ]
     lines = frontend.table({"version": "0.29.0", "rows": rows})
     assert lines[2].endswith("| 0.52x | no |")
     assert lines[3].endswith("| 0.18x | yes |")
-    assert "| skipped: no generate model" in lines[4]
+    assert "| skipped: no generate model could be built" in lines[4]
     assert lines[4].endswith("| | | |")  # no verdict
     relay = {"cpu_ms": 0.7, "p50_ms": 1.5}
     row = {"workload": "embeddings x1", "relay": relay, "proxy": relay}
     out = gateway.table({"rows": [row], "skipped": "LiteLLM is not installed"})
     assert out[2].endswith("| not measured | not measured |")
     assert "LiteLLM not measured" in out[-1]
+
+
+def test_sigterm_stops_what_the_bench_started(tmp_path: Path) -> None:
+    """A bench ended by SIGTERM (``exit_on_sigterm``, as bench/frontend.py and bench/run.py
+    install it) stops the server it started on its way out, as Ctrl-C does, instead of
+    leaving it running in its own session; its exit status says SIGTERM (143)."""
+    code = f"""
+import sys, time
+sys.path.insert(0, {str(ROOT)!r})
+from pathlib import Path
+from bench.harness import exit_on_sigterm
+from scripts.vllm_cpu import _spawn
+exit_on_sigterm()
+server = _spawn("server", ["sleep", "300"], {{}}, Path({str(tmp_path)!r}) / "server.log", 0)
+try:
+    print(server.popen.pid, flush=True)
+    time.sleep(60)
+finally:
+    server.stop()
+"""
+    bench = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert bench.stdout is not None
+        server = int(bench.stdout.readline())
+        os.kill(server, 0)  # running, in a session of its own
+        bench.terminate()
+        assert bench.wait(30) == 143
+        with pytest.raises(ProcessLookupError):
+            os.kill(server, 0)
+    finally:
+        bench.kill()
+        bench.communicate()

@@ -171,3 +171,21 @@ async def test_owner_lookups_are_bounded_by_a_frozen_disk(tmp_path: Path) -> Non
     await journal.close()
     with pytest.raises(JournalError, match="not open"):
         await journal.claim_response("resp_a", "alice")
+
+
+async def test_a_sync_append_waits_at_most_the_commit_timeout(tmp_path: Path) -> None:
+    """A sync append whose commit a frozen disk holds gives up after ``commit_timeout``
+    (JournalError, journal unhealthy) without losing the record: it is committed once the
+    disk comes back, and the next append answers normally."""
+    journal = Journal(tmp_path / "j.sqlite", commit_timeout=0.2)
+    await journal.open()
+    journal._thread.post(lambda: time.sleep(0.6))  # the disk freezes
+    started = time.monotonic()
+    with pytest.raises(JournalError, match=r"commit took longer than 0\.2 s"):
+        await journal.append(make_record(1))
+    assert time.monotonic() - started < 0.5
+    assert not journal.healthy
+    await asyncio.sleep(0.5)  # the disk comes back
+    await journal.append(make_record(2))
+    await journal.close()
+    assert len(read_journal(tmp_path / "j.sqlite")) == 2

@@ -69,3 +69,14 @@ def test_normalizing_twice_changes_nothing(segments: list[str]) -> None:
 def test_dot_segments_are_removed_as_rfc_3986_says(path: str, expected: str) -> None:
     """The examples of RFC 3986 section 5.2.4 (and its edge cases)."""
     assert remove_dot_segments(path) == expected
+
+
+def test_a_refused_target_is_refused_every_time() -> None:
+    """Targets are remembered once read (``normalize`` is cached); a refused one is not:
+    the second request with it is refused as the first was, and a good target read
+    before or after it is unaffected."""
+    assert normalize("/v1/./embeddings").path == "/v1/embeddings"
+    for _ in range(2):
+        with pytest.raises(BadTarget, match="empty segment"):
+            normalize("/v1//embeddings")
+    assert normalize("/v1/./embeddings") == normalize("/v1/embeddings")
