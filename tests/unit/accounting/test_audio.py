@@ -131,7 +131,8 @@ def test_review_a_close_delimiter_in_the_epilogue_does_not_hide_the_usage_reques
     raw = form(stream="true") + b"\r\n--xyz--\r\n"  # epilogue: ignored by every parser
     assert read_form(raw, KIND).value("stream") == "true"  # vLLM streams it
     prepared = prepare_form("transcriptions", raw, KIND, NEW)
-    assert prepared.streamed and prepared.strip_usage
+    assert prepared.streamed
+    assert prepared.strip_usage
     assert read_form(prepared.body, KIND).value("stream_include_usage") == "true"
 
 
@@ -159,5 +160,6 @@ def test_review_a_form_charset_does_not_hide_the_usage_request() -> None:
     as_read = read_form(raw, kind)
     assert (as_read.value("stream"), as_read.value("model")) == ("true", "whisper")
     prepared = prepare_form("transcriptions", raw, kind, NEW)
-    assert prepared.streamed and prepared.strip_usage
+    assert prepared.streamed
+    assert prepared.strip_usage
     assert read_form(prepared.body, kind).value("stream_include_usage") == "true"
