@@ -233,3 +233,23 @@ async def test_review_replicas_started_during_an_outage_do_not_each_get_the_whol
         decision = await replica.reserve(ACME, Cost(300, 0), time.time())
         admitted += 300 if decision.ticket is not None else 0
     assert admitted <= 300
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review: in local fail mode a request larger than the replica's share (but within "
+    "the budget) is refused with wait=inf, i.e. 'alone': a 400 'it can never be admitted' "
+    "for a transient outage, naming the share as the whole budget; clients do not retry 400",
+)
+async def test_review_a_request_within_the_budget_is_not_refused_for_ever_in_an_outage(
+    make: Make, redis_store: Store
+) -> None:
+    """300 tokens a day, three replicas, the store down: a 150-token request is more than
+    this replica's share (100) but fits the budget; the refusal must be one to retry
+    (not ``alone``, which admission answers 400 'can never be admitted')."""
+    limiter = make(policies(prompt_tokens_per_day=300), "r0", replicas=3)
+    await limiter.restore([], time.time())
+    redis_store.kill()
+    decision = await limiter.reserve(ACME, Cost(150, 0), time.time())
+    assert decision.refusal is not None
+    assert not decision.refusal.alone
