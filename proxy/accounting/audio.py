@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from proxy.accounting.dispatch import Prepared, Refusal, lax_bool, unbillable_feature
 from proxy.accounting.types import Release
-from proxy.wire.forms import File, FormError, is_multipart, read_form, with_field
+from proxy.wire.forms import File, Form, FormError, is_multipart, read_form, with_field
 
 # The first series whose whole transcriptions carry the duration usage (read in 0.10.2;
 # 0.8.5's TranscriptionResponse is text alone).
@@ -56,14 +56,39 @@ def prepare_form(
         return Prepared(body, operation, model, unbillable=feature)
     if _flag(form.value("stream_include_usage")):
         return Prepared(body, operation, model, streamed=True)
+    continuous = _flag(form.value("stream_continuous_usage_stats"))
     try:
-        sent = with_field(body, form.boundary, "stream_include_usage", "true")
-        if _flag(form.value("stream_continuous_usage_stats")):
+        sent = with_field(body, form.boundary, "stream_include_usage", "true", form.charset)
+        if continuous:
             # vLLM reads it only with stream_include_usage: the client saw no usage per chunk
-            sent = with_field(sent, form.boundary, "stream_continuous_usage_stats", "false")
+            sent = with_field(
+                sent, form.boundary, "stream_continuous_usage_stats", "false", form.charset
+            )
+        proof = read_form(sent, content_type)  # the form as vLLM will read it
     except FormError as exc:  # no closing delimiter: nothing to append a part to
         return Prepared(body, operation, model, refusal=Refusal(str(exc), "body"))
+    if not _asks_usage(proof, form, continuous):
+        return Prepared(body, operation, model, refusal=Refusal(UNPROVEN_FORM, "body"))
     return Prepared(sent, operation, model, streamed=True, strip_usage=True)
+
+
+UNPROVEN_FORM = (
+    "This form cannot be metered as sent: the usage request the proxy adds to a stream "
+    "would not be read from it. Send stream_include_usage=true in the form yourself."
+)
+
+
+def _asks_usage(proof: Form, form: Form, continuous: bool) -> bool:
+    """Whether the form to send reads as the client's, plus the usage request: every
+    field the client sent the same, ``stream_include_usage`` true, and the per-chunk
+    usage off where the client had asked for it."""
+    added = {"stream_include_usage", "stream_continuous_usage_stats"}
+    same = [(n, v) for n, v in proof.items if n not in added] == [
+        (n, v) for n, v in form.items if n not in added
+    ]
+    wanted = _flag(proof.value("stream_include_usage"))
+    quiet = not continuous or not _flag(proof.value("stream_continuous_usage_stats"))
+    return same and wanted and quiet
 
 
 def _whole_feature(

@@ -42,6 +42,7 @@ class Form:
 
     boundary: bytes
     items: list[tuple[str, str | File]] = field(default_factory=list)
+    charset: str = "utf-8"  # what names and values are decoded with (the Content-Type's)
 
     def value(self, name: str) -> str | File | None:
         """The value vLLM reads for ``name`` (Starlette's ``FormData.get``: the last)."""
@@ -65,7 +66,7 @@ def read_form(body: bytes, content_type: str) -> Form:
     if not boundary:
         raise FormError("Missing boundary in multipart.")
     charset = _charset(params.get(b"charset", b"utf-8"))
-    reader = _Reader(Form(boundary), charset)
+    reader = _Reader(Form(boundary, charset=charset), charset)
     try:
         parser = MultipartParser(
             boundary,
@@ -86,21 +87,29 @@ def read_form(body: bytes, content_type: str) -> Form:
     return reader.form
 
 
-def with_field(body: bytes, boundary: bytes, name: str, value: str) -> bytes:
-    """``body`` with one more text part, ``name`` = ``value``, just before its closing
-    delimiter: the same boundary, every other byte as sent; read last, so it is the value
-    vLLM reads. Raises FormError for a body without a closing delimiter."""
+def with_field(
+    body: bytes, boundary: bytes, name: str, value: str, charset: str = "utf-8"
+) -> bytes:
+    """``body`` with one more text part, ``name`` = ``value`` (in the form's ``charset``,
+    as its names and values are read), just before its closing delimiter: the first one,
+    where every parser stops (what follows is epilogue); the same boundary, every other
+    byte as sent; read last, so it is the value vLLM reads. Raises FormError for a body
+    without a closing delimiter. The caller reads the result again to prove it."""
     close = b"\r\n--" + boundary + b"--"
-    end = body.rfind(close)
+    end = body.find(close)
     if end < 0:
         raise FormError("Invalid multipart data.")
+    try:
+        coded_name, coded_value = name.encode(charset), value.encode(charset)
+    except (UnicodeEncodeError, LookupError) as exc:
+        raise FormError(f"Cannot write a part in the form's charset {charset}.") from exc
     part = (
         b"\r\n--"
         + boundary
         + b'\r\nContent-Disposition: form-data; name="'
-        + name.encode()
+        + coded_name
         + b'"\r\n\r\n'
-        + value.encode()
+        + coded_value
     )
     return body[:end] + part + body[end:]
 

@@ -69,11 +69,6 @@ async def fake_vllm(exporting: Any) -> Any:
     return fake, client, journal
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: with_field appends stream_include_usage after a close delimiter in the "
-    "epilogue; vLLM ignores it and streams with no usage: the engine's tokens are unbilled",
-)
 async def test_review_a_stream_with_an_epilogue_delimiter_is_billed(fake_vllm: Any) -> None:
     """A streamed transcription whose form carries a second closing delimiter after the
     real one (an epilogue every multipart parser ignores): the engine does the work, so

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from proxy.accounting import audio
 from proxy.accounting.audio import prepare_form
 from proxy.accounting.types import Release
 from proxy.wire.forms import read_form
@@ -119,12 +120,6 @@ def test_beam_search_is_work_the_seconds_do_not_show(
 # --- review (adversarial): forms whose appended stream_include_usage vLLM never reads ---
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: with_field appends before the LAST '\\r\\n--boundary--', which may sit in "
-    "the epilogue after the real close delimiter; the parser (and Starlette) ignore the "
-    "epilogue, so vLLM streams without a usage chunk and the stream is unbilled",
-)
 def test_review_a_close_delimiter_in_the_epilogue_does_not_hide_the_usage_request() -> None:
     """A form closed once, then a second closing delimiter in its epilogue: the part the
     proxy adds must still be one vLLM reads (the sent form asks for include_usage)."""
@@ -136,12 +131,6 @@ def test_review_a_close_delimiter_in_the_epilogue_does_not_hide_the_usage_reques
     assert read_form(prepared.body, KIND).value("stream_include_usage") == "true"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: the form's charset (Content-Type charset=cp500) decodes every part name, "
-    "as in Starlette, but with_field appends its name and value in ASCII/UTF-8: vLLM reads "
-    "a garbled name, never stream_include_usage, so the stream is unbilled",
-)
 def test_review_a_form_charset_does_not_hide_the_usage_request() -> None:
     """A form whose charset is EBCDIC (cp500), its names and values written in it: vLLM
     (Starlette) reads stream=true and model, and must read the appended include_usage."""
@@ -163,3 +152,15 @@ def test_review_a_form_charset_does_not_hide_the_usage_request() -> None:
     assert prepared.streamed
     assert prepared.strip_usage
     assert read_form(prepared.body, kind).value("stream_include_usage") == "true"
+
+
+def test_a_form_whose_usage_request_is_not_read_back_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The form to send is read again as vLLM reads it: should the added part not read
+    back (a form trick no test foresaw, here a with_field that adds nothing), the stream
+    is refused (400, nothing forwarded) rather than relayed without its usage."""
+    monkeypatch.setattr(audio, "with_field", lambda body, *args: body)
+    prepared = prepare_form("transcriptions", form(stream="true"), KIND, NEW)
+    assert prepared.refusal is not None
+    assert "cannot be metered as sent" in prepared.refusal.message
