@@ -365,6 +365,8 @@ class GuardedLimiter:
         generation, mine, complete = (v.decode() if v else None for v in result[4])
         self._count(count, complete == "1")
         stale = generation is None or generation != self.generation or mine is None
+        if not stale and complete == "1":
+            self.complete = True  # the others' parts came in after this replica's
         if stale or self.dirty or complete != "1":
             await self.contribute()
         return count
