@@ -372,7 +372,7 @@ class Settings(BaseSettings):
         "",
         description="Comma-separated routes or request features to relay although nothing "
         "bills them (by default they are refused in vLLM's error shape): paths, e.g. "
-        "/v1/load_lora_adapter or /v1/realtime (a final * matches any path "
+        "/v1/load_lora_adapter or /cohere/v2/chat (a final * matches any path "
         "under it, including ones vLLM adds later), and the features "
         + ", ".join(sorted(UNMETERED_FEATURES))
         + ". Each such request is logged (unmetered_relayed) and "

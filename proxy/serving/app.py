@@ -206,7 +206,7 @@ def create_app(
     admin.add_routes(app, catalog, journal, page, store)
     relay = Relay(settings.upstream_base, settings.body_read_timeout, metrics)
     admin_port = settings.admin_port is not None
-    sessions = RealtimeRelay(settings, metrics, metered.settle, admission)
+    sessions = RealtimeRelay(settings, metrics, metered.settle, catalog.serves, admission)
     routes = Router(
         exchanges,
         handlers,

@@ -4,8 +4,13 @@ aiohttp's client and server WebSockets, one record per session.
 Each direction reads its next message only once the last one was sent on, so a slow
 reader slows its sender (back-pressure through both sockets, nothing queued here). The
 session bills the sum of the ``transcription.done`` usages vLLM sent (``proxy.wire.realtime``)
-to the key's tenant, recorded when the session ends; a session that ends without one is
-recorded invalid with its duration, never silently free.
+to the key's tenant, under the served model, recorded when the session ends.
+
+vLLM sends a generation's ``transcription.done`` only after the client's final commit, and
+cancels the generation when its client leaves. So when a client leaves while a generation
+may be running, the proxy sends that final commit itself and reads vLLM's messages (sent
+nowhere) until the done, vLLM's close or ``FINAL_WAIT_SECONDS``, then closes. A session
+that ends without a done is recorded invalid with its duration, never silently free.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from proxy.serving.upstream import (
     upstream_failure,
 )
 from proxy.settings import Settings
-from proxy.wire.realtime import SessionUsage
+from proxy.wire.realtime import FINAL_COMMIT, SessionUsage
 from proxy.wire.usage import Reading
 
 log = structlog.get_logger("proxy.serving.realtime")
@@ -41,6 +46,9 @@ log = structlog.get_logger("proxy.serving.realtime")
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 # The WebSocket handshake's own headers: each side's socket sets its own.
 HANDSHAKE = frozenset({"sec-websocket-key", "sec-websocket-version", "sec-websocket-extensions"})
+# The longest a session whose client left mid-generation waits for vLLM's transcription.done
+# (vLLM finishes the audio it has: a few engine steps).
+FINAL_WAIT_SECONDS = 5.0
 Settle = Callable[[Exchange, Prepared, Reading, int, bool], Awaitable[dict[str, str]]]
 
 
@@ -60,11 +68,13 @@ class RealtimeRelay:
         settings: Settings,
         metrics: Metrics,
         settle: Settle,
+        serves: Callable[[str], bool],
         admission: Admission | None = None,
     ) -> None:
         self._base = settings.upstream_base
         self._metrics = metrics
         self._settle = settle
+        self._serves = serves
         self._admission = admission
 
     async def __call__(self, exchange: Exchange) -> web.StreamResponse:
@@ -83,7 +93,7 @@ class RealtimeRelay:
             return error_response(exc.status, f"the upstream refused the session: {exc}")
         except UpstreamError as exc:
             return upstream_failure(self._metrics, exc)
-        usage = SessionUsage()
+        usage = SessionUsage(serves=self._serves)
         async with up:
             await down.prepare(request)
             client_left = await _relay(down, up, usage)
@@ -93,6 +103,7 @@ class RealtimeRelay:
         reading = (
             Reading(None, None, problem) if problem else Reading(usage.prompt, usage.completion)
         )
+        # a served name the client chose, else the served default (as admitted)
         prepared = Prepared(b"", exchange.route.operation, usage.model)
         # a client ends every session: aborted is one it cut short of its usage
         await self._settle(exchange, prepared, reading, 101, client_left and bool(problem))
@@ -116,16 +127,53 @@ async def _relay(
     down: web.WebSocketResponse, up: aiohttp.ClientWebSocketResponse, usage: SessionUsage
 ) -> bool:
     """Both directions until either side closes; whether the client closed first."""
+    idle = asyncio.Event()  # set when a message from vLLM leaves no generation running
+
+    def from_server(text: str) -> None:
+        usage.from_server(text)
+        if not usage.running:
+            idle.set()
+
     to_upstream = asyncio.create_task(pump(down, up, usage.from_client))
-    to_client = asyncio.create_task(pump(up, down, usage.from_server))
+    to_client = asyncio.create_task(pump(up, down, from_server))
     done, _ = await asyncio.wait({to_upstream, to_client}, return_when=asyncio.FIRST_COMPLETED)
     client_first = to_upstream in done
     if client_first:
-        await up.close()  # vLLM aborts the engine request, as when its client leaves
+        await _finish(up, usage, to_client, idle)
+        await up.close()  # vLLM aborts what still runs, as when its client leaves
     else:
         await down.close(code=up.close_code or aiohttp.WSCloseCode.OK)
     await asyncio.gather(to_upstream, to_client)
     return client_first
+
+
+async def _finish(
+    up: aiohttp.ClientWebSocketResponse,
+    usage: SessionUsage,
+    reading: asyncio.Task[None],
+    idle: asyncio.Event,
+) -> None:
+    """The client left: a generation that may be running gets its final commit (unless the
+    client sent it), and ``reading`` (vLLM's messages, noted, sent nowhere) goes on until
+    the generation's transcription.done, vLLM's close or ``FINAL_WAIT_SECONDS``."""
+    if not usage.running:
+        return
+    idle.clear()
+    if not usage.final_sent:
+        usage.from_client(FINAL_COMMIT)
+        try:
+            await up.send_str(FINAL_COMMIT)
+        except (ConnectionError, aiohttp.ClientError):
+            return
+    waiting = asyncio.create_task(idle.wait())
+    try:
+        await asyncio.wait(
+            {reading, waiting}, timeout=FINAL_WAIT_SECONDS, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        waiting.cancel()
+    if usage.running:
+        log.warning("realtime_done_not_received", waited_s=FINAL_WAIT_SECONDS)
 
 
 async def pump(
@@ -133,13 +181,22 @@ async def pump(
     sink: web.WebSocketResponse | aiohttp.ClientWebSocketResponse,
     note: Callable[[str], None],
 ) -> None:
-    """Messages from ``source`` to ``sink``, one at a time, until either closes."""
+    """Messages from ``source`` to ``sink``, one at a time, until ``source`` closes. Once
+    ``sink`` is closed they are still read and noted (a usage in flight), sent nowhere."""
+    sending = True
     try:
         async for message in source:
             if message.type is WSMsgType.TEXT:
                 note(message.data)
-                await sink.send_str(message.data)
-            elif message.type is WSMsgType.BINARY:
-                await sink.send_bytes(message.data)
+            if not sending or sink.closed:
+                continue
+            try:
+                if message.type is WSMsgType.TEXT:
+                    await sink.send_str(message.data)
+                elif message.type is WSMsgType.BINARY:
+                    await sink.send_bytes(message.data)
+            except (ConnectionError, aiohttp.ClientError) as exc:
+                log.info("realtime_side_closed", error=type(exc).__name__)
+                sending = False
     except (ConnectionError, aiohttp.ClientError) as exc:
         log.info("realtime_side_closed", error=type(exc).__name__)

@@ -4,19 +4,43 @@
 Pure: text messages in, a running total out. The server ends each utterance with
 ``{"type": "transcription.done", "text": ..., "usage": {prompt_tokens, completion_tokens,
 total_tokens}}``; a session may transcribe several, so the session's bill is their sum.
-The client names the model in ``session.update``.
+
+A generation starts at the client's ``input_audio_buffer.commit`` and streams
+``transcription.delta`` events while audio arrives; only ``{"type":
+"input_audio_buffer.commit", "final": true}`` ends its audio, and only then does vLLM send
+its ``transcription.done``. A client that leaves before has it cancelled, unbilled: so the
+session says whether a generation may be running (``running``) and whether its final
+commit was sent, for the relay to end it as the client would have (``FINAL_COMMIT``).
+
+The client names the model in ``session.update``; vLLM refuses a name it does not serve
+and transcribes with the model it serves whatever the name, so only a served name counts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from proxy.wire.jsonio import loads
 from proxy.wire.usage import token_count
 
 DONE = "transcription.done"
+COMMIT = "input_audio_buffer.commit"
+# What ends a generation's audio (vLLM then sends its transcription.done).
+FINAL_COMMIT = '{"type": "input_audio_buffer.commit", "final": true}'
+# vLLM's answer to a commit before a served model was named: no generation started.
+_NOT_VALIDATED = "model_not_validated"
 # Audio appends are the bulk of a session (base64 PCM); only smaller events are parsed.
 _MOST_PARSED = 64 * 1024
+
+
+class _Commit(BaseModel):
+    """vLLM's ``InputAudioBufferCommit`` (pydantic's lax bool, as vLLM reads it)."""
+
+    model_config = ConfigDict(extra="ignore")
+    final: bool = False
 
 
 @dataclass(slots=True)
@@ -28,14 +52,26 @@ class SessionUsage:
     done: int = 0  # transcription.done events with a usage
     model: str | None = None
     problem: str | None = None
+    # Whether a model name is one the upstream serves (session.update's other names are
+    # refused by vLLM and transcribe nothing).
+    serves: Callable[[str], bool] = lambda _name: True
+    running: bool = False  # a commit since the last transcription.done: a generation may run
+    final_sent: bool = False  # ... and its final commit was sent
 
     def from_server(self, text: str) -> None:
-        """A message vLLM sent: a ``transcription.done`` adds its usage."""
-        if DONE not in text:
+        """A message vLLM sent: a ``transcription.done`` adds its usage (and ends the
+        generation); an error refusing a commit means none started."""
+        if DONE not in text and _NOT_VALIDATED not in text:
             return
         event = _event(text)
-        if event is None or event.get("type") != DONE:
+        if event is None:
             return
+        if event.get("type") == "error" and event.get("code") == _NOT_VALIDATED:
+            self.running = self.final_sent = False
+            return
+        if event.get("type") != DONE:
+            return
+        self.running = self.final_sent = False
         usage = event.get("usage")
         counts = (
             (token_count(usage.get("prompt_tokens")), token_count(usage.get("completion_tokens")))
@@ -50,13 +86,26 @@ class SessionUsage:
         self.done += 1
 
     def from_client(self, text: str) -> None:
-        """A message the client sent: ``session.update`` names the model."""
-        if len(text) > _MOST_PARSED or "session.update" not in text:
+        """A message the client sent: ``session.update`` names the model (when served);
+        a commit starts a generation, a final one ends its audio."""
+        if len(text) > _MOST_PARSED or ("session.update" not in text and COMMIT not in text):
             return
         event = _event(text)
-        if event is not None and event.get("type") == "session.update":
+        if event is None:
+            return
+        kind = event.get("type")
+        if kind == "session.update":
             model = event.get("model")
-            self.model = model if isinstance(model, str) else self.model
+            self.model = model if isinstance(model, str) and self.serves(model) else self.model
+        elif kind == COMMIT:
+            try:  # read as vLLM reads it (an unreadable commit does nothing there)
+                final = _Commit.model_validate(event).final
+            except ValidationError:
+                return
+            if final:
+                self.final_sent = self.running
+            else:  # a commit while a generation runs is ignored by vLLM
+                self.running = True
 
     @property
     def why_unbilled(self) -> str | None:

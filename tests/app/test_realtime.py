@@ -15,6 +15,7 @@ import yaml
 
 from proxy.ledger.records import UsageRecord
 from proxy.limits.meters import BudgetMeter
+from proxy.serving import realtime as realtime_module
 from proxy.serving.admission import ADMISSION
 from tests.support.fakevllm.audio import AUDIO_PROMPT, SAMPLES_PER_AUDIO_TOKEN
 from tests.support.proxies import fake_and_proxy
@@ -106,10 +107,34 @@ async def test_a_session_of_several_utterances_bills_their_sum(realtime: Any) ->
     assert record.completion_tokens_billed == 6
 
 
-async def test_a_session_that_ends_without_usage_is_recorded_invalid(realtime: Any) -> None:
-    """A client that leaves before the transcription is done: recorded invalid, with the
-    session's duration, never free and silent."""
-    _, client, journal = realtime
+async def test_a_client_that_leaves_mid_generation_is_billed_its_generation(
+    realtime: Any,
+) -> None:
+    """A client that leaves without the final commit: the proxy sends it (vLLM would
+    cancel the generation, unbilled), reads the transcription.done and bills it."""
+    fake, client, journal = realtime
+    async with client.ws_connect("/v1/realtime", headers=ACME) as ws:
+        await ws.receive(timeout=5)
+        await ws.send_str(UPDATE)
+        await ws.send_str(COMMIT)
+        await ws.send_str(append(2560))
+    (record,) = await recorded(journal)
+    assert fake.generation_tokens_total == 3
+    assert (record.verdict, record.aborted) == ("reported", False)
+    assert record.prompt_tokens_billed == 2560 // SAMPLES_PER_AUDIO_TOKEN + AUDIO_PROMPT
+    assert record.completion_tokens_billed == 3
+    assert record.latency_ms < realtime_module.FINAL_WAIT_SECONDS * 1000  # not kept longer
+
+
+async def test_a_session_whose_done_does_not_come_is_recorded_invalid(
+    realtime: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that leaves mid-generation and a done that does not come within
+    FINAL_WAIT_SECONDS: recorded invalid, aborted, with the session's duration, never
+    free and silent; the proxy waits no longer than that."""
+    monkeypatch.setattr(realtime_module, "FINAL_WAIT_SECONDS", 0.2)
+    fake, client, journal = realtime
+    fake.delay = 5.0  # the engine's deltas are far slower than the proxy waits
     async with client.ws_connect("/v1/realtime", headers=ACME) as ws:
         await ws.receive(timeout=5)
         await ws.send_str(UPDATE)
@@ -119,8 +144,25 @@ async def test_a_session_that_ends_without_usage_is_recorded_invalid(realtime: A
     (record,) = await recorded(journal)
     assert record.verdict == "invalid"
     assert record.aborted
-    assert record.latency_ms >= 300
+    assert 500 <= record.latency_ms < 2000
     assert record.prompt_tokens_billed is None
+
+
+async def test_a_client_that_leaves_with_no_generation_running_is_not_kept(
+    realtime: Any,
+) -> None:
+    """No commit since the last done: nothing runs, so the proxy closes at once (no final
+    commit sent, no wait) and the session's one done is billed."""
+    fake, client, journal = realtime
+    async with client.ws_connect("/v1/realtime", headers=ACME) as ws:
+        await ws.receive(timeout=5)
+        await ws.send_str(UPDATE)
+        await utterance(ws, 1280)
+        await ws.send_str(append(1280))  # audio no commit started a generation for
+    (record,) = await recorded(journal)
+    assert record.completion_tokens_billed == 3
+    assert fake.generation_tokens_total == 3
+    assert record.latency_ms < 1000
 
 
 async def test_vllms_error_events_reach_the_client(realtime: Any) -> None:
@@ -214,6 +256,8 @@ async def test_a_side_that_does_not_read_holds_back_the_other() -> None:
             return WSMessage(WSMsgType.TEXT, "x" * 1024, None)
 
     class Stalled:
+        closed = False
+
         async def send_str(self, data: str) -> None:
             await asyncio.Event().wait()  # a peer that never reads
 

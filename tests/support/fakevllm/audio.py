@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import io
 import json
 import math
@@ -223,6 +224,10 @@ class RealtimeAPI(FakeState):
                 await _send_error(ws, "Invalid JSON", "invalid_json")
                 continue
             await self._realtime_event(ws, session, event)
+        if session.task is not None:  # the client left: vLLM cancels the generation
+            session.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await session.task
         return ws
 
     async def _realtime_event(
@@ -251,23 +256,26 @@ class RealtimeAPI(FakeState):
                 await _send_error(ws, message, "model_not_validated")
             elif not event.get("final"):
                 session.generating = True
-            elif session.generating:
-                await self._transcribe(ws, session)
+            elif session.generating and (session.task is None or session.task.done()):
+                # vLLM's generation is a task of its own: the connection reads on
+                session.task = asyncio.create_task(self._transcribe(ws, session))
         else:
             await _send_error(ws, f"Unknown event type: {kind}", "unknown_event")
 
     async def _transcribe(self, ws: web.WebSocketResponse, session: _Session) -> None:
-        """The generation the final commit completes: deltas, then the usage."""
+        """The generation the final commit completes: deltas for the audio left (``chunks``
+        tokens), then the usage of the whole generation (the tokens it already streamed
+        too, as vLLM counts every delta's tokens)."""
         prompt = session.samples // SAMPLES_PER_AUDIO_TOKEN + AUDIO_PROMPT
         self.prompt_tokens_total += prompt
         self.generation_tokens_total += self.chunks
         for i in range(self.chunks):
             await ws.send_str(json.dumps({"type": "transcription.delta", "delta": f"t{i}"}))
             await asyncio.sleep(self.delay)
-        usage = _usage(prompt, self.chunks)
-        text = "".join(f"t{i}" for i in range(self.chunks))
+        usage = _usage(prompt, session.streamed + self.chunks)
+        text = session.text + "".join(f"t{i}" for i in range(self.chunks))
         await ws.send_str(json.dumps({"type": "transcription.done", "text": text, "usage": usage}))
-        session.generating, session.samples = False, 0
+        session.generating, session.samples, session.streamed, session.text = False, 0, 0, ""
 
 
 @dataclass
@@ -275,6 +283,11 @@ class _Session:
     validated: bool = False
     generating: bool = False
     samples: int = 0
+    # what the running generation sent before the final commit (a fake that decodes the
+    # audio as it arrives): counted in its transcription.done
+    streamed: int = 0
+    text: str = ""
+    task: asyncio.Task[None] | None = None
 
 
 async def _send_error(ws: web.WebSocketResponse, message: str, code: str) -> None:

@@ -68,3 +68,44 @@ def test_the_model_is_the_last_session_update_names(
         session.from_client(json.dumps(message))
     session.from_client("not json session.update")
     assert session.model == model
+
+
+def test_only_a_served_name_is_the_sessions_model() -> None:
+    """vLLM refuses a session.update naming a model it does not serve and transcribes with
+    the one it serves: such a name does not replace the served one."""
+    session = SessionUsage(serves=lambda name: name == "served")
+    session.from_client(json.dumps({"type": "session.update", "model": "served"}))
+    session.from_client(json.dumps({"type": "session.update", "model": "cheap"}))
+    assert session.model == "served"
+
+
+COMMIT = {"type": "input_audio_buffer.commit"}
+REFUSED = {"type": "error", "error": "x", "code": "model_not_validated"}
+
+
+@pytest.mark.parametrize(
+    ("client", "server", "state"),
+    [
+        ([], [], (False, False)),
+        ([COMMIT], [], (True, False)),
+        ([COMMIT, {**COMMIT, "final": True}], [], (True, True)),
+        ([COMMIT, {**COMMIT, "final": "true"}], [], (True, True)),  # pydantic's lax bool
+        ([COMMIT, {**COMMIT, "final": "maybe"}], [], (True, False)),  # vLLM refuses it
+        ([COMMIT, {**COMMIT, "final": False}], [], (True, False)),
+        ([{**COMMIT, "final": True}], [], (False, False)),  # no generation to end
+        ([COMMIT, {**COMMIT, "final": True}], [done(1, 1)], (False, False)),
+        ([COMMIT], [REFUSED], (False, False)),
+        ([COMMIT], [{"type": "error", "error": "x", "code": "invalid_audio"}], (True, False)),
+    ],
+)
+def test_whether_a_generation_may_be_running(
+    client: list[dict[str, object]], server: list[object], state: tuple[bool, bool]
+) -> None:
+    """A commit starts a generation, a final commit ends its audio, its done (or vLLM's
+    refusal of the commit) ends it: what the relay needs when the client leaves."""
+    session = SessionUsage()
+    for message in client:
+        session.from_client(json.dumps(message))
+    for event in server:
+        session.from_server(event if isinstance(event, str) else json.dumps(event))
+    assert (session.running, session.final_sent) == state
