@@ -25,6 +25,7 @@ from proxy.settings import ENV_PREFIX, Settings
 log = structlog.get_logger("proxy.serving.limitsstore")
 
 HEARTBEAT_SECONDS = 5.0
+SLOTS = 16  # requests' store calls at once; the pool has two more (heartbeat, sync)
 
 
 def store_password(settings: Settings) -> str | None:
@@ -49,8 +50,8 @@ def build_shared_limiter(
     pool = BlockingConnectionPool.from_url(
         url,
         password=store_password(settings),
-        max_connections=64,
-        timeout=timeout,  # waiting for a free connection counts against it too
+        max_connections=SLOTS + 2,
+        timeout=None,  # the requests wait for a slot instead (GuardedLimiter.slots)
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
         retry=Retry(NoBackoff(), 0),
@@ -69,6 +70,7 @@ def build_shared_limiter(
         fail_mode=FailMode(settings.limits_fail_mode),
         replicas=settings.limits_replicas,
         metrics=metrics,
+        slots=SLOTS,
     )
 
 

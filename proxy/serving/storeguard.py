@@ -90,8 +90,12 @@ class GuardedLimiter:
         breaker: Breaker | None = None,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        slots: int = 64,
     ) -> None:
         self.shared = shared
+        # requests' store calls in flight at once (the pool's connections for them): the
+        # wait for a slot is not a store failure and does not count in ``timeout``
+        self.slots = asyncio.Semaphore(slots)
         self.metrics = metrics
         self.timeout = timeout
         self.fail_mode = fail_mode
@@ -106,6 +110,7 @@ class GuardedLimiter:
         self.generation: str | None = None  # the last one this replica contributed to
         self.complete = False  # whether the store's budgets were whole when last told
         self.reachable = True  # whether the store answered the last call
+        self.beating = True  # whether the last heartbeat reached the store
         self.restored = False  # this replica's journal read: it can contribute
         self.dirty = False  # billed without the store: to contribute
         self.slowest = 0.0  # the longest a store call took (failed ones included), seconds
@@ -166,8 +171,9 @@ class GuardedLimiter:
     def problem(self) -> tuple[str, bool] | None:
         """What /readyz reports about the store, and whether it fails readiness: only an
         unreachable store in closed mode (this replica then refuses every limited request,
-        while one that reaches the store would serve them)."""
-        if not self.reachable:
+        while one that reaches the store would serve them). Unreachable: the last
+        heartbeat failed or the breaker is open (one slow request is neither)."""
+        if not self.beating or self.breaker.open:
             closed = self.fail_mode is FailMode.CLOSED
             return f"unreachable: limited tenants admitted by fail mode {self.fail_mode}", closed
         if self.generation is not None and not self.complete:
@@ -189,7 +195,7 @@ class GuardedLimiter:
         store found empty this replica's contribution and a second try), else the fail
         mode's."""
         try:
-            async with asyncio.timeout(self.timeout):
+            async with self.slots, asyncio.timeout(self.timeout):  # from a slot held
                 decision = await self._reserve_in_store(who, cost, now)
         except TimeoutError as exc:  # the round trips together outlasted the timeout
             self._failed("reserve", exc)
@@ -273,7 +279,8 @@ class GuardedLimiter:
         ticket.open = False  # else the store's reservation expires by its TTL
         if self.breaker.allows(self._clock()):
             try:
-                await self._call(mode, self.shared.finish(ticket, billed, mode))
+                async with self.slots:
+                    await self._call(mode, self.shared.finish(ticket, billed, mode))
             except STORE_ERRORS as exc:
                 self._failed(mode, exc)
             else:
@@ -359,8 +366,9 @@ class GuardedLimiter:
                     result = await pipe.execute()
         except STORE_ERRORS as exc:
             self._failed("beat", exc)
+            self.beating = False
             return None
-        self.reachable = True  # the breaker is left to the requests' calls
+        self.reachable = self.beating = True  # the breaker is left to the requests' calls
         count = int(result[2])
         generation, mine, complete = (v.decode() if v else None for v in result[4])
         self._count(count, complete == "1")
