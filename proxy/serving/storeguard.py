@@ -111,6 +111,8 @@ class GuardedLimiter:
         self.complete = False  # whether the store's budgets were whole when last told
         self.reachable = True  # whether the store answered the last call
         self.beating = True  # whether the last heartbeat reached the store
+        self.counted = self.configured > 0  # whether the replica count is known
+        self._warned_unknown = False
         self.restored = False  # this replica's journal read: it can contribute
         self.dirty = False  # billed without the store: to contribute
         self.slowest = 0.0  # the longest a store call took (failed ones included), seconds
@@ -238,6 +240,19 @@ class GuardedLimiter:
 
     async def _fail(self, who: Who, cost: Cost, now: float) -> Decision:
         mode = self.shared.policies.fail_mode(who.tenant, self.fail_mode)
+        levels = self.shared.policies.levels(who.tenant, who.model, who.key)
+        if mode is FailMode.LOCAL and not self.counted and any(x.limits for x in levels):
+            # no share can be computed: dividing by 1 gives each replica the whole budget
+            self._count_fail(mode, "replicas_unknown")
+            if not self._warned_unknown:
+                self._warned_unknown = True
+                log.warning(
+                    "limits_replicas_unknown",
+                    hint="set --limits-replicas: the store was never reached, so local fail "
+                    "mode cannot divide the limits and refuses limited tenants",
+                )
+            refusal = Refusal("limits_store", ("tenant", who.tenant), 0.0, 0, 0, False, True)
+            return Decision(None, refusal, None, None)
         self._count_fail(mode, "rebuilding" if self.reachable else "unreachable")
         if mode is FailMode.CLOSED:
             refusal = Refusal("limits_store", ("tenant", who.tenant), 0.0, 0, 0, False, True)
@@ -249,9 +264,31 @@ class GuardedLimiter:
             await self.local.restore((), now)
         decision = await self.local.reserve(who, cost, now)
         if decision.ticket is None:
-            return decision
+            return self._beyond_share(who, decision)
         ticket = LocalTicket(who, cost, id=uuid.uuid4().hex, inner=decision.ticket)
         return self._held(ticket, decision)
+
+    def _beyond_share(self, who: Who, decision: Decision) -> Decision:
+        """A refusal by this replica's share quotes the whole limit; a request beyond the
+        share but within the limit is refused for now (to retry once the store answers),
+        not as one that can never be admitted."""
+        refusal = decision.refusal
+        if refusal is None or not refusal.alone or self.replicas <= 1:
+            return decision
+        levels = self.shared.policies.levels(who.tenant, who.model, who.key)
+        whole = next(
+            (
+                limit.amount
+                for level in levels
+                if level.scope == refusal.scope
+                for limit in level.limits
+                if limit.name == refusal.limit
+            ),
+            refusal.amount,
+        )
+        wait = refusal.wait if refusal.cost > whole else self.breaker.cooldown
+        refusal = Refusal(refusal.limit, refusal.scope, wait, refusal.cost, whole, False)
+        return Decision(None, refusal, decision.requests, decision.tokens, decision.budgets)
 
     def _held(self, ticket: LocalTicket, decision: Decision | None) -> Decision:
         self.shared.holds[ticket.id] = ticket
@@ -368,7 +405,7 @@ class GuardedLimiter:
             self._failed("beat", exc)
             self.beating = False
             return None
-        self.reachable = self.beating = True  # the breaker is left to the requests' calls
+        self.reachable = self.beating = self.counted = True  # the breaker: requests' calls
         count = int(result[2])
         generation, mine, complete = (v.decode() if v else None for v in result[4])
         self._count(count, complete == "1")

@@ -214,11 +214,6 @@ async def test_review_local_mode_keeps_the_total_within_the_budget(
     assert 290 + admitted <= 300
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: a replica that never reached the store (it started during an outage) "
-    "with --limits-replicas unset divides by 1: each replica admits the whole budget",
-)
 async def test_review_replicas_started_during_an_outage_do_not_each_get_the_whole_budget(
     make: Make, redis_store: Store
 ) -> None:
@@ -235,12 +230,6 @@ async def test_review_replicas_started_during_an_outage_do_not_each_get_the_whol
     assert admitted <= 300
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: in local fail mode a request larger than the replica's share (but within "
-    "the budget) is refused with wait=inf, i.e. 'alone': a 400 'it can never be admitted' "
-    "for a transient outage, naming the share as the whole budget; clients do not retry 400",
-)
 async def test_review_a_request_within_the_budget_is_not_refused_for_ever_in_an_outage(
     make: Make, redis_store: Store
 ) -> None:
