@@ -26,6 +26,7 @@ log = structlog.get_logger("proxy.serving.storeguard")
 T = TypeVar("T")
 
 STORE_ERRORS = (RedisError, OSError, TimeoutError)
+MISSED_HELD = 10_000  # missed settlements and releases kept to send again
 
 
 class Breaker:
@@ -113,6 +114,10 @@ class GuardedLimiter:
         self.beating = True  # whether the last heartbeat reached the store
         self.counted = self.configured > 0  # whether the replica count is known
         self._warned_unknown = False
+        # settlements and releases the store missed (breaker open, or failed), by ticket
+        # id: sent again once it answers (each is idempotent by id)
+        self.missed: dict[str, tuple[Ticket, Cost, str]] = {}
+        self._replaying: asyncio.Task[None] | None = None
         self.restored = False  # this replica's journal read: it can contribute
         self.dirty = False  # billed without the store: to contribute
         self.slowest = 0.0  # the longest a store call took (failed ones included), seconds
@@ -185,8 +190,40 @@ class GuardedLimiter:
     def _back(self) -> None:
         self._stale = True
         if self._succeeded() or self.dirty:
-            log.info("limits_store_back", dirty=self.dirty)
+            log.info("limits_store_back", dirty=self.dirty, missed=len(self.missed))
             self._contribute_soon()
+        if self.missed and (self._replaying is None or self._replaying.done()):
+            self._replaying = asyncio.get_running_loop().create_task(self._replay(None))
+
+    def _miss(self, ticket: Ticket, billed: Cost, mode: str) -> None:
+        """An end the store did not get: kept to send again (the oldest dropped beyond
+        MISSED_HELD; its reservation then expires by its TTL)."""
+        key = getattr(ticket, "id", "")
+        if not key:
+            return
+        if len(self.missed) >= MISSED_HELD:
+            del self.missed[next(iter(self.missed))]
+        self.missed[key] = (ticket, billed, mode)
+
+    async def _replay(self, tenant: str | None) -> None:
+        """Send the missed ends again (a tenant's only, inline in its admission, or all,
+        each in a slot); one that fails is kept for the next time."""
+        keys = [k for k, (t, _, _) in self.missed.items() if tenant in (None, t.who.tenant)]
+        for key in keys:
+            end = self.missed.pop(key, None)
+            if end is None:
+                continue
+            ticket, billed, mode = end
+            try:
+                if tenant is None:
+                    async with self.slots:
+                        await self._call(mode, self.shared.finish(ticket, billed, mode))
+                else:
+                    await self._call(mode, self.shared.finish(ticket, billed, mode))
+            except STORE_ERRORS as exc:
+                self._failed(mode, exc)
+                self.missed.setdefault(key, end)
+                return
 
     def _contribute_soon(self) -> None:
         if self.restored and (self._syncing is None or self._syncing.done()):
@@ -213,6 +250,8 @@ class GuardedLimiter:
         for attempt in (0, 1):
             if not self.breaker.allows(self._clock()):
                 return None
+            if self.missed:  # the tenant's ends the store missed free their holds first
+                await self._replay(who.tenant)
             try:
                 call = self.shared.reserve_by(who, cost, now, share)
                 decision, by_share = await self._call("reserve", call)
@@ -323,6 +362,7 @@ class GuardedLimiter:
             else:
                 self._back()
                 return
+        self._miss(ticket, billed, mode)
         self.dirty = self.dirty or settle
 
     async def _end_local(
@@ -426,8 +466,9 @@ class GuardedLimiter:
             self.set_replicas(max(self.replicas, live))
 
     async def close(self) -> None:
-        if self._syncing is not None:
-            self._syncing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._syncing
+        for task in (self._syncing, self._replaying):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.shared.client.aclose()

@@ -244,12 +244,6 @@ async def test_review_a_request_within_the_budget_is_not_refused_for_ever_in_an_
     assert not decision.refusal.alone
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: a settle or release that finds the breaker open (or fails) is never "
-    "retried: the store keeps the reservation until --limits-reservation-ttl (600 s), so a "
-    "tenant with concurrency 1 is refused for ten minutes after a 1-second store blip",
-)
 async def test_review_a_release_missed_during_a_blip_does_not_hold_the_gate(
     make: Make,
 ) -> None:
