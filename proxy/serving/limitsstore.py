@@ -19,6 +19,7 @@ from redis.backoff import NoBackoff
 from proxy.limits.policy import FailMode, Policies
 from proxy.metrics import Metrics
 from proxy.serving.sharedlimits import RedisLimiter
+from proxy.serving.startup import file_problem
 from proxy.serving.storeguard import GuardedLimiter
 from proxy.settings import ENV_PREFIX, Settings
 
@@ -31,8 +32,13 @@ SLOTS = 16  # requests' store calls at once; the pool has two more (heartbeat, s
 def store_password(settings: Settings) -> str | None:
     """The store's password: from the environment, or a file (never the command line)."""
     password = os.environ.get(ENV_PREFIX + "LIMITS_STORE_PASSWORD")
-    if settings.limits_store_password_file is not None:
-        password = settings.limits_store_password_file.read_text(encoding="utf-8").strip()
+    path = settings.limits_store_password_file
+    if path is not None:
+        try:
+            password = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            fix = "mount the store's password there as a UTF-8 text file (one line)"
+            raise file_problem(exc, "--limits-store-password-file", path, fix) from None
     return password or None
 
 
