@@ -26,7 +26,7 @@ from proxy.settings import ENV_PREFIX, Settings
 log = structlog.get_logger("proxy.serving.limitsstore")
 
 HEARTBEAT_SECONDS = 5.0
-SLOTS = 16  # requests' store calls at once; the pool has two more (heartbeat, sync)
+SLOTS = 8  # requests' store calls at once (more queue longer on the loop inside the timeout)
 
 
 def store_password(settings: Settings) -> str | None:

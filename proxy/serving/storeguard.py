@@ -91,7 +91,7 @@ class GuardedLimiter:
         breaker: Breaker | None = None,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.monotonic,
-        slots: int = 64,
+        slots: int = 8,
     ) -> None:
         self.shared = shared
         # requests' store calls in flight at once (the pool's connections for them): the
@@ -234,8 +234,10 @@ class GuardedLimiter:
         store found empty this replica's contribution and a second try), else the fail
         mode's."""
         try:
-            async with self.slots, asyncio.timeout(self.timeout):  # from a slot held
-                decision = await self._reserve_in_store(who, cost, now)
+            async with self.slots:
+                await asyncio.sleep(0)  # the tasks queued before this one run first
+                async with asyncio.timeout(self.timeout):  # from here: a slot held
+                    decision = await self._reserve_in_store(who, cost, now)
         except TimeoutError as exc:  # the round trips together outlasted the timeout
             self._failed("reserve", exc)
             decision = None
