@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
+import yaml
 from aiohttp import web
+from pydantic import ValidationError
 
 from proxy.accounting.routes import Handling
 from proxy.ledger.exporters import build_sinks
@@ -41,6 +43,7 @@ from proxy.serving.relayed import Relay
 from proxy.serving.routing import Invocations, Router, guard
 from proxy.serving.sendwatch import SendWatch, send_watch_context
 from proxy.serving.shares import TenantShares
+from proxy.serving.startup import file_problem
 from proxy.serving.storeguard import GuardedLimiter
 from proxy.serving.unmetered import Unmetered
 from proxy.serving.upstream import SESSION, session_context
@@ -115,7 +118,12 @@ def build_admission(
     cannot be loaded at start stops the start: there are no policies in use to keep."""
     if settings.limits is None:
         return None
-    policies = load_policies(Path(settings.limits))
+    path = Path(settings.limits)
+    try:
+        policies = load_policies(path)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, ValidationError) as exc:
+        fix = "fix the path, or the file (README: Budgets and rate limits)"
+        raise file_problem(exc, "--limits", path, fix) from None
     limiter: Limiter = InProcessLimiter(policies)
     if settings.limits_store is not None:
         limiter = build_shared_limiter(settings, policies, metrics)

@@ -19,19 +19,26 @@ from redis.backoff import NoBackoff
 from proxy.limits.policy import FailMode, Policies
 from proxy.metrics import Metrics
 from proxy.serving.sharedlimits import RedisLimiter
+from proxy.serving.startup import file_problem
 from proxy.serving.storeguard import GuardedLimiter
 from proxy.settings import ENV_PREFIX, Settings
 
 log = structlog.get_logger("proxy.serving.limitsstore")
 
 HEARTBEAT_SECONDS = 5.0
+SLOTS = 8  # requests' store calls at once (more queue longer on the loop inside the timeout)
 
 
 def store_password(settings: Settings) -> str | None:
     """The store's password: from the environment, or a file (never the command line)."""
     password = os.environ.get(ENV_PREFIX + "LIMITS_STORE_PASSWORD")
-    if settings.limits_store_password_file is not None:
-        password = settings.limits_store_password_file.read_text(encoding="utf-8").strip()
+    path = settings.limits_store_password_file
+    if path is not None:
+        try:
+            password = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            fix = "mount the store's password there as a UTF-8 text file (one line)"
+            raise file_problem(exc, "--limits-store-password-file", path, fix) from None
     return password or None
 
 
@@ -49,8 +56,8 @@ def build_shared_limiter(
     pool = BlockingConnectionPool.from_url(
         url,
         password=store_password(settings),
-        max_connections=64,
-        timeout=timeout,  # waiting for a free connection counts against it too
+        max_connections=SLOTS + 2,
+        timeout=None,  # the requests wait for a slot instead (GuardedLimiter.slots)
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
         retry=Retry(NoBackoff(), 0),
@@ -69,6 +76,7 @@ def build_shared_limiter(
         fail_mode=FailMode(settings.limits_fail_mode),
         replicas=settings.limits_replicas,
         metrics=metrics,
+        slots=SLOTS,
     )
 
 

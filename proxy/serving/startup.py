@@ -64,3 +64,15 @@ def journal_problem(exc: OSError | sqlite3.Error, path: str) -> StartupError:
 
 def key_file_problem(exc: KeyFileError) -> StartupError:
     return StartupError(f"--api-keys {exc}")
+
+
+def file_problem(exc: Exception, flag: str, path: object, fix: str) -> StartupError:
+    """A file given by a flag that cannot be read or is not what the flag takes: the flag,
+    the path, why, and ``fix``."""
+    if isinstance(exc, OSError):
+        reason = exc.strerror or str(exc)
+    elif isinstance(exc, UnicodeDecodeError):
+        reason = f"not UTF-8 text (byte {exc.start})"
+    else:
+        reason = " ".join(str(exc).split())  # one line
+    return StartupError(f"cannot read {flag} {path}: {reason}; {fix}")

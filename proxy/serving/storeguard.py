@@ -26,6 +26,7 @@ log = structlog.get_logger("proxy.serving.storeguard")
 T = TypeVar("T")
 
 STORE_ERRORS = (RedisError, OSError, TimeoutError)
+MISSED_HELD = 10_000  # missed settlements and releases kept to send again
 
 
 class Breaker:
@@ -90,8 +91,12 @@ class GuardedLimiter:
         breaker: Breaker | None = None,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        slots: int = 8,
     ) -> None:
         self.shared = shared
+        # requests' store calls in flight at once (the pool's connections for them): the
+        # wait for a slot is not a store failure and does not count in ``timeout``
+        self.slots = asyncio.Semaphore(slots)
         self.metrics = metrics
         self.timeout = timeout
         self.fail_mode = fail_mode
@@ -106,6 +111,13 @@ class GuardedLimiter:
         self.generation: str | None = None  # the last one this replica contributed to
         self.complete = False  # whether the store's budgets were whole when last told
         self.reachable = True  # whether the store answered the last call
+        self.beating = True  # whether the last heartbeat reached the store
+        self.counted = self.configured > 0  # whether the replica count is known
+        self._warned_unknown = False
+        # settlements and releases the store missed (breaker open, or failed), by ticket
+        # id: sent again once it answers (each is idempotent by id)
+        self.missed: dict[str, tuple[Ticket, Cost, str]] = {}
+        self._replaying: asyncio.Task[None] | None = None
         self.restored = False  # this replica's journal read: it can contribute
         self.dirty = False  # billed without the store: to contribute
         self.slowest = 0.0  # the longest a store call took (failed ones included), seconds
@@ -166,8 +178,9 @@ class GuardedLimiter:
     def problem(self) -> tuple[str, bool] | None:
         """What /readyz reports about the store, and whether it fails readiness: only an
         unreachable store in closed mode (this replica then refuses every limited request,
-        while one that reaches the store would serve them)."""
-        if not self.reachable:
+        while one that reaches the store would serve them). Unreachable: the last
+        heartbeat failed or the breaker is open (one slow request is neither)."""
+        if not self.beating or self.breaker.open:
             closed = self.fail_mode is FailMode.CLOSED
             return f"unreachable: limited tenants admitted by fail mode {self.fail_mode}", closed
         if self.generation is not None and not self.complete:
@@ -177,8 +190,40 @@ class GuardedLimiter:
     def _back(self) -> None:
         self._stale = True
         if self._succeeded() or self.dirty:
-            log.info("limits_store_back", dirty=self.dirty)
+            log.info("limits_store_back", dirty=self.dirty, missed=len(self.missed))
             self._contribute_soon()
+        if self.missed and (self._replaying is None or self._replaying.done()):
+            self._replaying = asyncio.get_running_loop().create_task(self._replay(None))
+
+    def _miss(self, ticket: Ticket, billed: Cost, mode: str) -> None:
+        """An end the store did not get: kept to send again (the oldest dropped beyond
+        MISSED_HELD; its reservation then expires by its TTL)."""
+        key = getattr(ticket, "id", "")
+        if not key:
+            return
+        if len(self.missed) >= MISSED_HELD:
+            del self.missed[next(iter(self.missed))]
+        self.missed[key] = (ticket, billed, mode)
+
+    async def _replay(self, tenant: str | None) -> None:
+        """Send the missed ends again (a tenant's only, inline in its admission, or all,
+        each in a slot); one that fails is kept for the next time."""
+        keys = [k for k, (t, _, _) in self.missed.items() if tenant in (None, t.who.tenant)]
+        for key in keys:
+            end = self.missed.pop(key, None)
+            if end is None:
+                continue
+            ticket, billed, mode = end
+            try:
+                if tenant is None:
+                    async with self.slots:
+                        await self._call(mode, self.shared.finish(ticket, billed, mode))
+                else:
+                    await self._call(mode, self.shared.finish(ticket, billed, mode))
+            except STORE_ERRORS as exc:
+                self._failed(mode, exc)
+                self.missed.setdefault(key, end)
+                return
 
     def _contribute_soon(self) -> None:
         if self.restored and (self._syncing is None or self._syncing.done()):
@@ -189,8 +234,10 @@ class GuardedLimiter:
         store found empty this replica's contribution and a second try), else the fail
         mode's."""
         try:
-            async with asyncio.timeout(self.timeout):
-                decision = await self._reserve_in_store(who, cost, now)
+            async with self.slots:
+                await asyncio.sleep(0)  # the tasks queued before this one run first
+                async with asyncio.timeout(self.timeout):  # from here: a slot held
+                    decision = await self._reserve_in_store(who, cost, now)
         except TimeoutError as exc:  # the round trips together outlasted the timeout
             self._failed("reserve", exc)
             decision = None
@@ -205,6 +252,8 @@ class GuardedLimiter:
         for attempt in (0, 1):
             if not self.breaker.allows(self._clock()):
                 return None
+            if self.missed:  # the tenant's ends the store missed free their holds first
+                await self._replay(who.tenant)
             try:
                 call = self.shared.reserve_by(who, cost, now, share)
                 decision, by_share = await self._call("reserve", call)
@@ -232,6 +281,19 @@ class GuardedLimiter:
 
     async def _fail(self, who: Who, cost: Cost, now: float) -> Decision:
         mode = self.shared.policies.fail_mode(who.tenant, self.fail_mode)
+        levels = self.shared.policies.levels(who.tenant, who.model, who.key)
+        if mode is FailMode.LOCAL and not self.counted and any(x.limits for x in levels):
+            # no share can be computed: dividing by 1 gives each replica the whole budget
+            self._count_fail(mode, "replicas_unknown")
+            if not self._warned_unknown:
+                self._warned_unknown = True
+                log.warning(
+                    "limits_replicas_unknown",
+                    hint="set --limits-replicas: the store was never reached, so local fail "
+                    "mode cannot divide the limits and refuses limited tenants",
+                )
+            refusal = Refusal("limits_store", ("tenant", who.tenant), 0.0, 0, 0, False, True)
+            return Decision(None, refusal, None, None)
         self._count_fail(mode, "rebuilding" if self.reachable else "unreachable")
         if mode is FailMode.CLOSED:
             refusal = Refusal("limits_store", ("tenant", who.tenant), 0.0, 0, 0, False, True)
@@ -243,9 +305,31 @@ class GuardedLimiter:
             await self.local.restore((), now)
         decision = await self.local.reserve(who, cost, now)
         if decision.ticket is None:
-            return decision
+            return self._beyond_share(who, decision)
         ticket = LocalTicket(who, cost, id=uuid.uuid4().hex, inner=decision.ticket)
         return self._held(ticket, decision)
+
+    def _beyond_share(self, who: Who, decision: Decision) -> Decision:
+        """A refusal by this replica's share quotes the whole limit; a request beyond the
+        share but within the limit is refused for now (to retry once the store answers),
+        not as one that can never be admitted."""
+        refusal = decision.refusal
+        if refusal is None or not refusal.alone or self.replicas <= 1:
+            return decision
+        levels = self.shared.policies.levels(who.tenant, who.model, who.key)
+        whole = next(
+            (
+                limit.amount
+                for level in levels
+                if level.scope == refusal.scope
+                for limit in level.limits
+                if limit.name == refusal.limit
+            ),
+            refusal.amount,
+        )
+        wait = refusal.wait if refusal.cost > whole else self.breaker.cooldown
+        refusal = Refusal(refusal.limit, refusal.scope, wait, refusal.cost, whole, False)
+        return Decision(None, refusal, decision.requests, decision.tokens, decision.budgets)
 
     def _held(self, ticket: LocalTicket, decision: Decision | None) -> Decision:
         self.shared.holds[ticket.id] = ticket
@@ -273,12 +357,14 @@ class GuardedLimiter:
         ticket.open = False  # else the store's reservation expires by its TTL
         if self.breaker.allows(self._clock()):
             try:
-                await self._call(mode, self.shared.finish(ticket, billed, mode))
+                async with self.slots:
+                    await self._call(mode, self.shared.finish(ticket, billed, mode))
             except STORE_ERRORS as exc:
                 self._failed(mode, exc)
             else:
                 self._back()
                 return
+        self._miss(ticket, billed, mode)
         self.dirty = self.dirty or settle
 
     async def _end_local(
@@ -359,8 +445,9 @@ class GuardedLimiter:
                     result = await pipe.execute()
         except STORE_ERRORS as exc:
             self._failed("beat", exc)
+            self.beating = False
             return None
-        self.reachable = True  # the breaker is left to the requests' calls
+        self.reachable = self.beating = self.counted = True  # the breaker: requests' calls
         count = int(result[2])
         generation, mine, complete = (v.decode() if v else None for v in result[4])
         self._count(count, complete == "1")
@@ -383,8 +470,9 @@ class GuardedLimiter:
             self.set_replicas(max(self.replicas, live))
 
     async def close(self) -> None:
-        if self._syncing is not None:
-            self._syncing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._syncing
+        for task in (self._syncing, self._replaying):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.shared.client.aclose()

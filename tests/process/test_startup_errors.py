@@ -27,6 +27,9 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, s
     tmp = tmp_path_factory.mktemp("startup")
     (tmp / "plain.yaml").write_text("acme: sk-very-secret\n")
     (tmp / "broken.yaml").write_text("acme: [unclosed\n")
+    (tmp / "limits.yaml").write_text("tenants: {acme: {requests_per_minute: 10}}\n")
+    (tmp / "binary").write_bytes(b"\xff\xfe\x00secret")
+    store = ("--limits", str(tmp / "limits.yaml"), "--limits-store", "redis://127.0.0.1:9/0")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -39,6 +42,18 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, s
             "broken": argv(tmp, "--port", str(free_port()), "--api-keys", str(tmp / "broken.yaml")),
             "missing": argv(tmp, "--port", str(free_port()), "--api-keys", str(tmp / "no.yaml")),
             **{j: argv(tmp, "--port", str(free_port()), "--journal", j) for j in JOURNALS},
+            "no-limits": argv(tmp, "--port", str(free_port()), "--limits", str(tmp / "no.yaml")),
+            **{
+                name: argv(
+                    tmp,
+                    "--port",
+                    str(free_port()),
+                    *store,
+                    "--limits-store-password-file",
+                    str(tmp / name),
+                )
+                for name in ("no-password", "binary")
+            },
         }
         running = {
             k: subprocess.Popen(a, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
@@ -110,3 +125,24 @@ def test_journal_that_cannot_be_written(outcomes: dict[str, tuple[int, str]], jo
     line = one_line(outcomes[journal])
     assert line.startswith(f"usage-proxy: cannot open the journal {journal} (--journal): ")
     assert "mount a writable volume there" in line
+
+
+def test_missing_limits_file(outcomes: dict[str, tuple[int, str]]) -> None:
+    """``--limits`` naming no file: the flag, the path and why (was a traceback)."""
+    path = Path(outcomes["_dir"][1]) / "no.yaml"
+    line = one_line(outcomes["no-limits"])
+    assert line.startswith(f"usage-proxy: cannot read --limits {path}: No such file")
+
+
+@pytest.mark.parametrize(
+    ("name", "why"), [("no-password", "No such file or directory"), ("binary", "not UTF-8 text")]
+)
+def test_unreadable_store_password_file(
+    outcomes: dict[str, tuple[int, str]], name: str, why: str
+) -> None:
+    """A missing or non-UTF-8 ``--limits-store-password-file``: one line naming it (was a
+    traceback), the bytes never echoed."""
+    path = Path(outcomes["_dir"][1]) / name
+    line = one_line(outcomes[name])
+    assert line.startswith(f"usage-proxy: cannot read --limits-store-password-file {path}: {why}")
+    assert "secret" not in outcomes[name][1]

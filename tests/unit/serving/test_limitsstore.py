@@ -187,12 +187,6 @@ async def burst(store: Store, mode: str) -> tuple[GuardedLimiter, list[Any], lis
     return limiter, list(decisions[:1000]), list(decisions[1000:])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: the store timeout counts the wait for one of 64 pooled connections, so a "
-    "burst times out on a healthy store; with fail mode open every timed-out admission "
-    "passes: 10 requests a minute admit ~1000 at once",
-)
 async def test_review_a_burst_does_not_open_a_rate_limit(redis_store: Store) -> None:
     """Fail mode open, the store up and answering: a tenant's burst of 1000 against 10
     requests a minute is admitted about 10 times, not by the fail mode."""
@@ -200,11 +194,6 @@ async def test_review_a_burst_does_not_open_a_rate_limit(redis_store: Store) -> 
     assert sum(d.ticket is not None for d in evil) <= 20
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: one tenant's burst makes the other tenants' concurrent admissions time "
-    "out on a healthy store; in closed mode they are refused 503 (limits_store)",
-)
 async def test_review_a_burst_does_not_refuse_other_tenants(redis_store: Store) -> None:
     """Fail mode closed, the store up: another tenant's requests during the burst are
     admitted by the store, not refused as if it were down."""
@@ -212,12 +201,6 @@ async def test_review_a_burst_does_not_refuse_other_tenants(redis_store: Store) 
     assert [d.ticket is not None for d in good] == [True] * 5
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: one admission that outlasts the timeout (a burst's pool wait, a loaded "
-    "event loop, a store pausing 100 ms) marks the store unreachable until the next "
-    "success or heartbeat; in closed mode /readyz then fails (the pod is drained)",
-)
 async def test_review_one_slow_admission_does_not_fail_readiness(redis_store: Store) -> None:
     """Fail mode closed, the store up: it pauses its clients for 100 ms once (CLIENT
     PAUSE), so one admission outlasts the 50 ms timeout; /readyz must not call the store

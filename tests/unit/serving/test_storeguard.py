@@ -214,11 +214,6 @@ async def test_review_local_mode_keeps_the_total_within_the_budget(
     assert 290 + admitted <= 300
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: a replica that never reached the store (it started during an outage) "
-    "with --limits-replicas unset divides by 1: each replica admits the whole budget",
-)
 async def test_review_replicas_started_during_an_outage_do_not_each_get_the_whole_budget(
     make: Make, redis_store: Store
 ) -> None:
@@ -235,12 +230,6 @@ async def test_review_replicas_started_during_an_outage_do_not_each_get_the_whol
     assert admitted <= 300
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: in local fail mode a request larger than the replica's share (but within "
-    "the budget) is refused with wait=inf, i.e. 'alone': a 400 'it can never be admitted' "
-    "for a transient outage, naming the share as the whole budget; clients do not retry 400",
-)
 async def test_review_a_request_within_the_budget_is_not_refused_for_ever_in_an_outage(
     make: Make, redis_store: Store
 ) -> None:
@@ -255,12 +244,6 @@ async def test_review_a_request_within_the_budget_is_not_refused_for_ever_in_an_
     assert not decision.refusal.alone
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: a settle or release that finds the breaker open (or fails) is never "
-    "retried: the store keeps the reservation until --limits-reservation-ttl (600 s), so a "
-    "tenant with concurrency 1 is refused for ten minutes after a 1-second store blip",
-)
 async def test_review_a_release_missed_during_a_blip_does_not_hold_the_gate(
     make: Make,
 ) -> None:
@@ -277,3 +260,34 @@ async def test_review_a_release_missed_during_a_blip_does_not_hold_the_gate(
     limiter.breaker.count, limiter.breaker.open_until = 0, 0.0  # the blip is over
     second = await limiter.reserve(ACME, Cost(0, 0), time.time())
     assert second.ticket is not None
+
+
+async def acme_held(limiter: GuardedLimiter) -> int:
+    """Reservations the store holds in acme's concurrency gates."""
+    client = limiter.shared.client
+    keys = [k for k in await client.keys("*acme*:holds") if b"concurrency" in k]
+    return sum([await client.zcard(k) for k in keys])
+
+
+async def test_missed_ends_are_sent_again_in_the_background(make: Make) -> None:
+    """A release missed while the breaker was open is sent again once the store answers
+    another tenant's admission, so the tenant's hold is gone before it asks again."""
+    pols = Policies.model_validate(
+        {"tenants": {"acme": {"concurrency": 1}, "globex": {"concurrency": 5}}}
+    )
+    limiter = make(pols, "r0", replicas=1)
+    await limiter.restore([], time.time())
+    assert await limiter.contribute() is True
+    first = await limiter.reserve(ACME, Cost(0, 0), time.time())
+    assert first.ticket is not None
+    limiter.breaker.count, limiter.breaker.open_until = 3, time.monotonic() + 60
+    await limiter.release(first.ticket, time.time())
+    assert len(limiter.missed) == 1
+    assert await acme_held(limiter) == 1  # the store still holds it
+    limiter.breaker.count, limiter.breaker.open_until = 0, 0.0
+    other = await limiter.reserve(Who("globex"), Cost(0, 0), time.time())
+    assert other.ticket is not None
+    assert limiter._replaying is not None
+    await limiter._replaying
+    assert limiter.missed == {}
+    assert await acme_held(limiter) == 0
