@@ -344,7 +344,10 @@ def run_report(args: argparse.Namespace) -> int:
     generated = datetime.now(UTC).isoformat(timespec="seconds")
     report = aggregate(records, group_by=groups, since=since, until=until, generated_at=generated)
     if policies is not None:
-        report.budgets = _budgets(args, policies, until)
+        at, start = _budget_window(policies, until)
+        covered = since is None or datetime.fromisoformat(since) <= datetime.fromisoformat(start)
+        history = records if covered else _records(args, start, until)  # read once if it can
+        report.budgets = _budgets(policies, history, at)
     text = FORMATS[args.format](report)
     if args.output:
         args.output.write_text(text, encoding="utf-8")
@@ -369,37 +372,38 @@ def _records(args: argparse.Namespace, since: str | None, until: str | None) -> 
     return [UsageRecord.from_json(b) for b in read_journal(path, since, until)]
 
 
-def _budgets(
-    args: argparse.Namespace, policies: Policies, until: str | None
-) -> tuple[BudgetRow, ...]:
-    """Each budget's use in its period holding the report's end (just before ``--until``,
-    else now), from the records of the oldest such period on."""
+def _budget_window(policies: Policies, until: str | None) -> tuple[float, str]:
+    """The moment the budgets are shown at (just before ``--until``, else now) and the
+    start of the oldest period holding it (ISO 8601, UTC): what their records span."""
     end = datetime.fromisoformat(until).timestamp() if until else datetime.now(UTC).timestamp()
     at = end - 0.001  # --until is exclusive
-    start = datetime.fromtimestamp(earliest_start(at, policies.zone), UTC).isoformat()
+    return at, datetime.fromtimestamp(earliest_start(at, policies.zone), UTC).isoformat()
+
+
+def _budgets(policies: Policies, records: list[UsageRecord], at: float) -> tuple[BudgetRow, ...]:
+    """Each budget's use in its period holding ``at``, from ``records`` (those outside a
+    budget's period are not counted)."""
     history = [
         Usage(
             Who(r.tenant, r.model, r.key_hash),
             r.time.timestamp(),
             Cost(r.prompt_tokens_billed or 0, r.completion_tokens_billed or 0),
         )
-        for r in _records(args, start, until)
+        for r in records
     ]
 
     def local(moment: float) -> str:
         return datetime.fromtimestamp(moment, policies.zone).isoformat(timespec="minutes")
 
     return tuple(
-        BudgetRow(
-            " / ".join([u.scope[1], *([f"{u.scope[0]} {u.scope[2]}"] if len(u.scope) > 2 else [])]),
-            u.budget,
-            local(u.start),
-            local(u.end),
-            u.used,
-            u.amount,
-        )
+        BudgetRow(_scope_label(u.scope), u.budget, local(u.start), local(u.end), u.used, u.amount)
         for u in budget_use(policies, history, at)
     )
+
+
+def _scope_label(scope: tuple[str, ...]) -> str:
+    """``acme``, ``acme / model big``, ``acme / key 3f2a9c01b7d4``."""
+    return scope[1] if len(scope) == 2 else f"{scope[1]} / {scope[0]} {scope[2]}"
 
 
 TIME_HELP = "ISO 8601 date or time, UTC unless a zone is given; or today, yesterday, 7d, 12h"

@@ -307,6 +307,8 @@ def test_budget_section_with_the_limits_file(
         "2026-12-01T00:00+00:00",
     )
     assert budgets["b", "total_tokens_per_day"]["used"] == 0  # 30 November: no record
+    late = json.loads(run(capsys, *base, "--since", "2026-11-20T12:30", "--format", "json"))
+    assert late["budgets"][0]["used"] == 77  # the month is read whole, whatever --since says
     table = run(capsys, *base, "--format", "table")
     assert "prompt_tokens_per_month" in table
     assert "Budgets" in table
