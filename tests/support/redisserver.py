@@ -11,6 +11,7 @@ the openssl command) and requires a password, set in its config file, never argv
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -157,30 +158,31 @@ def self_signed(base: Path) -> None:
     )
 
 
-@pytest.fixture
-def tls_redis_store() -> Iterator[Store]:
-    """A fresh server per test that speaks TLS only and requires ``store.password``."""
+@contextlib.contextmanager
+def _running(tls: bool = False, password: str | None = None) -> Iterator[Store]:
+    """A server in its own temporary directory, killed and removed afterwards."""
     binary = _binary()
     base = Path(tempfile.mkdtemp(prefix="usage-proxy-redis-"))
-    self_signed(base)
-    store = Store(binary, base, free_port(), tls=True, password="store-s3cret")
+    if tls:
+        self_signed(base)
+    store = Store(binary, base, free_port(), tls=tls, password=password)
     try:
         store.start()
         yield store
     finally:
         store.kill()
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def tls_redis_store() -> Iterator[Store]:
+    """A fresh server per test that speaks TLS only and requires ``store.password``."""
+    with _running(tls=True, password="store-s3cret") as store:
+        yield store
 
 
 @pytest.fixture
 def redis_store() -> Iterator[Store]:
     """A fresh, empty server per test (it starts in a few milliseconds)."""
-    binary = _binary()
-    base = Path(tempfile.mkdtemp(prefix="usage-proxy-redis-"))
-    store = Store(binary, base, free_port())
-    try:
-        store.start()
+    with _running() as store:
         yield store
-    finally:
-        store.kill()
-        shutil.rmtree(base, ignore_errors=True)
