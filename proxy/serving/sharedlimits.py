@@ -35,7 +35,7 @@ import structlog
 from redis.asyncio import Redis
 
 from proxy.limits.limiter import Cost, Decision, Refusal, Standing, Ticket, Usage, Who
-from proxy.limits.memory import History, matches
+from proxy.limits.memory import BUCKET_SECONDS, History, matches
 from proxy.limits.meters import GATE_RETRY_SECONDS, HELD_RETRY_SECONDS
 from proxy.limits.periods import period
 from proxy.limits.policy import RATE_SECONDS, Limit, Policies
@@ -117,6 +117,9 @@ class RedisLimiter:
         self.grace = grace  # an incomplete generation waits this long for unknown replicas
         self.history = History()  # this replica's billed usage: its part of each budget
         self.holds: dict[str, Ticket] = {}  # admitted without the store, not yet ended
+        # settlements in the history whose sending to the store is under way (by ticket
+        # id): left out of this replica's part until it has answered (``own``)
+        self.sending: dict[str, tuple[Who, Cost, float]] = {}
         self._reserve: Any = client.register_script(RESERVE)
         self._end: Any = client.register_script(END)
         self._sync: Any = client.register_script(SYNC)
@@ -159,13 +162,19 @@ class RedisLimiter:
 
     def own(self, part: Taken) -> int:
         """This replica's part of a budget: what it billed in the period, and what it
-        holds in reservations it made without the store."""
+        holds in reservations it made without the store; settlements the store has not
+        confirmed are left out (each adds itself there, see ``storescripts``)."""
         if part.kind != "b":
             return 0
         unit = part.limit.unit
         billed = self.history.used(part.scope, unit, part.start, part.span)
         held = sum(t.cost.of(unit) for t in self.holds.values() if matches(part.scope, t.who))
-        return billed + held
+        sending = sum(
+            cost.of(unit)
+            for who, cost, at in self.sending.values()
+            if matches(part.scope, who) and part.start <= bucket_of(at) < part.span
+        )
+        return billed + held - sending
 
     async def reserve(self, who: Who, cost: Cost, now: float) -> Decision:
         return (await self.reserve_by(who, cost, now, 0))[0]
@@ -225,11 +234,14 @@ class RedisLimiter:
         ticket.open = False
 
     def note(self, ticket: Ticket, billed: Cost, now: float) -> None:
-        """Add a settlement to this replica's history, once per reservation."""
+        """Add a settlement to this replica's history, once per reservation; one of a
+        store reservation is sending until the store confirms it (``finish``)."""
         if isinstance(ticket, StoreTicket):
             if ticket.noted:
                 return
             ticket.noted = True
+            if ticket.parts:
+                self.sending[ticket.id] = (ticket.who, billed, now)
         self.history.note(ticket.who, billed, now)
 
     async def release(self, ticket: Ticket, now: float) -> None:
@@ -239,8 +251,12 @@ class RedisLimiter:
         ticket.open = False
 
     async def finish(self, ticket: Ticket, billed: Cost, mode: str) -> None:
-        """Settle or release a store reservation (once per id); a settlement raises this
-        replica's part of each budget to its total, the record included (noted before)."""
+        """End a store reservation, once per id (a retry, or one the store already did
+        before its answer was lost, changes nothing): ``settle`` adds its billed units to
+        this replica's part of each budget; ``release`` gives it all back; ``late`` is a
+        settlement sent again after its first sending failed: its billed units are in
+        this replica's part by then (contributed as its total, see ``own``), so it gives
+        the budgets' hold back and adds nothing to them (the rates are settled)."""
         if not isinstance(ticket, StoreTicket) or not ticket.parts:
             return
         keys = [f"{self.namespace}:done:{ticket.id}"]
@@ -255,10 +271,12 @@ class RedisLimiter:
                 ticket.cost.of(unit),
                 billed.of(unit),
                 interval,
-                self.own(part),
                 part.span + BUDGET_GRACE_SECONDS if part.kind == "b" else 0,
             ]
-        await self._end(keys=keys, args=args)
+        try:
+            await self._end(keys=keys, args=args)
+        finally:  # added there, or to be contributed in this replica's part
+            self.sending.pop(ticket.id, None)
 
     def budgets(self, now: float) -> list[Taken]:
         """Every budget of this period this replica has a part in (billed or held)."""
@@ -290,6 +308,11 @@ class RedisLimiter:
             self.history.note(usage.who, usage.cost, usage.at)
             taken += 1
         return taken
+
+
+def bucket_of(at: float) -> int:
+    """The history's bucket ``at`` falls in (``proxy.limits.memory.History``)."""
+    return int(at // BUCKET_SECONDS) * BUCKET_SECONDS
 
 
 def _standings(

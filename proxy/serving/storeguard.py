@@ -214,14 +214,15 @@ class GuardedLimiter:
             if end is None:
                 continue
             ticket, billed, mode = end
+            op = "release" if mode == "release" else "settle"
             try:
                 if tenant is None:
                     async with self.slots:
-                        await self._call(mode, self.shared.finish(ticket, billed, mode))
+                        await self._call(op, self.shared.finish(ticket, billed, mode))
                 else:
-                    await self._call(mode, self.shared.finish(ticket, billed, mode))
+                    await self._call(op, self.shared.finish(ticket, billed, mode))
             except STORE_ERRORS as exc:
-                self._failed(mode, exc)
+                self._failed(op, exc)
                 self.missed.setdefault(key, end)
                 return
 
@@ -350,7 +351,7 @@ class GuardedLimiter:
             await self._end_local(ticket, billed, now, settle=settle)
             return
         if settle:
-            self.shared.history.note(ticket.who, billed, now)
+            self.shared.note(ticket, billed, now)
             self.local.history.note(ticket.who, billed, now)
             self._stale = True  # a settlement after an outage began counts in its share
         mode = "settle" if settle else "release"
@@ -364,7 +365,9 @@ class GuardedLimiter:
             else:
                 self._back()
                 return
-        self._miss(ticket, billed, mode)
+        # a settlement the store did not confirm is in this replica's part from now on
+        # (contributed as its total), and sent again ``late`` (see RedisLimiter.finish)
+        self._miss(ticket, billed, "late" if settle else mode)
         self.dirty = self.dirty or settle
 
     async def _end_local(

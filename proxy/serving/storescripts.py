@@ -4,8 +4,16 @@ contribution of its journal to the store (``SYNC``).
 
 A budget's hash holds ``u:<replica>``, what that replica's journal billed in the period
 (plus what it holds in reservations it made while the store was away), and ``used``,
-their sum. A replica only ever raises its own field to its own total, so writing it
-twice, or after a retry, or out of order, counts nothing twice.
+their sum. A contribution (a reservation's or ``SYNC``'s) only ever raises the replica's
+own field to its own total, so writing it twice, or after a retry, or out of order,
+counts nothing twice. A settlement adds its billed units to that field in the same step
+that gives its reservation back, once per id; the total a replica contributes leaves out
+its settlements on their way to the store, so no settlement is in ``used`` and in
+``reserved`` at once (which refused requests the budget had room for), nor lost to a
+concurrent one (a total that left it out, written after it). A settlement whose sending
+failed is in the replica's total from then on, and is sent again as ``late``: its hold
+given back, nothing added (the store may have done it before its answer was lost: then
+the hold is gone already and the total holds it once).
 
 The store's generation (``<ns>:gen``) says whether those fields are whole. A store found
 empty (started anew, or a fresh deployment) starts a generation: until every replica it
@@ -191,9 +199,9 @@ local id, replica, n = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local settle = ARGV[5] == 'settle'
 local by_share = ARGV[6] == '1'
 for i = 1, n do
-  local a = 6 + (i - 1) * 6
+  local a = 6 + (i - 1) * 5
   local kind, reserved, billed = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  local interval, own, expire_at = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), ARGV[a + 6]
+  local interval, expire_at = tonumber(ARGV[a + 4]), ARGV[a + 5]
   local k, z = KEYS[2 * i], KEYS[2 * i + 1]
   if kind == 'r' then
     local tat = tonumber(redis.call('GET', k) or '0') - (reserved - billed) * interval
@@ -209,8 +217,10 @@ for i = 1, n do
       redis.call('HINCRBY', k, 'reserved', -reserved)
       if kind == 'b' and by_share then redis.call('HINCRBY', k, 'h:' .. replica, -reserved) end
     end
-    if kind == 'b' and settle then
-      contribute(k, replica, own, tonumber(expire_at))
+    if kind == 'b' and settle and billed > 0 then
+      redis.call('HINCRBY', k, 'u:' .. replica, billed)
+      redis.call('HINCRBY', k, 'used', billed)
+      redis.call('EXPIREAT', k, math.ceil(tonumber(expire_at)))
     end
   end
 end

@@ -192,8 +192,9 @@ async def test_a_generation_waits_its_grace_for_unknown_replicas(make: Make) -> 
 
 
 async def test_settlements_write_totals_so_retries_count_once(make: Make) -> None:
-    """A replica's part is its journal's total: a settlement, a contribution and a
-    retried settlement after it each leave the store's charge at what was billed."""
+    """A settlement adds itself once per id and a contribution raises to the journal's
+    total: a settlement, a contribution and a retried settlement after it each leave the
+    store's charge at what was billed."""
     lim = make(policies(total_tokens_per_day=1000))
     await joined(lim)
     now = time.time()
@@ -206,6 +207,48 @@ async def test_settlements_write_totals_so_retries_count_once(make: Make) -> Non
     after = await lim.reserve(ACME, Cost(0, 0), now)
     assert after.tokens is not None
     assert after.tokens.remaining == 970
+
+
+async def test_a_settlement_whose_answer_was_lost_counts_once(
+    make: Make, redis_store: Store
+) -> None:
+    """A settlement whose sending failed is in this replica's total from then on, and is
+    sent again ``late`` (its hold given back, nothing added): whether the store did it
+    before its answer was lost, or never got it, or restarted empty meanwhile, the
+    store's charge is what was billed, once."""
+    lim = make(policies(total_tokens_per_day=1000))
+    await joined(lim)
+    now = time.time()
+
+    async def failed_sending(reached: bool) -> Any:
+        decision = await lim.reserve(ACME, Cost(40, 0), now)
+        assert decision.ticket is not None
+        lim.note(decision.ticket, Cost(30, 0), now)
+        if reached:  # the store did it; the answer was lost
+            await lim.finish(decision.ticket, Cost(30, 0), "settle")
+        lim.sending.pop(decision.ticket.id, None)  # the sending over, failed
+        return decision.ticket
+
+    async def remaining() -> int:
+        decision = await lim.reserve(ACME, Cost(0, 0), now)
+        assert decision.tokens is not None
+        return decision.tokens.remaining
+
+    for reached, left in ((True, 970), (False, 940)):
+        ticket = await failed_sending(reached)
+        await joined(lim)  # the total, with it (its hold still held if never reached)
+        assert await remaining() == left - (0 if reached else 40)
+        await lim.finish(ticket, Cost(30, 0), "late")
+        assert await remaining() == left
+        await joined(lim)
+        assert await remaining() == left
+    ticket = await failed_sending(True)
+    client = Redis.from_url(redis_store.url)
+    await client.flushall()  # restarted empty
+    await client.aclose()
+    await joined(lim)  # rebuilt from the journal: all three settlements
+    await lim.finish(ticket, Cost(30, 0), "late")
+    assert await remaining() == 910
 
 
 async def test_restore_feeds_the_rebuild(make: Make) -> None:

@@ -5,6 +5,7 @@ once; each tenant fails by its own mode."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -291,3 +292,31 @@ async def test_missed_ends_are_sent_again_in_the_background(make: Make) -> None:
     await limiter._replaying
     assert limiter.missed == {}
     assert await acme_held(limiter) == 0
+
+
+async def test_a_settlement_on_its_way_to_the_store_is_not_counted_twice(make: Make) -> None:
+    """6 tokens a day, one store slot: A (3) is admitted; B (3) waits for the slot, then
+    A's settlement queues behind it. B must be admitted (3 settled + 3 reserved = 6): A's
+    3 tokens were counted twice, once in this replica's part (its history, read by B's
+    reservation) and once in the store's ``reserved`` (A's settlement not yet there), and
+    B was refused with the budget not spent (seen under load: 147 of 150 admitted)."""
+    limiter = make(policies(prompt_tokens_per_day=6), "r0", replicas=1, slots=1)
+    await limiter.restore([], time.time())
+    assert await limiter.contribute() is True
+    first = await limiter.reserve(ACME, Cost(3, 0), time.time())
+    assert first.ticket is not None
+    await limiter.slots.acquire()  # the one slot busy: B queues first, A's settlement next
+    second = asyncio.create_task(limiter.reserve(ACME, Cost(3, 0), time.time()))
+    await asyncio.sleep(0)
+    settled = asyncio.create_task(limiter.settle(first.ticket, Cost(3, 0), time.time()))
+    await asyncio.sleep(0)
+    limiter.slots.release()
+    decision = await second
+    await settled
+    assert decision.ticket is not None, decision.refusal
+    assert decision.tokens is not None
+    assert decision.tokens.remaining == 0
+    await limiter.settle(decision.ticket, Cost(3, 0), time.time())
+    after = await limiter.reserve(ACME, Cost(0, 0), time.time())
+    assert after.tokens is not None
+    assert after.tokens.remaining == 0  # 6 billed in all, nothing counted twice or lost
