@@ -367,6 +367,7 @@ class GuardedLimiter:
                 return
         # a settlement the store did not confirm is in this replica's part from now on
         # (contributed as its total), and sent again ``late`` (see RedisLimiter.finish)
+        self.shared.sending.pop(getattr(ticket, "id", ""), None)
         self._miss(ticket, billed, "late" if settle else mode)
         self.dirty = self.dirty or settle
 

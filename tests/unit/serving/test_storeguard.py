@@ -320,3 +320,31 @@ async def test_a_settlement_on_its_way_to_the_store_is_not_counted_twice(make: M
     after = await limiter.reserve(ACME, Cost(0, 0), time.time())
     assert after.tokens is not None
     assert after.tokens.remaining == 0  # 6 billed in all, nothing counted twice or lost
+
+
+async def test_a_settlement_skipped_by_the_open_breaker_is_contributed(
+    make: Make, redis_store: Store
+) -> None:
+    """A store reservation settled while the breaker is open: the settlement is not sent
+    (kept to send again, late, to give its hold back) and is in this replica's total from
+    then on, so the contribution when the store is back carries it, even when it reaches
+    the store before the settlement sent again."""
+    limiter = make(policies(prompt_tokens_per_day=300), "r0", replicas=1)
+    await limiter.restore([], time.time())
+    assert await limiter.contribute() is True
+    decision = await limiter.reserve(ACME, Cost(40, 0), time.time())
+    assert decision.ticket is not None
+    limiter.breaker.count, limiter.breaker.open_until = 3, time.monotonic() + 60
+    await limiter.settle(decision.ticket, Cost(30, 0), time.time())
+    assert limiter.missed
+    limiter.breaker.count, limiter.breaker.open_until = 0, 0.0  # the store answers again
+    assert await limiter.contribute() is True  # before the settlement sent again
+    await limiter._replay(None)
+    assert not limiter.missed
+    (budget,) = limiter.shared.budgets(time.time())
+    client = Redis.from_url(redis_store.url)
+    try:  # read as the other replicas see it (this one's next reservation carries its total)
+        charge = await client.hmget(budget.key, "used", "reserved")
+    finally:
+        await client.aclose()
+    assert [int(v or 0) for v in charge] == [30, 0]
