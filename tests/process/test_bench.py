@@ -207,6 +207,20 @@ def test_comparison_tables_judge_only_what_was_measured() -> None:
     assert "LiteLLM not measured" in out[-1]
 
 
+def test_the_floors_table_shares_each_floor_of_the_api_server() -> None:
+    """With --floors, each relay floor and the proxy are given as CPU per request and as a
+    share of the API server's; without them there is no floors table."""
+    from bench import frontend
+
+    floors = {frontend.RELAY: 1.0, frontend.DURABLE: 2.0}
+    row = {"workload": "embeddings, 1 input", "vllm_ms": 5.0, "proxy_ms": 3.0}
+    lines = frontend.floors_table({"version": "0.29.0", "rows": [{**row, "floors_ms": floors}]})
+    assert lines[2] == (
+        "| embeddings, 1 input | 5.00 | 1.00 (0.20x) | 2.00 (0.40x) | 3.00 (0.60x) |"
+    )
+    assert frontend.floors_table({"version": "0.29.0", "rows": [row]}) == []
+
+
 def test_sigterm_stops_what_the_bench_started(tmp_path: Path) -> None:
     """A bench ended by SIGTERM (``exit_on_sigterm``, as bench/frontend.py and bench/run.py
     install it) stops the server it started on its way out, as Ctrl-C does, instead of
