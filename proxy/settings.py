@@ -289,8 +289,9 @@ class Settings(BaseSettings):
     limits_reservation_ttl: float = Field(
         600.0,
         gt=0,
-        description="Seconds a reservation in the limits store lives unsettled (a crashed "
-        "replica's are given back after it).",
+        description="Seconds a reservation in the limits store lives unless its replica "
+        "renews it: a live replica extends its requests' in flight every TTL / 3 (a "
+        "crashed replica's are given back after it).",
     )
     allow_anonymous: bool = Field(
         False,

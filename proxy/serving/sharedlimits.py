@@ -15,7 +15,9 @@ The arithmetic is the in-process limiter's (``proxy.limits.rates``, ``meters``,
   sum), ``reserved`` (held by requests in flight);
 * reservations at budgets and gates are also members ``<id>|<units>`` of a sorted set
   scored by their expiry, so a crashed replica's reservations are given back when they
-  expire (``--limits-reservation-ttl``); nothing leaks.
+  expire (``--limits-reservation-ttl``); nothing leaks. A live replica extends the holds
+  of its requests still in flight (``renew``, from its heartbeat, one round trip for all
+  of them), so a realtime session or a stream longer than the TTL keeps its hold.
 
 The store is a cache of the journals. Each replica's part of a budget is its own
 journal's total for the period, so a replica writes it as a total (raised, never added
@@ -39,7 +41,7 @@ from proxy.limits.memory import History, matches
 from proxy.limits.meters import GATE_RETRY_SECONDS, HELD_RETRY_SECONDS
 from proxy.limits.periods import period
 from proxy.limits.policy import RATE_SECONDS, Limit, Policies
-from proxy.serving.storescripts import END, RESERVE, SYNC
+from proxy.serving.storescripts import END, RENEW, RESERVE, SYNC
 
 log = structlog.get_logger("proxy.serving.sharedlimits")
 
@@ -117,9 +119,11 @@ class RedisLimiter:
         self.grace = grace  # an incomplete generation waits this long for unknown replicas
         self.history = History()  # this replica's billed usage: its part of each budget
         self.holds: dict[str, Ticket] = {}  # admitted without the store, not yet ended
+        self.live: dict[str, StoreTicket] = {}  # reserved in the store, not yet ended
         self._reserve: Any = client.register_script(RESERVE)
         self._end: Any = client.register_script(END)
         self._sync: Any = client.register_script(SYNC)
+        self._renew: Any = client.register_script(RENEW)
 
     @property
     def generation_key(self) -> str:
@@ -215,6 +219,8 @@ class RedisLimiter:
             return Decision(None, refusal, *headers), by_share
         ticket = StoreTicket(who, cost, id=rid, parts=parts, by_share=by_share)
         ticket.taken = [(p.scope, p.limit.name, p.limit.unit) for p in parts]
+        if any(p.kind != "r" for p in parts):  # holds to keep while the request lives
+            self.live[rid] = ticket
         return Decision(ticket, None, *headers), by_share
 
     async def settle(self, ticket: Ticket, billed: Cost, now: float) -> None:
@@ -222,7 +228,7 @@ class RedisLimiter:
             return
         self.note(ticket, billed, now)
         await self.finish(ticket, billed, "settle")
-        ticket.open = False
+        self.ended(ticket)
 
     def note(self, ticket: Ticket, billed: Cost, now: float) -> None:
         """Add a settlement to this replica's history, once per reservation."""
@@ -236,7 +242,35 @@ class RedisLimiter:
         if not ticket.open:
             return
         await self.finish(ticket, Cost(0, 0, 0), "release")
+        self.ended(ticket)
+
+    def ended(self, ticket: Ticket) -> None:
+        """The ticket's request ended: its holds are no longer renewed (its settlement or
+        release gives them back, or else they expire by their TTL)."""
         ticket.open = False
+        self.live.pop(getattr(ticket, "id", ""), None)
+
+    async def renew(self) -> tuple[int, int]:
+        """Extend the holds of every reservation still alive to a whole TTL from now, in
+        one round trip; (holds extended, holds asked). A hold already given back (it
+        expired first, e.g. the store was unreachable for a TTL) is not taken again."""
+        keys: list[str] = []
+        args: list[Any] = [self.reservation_ttl]
+        for rid, ticket in list(self.live.items()):
+            if not ticket.open:
+                del self.live[rid]
+                continue
+            for part in ticket.parts:
+                if part.kind == "r":
+                    continue
+                units = ticket.cost.of(part.limit.unit)
+                mine = part.kind == "b" and ticket.by_share
+                keys += [part.key, part.holds]
+                args.append(f"{rid}|{self.replica}|{units}" if mine else f"{rid}|{units}")
+        if not keys:
+            return 0, 0
+        renewed = int(await self._renew(keys=keys, args=args))
+        return renewed, len(args) - 1
 
     async def finish(self, ticket: Ticket, billed: Cost, mode: str) -> None:
         """Settle or release a store reservation (once per id); a settlement raises this

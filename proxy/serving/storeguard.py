@@ -354,7 +354,7 @@ class GuardedLimiter:
             self.local.history.note(ticket.who, billed, now)
             self._stale = True  # a settlement after an outage began counts in its share
         mode = "settle" if settle else "release"
-        ticket.open = False  # else the store's reservation expires by its TTL
+        self.shared.ended(ticket)  # else the store's reservation expires by its TTL
         if self.breaker.allows(self._clock()):
             try:
                 async with self.slots:
@@ -457,6 +457,19 @@ class GuardedLimiter:
         if stale or self.dirty or complete != "1":
             await self.contribute()
         return count
+
+    async def renew(self) -> int | None:
+        """Extend the store's holds of this replica's requests still in flight (one round
+        trip for all); the holds extended (None: the store did not answer)."""
+        try:
+            async with asyncio.timeout(max(self.timeout, 1.0)):
+                renewed, asked = await self.shared.renew()
+        except STORE_ERRORS as exc:
+            self._failed("renew", exc)
+            return None
+        if renewed < asked:  # expired before this renewal (the store was away a TTL)
+            log.warning("limits_holds_lost", asked=asked, renewed=renewed)
+        return renewed
 
     def _count(self, live: int, whole: bool) -> None:
         """Divide by the configured count, else by the live one; while the budgets are
