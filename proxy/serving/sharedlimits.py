@@ -144,6 +144,10 @@ class RedisLimiter:
         rest = ":".join(scope[2:])
         return f"{self.namespace}:{{{scope[1]}}}:{scope[0]}:{rest}:{limit.name}{suffix}"
 
+    def budget_key(self, scope: tuple[str, ...], limit: Limit, start: float) -> str:
+        """The store's hash of a budget's period starting at ``start``."""
+        return self._key(scope, limit, f":{int(start)}")
+
     def parts(self, who: Who, now: float) -> list[Taken]:
         """Every limit that applies to ``who``, with its keys in the store."""
         parts = []
@@ -175,11 +179,18 @@ class RedisLimiter:
         return (await self.reserve_by(who, cost, now, 0))[0]
 
     async def reserve_by(
-        self, who: Who, cost: Cost, now: float, share: int
+        self,
+        who: Who,
+        cost: Cost,
+        now: float,
+        share: int,
+        left: dict[str, tuple[int, float, Taken]] | None = None,
     ) -> tuple[Decision, bool]:
         """The store's decision, and whether it was made by this replica's share (the
         generation incomplete, ``share``: the replica count to divide budgets by; 0:
-        raise ``Rebuilding`` instead)."""
+        raise ``Rebuilding`` instead). ``left`` gets what is left in the store of each
+        budget (by its key; not when answered by the share), this request included, and
+        the store's time of the answer."""
         parts = self.parts(who, now)
         if not parts:
             return Decision(Ticket(who, cost), None, None, None), False
@@ -204,6 +215,10 @@ class RedisLimiter:
         admitted, worst, worst_wait = int(out[0]), int(out[1]), float(out[2])
         by_share = bool(int(out[3]))
         standings = [(int(out[4 + 2 * i]), float(out[5 + 2 * i])) for i in range(len(parts))]
+        if left is not None and not by_share:
+            for part, (remaining, reset) in zip(parts, standings, strict=True):
+                if part.kind == "b":  # its reset is its period's end less the store's time
+                    left[part.key] = (remaining, part.span - reset, part)
         headers = _standings(parts, standings)
         if not admitted:
             part = parts[worst - 1]
@@ -298,6 +313,23 @@ class RedisLimiter:
         """Every budget of this period this replica has a part in (billed or held)."""
         whos = set(self.history.whos()) | {t.who for t in self.holds.values()}
         found: dict[str, Taken] = {}
+        for who in whos:
+            for part in self.parts(who, now):
+                if part.kind == "b":
+                    found.setdefault(part.key, part)
+        return list(found.values())
+
+    def watched(self, now: float) -> list[Taken]:
+        """The budgets of this period whose remainder this replica keeps for an outage:
+        every budget the limits file names (its tenants', their models' and keys'), and
+        every one this replica has a part in, or a reservation at."""
+        whos: set[Who] = set()
+        for tenant, own in self.policies.tenants.items():
+            whos.add(Who(tenant))
+            whos.update(Who(tenant, model) for model in own.models)
+            whos.update(Who(tenant, None, key) for key in own.keys)
+        whos.update(t.who for t in self.live.values())
+        found = {p.key: p for p in self.budgets(now)}
         for who in whos:
             for part in self.parts(who, now):
                 if part.kind == "b":
