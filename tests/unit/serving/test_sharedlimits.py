@@ -335,3 +335,19 @@ async def test_live_holds_are_renewed_in_one_round_trip_and_a_dead_replicas_expi
     await r1.settle(first, Cost(10, 0), time.time())
     assert await r1.renew() == (4, 4)  # the settled one is no longer renewed; `later` is
     assert calls == 6
+
+
+async def test_a_live_hold_by_share_is_renewed(make: Make) -> None:
+    """A reservation made by the replica's share (the generation incomplete) is renewed
+    under its own member: after twice its TTL the share is still held."""
+    pols = policies(prompt_tokens_per_day=300)
+    one = make(pols, "r0", grace=60.0, reservation_ttl=0.3)
+    assert await joined(one, known=3) == [False]
+    first, by_share = await one.reserve_by(ACME, Cost(100, 0), time.time(), 3)
+    assert by_share
+    assert first.ticket is not None
+    for _ in range(6):
+        await asyncio.sleep(0.1)
+        assert await one.renew() == (1, 1)
+    again, _ = await one.reserve_by(ACME, Cost(1, 0), time.time(), 3)
+    assert again.refusal is not None

@@ -367,3 +367,21 @@ async def test_a_remainder_read_earlier_does_not_replace_a_later_one(
     assert more.refusal is not None  # 100 were left, not 300
     fits = await limiter.reserve(ACME, Cost(100, 0), time.time())
     assert fits.ticket is not None
+
+
+async def test_an_ended_request_is_no_longer_renewed(make: Make) -> None:
+    """The guard's settle or release (store reachable or not) stops the renewal of the
+    request's holds: the store gives them back, or they expire by their TTL."""
+    limiter = make(policies(concurrency=2), "r0", replicas=1)
+    await limiter.restore([], time.time())
+    assert await limiter.contribute() is True
+    first = await limiter.reserve(ACME, Cost(0, 0), time.time())
+    second = await limiter.reserve(ACME, Cost(0, 0), time.time())
+    assert first.ticket is not None
+    assert second.ticket is not None
+    assert await limiter.renew() == 2
+    await limiter.release(first.ticket, time.time())
+    limiter.breaker.count, limiter.breaker.open_until = 3, time.monotonic() + 60
+    await limiter.release(second.ticket, time.time())  # missed: kept to send again
+    assert limiter.shared.live == {}
+    assert await limiter.renew() == 0
