@@ -120,6 +120,8 @@ class RedisLimiter:
         self.history = History()  # this replica's billed usage: its part of each budget
         self.holds: dict[str, Ticket] = {}  # admitted without the store, not yet ended
         self.live: dict[str, StoreTicket] = {}  # reserved in the store, not yet ended
+        # the budgets the limits file names, for these policies, until a period ends
+        self._named: tuple[Policies, float, list[Taken]] | None = None
         self._reserve: Any = client.register_script(RESERVE)
         self._end: Any = client.register_script(END)
         self._sync: Any = client.register_script(SYNC)
@@ -323,18 +325,31 @@ class RedisLimiter:
         """The budgets of this period whose remainder this replica keeps for an outage:
         every budget the limits file names (its tenants', their models' and keys'), and
         every one this replica has a part in, or a reservation at."""
+        found = {p.key: p for p in self.budgets(now)}
+        for who in {t.who for t in self.live.values()}:
+            found.update((p.key, p) for p in self.parts(who, now) if p.kind == "b")
+        for part in self._named_budgets(now):
+            found.setdefault(part.key, part)
+        return list(found.values())
+
+    def _named_budgets(self, now: float) -> list[Taken]:
+        """The budgets the limits file names, worked out again when it is replaced or one
+        of their periods ends."""
+        if self._named is not None:
+            policies, until, parts = self._named
+            if policies is self.policies and now < until:
+                return parts
         whos: set[Who] = set()
         for tenant, own in self.policies.tenants.items():
             whos.add(Who(tenant))
             whos.update(Who(tenant, model) for model in own.models)
             whos.update(Who(tenant, None, key) for key in own.keys)
-        whos.update(t.who for t in self.live.values())
-        found = {p.key: p for p in self.budgets(now)}
+        found: dict[str, Taken] = {}
         for who in whos:
-            for part in self.parts(who, now):
-                if part.kind == "b":
-                    found.setdefault(part.key, part)
-        return list(found.values())
+            found.update((p.key, p) for p in self.parts(who, now) if p.kind == "b")
+        parts = list(found.values())
+        self._named = (self.policies, min((p.span for p in parts), default=now + 3600), parts)
+        return parts
 
     async def sync(self, known: int, now: float) -> Synced:
         """Contribute this replica's part of every budget to the store (one round trip),

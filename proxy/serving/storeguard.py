@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import structlog
 from redis.exceptions import RedisError
@@ -510,10 +510,6 @@ class GuardedLimiter:
         watches (for local fail mode), contribute to it when its budgets need this
         replica's part; the live replica count (None: store unreachable)."""
         shared, client = self.shared, self.shared.client
-        watched = shared.watched(time.time())
-        seq = self.seq
-        # what this replica admitted without the store is all in it (contributed)
-        known = not shared.holds and not self.dirty and (not self._syncing or self._syncing.done())
         try:
             async with asyncio.timeout(max(self.timeout, 1.0)):
                 now = float((await client.time())[0])
@@ -523,9 +519,6 @@ class GuardedLimiter:
                     pipe.zcard(shared.registry_key)
                     pipe.expire(shared.registry_key, int(ttl) + 1)
                     pipe.hmget(shared.generation_key, "id", "c:" + shared.replica, "complete")
-                    pipe.time()  # when the budgets below were read
-                    for part in watched:
-                        pipe.hmget(part.key, "used", "reserved")
                     result = await pipe.execute()
         except STORE_ERRORS as exc:
             self._failed("beat", exc)
@@ -540,18 +533,34 @@ class GuardedLimiter:
             self.left.clear()  # remainders of a store state that is gone, or not whole
         else:
             self.complete = True  # the others' parts came in after this replica's
-            if known and self.seq == seq:
-                read = float(result[5][0]) + float(result[5][1]) / 1e6
-                self._keep_left(watched, result[6:], seq, read)
+            await self._read_left()
         if stale or self.dirty or complete != "1":
             await self.contribute()
         return count
 
-    def _keep_left(self, watched: list[Taken], read: list[Any], seq: int, now: float) -> None:
-        """What is left of each watched budget, as the heartbeat read it (the budgets
-        whole, this replica's local admissions all in them); remainders of periods past
-        are dropped."""
-        for part, (used, reserved) in zip(watched, read, strict=True):
+    async def _read_left(self) -> None:
+        """Read what is left of every budget this replica watches (one round trip, apart
+        from the heartbeat's, so that a long read never makes the replica look gone),
+        when every admission it made without the store is in the store (contributed);
+        remainders of periods past are dropped."""
+        shared, seq = self.shared, self.seq
+        if shared.holds or self.dirty or (self._syncing and not self._syncing.done()):
+            return
+        watched = shared.watched(time.time())
+        try:
+            async with asyncio.timeout(max(self.timeout, 1.0)):
+                async with shared.client.pipeline(transaction=True) as pipe:
+                    pipe.time()  # when the budgets below were read
+                    for part in watched:
+                        pipe.hmget(part.key, "used", "reserved")
+                    result = await pipe.execute()
+        except STORE_ERRORS as exc:  # the remainders kept stay: older, never wrong
+            log.warning("limits_remainders_unread", error=type(exc).__name__)
+            return
+        if self.seq != seq:  # admitted without the store meanwhile: maybe not in the read
+            return
+        now = float(result[0][0]) + float(result[0][1]) / 1e6
+        for part, (used, reserved) in zip(watched, result[1:], strict=True):
             remaining = part.limit.amount - int(used or 0) - int(reserved or 0)
             self._keep(part.key, Left(max(remaining, 0), now, seq, part))
         for key in [k for k, left in self.left.items() if left.part.span <= now]:
