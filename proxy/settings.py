@@ -277,7 +277,8 @@ class Settings(BaseSettings):
         "local",
         description="While the limits store is unreachable, or rebuilding after it was found "
         "empty: closed (503, nothing forwarded), open (admit, count), local (each replica "
-        "enforces limit / replicas); a tenant's fail_mode in the limits file overrides it.",
+        "enforces its share: what the store last said was left of a budget / replicas, "
+        "else limit / replicas); a tenant's fail_mode in the limits file overrides it.",
     )
     limits_replicas: int = Field(
         0,
@@ -289,8 +290,9 @@ class Settings(BaseSettings):
     limits_reservation_ttl: float = Field(
         600.0,
         gt=0,
-        description="Seconds a reservation in the limits store lives unsettled (a crashed "
-        "replica's are given back after it).",
+        description="Seconds a reservation in the limits store lives unless its replica "
+        "renews it: a live replica extends its requests' in flight every TTL / 3 (a "
+        "crashed replica's are given back after it).",
     )
     allow_anonymous: bool = Field(
         False,

@@ -120,7 +120,7 @@ class FailMode(enum.StrEnum):
 
     CLOSED = "closed"  # refuse (503): nothing is forwarded
     OPEN = "open"  # admit, log, count
-    LOCAL = "local"  # each replica enforces limit / live replicas
+    LOCAL = "local"  # each replica enforces its share (of what is left of a budget)
 
 
 class TenantLimits(Limits):

@@ -26,6 +26,7 @@ from proxy.settings import ENV_PREFIX, Settings
 log = structlog.get_logger("proxy.serving.limitsstore")
 
 HEARTBEAT_SECONDS = 5.0
+RENEWALS_PER_TTL = 3  # the holds of live requests are extended this often per TTL
 SLOTS = 8  # requests' store calls at once (more queue longer on the loop inside the timeout)
 
 
@@ -85,16 +86,24 @@ def store_context(
 ) -> Callable[[Any], AsyncIterator[None]]:
     """cleanup_ctx: this replica's heartbeat in the store (the live count divides the
     limits in local fail mode unless --limits-replicas fixes it), which contributes its
-    journal once it is read (at once without a journal); the client closed."""
+    journal once it is read (at once without a journal) and extends the holds of its
+    requests in flight (every TTL / 3, one round trip); the client closed."""
 
     async def ctx(app: Any) -> AsyncIterator[None]:
         limiter.restored = limiter.restored or not journaled
 
         async def beat() -> None:
+            loop = asyncio.get_running_loop()
+            # the holds of requests in flight are extended well before their TTL ends
+            every = min(HEARTBEAT_SECONDS, limiter.shared.reservation_ttl / RENEWALS_PER_TTL)
+            due = loop.time()
             while True:
-                count = await limiter.beat(3 * HEARTBEAT_SECONDS)
-                log.debug("limits_replicas", live=count, dividing_by=limiter.replicas)
-                await asyncio.sleep(HEARTBEAT_SECONDS)
+                if loop.time() >= due:
+                    due = loop.time() + HEARTBEAT_SECONDS
+                    count = await limiter.beat(3 * HEARTBEAT_SECONDS)
+                    log.debug("limits_replicas", live=count, dividing_by=limiter.replicas)
+                await limiter.renew()
+                await asyncio.sleep(every)
 
         task = asyncio.get_running_loop().create_task(beat())
         yield

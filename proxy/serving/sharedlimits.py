@@ -15,7 +15,9 @@ The arithmetic is the in-process limiter's (``proxy.limits.rates``, ``meters``,
   sum), ``reserved`` (held by requests in flight);
 * reservations at budgets and gates are also members ``<id>|<units>`` of a sorted set
   scored by their expiry, so a crashed replica's reservations are given back when they
-  expire (``--limits-reservation-ttl``); nothing leaks.
+  expire (``--limits-reservation-ttl``); nothing leaks. A live replica extends the holds
+  of its requests still in flight (``renew``, from its heartbeat, one round trip for all
+  of them), so a realtime session or a stream longer than the TTL keeps its hold.
 
 The store is a cache of the journals. Each replica's part of a budget is its own
 journal's total for the period, so a replica writes it as a total (raised, never added
@@ -39,7 +41,7 @@ from proxy.limits.memory import BUCKET_SECONDS, History, matches
 from proxy.limits.meters import GATE_RETRY_SECONDS, HELD_RETRY_SECONDS
 from proxy.limits.periods import period
 from proxy.limits.policy import RATE_SECONDS, Limit, Policies
-from proxy.serving.storescripts import END, RESERVE, SYNC
+from proxy.serving.storescripts import END, RENEW, RESERVE, SYNC
 
 log = structlog.get_logger("proxy.serving.sharedlimits")
 
@@ -120,9 +122,13 @@ class RedisLimiter:
         # settlements in the history whose sending to the store is under way (by ticket
         # id): left out of this replica's part until it has answered (``own``)
         self.sending: dict[str, tuple[Who, Cost, float]] = {}
+        self.live: dict[str, StoreTicket] = {}  # reserved in the store, not yet ended
+        # the budgets the limits file names, for these policies, until a period ends
+        self._named: tuple[Policies, float, list[Taken]] | None = None
         self._reserve: Any = client.register_script(RESERVE)
         self._end: Any = client.register_script(END)
         self._sync: Any = client.register_script(SYNC)
+        self._renew: Any = client.register_script(RENEW)
 
     @property
     def generation_key(self) -> str:
@@ -142,6 +148,10 @@ class RedisLimiter:
         # {tenant}: every key of a tenant's levels in one hash slot
         rest = ":".join(scope[2:])
         return f"{self.namespace}:{{{scope[1]}}}:{scope[0]}:{rest}:{limit.name}{suffix}"
+
+    def budget_key(self, scope: tuple[str, ...], limit: Limit, start: float) -> str:
+        """The store's hash of a budget's period starting at ``start``."""
+        return self._key(scope, limit, f":{int(start)}")
 
     def parts(self, who: Who, now: float) -> list[Taken]:
         """Every limit that applies to ``who``, with its keys in the store."""
@@ -180,11 +190,18 @@ class RedisLimiter:
         return (await self.reserve_by(who, cost, now, 0))[0]
 
     async def reserve_by(
-        self, who: Who, cost: Cost, now: float, share: int
+        self,
+        who: Who,
+        cost: Cost,
+        now: float,
+        share: int,
+        left: dict[str, tuple[int, float, Taken]] | None = None,
     ) -> tuple[Decision, bool]:
         """The store's decision, and whether it was made by this replica's share (the
         generation incomplete, ``share``: the replica count to divide budgets by; 0:
-        raise ``Rebuilding`` instead)."""
+        raise ``Rebuilding`` instead). ``left`` gets what is left in the store of each
+        budget (by its key; not when answered by the share), this request included, and
+        the store's time of the answer."""
         parts = self.parts(who, now)
         if not parts:
             return Decision(Ticket(who, cost), None, None, None), False
@@ -209,6 +226,10 @@ class RedisLimiter:
         admitted, worst, worst_wait = int(out[0]), int(out[1]), float(out[2])
         by_share = bool(int(out[3]))
         standings = [(int(out[4 + 2 * i]), float(out[5 + 2 * i])) for i in range(len(parts))]
+        if left is not None and not by_share:
+            for part, (remaining, reset) in zip(parts, standings, strict=True):
+                if part.kind == "b":  # its reset is its period's end less the store's time
+                    left[part.key] = (remaining, part.span - reset, part)
         headers = _standings(parts, standings)
         if not admitted:
             part = parts[worst - 1]
@@ -224,6 +245,8 @@ class RedisLimiter:
             return Decision(None, refusal, *headers), by_share
         ticket = StoreTicket(who, cost, id=rid, parts=parts, by_share=by_share)
         ticket.taken = [(p.scope, p.limit.name, p.limit.unit) for p in parts]
+        if any(p.kind != "r" for p in parts):  # holds to keep while the request lives
+            self.live[rid] = ticket
         return Decision(ticket, None, *headers), by_share
 
     async def settle(self, ticket: Ticket, billed: Cost, now: float) -> None:
@@ -231,7 +254,7 @@ class RedisLimiter:
             return
         self.note(ticket, billed, now)
         await self.finish(ticket, billed, "settle")
-        ticket.open = False
+        self.ended(ticket)
 
     def note(self, ticket: Ticket, billed: Cost, now: float) -> None:
         """Add a settlement to this replica's history, once per reservation; one of a
@@ -248,7 +271,35 @@ class RedisLimiter:
         if not ticket.open:
             return
         await self.finish(ticket, Cost(0, 0, 0), "release")
+        self.ended(ticket)
+
+    def ended(self, ticket: Ticket) -> None:
+        """The ticket's request ended: its holds are no longer renewed (its settlement or
+        release gives them back, or else they expire by their TTL)."""
         ticket.open = False
+        self.live.pop(getattr(ticket, "id", ""), None)
+
+    async def renew(self) -> tuple[int, int]:
+        """Extend the holds of every reservation still alive to a whole TTL from now, in
+        one round trip; (holds extended, holds asked). A hold already given back (it
+        expired first, e.g. the store was unreachable for a TTL) is not taken again."""
+        keys: list[str] = []
+        args: list[Any] = [self.reservation_ttl]
+        for rid, ticket in list(self.live.items()):
+            if not ticket.open:
+                del self.live[rid]
+                continue
+            for part in ticket.parts:
+                if part.kind == "r":
+                    continue
+                units = ticket.cost.of(part.limit.unit)
+                mine = part.kind == "b" and ticket.by_share
+                keys += [part.key, part.holds]
+                args.append(f"{rid}|{self.replica}|{units}" if mine else f"{rid}|{units}")
+        if not keys:
+            return 0, 0
+        renewed = int(await self._renew(keys=keys, args=args))
+        return renewed, len(args) - 1
 
     async def finish(self, ticket: Ticket, billed: Cost, mode: str) -> None:
         """End a store reservation, once per id (a retry, or one the store already did
@@ -287,6 +338,36 @@ class RedisLimiter:
                 if part.kind == "b":
                     found.setdefault(part.key, part)
         return list(found.values())
+
+    def watched(self, now: float) -> list[Taken]:
+        """The budgets of this period whose remainder this replica keeps for an outage:
+        every budget the limits file names (its tenants', their models' and keys'), and
+        every one this replica has a part in, or a reservation at."""
+        found = {p.key: p for p in self.budgets(now)}
+        for who in {t.who for t in self.live.values()}:
+            found.update((p.key, p) for p in self.parts(who, now) if p.kind == "b")
+        for part in self._named_budgets(now):
+            found.setdefault(part.key, part)
+        return list(found.values())
+
+    def _named_budgets(self, now: float) -> list[Taken]:
+        """The budgets the limits file names, worked out again when it is replaced or one
+        of their periods ends."""
+        if self._named is not None:
+            policies, until, parts = self._named
+            if policies is self.policies and now < until:
+                return parts
+        whos: set[Who] = set()
+        for tenant, own in self.policies.tenants.items():
+            whos.add(Who(tenant))
+            whos.update(Who(tenant, model) for model in own.models)
+            whos.update(Who(tenant, None, key) for key in own.keys)
+        found: dict[str, Taken] = {}
+        for who in whos:
+            found.update((p.key, p) for p in self.parts(who, now) if p.kind == "b")
+        parts = list(found.values())
+        self._named = (self.policies, min((p.span for p in parts), default=now + 3600), parts)
+        return parts
 
     async def sync(self, known: int, now: float) -> Synced:
         """Contribute this replica's part of every budget to the store (one round trip),

@@ -10,17 +10,17 @@ import contextlib
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import structlog
 from redis.exceptions import RedisError
 
 from proxy.limits.limiter import Cost, Decision, Refusal, Ticket, Usage, Who
-from proxy.limits.memory import InProcessLimiter
-from proxy.limits.policy import FailMode, Policies
+from proxy.limits.policy import FailMode, Limit, Policies, Unit
+from proxy.limits.shares import ShareLimiter
 from proxy.metrics import Metrics
-from proxy.serving.sharedlimits import Rebuilding, RedisLimiter
+from proxy.serving.sharedlimits import Rebuilding, RedisLimiter, Taken
 
 log = structlog.get_logger("proxy.serving.storeguard")
 T = TypeVar("T")
@@ -65,21 +65,38 @@ class Breaker:
 
 
 @dataclass(slots=True)
+class Left:
+    """What was left of a budget in the store (its amount less its used and reserved
+    units) when it last said so (``at``, on the store's clock: answers read out of order
+    do not replace a later one), after this replica's local admissions up to ``seq``;
+    ``spent``: what this replica admitted without the store since (held, then billed)."""
+
+    remaining: int
+    at: float
+    seq: int
+    part: Taken
+    spent: int = 0
+
+
+@dataclass(slots=True)
 class LocalTicket(Ticket):
     """A reservation made in this process while the store could not answer (``local`` or
     ``open``): held in this replica's part of the store's budgets until it ends, then
-    billed there."""
+    billed there. ``charged``: the remainders it counts in (with its units there)."""
 
     id: str = ""
     inner: Ticket | None = None
+    seq: int = 0
+    charged: list[tuple[Left, Unit, int]] = field(default_factory=list)
 
 
 class GuardedLimiter:
     """The shared limiter behind a short timeout and a circuit breaker, with the fail
     mode of each tenant while the store cannot answer: ``closed`` refuses (503),
-    ``open`` admits, ``local`` enforces this replica's share (limit / replicas) in
-    process. What is billed meanwhile is contributed to the store when it answers again
-    (as this replica's total: a retry counts nothing twice)."""
+    ``open`` admits, ``local`` enforces this replica's share in process (of what the
+    store last said was left of each budget, else of the limit: ``proxy.limits.shares``).
+    What is billed meanwhile is contributed to the store when it answers again (as this
+    replica's total: a retry counts nothing twice)."""
 
     def __init__(
         self,
@@ -104,7 +121,13 @@ class GuardedLimiter:
         self.configured = max(replicas, 0)  # --limits-replicas (0: read from the store)
         self.known = self.configured  # replicas seen alive while the budgets were whole
         self.replicas = max(self.configured, 1)  # what local fail mode divides by
-        self.local = InProcessLimiter(shared.policies.divided(self.replicas))
+        self.local = ShareLimiter(
+            shared.policies.divided(self.replicas), self._left_of, self._took_of
+        )
+        self._taking: list[tuple[Left, Unit, int]] = []  # the local admission being made
+        # what was left of each budget in the store when it last said so, by its key
+        self.left: dict[str, Left] = {}
+        self.seq = 0  # local admissions so far (a remainder is after those up to its own)
         self.errors: dict[str, int] = {}  # store failures by kind
         self.fail_admissions: dict[FailMode, int] = dict.fromkeys(FailMode, 0)
         self.rebuilds = 0  # generations this replica started (the store was found empty)
@@ -255,12 +278,14 @@ class GuardedLimiter:
                 return None
             if self.missed:  # the tenant's ends the store missed free their holds first
                 await self._replay(who.tenant)
+            seq, left = self.seq, dict[str, tuple[int, float, Taken]]()
             try:
-                call = self.shared.reserve_by(who, cost, now, share)
+                call = self.shared.reserve_by(who, cost, now, share, left)
                 decision, by_share = await self._call("reserve", call)
             except Rebuilding as exc:
                 self._back()
                 self.complete = False
+                self.left.clear()  # remainders of a store state that is gone
                 if attempt or exc.contributed:
                     return None
                 await self.contribute()
@@ -272,6 +297,8 @@ class GuardedLimiter:
                 self.complete = not by_share
                 if by_share:
                     self._count_fail(FailMode.LOCAL, "rebuilding")
+                    self.left.clear()  # remainders of a store state that is gone
+                self._remember(left, seq)
                 return decision
         return None
 
@@ -332,7 +359,53 @@ class GuardedLimiter:
         refusal = Refusal(refusal.limit, refusal.scope, wait, refusal.cost, whole, False)
         return Decision(None, refusal, decision.requests, decision.tokens, decision.budgets)
 
+    def _remember(self, left: dict[str, tuple[int, float, Taken]], seq: int) -> None:
+        """Keep what the store said was left of budgets, when it knows every admission
+        this replica made without it (the contribution in the same call covers those up
+        to ``seq``; one made while the call was out may not be in it), unless it said
+        something later already."""
+        if self.seq != seq:
+            return
+        for key, (remaining, at, part) in left.items():
+            self._keep(key, Left(remaining, at, seq, part))
+
+    def _keep(self, key: str, left: Left) -> None:
+        old = self.left.get(key)
+        if old is None or old.at <= left.at:
+            self.left[key] = left
+
+    def _left_of(
+        self, scope: tuple[str, ...], limit: Limit, start: float
+    ) -> tuple[int, int] | None:
+        """For local fail mode: this replica's room in its share of what the store last
+        said was left of a budget, and that remainder (None: it never said)."""
+        left = self.left.get(self.shared.budget_key(scope, limit, start))
+        if left is None:
+            return None
+        return left.remaining // self.replicas - left.spent, left.remaining
+
+    def _beyond_reserved(self, ticket: Ticket, billed: Cost) -> None:
+        """A store reservation billed beyond what it reserved: the excess is not in the
+        remainders the store told (they count the reservation), so it counts against
+        them (the next remainder the store tells has it)."""
+        for part in getattr(ticket, "parts", ()):
+            left = self.left.get(part.key) if part.kind == "b" else None
+            excess = billed.of(part.limit.unit) - ticket.cost.of(part.limit.unit)
+            if left is not None and excess > 0:
+                left.spent += excess
+
+    def _took_of(self, scope: tuple[str, ...], limit: Limit, start: float, units: int) -> None:
+        """A local admission takes ``units`` from a budget: counted against what the store
+        last said was left of it (the admission's ticket keeps the charge)."""
+        left = self.left.get(self.shared.budget_key(scope, limit, start))
+        if left is not None:
+            left.spent += units
+            self._taking.append((left, limit.unit, units))
+
     def _held(self, ticket: LocalTicket, decision: Decision | None) -> Decision:
+        self.seq += 1
+        ticket.seq = self.seq
+        ticket.charged, self._taking = self._taking, []
         self.shared.holds[ticket.id] = ticket
         if decision is None:
             return Decision(ticket, None, None, None)
@@ -354,8 +427,9 @@ class GuardedLimiter:
             self.shared.note(ticket, billed, now)
             self.local.history.note(ticket.who, billed, now)
             self._stale = True  # a settlement after an outage began counts in its share
+            self._beyond_reserved(ticket, billed)
         mode = "settle" if settle else "release"
-        ticket.open = False  # else the store's reservation expires by its TTL
+        self.shared.ended(ticket)  # else the store's reservation expires by its TTL
         if self.breaker.allows(self._clock()):
             try:
                 async with self.slots:
@@ -375,6 +449,8 @@ class GuardedLimiter:
         self, ticket: LocalTicket, billed: Cost, now: float, *, settle: bool
     ) -> None:
         ticket.open = False
+        for left, unit, units in ticket.charged:  # held until now; billed from now on
+            left.spent += (billed.of(unit) if settle else 0) - units
         if ticket.inner is not None:
             if settle:
                 await self.local.settle(ticket.inner, billed, now)
@@ -434,8 +510,9 @@ class GuardedLimiter:
         return taken
 
     async def beat(self, ttl: float) -> int | None:
-        """Tell the store this replica is alive, contribute to it when its budgets need
-        this replica's part; the live replica count (None: store unreachable)."""
+        """Tell the store this replica is alive, read what is left of the budgets it
+        watches (for local fail mode), contribute to it when its budgets need this
+        replica's part; the live replica count (None: store unreachable)."""
         shared, client = self.shared, self.shared.client
         try:
             async with asyncio.timeout(max(self.timeout, 1.0)):
@@ -456,11 +533,55 @@ class GuardedLimiter:
         generation, mine, complete = (v.decode() if v else None for v in result[4])
         self._count(count, complete == "1")
         stale = generation is None or generation != self.generation or mine is None
-        if not stale and complete == "1":
+        if stale or complete != "1":
+            self.left.clear()  # remainders of a store state that is gone, or not whole
+        else:
             self.complete = True  # the others' parts came in after this replica's
+            await self._read_left()
         if stale or self.dirty or complete != "1":
             await self.contribute()
         return count
+
+    async def _read_left(self) -> None:
+        """Read what is left of every budget this replica watches (one round trip, apart
+        from the heartbeat's, so that a long read never makes the replica look gone),
+        when every admission it made without the store is in the store (contributed);
+        remainders of periods past are dropped."""
+        shared, seq = self.shared, self.seq
+        if shared.holds or self.dirty or (self._syncing and not self._syncing.done()):
+            return
+        watched = shared.watched(time.time())
+        try:
+            async with asyncio.timeout(max(self.timeout, 1.0)):
+                async with shared.client.pipeline(transaction=True) as pipe:
+                    pipe.time()  # when the budgets below were read
+                    for part in watched:
+                        pipe.hmget(part.key, "used", "reserved")
+                    result = await pipe.execute()
+        except STORE_ERRORS as exc:  # the remainders kept stay: older, never wrong
+            log.warning("limits_remainders_unread", error=type(exc).__name__)
+            return
+        if self.seq != seq:  # admitted without the store meanwhile: maybe not in the read
+            return
+        now = float(result[0][0]) + float(result[0][1]) / 1e6
+        for part, (used, reserved) in zip(watched, result[1:], strict=True):
+            remaining = part.limit.amount - int(used or 0) - int(reserved or 0)
+            self._keep(part.key, Left(max(remaining, 0), now, seq, part))
+        for key in [k for k, left in self.left.items() if left.part.span <= now]:
+            del self.left[key]
+
+    async def renew(self) -> int | None:
+        """Extend the store's holds of this replica's requests still in flight (one round
+        trip for all); the holds extended (None: the store did not answer)."""
+        try:
+            async with asyncio.timeout(max(self.timeout, 1.0)):
+                renewed, asked = await self.shared.renew()
+        except STORE_ERRORS as exc:
+            self._failed("renew", exc)
+            return None
+        if renewed < asked:  # expired before this renewal (the store was away a TTL)
+            log.warning("limits_holds_lost", asked=asked, renewed=renewed)
+        return renewed
 
     def _count(self, live: int, whole: bool) -> None:
         """Divide by the configured count, else by the live one; while the budgets are

@@ -113,13 +113,6 @@ async def test_review_a_done_event_in_flight_when_the_client_closes_is_billed(
     assert record.completion_tokens_billed == 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: a store reservation (a concurrency gate's hold too) expires after "
-    "--limits-reservation-ttl even while its request is alive: a realtime session (held "
-    "'for its whole length', docs/metering.md) or a long stream outlives it, and the "
-    "tenant's concurrency cap no longer counts it",
-)
 async def test_review_a_long_session_keeps_its_concurrency_hold_on_the_store(
     aiohttp_server: Any,
     aiohttp_client: Any,

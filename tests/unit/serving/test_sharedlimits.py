@@ -337,3 +337,60 @@ async def test_an_expired_hold_by_share_gives_the_share_back(make: Make) -> None
     again, by_share = await one.reserve_by(ACME, Cost(100, 0), time.time(), 3)
     assert by_share
     assert again.ticket is not None
+
+
+async def test_live_holds_are_renewed_in_one_round_trip_and_a_dead_replicas_expire(
+    make: Make,
+) -> None:
+    """Holds live 0.3 s. Replica r1 renews its two requests in flight every 0.1 s, in one
+    script call each time for all four holds (two gates, two budgets); r2 (crashed) holds
+    one and renews nothing. After 0.5 s r2's hold is given back and r1's are not: one
+    more request fits the gate of 3 and the budget counts r1's two, then the gate is full."""
+    pols = policies(total_tokens_per_day=100, concurrency=3)
+    r1, r2 = make(pols, "r1", reservation_ttl=0.3), make(pols, "r2", reservation_ttl=0.3)
+    await joined(r1, r2)
+    now = time.time()
+    alive = [await r1.reserve(ACME, Cost(10, 0), now) for _ in range(2)]
+    dead = await r2.reserve(ACME, Cost(10, 0), now)
+    assert all(d.ticket is not None for d in [*alive, dead])
+    calls = 0
+    script = r1._renew
+
+    async def counted(**kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return await script(**kwargs)
+
+    r1._renew = counted
+    for _ in range(5):
+        await asyncio.sleep(0.1)
+        assert await r1.renew() == (4, 4)
+    assert calls == 5
+    later = await r1.reserve(ACME, Cost(10, 0), time.time())
+    assert later.ticket is not None  # r2's hold expired
+    assert later.tokens is not None
+    assert later.tokens.remaining == 100 - 3 * 10  # r1's two alive and this one
+    full = await r1.reserve(ACME, Cost(0, 0), time.time())
+    assert full.refusal is not None
+    assert full.refusal.limit == "concurrency"
+    first = alive[0].ticket
+    assert first is not None
+    await r1.settle(first, Cost(10, 0), time.time())
+    assert await r1.renew() == (4, 4)  # the settled one is no longer renewed; `later` is
+    assert calls == 6
+
+
+async def test_a_live_hold_by_share_is_renewed(make: Make) -> None:
+    """A reservation made by the replica's share (the generation incomplete) is renewed
+    under its own member: after twice its TTL the share is still held."""
+    pols = policies(prompt_tokens_per_day=300)
+    one = make(pols, "r0", grace=60.0, reservation_ttl=0.3)
+    assert await joined(one, known=3) == [False]
+    first, by_share = await one.reserve_by(ACME, Cost(100, 0), time.time(), 3)
+    assert by_share
+    assert first.ticket is not None
+    for _ in range(6):
+        await asyncio.sleep(0.1)
+        assert await one.renew() == (1, 1)
+    again, _ = await one.reserve_by(ACME, Cost(1, 0), time.time(), 3)
+    assert again.refusal is not None
