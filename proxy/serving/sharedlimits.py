@@ -35,13 +35,14 @@ from typing import Any
 
 import structlog
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from proxy.limits.limiter import Cost, Decision, Refusal, Standing, Ticket, Usage, Who
 from proxy.limits.memory import BUCKET_SECONDS, History, matches
 from proxy.limits.meters import GATE_RETRY_SECONDS, HELD_RETRY_SECONDS
 from proxy.limits.periods import period
 from proxy.limits.policy import RATE_SECONDS, Limit, Policies
-from proxy.serving.storescripts import END, RENEW, RESERVE, SYNC
+from proxy.serving.storescripts import END, RENEW, RESERVE, STAMP, SYNC
 
 log = structlog.get_logger("proxy.serving.sharedlimits")
 
@@ -129,6 +130,7 @@ class RedisLimiter:
         self._end: Any = client.register_script(END)
         self._sync: Any = client.register_script(SYNC)
         self._renew: Any = client.register_script(RENEW)
+        self._stamp: Any = client.register_script(STAMP)
 
     @property
     def generation_key(self) -> str:
@@ -278,6 +280,20 @@ class RedisLimiter:
         release gives them back, or else they expire by their TTL)."""
         ticket.open = False
         self.live.pop(getattr(ticket, "id", ""), None)
+
+    async def went_back(self) -> bool:
+        """Whether the store restarted with state from before its generation marker (a
+        snapshot, a failover): the marker is then dropped, and the next contribution
+        starts a generation (a rebuild). False when the store does not tell its run
+        (``INFO`` refused): then only a store found empty is rebuilt."""
+        try:
+            info = await self.client.info("server")
+        except ResponseError:
+            return False
+        run = info.get("run_id")
+        if not run:
+            return False
+        return bool(int(await self._stamp(keys=[self.generation_key], args=[str(run)])))
 
     async def renew(self) -> tuple[int, int]:
         """Extend the holds of every reservation still alive to a whole TTL from now, in

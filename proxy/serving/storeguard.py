@@ -524,6 +524,7 @@ class GuardedLimiter:
                     pipe.expire(shared.registry_key, int(ttl) + 1)
                     pipe.hmget(shared.generation_key, "id", "c:" + shared.replica, "complete")
                     result = await pipe.execute()
+                went_back = await shared.went_back()
         except STORE_ERRORS as exc:
             self._failed("beat", exc)
             self.beating = False
@@ -531,6 +532,14 @@ class GuardedLimiter:
         self.reachable = self.beating = self.counted = True  # the breaker: requests' calls
         count = int(result[2])
         generation, mine, complete = (v.decode() if v else None for v in result[4])
+        if went_back:
+            log.warning(
+                "limits_store_went_back",
+                generation=generation,
+                hint="the store restarted with state from before (a snapshot or a failover): "
+                "its budgets are rebuilt from every replica's journal",
+            )
+            generation = complete = None
         self._count(count, complete == "1")
         stale = generation is None or generation != self.generation or mine is None
         if stale or complete != "1":
