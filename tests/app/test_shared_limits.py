@@ -213,6 +213,30 @@ async def test_outage_closed_forwards_nothing(
     assert billed(tmp_path) == 99
 
 
+async def test_outage_open_admits_and_loses_no_record(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path, redis_store: Store
+) -> None:
+    """Open mode: while the store is down every request is admitted (no limit holds),
+    none waits longer than the store's timeout, each has its record; the store started
+    again empty is rebuilt from the three journals, outage included, once."""
+    seen, clients, during, reached = await outage(
+        aiohttp_server, aiohttp_client, minilm_path, tmp_path, redis_store, "open"
+    )
+    assert {s for s, _ in during} == {200}
+    assert len(seen) - reached == len(during)
+    for client in clients:
+        assert limiter(client).slowest < TIMEOUT + 0.2
+    redis_store.start()
+    for client in clients:
+        limiter(client).breaker.open_until = 0.0
+    whole = [await limiter(client).contribute() for client in clients]
+    assert whole == [False, False, True]
+    key = limiter(clients[0]).shared.budgets(time.time())[0].key
+    for client in clients:
+        await client.close()
+    assert billed(tmp_path) == 3 * len(seen) == await used(redis_store, key)
+
+
 async def test_outage_local_divides_and_rebuilds(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path, redis_store: Store
 ) -> None:
