@@ -188,6 +188,21 @@ async def test_usage_billed_while_the_store_was_skipped_is_contributed_when_back
 # --- review (adversarial): local fail mode overshoots the budget during an outage ---
 
 
+async def three_after_290(make: Make, pols: Policies) -> list[GuardedLimiter]:
+    """Three replicas (the store's budgets whole before the first admission); r0 bills
+    290 tokens through the store, then each heartbeat runs (every 5 s in service)."""
+    replicas = [make(pols, f"r{i}", replicas=3) for i in range(3)]
+    for replica in replicas:
+        await replica.restore([], time.time())
+        await replica.contribute()
+    spent = await replicas[0].reserve(ACME, Cost(290, 0), time.time())
+    assert spent.ticket is not None
+    await replicas[0].settle(spent.ticket, Cost(290, 0), time.time())
+    for replica in replicas:
+        assert await replica.beat(15) is not None
+    return replicas
+
+
 async def test_review_local_mode_keeps_the_total_within_the_budget(
     make: Make, redis_store: Store
 ) -> None:
@@ -195,15 +210,7 @@ async def test_review_local_mode_keeps_the_total_within_the_budget(
     and each heartbeat ran after it (every 5 s in service). The store goes away: together
     the replicas may admit at most the 10 that are left."""
     pols = policies(prompt_tokens_per_day=300)
-    replicas = [make(pols, f"r{i}", replicas=3) for i in range(3)]
-    for replica in replicas:
-        await replica.restore([], time.time())
-        await replica.contribute()  # the store's budgets whole before the first admission
-    spent = await replicas[0].reserve(ACME, Cost(290, 0), time.time())
-    assert spent.ticket is not None
-    await replicas[0].settle(spent.ticket, Cost(290, 0), time.time())
-    for replica in replicas:
-        assert await replica.beat(15) is not None
+    replicas = await three_after_290(make, pols)
     redis_store.kill()
     admitted = 0
     for replica in replicas:
@@ -356,15 +363,7 @@ async def test_local_mode_divides_what_was_left_not_the_replicas_own_usage(
     the limit's third less its own 290 (43), and a request beyond its room but within
     the 710 is refused to retry soon, not for the day."""
     pols = policies(prompt_tokens_per_day=1000)
-    replicas = [make(pols, f"r{i}", replicas=3) for i in range(3)]
-    for replica in replicas:
-        await replica.restore([], time.time())
-        await replica.contribute()  # the store's budgets whole before the first admission
-    spent = await replicas[0].reserve(ACME, Cost(290, 0), time.time())
-    assert spent.ticket is not None
-    await replicas[0].settle(spent.ticket, Cost(290, 0), time.time())
-    for replica in replicas:
-        assert await replica.beat(15) is not None
+    replicas = await three_after_290(make, pols)
     redis_store.kill()
     r0 = replicas[0]
     first = await r0.reserve(ACME, Cost(200, 0), time.time())
