@@ -361,3 +361,37 @@ async def test_review2_a_settlement_cancelled_before_it_is_sent_still_counts(
     after = await limiter.reserve(ACME, Cost(0, 0), time.time())
     assert after.tokens is not None
     assert after.tokens.remaining == 200, (after.tokens, limiter.shared.sending)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review2 D1: the docs (reliability.md, README, --limits-reservation-ttl) say "
+    "the holds are renewed every TTL / 3 (200 s by default); the heartbeat loop renews "
+    "every min(heartbeat, TTL / 3): every 5 s by default, 40 times as often",
+)
+async def test_review2_holds_are_renewed_every_third_of_the_ttl_as_documented(
+    make: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Time scaled down (a 0.05 s heartbeat, a 3 s TTL: TTL / 3 = 1 s): over 0.35 s the
+    heartbeat task renews the holds once (at its start), as documented, not every
+    heartbeat (7 times)."""
+    from proxy.serving import limitsstore
+
+    monkeypatch.setattr(limitsstore, "HEARTBEAT_SECONDS", 0.05)
+    limiter = make(policies(concurrency=1), "r0", replicas=1)
+    limiter.shared.reservation_ttl = 3.0
+    renewals = 0
+    renew = limiter.renew
+
+    async def counted() -> int | None:
+        nonlocal renewals
+        renewals += 1
+        return await renew()
+
+    monkeypatch.setattr(limiter, "renew", counted)
+    ctx = limitsstore.store_context(limiter, journaled=False)(None)
+    await ctx.__anext__()
+    await asyncio.sleep(0.35)
+    with contextlib.suppress(StopAsyncIteration):
+        await ctx.__anext__()
+    assert renewals <= 1, f"{renewals} renewals in 0.35 s with a 3 s TTL"
