@@ -435,3 +435,58 @@ async def test_review2_the_rebuild_keeps_the_total_within_the_budget(
             admitted += 10 if decision.ticket is not None else 0
     assert replicas[1].fail_admissions[FailMode.LOCAL] > 0  # by the share: rebuilding
     assert 290 + admitted <= 300, f"{admitted} admitted while the store was rebuilt"
+
+
+def cut_off(limiter: GuardedLimiter, cut: bool) -> None:
+    """The store skipped (the breaker open: unreachable for this replica), or back."""
+    limiter.breaker.count = limiter.breaker.failures if cut else 0
+    limiter.breaker.open_until = time.monotonic() + 600 if cut else 0.0
+
+
+async def spend_locally(limiter: GuardedLimiter) -> int:
+    """Admit and bill 10-token requests until refused; the tokens admitted."""
+    admitted = 0
+    for _ in range(40):
+        decision = await limiter.reserve(ACME, Cost(10, 0), time.time())
+        if decision.ticket is None:
+            break
+        await limiter.settle(decision.ticket, Cost(10, 0), time.time())
+        admitted += 10
+    return admitted
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review2 F9: a remainder read after an outage leaves out what the replicas "
+    "that have not contributed yet admitted locally; the next outage divides it again",
+)
+async def test_review2_a_second_outage_does_not_spend_what_the_first_spent(
+    make: Make,
+) -> None:
+    """300 tokens a day, three replicas; the heartbeats read 300 left. Outage 1: each
+    admits its 100 locally (the budget is spent). The store answers r0 and r2 again for
+    a moment: each contributes and its heartbeat reads what is left, in turn; r1 has not
+    contributed yet (its heartbeat not come round). Outage 2: nothing is left, so nothing
+    more may be admitted (before: r0 read 200 left, r1's and r2's 100 missing, r2 read
+    100, r1's missing; they admit a third of those: 60 + 30, 390 of 300)."""
+    pols = policies(prompt_tokens_per_day=300)
+    replicas = [make(pols, f"r{i}", replicas=3) for i in range(3)]
+    for replica in replicas:
+        await replica.restore([], time.time())
+        await replica.contribute()
+    for replica in replicas:
+        assert await replica.beat(15) is not None
+        assert replica.left  # the remainder each keeps for an outage
+    for replica in replicas:
+        cut_off(replica, True)
+    first = sum([await spend_locally(replica) for replica in replicas])
+    assert first == 300
+    r0, _, r2 = replicas  # r1 stays cut off
+    for replica in (r0, r2):  # back for a moment, for these two
+        cut_off(replica, False)
+        await replica.contribute()
+        assert await replica.beat(15) is not None
+        cut_off(replica, True)
+    each = [await spend_locally(replica) for replica in replicas]
+    second = sum(each)
+    assert first + second <= 300, f"{first + second} admitted of 300 (outage 2: {each})"
