@@ -95,15 +95,18 @@ def store_context(
         async def beat() -> None:
             loop = asyncio.get_running_loop()
             # the holds of requests in flight are extended well before their TTL ends
-            every = min(HEARTBEAT_SECONDS, limiter.shared.reservation_ttl / RENEWALS_PER_TTL)
-            due = loop.time()
+            renewal = limiter.shared.reservation_ttl / RENEWALS_PER_TTL
+            beat_due = renew_due = loop.time()
             while True:
-                if loop.time() >= due:
-                    due = loop.time() + HEARTBEAT_SECONDS
+                now = loop.time()
+                if now >= beat_due:
+                    beat_due = now + HEARTBEAT_SECONDS
                     count = await limiter.beat(3 * HEARTBEAT_SECONDS)
                     log.debug("limits_replicas", live=count, dividing_by=limiter.replicas)
-                await limiter.renew()
-                await asyncio.sleep(every)
+                if now >= renew_due:
+                    renew_due = now + renewal
+                    await limiter.renew()
+                await asyncio.sleep(max(min(beat_due, renew_due) - loop.time(), 0.0))
 
         task = asyncio.get_running_loop().create_task(beat())
         yield

@@ -20,7 +20,7 @@ from proxy.limits.limiter import Cost, Decision, Refusal, Ticket, Usage, Who
 from proxy.limits.policy import FailMode, Limit, Policies, Unit
 from proxy.limits.shares import ShareLimiter
 from proxy.metrics import Metrics
-from proxy.serving.sharedlimits import Rebuilding, RedisLimiter, Taken
+from proxy.serving.sharedlimits import GENERATION_SECONDS, Rebuilding, RedisLimiter, Taken
 
 log = structlog.get_logger("proxy.serving.storeguard")
 T = TypeVar("T")
@@ -233,7 +233,7 @@ class GuardedLimiter:
         each in a slot); one that fails is kept for the next time."""
         keys = [k for k, (t, _, _) in self.missed.items() if tenant in (None, t.who.tenant)]
         for key in keys:
-            end = self.missed.pop(key, None)
+            end = self.missed.get(key)
             if end is None:
                 continue
             ticket, billed, mode = end
@@ -246,8 +246,9 @@ class GuardedLimiter:
                     await self._call(op, self.shared.finish(ticket, billed, mode))
             except STORE_ERRORS as exc:
                 self._failed(op, exc)
-                self.missed.setdefault(key, end)
                 return
+            # kept until sent: an admission's timeout (a cancellation) leaves it here
+            self.missed.pop(key, None)
 
     def _contribute_soon(self) -> None:
         if self.restored and (self._syncing is None or self._syncing.done()):
@@ -436,11 +437,18 @@ class GuardedLimiter:
                     await self._call(mode, self.shared.finish(ticket, billed, mode))
             except STORE_ERRORS as exc:
                 self._failed(mode, exc)
+            except BaseException:  # cancelled (shutdown): kept to send, as a failure is
+                self._unconfirmed(ticket, billed, mode, settle)
+                raise
             else:
                 self._back()
                 return
-        # a settlement the store did not confirm is in this replica's part from now on
-        # (contributed as its total), and sent again ``late`` (see RedisLimiter.finish)
+        self._unconfirmed(ticket, billed, mode, settle)
+
+    def _unconfirmed(self, ticket: Ticket, billed: Cost, mode: str, settle: bool) -> None:
+        """An end the store did not confirm: a settlement is in this replica's part from
+        now on (contributed as its total) and sent again ``late``, a release again as it
+        is (see RedisLimiter.finish)."""
         self.shared.sending.pop(getattr(ticket, "id", ""), None)
         self._miss(ticket, billed, "late" if settle else mode)
         self.dirty = self.dirty or settle
@@ -523,6 +531,8 @@ class GuardedLimiter:
                     pipe.zcard(shared.registry_key)
                     pipe.expire(shared.registry_key, int(ttl) + 1)
                     pipe.hmget(shared.generation_key, "id", "c:" + shared.replica, "complete")
+                    # alive while a replica beats (no-op on a marker that is gone)
+                    pipe.expire(shared.generation_key, GENERATION_SECONDS)
                     result = await pipe.execute()
                 went_back = await shared.went_back()
         except STORE_ERRORS as exc:
