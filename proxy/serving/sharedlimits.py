@@ -29,7 +29,7 @@ to): a store that restarts empty is rebuilt by every replica contributing its jo
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,6 +96,7 @@ class StoreTicket(Ticket):
     parts: list[Taken] = field(default_factory=list)
     noted: bool = False  # its billed units are in this replica's history
     by_share: bool = False  # made while the generation was incomplete, by the share
+    generation: str | None = None  # the store's generation it was reserved in
 
 
 class RedisLimiter:
@@ -124,6 +125,7 @@ class RedisLimiter:
         # id): left out of this replica's part until it has answered (``own``)
         self.sending: dict[str, tuple[Who, Cost, float]] = {}
         self.live: dict[str, StoreTicket] = {}  # reserved in the store, not yet ended
+        self.generation: str | None = None  # the store's generation last contributed to
         # the budgets the limits file names, for these policies, until a period ends
         self._named: tuple[Policies, float, list[Taken]] | None = None
         self._reserve: Any = client.register_script(RESERVE)
@@ -186,7 +188,7 @@ class RedisLimiter:
             for who, cost, at in self.sending.values()
             if matches(part.scope, who) and part.start <= bucket_of(at) < part.span
         )
-        return billed + held - sending
+        return billed + held - sending + self.orphaned(part)
 
     async def reserve(self, who: Who, cost: Cost, now: float) -> Decision:
         return (await self.reserve_by(who, cost, now, 0))[0]
@@ -246,6 +248,7 @@ class RedisLimiter:
             )
             return Decision(None, refusal, *headers), by_share
         ticket = StoreTicket(who, cost, id=rid, parts=parts, by_share=by_share)
+        ticket.generation = self.generation
         ticket.taken = [(p.scope, p.limit.name, p.limit.unit) for p in parts]
         if any(p.kind != "r" for p in parts):  # holds to keep while the request lives
             self.live[rid] = ticket
@@ -348,6 +351,7 @@ class RedisLimiter:
     def budgets(self, now: float) -> list[Taken]:
         """Every budget of this period this replica has a part in (billed or held)."""
         whos = set(self.history.whos()) | {t.who for t in self.holds.values()}
+        whos |= {t.who for t in self.live.values()}
         found: dict[str, Taken] = {}
         for who in whos:
             for part in self.parts(who, now):
@@ -393,11 +397,30 @@ class RedisLimiter:
         keys = [self.generation_key, self.registry_key] + [p.key for p in parts]
         args: list[Any] = [self.replica, known, self.grace, GENERATION_SECONDS]
         args += [uuid.uuid4().hex, len(parts)]
+        args.append(self.generation or "")
         for part in parts:
-            args += [self.own(part), part.span + BUDGET_GRACE_SECONDS]
+            own = self.own(part)
+            # in a generation new to this replica, every request in flight it reserved in
+            # the store is in its part: the store that held those reservations is gone
+            fresh = own - self.orphaned(part) + self.in_flight(part, lambda _: True)
+            args += [own, fresh, part.span + BUDGET_GRACE_SECONDS]
         out = await self._sync(keys=keys, args=args)
         generation = out[0].decode() if isinstance(out[0], bytes) else str(out[0])
+        self.generation = generation
         return Synced(generation, bool(int(out[1])), bool(int(out[2])), len(parts))
+
+    def orphaned(self, part: Taken) -> int:
+        """What the requests in flight this replica reserved in a store state that is gone
+        (a generation before the current one) hold of a budget."""
+        return self.in_flight(part, lambda t: t.generation != self.generation)
+
+    def in_flight(self, part: Taken, which: Callable[[StoreTicket], bool]) -> int:
+        unit = part.limit.unit
+        return sum(
+            t.cost.of(unit)
+            for t in self.live.values()
+            if t.open and which(t) and matches(part.scope, t.who)
+        )
 
     async def restore(self, history: Iterable[Usage], now: float) -> int:
         taken = 0

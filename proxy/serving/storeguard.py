@@ -20,7 +20,13 @@ from proxy.limits.limiter import Cost, Decision, Refusal, Ticket, Usage, Who
 from proxy.limits.policy import FailMode, Limit, Policies, Unit
 from proxy.limits.shares import ShareLimiter
 from proxy.metrics import Metrics
-from proxy.serving.sharedlimits import GENERATION_SECONDS, Rebuilding, RedisLimiter, Taken
+from proxy.serving.sharedlimits import (
+    GENERATION_SECONDS,
+    Rebuilding,
+    RedisLimiter,
+    StoreTicket,
+    Taken,
+)
 
 log = structlog.get_logger("proxy.serving.storeguard")
 T = TypeVar("T")
@@ -430,7 +436,12 @@ class GuardedLimiter:
             self._stale = True  # a settlement after an outage began counts in its share
             self._beyond_reserved(ticket, billed)
         mode = "settle" if settle else "release"
+        orphan = isinstance(ticket, StoreTicket) and ticket.generation != self.shared.generation
         self.shared.ended(ticket)  # else the store's reservation expires by its TTL
+        if orphan:  # reserved in a store state that is gone: it was in this replica's part
+            self.shared.sending.pop(getattr(ticket, "id", ""), None)  # its bill is, now
+            mode = "late" if settle else mode
+            self.dirty = True
         if self.breaker.allows(self._clock()):
             try:
                 async with self.slots:
@@ -442,6 +453,13 @@ class GuardedLimiter:
                 raise
             else:
                 self._back()
+                if orphan:
+                    self._contribute_soon()
+                if settle and _crossed(ticket, now):
+                    # the store added it to the period it was reserved in; the journal
+                    # bills it in this one: this replica's part of it, at once
+                    self.dirty = True
+                    await self.contribute(now)
                 return
         self._unconfirmed(ticket, billed, mode, settle)
 
@@ -473,13 +491,14 @@ class GuardedLimiter:
         if self.breaker.allows(self._clock()):
             self._contribute_soon()
 
-    async def contribute(self) -> bool:
-        """Contribute this replica's part of every budget to the store now (one sync at a
-        time); whether the store's budgets are whole."""
+    async def contribute(self, now: float | None = None) -> bool:
+        """Contribute this replica's part of every budget (of the periods ``now`` is in)
+        to the store now (one sync at a time); whether the store's budgets are whole."""
         if not self.restored:
             return False
         if self._syncing is None or self._syncing.done():
-            self._syncing = asyncio.get_running_loop().create_task(self._sync(time.time()))
+            at = time.time() if now is None else now
+            self._syncing = asyncio.get_running_loop().create_task(self._sync(at))
         return await asyncio.shield(self._syncing)
 
     async def _sync(self, now: float) -> bool:
@@ -620,3 +639,9 @@ class GuardedLimiter:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         await self.shared.client.aclose()
+
+
+def _crossed(ticket: Ticket, now: float) -> bool:
+    """Whether a store reservation is settled after a budget period it was reserved in
+    ended (a stream across midnight)."""
+    return any(p.kind == "b" and not p.start <= now < p.span for p in getattr(ticket, "parts", ()))

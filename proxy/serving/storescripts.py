@@ -242,9 +242,14 @@ if redis.call('EXISTS', gen) == 0 then
   redis.call('HSET', gen, 'id', new_id, 'since', string.format('%.17g', now), 'expect', 0)
   created = 1
 end
+-- a replica that knew another generation (or none) contributes its part with the
+-- requests it has in flight: their holds were in the store state that is gone
+local fresh = redis.call('HGET', gen, 'id') ~= ARGV[7]
 for i = 1, n do
-  local a = 6 + (i - 1) * 2
-  contribute(KEYS[2 + i], replica, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]))
+  local a = 7 + (i - 1) * 3
+  local own = tonumber(ARGV[a + 1])
+  if fresh then own = tonumber(ARGV[a + 2]) end
+  contribute(KEYS[2 + i], replica, own, tonumber(ARGV[a + 3]))
 end
 redis.call('HSET', gen, 'c:' .. replica, '1')
 if known > tonumber(redis.call('HGET', gen, 'expect') or '0') then

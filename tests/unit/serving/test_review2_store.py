@@ -147,11 +147,6 @@ async def warm(limiter: GuardedLimiter) -> None:
     await limiter.release(decision.ticket, time.time())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review2 F1: a store restarted empty forgets the holds of requests admitted "
-    "through it and still in flight; the rebuild (journals + local holds) leaves them out",
-)
 async def test_review2_a_request_in_flight_when_the_store_restarts_empty_still_holds(
     make: Make, redis_store: Store
 ) -> None:
@@ -258,13 +253,6 @@ async def test_review2_a_missed_release_survives_an_admission_timeout(
     assert after.ticket is not None, (after.refusal, limiter.missed)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review2 F5: a settlement after its period ended adds its units to the period "
-    "it was reserved in, while the journal (and the in-process limiter) bill it in the "
-    "new one: the new period's budget in the store lacks them until the replica's next "
-    "contribution to it",
-)
 async def test_review2_a_settlement_across_the_period_end_counts_in_the_new_period(
     make: Make,
 ) -> None:

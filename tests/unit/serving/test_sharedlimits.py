@@ -224,6 +224,7 @@ async def test_a_settlement_whose_answer_was_lost_counts_once(
         decision = await lim.reserve(ACME, Cost(40, 0), now)
         assert decision.ticket is not None
         lim.note(decision.ticket, Cost(30, 0), now)
+        lim.ended(decision.ticket)
         if reached:  # the store did it; the answer was lost
             await lim.finish(decision.ticket, Cost(30, 0), "settle")
         lim.sending.pop(decision.ticket.id, None)  # the sending over, failed
