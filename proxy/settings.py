@@ -278,7 +278,8 @@ class Settings(BaseSettings):
         description="While the limits store is unreachable, or rebuilding after it was found "
         "empty: closed (503, nothing forwarded), open (admit, count), local (each replica "
         "enforces its share: what the store last said was left of a budget / replicas, "
-        "else limit / replicas); a tenant's fail_mode in the limits file overrides it.",
+        "at most limit / replicas against its own usage); a tenant's fail_mode in the "
+        "limits file overrides it.",
     )
     limits_replicas: int = Field(
         0,

@@ -4,10 +4,13 @@ budgets divide what was *left* of each budget in the store when it last said so,
 this replica has heard it, rather than the whole limit.
 
 A budget with such a remainder admits ``floor(remainder / replicas)`` against what this
-replica admitted without the store since the store said it; one without (never answered
-by the store, or a new period) falls back to the limit's share against this replica's own
-usage in the period (``meters.BudgetMeter``). Rates and concurrency keep dividing the
-limit: their windows refill, and a gate's holders end.
+replica admitted without the store since the store said it, and never more than the
+limit's share against this replica's own usage in the period (``meters.BudgetMeter``):
+a remainder is as old as the store's last answer to this replica, and the others may
+have spent from it since, while the limit's share is exact when the replicas' usage is
+even. One without a remainder (never answered by the store, or a new period) has the
+limit's share alone. Rates and concurrency keep dividing the limit: their windows
+refill, and a gate's holders end.
 """
 
 from __future__ import annotations
@@ -50,10 +53,11 @@ class ShareMeter(BudgetMeter):
     def wait(self, cost: int, now: float) -> float:
         self._current(now)
         left = self._left_in(self.start)
+        whole = super().wait(cost, now)  # the limit's share against own usage
         if left is None or cost > self.amount:
-            return super().wait(cost, now)
+            return whole
         room, remainder = left
-        if cost <= room:
+        if cost <= room and whole == 0.0:
             return 0.0
         if cost <= remainder:  # within what the store had left: maybe once it answers
             return min(HELD_RETRY_SECONDS, self.end - now)
@@ -62,9 +66,10 @@ class ShareMeter(BudgetMeter):
     def standing(self, now: float) -> tuple[int, int, float]:
         self._current(now)
         left = self._left_in(self.start)
+        amount, remaining, reset = super().standing(now)
         if left is None:
-            return super().standing(now)
-        return self.amount, max(left[0], 0), self.end - now
+            return amount, remaining, reset
+        return self.amount, max(min(left[0], remaining), 0), self.end - now
 
 
 class ShareLimiter(InProcessLimiter):

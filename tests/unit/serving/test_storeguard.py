@@ -359,25 +359,27 @@ async def test_local_mode_divides_what_was_left_not_the_replicas_own_usage(
     make: Make, redis_store: Store
 ) -> None:
     """1,000 tokens a day, three replicas; r0 billed 290 through the store and the
-    heartbeats read 710 left. In the outage r0 may admit a third of those 710 (236), not
-    the limit's third less its own 290 (43), and a request beyond its room but within
-    the 710 is refused to retry soon, not for the day."""
+    heartbeats read 710 left. In the outage r1 (which billed nothing) may admit a third of
+    those 710 (236), not the limit's third (333), and a request beyond its room but
+    within the 710 is refused to retry soon, not for the day; r0 is held to the smaller
+    of its two shares: the limit's third less its own 290 (43)."""
     pols = policies(prompt_tokens_per_day=1000)
     replicas = await three_after_290(make, pols)
     redis_store.kill()
-    r0 = replicas[0]
-    first = await r0.reserve(ACME, Cost(200, 0), time.time())
+    r0, r1 = replicas[0], replicas[1]
+    first = await r1.reserve(ACME, Cost(200, 0), time.time())
     assert first.ticket is not None
     assert first.tokens is not None
     assert first.tokens.remaining == 36
-    assert first.ticket is not None
-    await r0.settle(first.ticket, Cost(150, 0), time.time())  # billed less than held
-    second = await r0.reserve(ACME, Cost(86, 0), time.time())
+    await r1.settle(first.ticket, Cost(150, 0), time.time())  # billed less than held
+    second = await r1.reserve(ACME, Cost(86, 0), time.time())
     assert second.ticket is not None
-    beyond = await r0.reserve(ACME, Cost(1, 0), time.time())
+    beyond = await r1.reserve(ACME, Cost(1, 0), time.time())
     assert beyond.refusal is not None
     assert 0 < beyond.refusal.wait <= 1.0
     assert not beyond.refusal.distant
+    assert (await r0.reserve(ACME, Cost(44, 0), time.time())).ticket is None
+    assert (await r0.reserve(ACME, Cost(43, 0), time.time())).ticket is not None
 
 
 async def test_a_heartbeat_does_not_forget_admissions_the_store_has_not_seen(

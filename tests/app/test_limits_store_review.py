@@ -416,11 +416,6 @@ async def spend_locally(limiter: GuardedLimiter) -> int:
     return admitted
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review2 F9: a remainder read after an outage leaves out what the replicas "
-    "that have not contributed yet admitted locally; the next outage divides it again",
-)
 async def test_review2_a_second_outage_does_not_spend_what_the_first_spent(
     make: Make,
 ) -> None:
