@@ -33,6 +33,11 @@ def matches(scope: tuple[str, ...], who: Who) -> bool:
     return True
 
 
+def bucket_of(at: float) -> int:
+    """The quarter hour ``at`` falls in: the bucket a history keeps it in."""
+    return int(at // BUCKET_SECONDS) * BUCKET_SECONDS
+
+
 class History:
     """Billed units per (tenant, model, key) and quarter hour, since the oldest period
     any budget can be in; kept by tenant, so a budget reads only its own tenant's rows."""
@@ -41,8 +46,7 @@ class History:
         self._rows: dict[str, dict[Who, dict[int, list[int]]]] = defaultdict(dict)
 
     def note(self, who: Who, cost: Cost, at: float) -> None:
-        bucket = int(at // BUCKET_SECONDS) * BUCKET_SECONDS
-        row = self._rows[who.tenant].setdefault(who, {}).setdefault(bucket, [0, 0, 0])
+        row = self._rows[who.tenant].setdefault(who, {}).setdefault(bucket_of(at), [0, 0, 0])
         row[0] += cost.prompt
         row[1] += cost.completion
         row[2] += cost.requests

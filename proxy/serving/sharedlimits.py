@@ -38,7 +38,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from proxy.limits.limiter import Cost, Decision, Refusal, Standing, Ticket, Usage, Who
-from proxy.limits.memory import BUCKET_SECONDS, History, matches
+from proxy.limits.memory import History, bucket_of, matches
 from proxy.limits.meters import GATE_RETRY_SECONDS, HELD_RETRY_SECONDS
 from proxy.limits.periods import period
 from proxy.limits.policy import RATE_SECONDS, Limit, Policies
@@ -362,10 +362,8 @@ class RedisLimiter:
     def watched(self, now: float) -> list[Taken]:
         """The budgets of this period whose remainder this replica keeps for an outage:
         every budget the limits file names (its tenants', their models' and keys'), and
-        every one this replica has a part in, or a reservation at."""
+        every one this replica has a part in, or a reservation at (``budgets``)."""
         found = {p.key: p for p in self.budgets(now)}
-        for who in {t.who for t in self.live.values()}:
-            found.update((p.key, p) for p in self.parts(who, now) if p.kind == "b")
         for part in self._named_budgets(now):
             found.setdefault(part.key, part)
         return list(found.values())
@@ -428,11 +426,6 @@ class RedisLimiter:
             self.history.note(usage.who, usage.cost, usage.at)
             taken += 1
         return taken
-
-
-def bucket_of(at: float) -> int:
-    """The history's bucket ``at`` falls in (``proxy.limits.memory.History``)."""
-    return int(at // BUCKET_SECONDS) * BUCKET_SECONDS
 
 
 def _standings(

@@ -243,7 +243,7 @@ class GuardedLimiter:
             if end is None:
                 continue
             ticket, billed, mode = end
-            op = "release" if mode == "release" else "settle"
+            op = _op(mode)
             try:
                 if tenant is None:
                     async with self.slots:
@@ -445,9 +445,9 @@ class GuardedLimiter:
         if self.breaker.allows(self._clock()):
             try:
                 async with self.slots:
-                    await self._call(mode, self.shared.finish(ticket, billed, mode))
+                    await self._call(_op(mode), self.shared.finish(ticket, billed, mode))
             except STORE_ERRORS as exc:
-                self._failed(mode, exc)
+                self._failed(_op(mode), exc)
             except BaseException:  # cancelled (shutdown): kept to send, as a failure is
                 self._unconfirmed(ticket, billed, mode, settle)
                 raise
@@ -639,6 +639,12 @@ class GuardedLimiter:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         await self.shared.client.aclose()
+
+
+def _op(mode: str) -> str:
+    """The store operation an end is counted as (metrics, logs): a ``late`` settlement is
+    a settlement."""
+    return "release" if mode == "release" else "settle"
 
 
 def _crossed(ticket: Ticket, now: float) -> bool:
