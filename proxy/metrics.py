@@ -347,14 +347,27 @@ SPECS: dict[str, _Spec] = {
     "fail_admissions": _Spec(
         Counter,
         "usage_proxy_limits_fail_mode_admissions",
-        "Admissions decided by the fail mode, not the store, by mode and reason "
-        "(unreachable, or rebuilding: the store was found empty).",
+        "Requests decided by the fail mode, not the store, by mode and reason (unreachable; "
+        "rebuilding: the store was found empty; and local mode's refusals of what it cannot "
+        "divide: replicas_unknown, no_remainder).",
         ("mode", "reason"),
     ),
     "store_rebuilds": _Spec(
         Counter,
         "usage_proxy_limits_store_rebuilds",
         "Times this replica found the limits store empty and started a rebuild.",
+    ),
+    "store_replicas": _Spec(
+        Gauge,
+        "usage_proxy_limits_store_replicas",
+        "The replica count local fail mode divides by, as of the last heartbeat (0: not "
+        "known yet; limited tenants in local mode are refused while the store cannot answer).",
+    ),
+    "store_remainders": _Spec(
+        Gauge,
+        "usage_proxy_limits_store_remainders",
+        "Budgets this replica holds a remainder of (what the store last said was left), "
+        "which local fail mode divides; a budget without one is refused in an outage.",
     ),
 }
 
@@ -409,6 +422,8 @@ class Metrics:
     store_breaker: Gauge
     fail_admissions: Counter
     store_rebuilds: Counter
+    store_replicas: Gauge
+    store_remainders: Gauge
 
     def __init__(
         self,

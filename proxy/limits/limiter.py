@@ -62,7 +62,8 @@ class Refusal:
     cost: int
     amount: int
     budget: bool = False
-    unavailable: bool = False  # the shared store is unreachable and the fail mode is closed
+    unavailable: bool = False  # the shared store cannot answer and the fail mode refuses
+    why: str = ""  # what an unavailable refusal tells the client
 
     @property
     def alone(self) -> bool:

@@ -1,16 +1,16 @@
 """A replica's share of the limits while the shared store cannot answer (``local`` fail
 mode): the in-process limiter on the limits divided by the replica count, whose calendar
-budgets divide what was *left* of each budget in the store when it last said so, when
-this replica has heard it, rather than the whole limit.
+budgets divide what was *left* of each budget in the store when it last said so, rather
+than the whole limit.
 
-A budget with such a remainder admits ``floor(remainder / replicas)`` against what this
-replica admitted without the store since the store said it, and never more than the
-limit's share against this replica's own usage in the period (``meters.BudgetMeter``):
-a remainder is as old as the store's last answer to this replica, and the others may
-have spent from it since, while the limit's share is exact when the replicas' usage is
-even. One without a remainder (never answered by the store, or a new period) has the
-limit's share alone. Rates and concurrency keep dividing the limit: their windows
-refill, and a gate's holders end.
+A budget admits ``floor(remainder / replicas)`` against what this replica admitted
+without the store since the store said it, and never more than the limit's share against
+this replica's own usage in the period (``meters.BudgetMeter``): a remainder is as old as
+the store's last answer to this replica, and the others may have spent from it since,
+while the limit's share is exact when the replicas' usage is even. A budget without a
+remainder admits nothing (the guard refuses it first: whatever the others spent is not
+known). Rates and concurrency keep dividing the limit: their windows refill, and a gate's
+holders end.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ TookOf = Callable[[tuple[str, ...], Limit, float, int], None]
 
 class ShareMeter(BudgetMeter):
     """A budget in local fail mode: this replica's share of the remainder the store last
-    told (``left_in``), else of the whole limit against its own usage (the base meter,
+    told (``left_in``), and of the whole limit against its own usage (the base meter,
     whose counters are kept either way). What it takes is told to ``took_in``, which
     counts it against the remainder (before the standing is read)."""
 
@@ -54,8 +54,10 @@ class ShareMeter(BudgetMeter):
         self._current(now)
         left = self._left_in(self.start)
         whole = super().wait(cost, now)  # the limit's share against own usage
-        if left is None or cost > self.amount:
+        if cost > self.amount:
             return whole
+        if left is None:  # nothing known to divide: maybe once the store answers
+            return max(whole, min(HELD_RETRY_SECONDS, self.end - now))
         room, remainder = left
         if cost <= room and whole == 0.0:
             return 0.0

@@ -140,11 +140,8 @@ class Admission:
         )
         where = f"{refusal.limit} of {':'.join(refusal.scope)}"
         if refusal.unavailable:
-            return error_response(
-                503,
-                "The limits store is unreachable and this tenant's limits fail closed; "
-                "please try again later.",
-            )
+            why = refusal.why or "the limits store cannot answer for this tenant's limits"
+            return error_response(503, f"{why[0].upper()}{why[1:]}; please try again later.")
         if refusal.alone:
             why = (
                 " It sets no completion cap, so its completion is priced at what the "

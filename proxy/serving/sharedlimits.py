@@ -23,7 +23,12 @@ The store is a cache of the journals. Each replica's part of a budget is its own
 journal's total for the period, so a replica writes it as a total (raised, never added
 to): a store that restarts empty is rebuilt by every replica contributing its journal
 (``sync``), and no reservation is made on it until the generation is complete (see
-``storescripts``): meanwhile the replicas admit in their fail mode, by their share.
+``storescripts``): meanwhile the replicas admit in their fail mode.
+
+A reservation whose answer was lost is cancelled by its id (``finish`` with ``cancel``); a
+settlement whose sending failed is in this replica's total from then on, and the next
+contribution to carry it claims its id (``unclaimed``), so that its first sending, should
+it still reach the store, adds nothing.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from proxy.limits.memory import History, bucket_of, matches
 from proxy.limits.meters import GATE_RETRY_SECONDS, HELD_RETRY_SECONDS
 from proxy.limits.periods import period
 from proxy.limits.policy import RATE_SECONDS, Limit, Policies
-from proxy.serving.storescripts import END, RENEW, RESERVE, STAMP, SYNC
+from proxy.serving.storescripts import BEAT, END, RENEW, RESERVE, STAMP, SYNC
 
 log = structlog.get_logger("proxy.serving.sharedlimits")
 
@@ -76,6 +81,19 @@ class Synced:
 
 
 @dataclass(frozen=True, slots=True)
+class Beat:
+    """What a heartbeat read: the live replicas, how long this one has stayed in the
+    registry, the store's time, and this replica's view of the generation marker."""
+
+    count: int
+    stayed: float  # seconds since this replica's current stay in the registry began
+    now: float  # the store's clock
+    generation: str | None
+    contributed: bool  # whether this replica has contributed to that generation
+    complete: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Taken:
     """One level's part of a reservation in the store."""
 
@@ -95,7 +113,6 @@ class StoreTicket(Ticket):
     id: str = ""
     parts: list[Taken] = field(default_factory=list)
     noted: bool = False  # its billed units are in this replica's history
-    by_share: bool = False  # made while the generation was incomplete, by the share
     generation: str | None = None  # the store's generation it was reserved in
 
 
@@ -125,6 +142,9 @@ class RedisLimiter:
         # id): left out of this replica's part until it has answered (``own``)
         self.sending: dict[str, tuple[Who, Cost, float]] = {}
         self.live: dict[str, StoreTicket] = {}  # reserved in the store, not yet ended
+        # settlements whose sending failed (in this replica's total from then on) that no
+        # contribution has carried yet: the next one to carry them claims their ids
+        self.unclaimed: dict[str, StoreTicket] = {}
         self.generation: str | None = None  # the store's generation last contributed to
         # the budgets the limits file names, for these policies, until a period ends
         self._named: tuple[Policies, float, list[Taken]] | None = None
@@ -133,6 +153,7 @@ class RedisLimiter:
         self._sync: Any = client.register_script(SYNC)
         self._renew: Any = client.register_script(RENEW)
         self._stamp: Any = client.register_script(STAMP)
+        self._beat: Any = client.register_script(BEAT)
 
     @property
     def generation_key(self) -> str:
@@ -141,6 +162,13 @@ class RedisLimiter:
     @property
     def registry_key(self) -> str:
         return f"{self.namespace}:replicas"
+
+    @property
+    def joined_key(self) -> str:
+        return f"{self.namespace}:joined"
+
+    def done_key(self, rid: str) -> str:
+        return f"{self.namespace}:done:{rid}"
 
     def replace(self, policies: Policies) -> None:
         self.policies = policies
@@ -191,28 +219,27 @@ class RedisLimiter:
         return billed + held - sending + self.orphaned(part)
 
     async def reserve(self, who: Who, cost: Cost, now: float) -> Decision:
-        return (await self.reserve_by(who, cost, now, 0))[0]
+        return await self.reserve_ticket(self.ticket(who, cost, now))
 
-    async def reserve_by(
-        self,
-        who: Who,
-        cost: Cost,
-        now: float,
-        share: int,
-        left: dict[str, tuple[int, float, Taken]] | None = None,
-    ) -> tuple[Decision, bool]:
-        """The store's decision, and whether it was made by this replica's share (the
-        generation incomplete, ``share``: the replica count to divide budgets by; 0:
-        raise ``Rebuilding`` instead). ``left`` gets what is left in the store of each
-        budget (by its key; not when answered by the share), this request included, and
-        the store's time of the answer."""
-        parts = self.parts(who, now)
+    def ticket(self, who: Who, cost: Cost, now: float) -> StoreTicket:
+        """A reservation to ask the store for: its id (to cancel it by, should its answer
+        be lost) and every limit that applies to ``who``."""
+        return StoreTicket(who, cost, id=uuid.uuid4().hex, parts=self.parts(who, now))
+
+    async def reserve_ticket(
+        self, ticket: StoreTicket, left: dict[str, tuple[int, float, Taken]] | None = None
+    ) -> Decision:
+        """The store's decision on ``ticket`` (one round trip). ``left`` gets what is left
+        in the store of each budget (by its key), this request included, and the store's
+        time of the answer."""
+        who, cost, parts = ticket.who, ticket.cost, ticket.parts
         if not parts:
-            return Decision(Ticket(who, cost), None, None, None), False
-        rid = uuid.uuid4().hex
-        keys = [self.generation_key, self.registry_key]
-        args: list[Any] = [rid, self.reservation_ttl, self.replica, len(parts)]
-        args += [HELD_RETRY_SECONDS, GATE_RETRY_SECONDS, self.grace, share]
+            return Decision(Ticket(who, cost), None, None, None)
+        claims = [t.id for t in self.unclaimed.values() if t.who.tenant == who.tenant]
+        keys = [self.generation_key, self.registry_key, self.done_key(ticket.id)]
+        keys += [self.done_key(rid) for rid in claims]
+        args: list[Any] = [ticket.id, self.reservation_ttl, self.replica, len(parts)]
+        args += [HELD_RETRY_SECONDS, GATE_RETRY_SECONDS, self.grace, len(claims), DONE_SECONDS]
         for part in parts:
             keys += [part.key, part.holds]
             expire = part.span + BUDGET_GRACE_SECONDS if part.kind == "b" else 0
@@ -225,12 +252,14 @@ class RedisLimiter:
                 expire,
             ]
         out = await self._reserve(keys=keys, args=args)
+        if int(out[0]) == -2:
+            raise ResponseError(f"reservation {ticket.id} was cancelled before it arrived")
         if int(out[0]) < 0:
             raise Rebuilding(bool(int(out[1])))
+        self._claimed(claims)
         admitted, worst, worst_wait = int(out[0]), int(out[1]), float(out[2])
-        by_share = bool(int(out[3]))
-        standings = [(int(out[4 + 2 * i]), float(out[5 + 2 * i])) for i in range(len(parts))]
-        if left is not None and not by_share:
+        standings = [(int(out[3 + 2 * i]), float(out[4 + 2 * i])) for i in range(len(parts))]
+        if left is not None:
             for part, (remaining, reset) in zip(parts, standings, strict=True):
                 if part.kind == "b":  # its reset is its period's end less the store's time
                     left[part.key] = (remaining, part.span - reset, part)
@@ -246,13 +275,16 @@ class RedisLimiter:
                 limit.amount,
                 limit.budget,
             )
-            return Decision(None, refusal, *headers), by_share
-        ticket = StoreTicket(who, cost, id=rid, parts=parts, by_share=by_share)
+            return Decision(None, refusal, *headers)
         ticket.generation = self.generation
         ticket.taken = [(p.scope, p.limit.name, p.limit.unit) for p in parts]
         if any(p.kind != "r" for p in parts):  # holds to keep while the request lives
-            self.live[rid] = ticket
-        return Decision(ticket, None, *headers), by_share
+            self.live[ticket.id] = ticket
+        return Decision(ticket, None, *headers)
+
+    def _claimed(self, claims: list[str]) -> None:
+        for rid in claims:
+            self.unclaimed.pop(rid, None)
 
     async def settle(self, ticket: Ticket, billed: Cost, now: float) -> None:
         if not ticket.open:
@@ -284,6 +316,28 @@ class RedisLimiter:
         ticket.open = False
         self.live.pop(getattr(ticket, "id", ""), None)
 
+    async def beat(self, ttl: float) -> Beat:
+        """This replica alive in the registry (replicas silent for ``ttl`` dropped), the
+        generation marker kept alive (no-op on one that is gone) and read; one round
+        trip."""
+        async with self.client.pipeline(transaction=True) as pipe:
+            await self._beat(
+                keys=[self.registry_key, self.joined_key], args=[self.replica, ttl], client=pipe
+            )
+            pipe.hmget(self.generation_key, "id", "c:" + self.replica, "complete")
+            pipe.expire(self.generation_key, GENERATION_SECONDS)
+            result = await pipe.execute()
+        count, joined, now = result[0]
+        generation, mine, complete = (v.decode() if v else None for v in result[1])
+        return Beat(
+            int(count),
+            float(now) - float(joined),
+            float(now),
+            generation,
+            mine is not None,
+            complete == "1",
+        )
+
     async def went_back(self) -> bool:
         """Whether the store restarted with state from before its generation marker (a
         snapshot, a failover): the marker is then dropped, and the next contribution
@@ -311,27 +365,27 @@ class RedisLimiter:
             for part in ticket.parts:
                 if part.kind == "r":
                     continue
-                units = ticket.cost.of(part.limit.unit)
-                mine = part.kind == "b" and ticket.by_share
                 keys += [part.key, part.holds]
-                args.append(f"{rid}|{self.replica}|{units}" if mine else f"{rid}|{units}")
+                args.append(f"{rid}|{ticket.cost.of(part.limit.unit)}")
         if not keys:
             return 0, 0
         renewed = int(await self._renew(keys=keys, args=args))
         return renewed, len(args) - 1
 
-    async def finish(self, ticket: Ticket, billed: Cost, mode: str) -> None:
-        """End a store reservation, once per id (a retry, or one the store already did
-        before its answer was lost, changes nothing): ``settle`` adds its billed units to
-        this replica's part of each budget; ``release`` gives it all back; ``late`` is a
-        settlement sent again after its first sending failed: its billed units are in
-        this replica's part by then (contributed as its total, see ``own``), so it gives
-        the budgets' hold back and adds nothing to them (the rates are settled)."""
+    async def finish(self, ticket: Ticket, billed: Cost, mode: str) -> bool:
+        """End a store reservation; whether this was its id's first end. Its holds are
+        given back once whatever the mode; the first end of an id (or none, see
+        ``unclaimed``) adds units and gives rate capacity back: ``settle`` adds its billed
+        units to this replica's part of each budget; ``release`` gives it all back;
+        ``late`` is a settlement sent again after its first sending failed: its billed
+        units are in this replica's part by then (contributed as its total, see ``own``),
+        so it adds nothing; ``cancel`` ends a reservation whose answer was lost (it may
+        never have been made): its holds given back, the reservation refused should it
+        arrive later, its rates left as they are (they refill)."""
         if not isinstance(ticket, StoreTicket) or not ticket.parts:
-            return
-        keys = [f"{self.namespace}:done:{ticket.id}"]
+            return False
+        keys = [self.done_key(ticket.id)]
         args: list[Any] = [ticket.id, self.replica, len(ticket.parts), DONE_SECONDS, mode]
-        args.append(int(ticket.by_share))
         for part in ticket.parts:
             keys += [part.key, part.holds]
             unit = part.limit.unit
@@ -344,9 +398,11 @@ class RedisLimiter:
                 part.span + BUDGET_GRACE_SECONDS if part.kind == "b" else 0,
             ]
         try:
-            await self._end(keys=keys, args=args)
+            first = bool(int(await self._end(keys=keys, args=args)))
         finally:  # added there, or to be contributed in this replica's part
             self.sending.pop(ticket.id, None)
+        self.unclaimed.pop(ticket.id, None)  # its id is done now: nothing can add it again
+        return first
 
     def budgets(self, now: float) -> list[Taken]:
         """Every budget of this period this replica has a part in (billed or held)."""
@@ -389,13 +445,15 @@ class RedisLimiter:
 
     async def sync(self, known: int, now: float) -> Synced:
         """Contribute this replica's part of every budget to the store (one round trip),
-        starting a generation if the store has none; ``known``: the replicas this one
-        knew of before (0: none known), whom a new generation waits for."""
+        starting a generation if the store has none; ``known``: the replicas the operator
+        declared (0: none), whom a new generation waits for (else for its grace)."""
         parts = self.budgets(now)
-        keys = [self.generation_key, self.registry_key] + [p.key for p in parts]
+        claims = list(self.unclaimed)
+        keys = [self.generation_key, self.registry_key]
+        keys += [self.done_key(rid) for rid in claims] + [p.key for p in parts]
         args: list[Any] = [self.replica, known, self.grace, GENERATION_SECONDS]
-        args += [uuid.uuid4().hex, len(parts)]
-        args.append(self.generation or "")
+        args += [uuid.uuid4().hex, len(parts), self.generation or ""]
+        args += [len(claims), DONE_SECONDS]
         for part in parts:
             own = self.own(part)
             # in a generation new to this replica, every request in flight it reserved in
@@ -403,6 +461,7 @@ class RedisLimiter:
             fresh = own - self.orphaned(part) + self.in_flight(part, lambda _: True)
             args += [own, fresh, part.span + BUDGET_GRACE_SECONDS]
         out = await self._sync(keys=keys, args=args)
+        self._claimed(claims)
         generation = out[0].decode() if isinstance(out[0], bytes) else str(out[0])
         self.generation = generation
         return Synced(generation, bool(int(out[1])), bool(int(out[2])), len(parts))

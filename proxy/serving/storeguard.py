@@ -1,7 +1,15 @@
 """The shared limiter as admission uses it: behind a short timeout and a circuit breaker,
 with each tenant's fail mode while the store cannot answer for the budgets (unreachable,
 or rebuilding after it was found empty), this replica's heartbeat in the store, and its
-contribution of its journal to the store's budgets. ``limitsstore`` builds it."""
+contribution of its journal to the store's budgets. ``limitsstore`` builds it.
+
+Local fail mode divides; it never multiplies. A replica admits by its share only when it
+knows both what to divide and by how many: the replica count (``--limits-replicas``, else
+the live count of the last heartbeat the store answered once this replica had stayed a
+whole registry TTL in it, so that every replica that stayed as long is in the count) and,
+for a budget, what the store last told it was left of it (or the whole amount for a
+period that began after the store last answered it). A limit it cannot divide refuses
+(503), logged and counted."""
 
 from __future__ import annotations
 
@@ -17,22 +25,22 @@ import structlog
 from redis.exceptions import RedisError
 
 from proxy.limits.limiter import Cost, Decision, Refusal, Ticket, Usage, Who
-from proxy.limits.policy import FailMode, Limit, Policies, Unit
+from proxy.limits.periods import period
+from proxy.limits.policy import FailMode, Level, Limit, Policies, Unit
 from proxy.limits.shares import ShareLimiter
 from proxy.metrics import Metrics
-from proxy.serving.sharedlimits import (
-    GENERATION_SECONDS,
-    Rebuilding,
-    RedisLimiter,
-    StoreTicket,
-    Taken,
-)
+from proxy.serving.sharedlimits import Rebuilding, RedisLimiter, StoreTicket, Taken
 
 log = structlog.get_logger("proxy.serving.storeguard")
 T = TypeVar("T")
 
 STORE_ERRORS = (RedisError, OSError, TimeoutError)
 MISSED_HELD = 10_000  # missed settlements and releases kept to send again
+NOTHING = Cost(0, 0, 0)
+UNCOUNTED = (
+    "the replica count is not known (it is read once a replica has stayed a whole registry "
+    "TTL, 15 s, in a store that answers; set --limits-replicas to state it)"
+)
 
 
 class Breaker:
@@ -72,15 +80,16 @@ class Breaker:
 
 @dataclass(slots=True)
 class Left:
-    """What was left of a budget in the store (its amount less its used and reserved
-    units) when it last said so (``at``, on the store's clock: answers read out of order
-    do not replace a later one), after this replica's local admissions up to ``seq``;
-    ``spent``: what this replica admitted without the store since (held, then billed)."""
+    """What was left of a budget's period (ending at ``end``) in the store (its amount
+    less its used and reserved units) when it last said so (``at``, on the store's clock:
+    answers read out of order do not replace a later one), after this replica's local
+    admissions up to ``seq``; ``spent``: what this replica admitted without the store
+    since (held, then billed)."""
 
     remaining: int
     at: float
     seq: int
-    part: Taken
+    end: float
     spent: int = 0
 
 
@@ -125,7 +134,6 @@ class GuardedLimiter:
         self.fail_mode = fail_mode
         self.breaker = breaker or Breaker()
         self.configured = max(replicas, 0)  # --limits-replicas (0: read from the store)
-        self.known = self.configured  # replicas seen alive while the budgets were whole
         self.replicas = max(self.configured, 1)  # what local fail mode divides by
         self.local = ShareLimiter(
             shared.policies.divided(self.replicas), self._left_of, self._took_of
@@ -134,6 +142,7 @@ class GuardedLimiter:
         # what was left of each budget in the store when it last said so, by its key
         self.left: dict[str, Left] = {}
         self.seq = 0  # local admissions so far (a remainder is after those up to its own)
+        self.heard = float("-inf")  # the store's time when it last answered this replica
         self.errors: dict[str, int] = {}  # store failures by kind
         self.fail_admissions: dict[FailMode, int] = dict.fromkeys(FailMode, 0)
         self.rebuilds = 0  # generations this replica started (the store was found empty)
@@ -141,8 +150,10 @@ class GuardedLimiter:
         self.complete = False  # whether the store's budgets were whole when last told
         self.reachable = True  # whether the store answered the last call
         self.beating = True  # whether the last heartbeat reached the store
-        self.counted = self.configured > 0  # whether the replica count is known
-        self._warned_unknown = False
+        # whether the replica count is known: configured, or read by the last heartbeat
+        # the store answered once this replica had stayed a registry TTL in it
+        self.counted = self.configured > 0
+        self._warned: set[str] = set()  # limits local fail mode could not divide, logged
         # settlements and releases the store missed (breaker open, or failed), by ticket
         # id: sent again once it answers (each is idempotent by id)
         self.missed: dict[str, tuple[Ticket, Cost, str]] = {}
@@ -205,15 +216,28 @@ class GuardedLimiter:
         return self.breaker.succeeded()
 
     def problem(self) -> tuple[str, bool] | None:
-        """What /readyz reports about the store, and whether it fails readiness: only an
-        unreachable store in closed mode (this replica then refuses every limited request,
-        while one that reaches the store would serve them). Unreachable: the last
+        """What /readyz reports about the store, and whether it fails readiness: when
+        this replica refuses every limited request of the default fail mode while one
+        that reaches the store (or can divide) would serve them. Unreachable: the last
         heartbeat failed or the breaker is open (one slow request is neither)."""
+        local = self.fail_mode is FailMode.LOCAL
         if not self.beating or self.breaker.open:
-            closed = self.fail_mode is FailMode.CLOSED
-            return f"unreachable: limited tenants admitted by fail mode {self.fail_mode}", closed
+            if self.fail_mode is FailMode.CLOSED:
+                return "unreachable: limited tenants refused (fail mode closed)", True
+            if local and not self.counted:
+                return f"unreachable: limited tenants refused: {UNCOUNTED}", True
+            if local:
+                return (
+                    "unreachable: limited tenants admitted by this replica's share of "
+                    f"what the store last said was left of each limit (1/{self.replicas}; "
+                    "a budget with no such remainder is refused)",
+                    False,
+                )
+            return "unreachable: limited tenants admitted without limits (fail mode open)", False
         if self.generation is not None and not self.complete:
             return "rebuilding: the store was found empty; waiting for every replica's part", False
+        if local and not self.counted:
+            return f"counting replicas: were the store to fail now, {UNCOUNTED}", False
         return None
 
     def _back(self) -> None:
@@ -275,36 +299,34 @@ class GuardedLimiter:
         return decision if decision is not None else await self._fail(who, cost, now)
 
     async def _reserve_in_store(self, who: Who, cost: Cost, now: float) -> Decision | None:
-        """The store's decision; None when it cannot answer for the budgets. While they
-        are being rebuilt, a tenant in local fail mode is admitted there by this
-        replica's share once the replica has contributed its part."""
-        mode = self.shared.policies.fail_mode(who.tenant, self.fail_mode)
-        share = self.replicas if mode is FailMode.LOCAL else 0
+        """The store's decision; None when it cannot answer for the budgets (unreachable,
+        or their generation incomplete: every tenant then has its fail mode). A
+        reservation whose answer is lost is cancelled once the store answers again."""
         for attempt in (0, 1):
             if not self.breaker.allows(self._clock()):
                 return None
             if self.missed:  # the tenant's ends the store missed free their holds first
                 await self._replay(who.tenant)
             seq, left = self.seq, dict[str, tuple[int, float, Taken]]()
+            ticket = self.shared.ticket(who, cost, now)
             try:
-                call = self.shared.reserve_by(who, cost, now, share, left)
-                decision, by_share = await self._call("reserve", call)
+                decision = await self._call("reserve", self.shared.reserve_ticket(ticket, left))
             except Rebuilding as exc:
                 self._back()
                 self.complete = False
-                self.left.clear()  # remainders of a store state that is gone
                 if attempt or exc.contributed:
                     return None
                 await self.contribute()
             except STORE_ERRORS as exc:
+                self._miss(ticket, NOTHING, "cancel")
                 self._failed("reserve", exc)
                 return None
+            except BaseException:  # cancelled (the admission's timeout, or shutdown)
+                self._miss(ticket, NOTHING, "cancel")
+                raise
             else:
                 self._back()
-                self.complete = not by_share
-                if by_share:
-                    self._count_fail(FailMode.LOCAL, "rebuilding")
-                    self.left.clear()  # remainders of a store state that is gone
+                self.complete = True
                 self._remember(left, seq)
                 return decision
         return None
@@ -318,21 +340,20 @@ class GuardedLimiter:
         mode = self.shared.policies.fail_mode(who.tenant, self.fail_mode)
         levels = self.shared.policies.levels(who.tenant, who.model, who.key)
         if mode is FailMode.LOCAL and not self.counted and any(x.limits for x in levels):
-            # no share can be computed: dividing by 1 gives each replica the whole budget
-            self._count_fail(mode, "replicas_unknown")
-            if not self._warned_unknown:
-                self._warned_unknown = True
-                log.warning(
-                    "limits_replicas_unknown",
-                    hint="set --limits-replicas: the store was never reached, so local fail "
-                    "mode cannot divide the limits and refuses limited tenants",
-                )
-            refusal = Refusal("limits_store", ("tenant", who.tenant), 0.0, 0, 0, False, True)
-            return Decision(None, refusal, None, None)
+            # no share can be computed: dividing by what it saw may give it the whole budget
+            return self._undivided(who, "replicas_unknown", UNCOUNTED)
+        if mode is FailMode.LOCAL and (budget := self._undividable(levels, now)) is not None:
+            scope, limit = budget
+            why = (
+                f"this replica holds no remainder of {limit.name} of {':'.join(scope)} from "
+                "the store to divide (a tenant it has not served, or the store found empty "
+                "before it said what was left)"
+            )
+            return self._undivided(who, "no_remainder", why, f"{':'.join(scope)}:{limit.name}")
         self._count_fail(mode, "rebuilding" if self.reachable else "unreachable")
         if mode is FailMode.CLOSED:
-            refusal = Refusal("limits_store", ("tenant", who.tenant), 0.0, 0, 0, False, True)
-            return Decision(None, refusal, None, None)
+            why = "the limits store is unreachable and this tenant's limits fail closed"
+            return self._refused(who, why)
         if mode is FailMode.OPEN:
             return self._held(LocalTicket(who, cost, id=uuid.uuid4().hex), None)
         if self._stale:  # this replica's usage billed through the store counts here too
@@ -343,6 +364,35 @@ class GuardedLimiter:
             return self._beyond_share(who, decision)
         ticket = LocalTicket(who, cost, id=uuid.uuid4().hex, inner=decision.ticket)
         return self._held(ticket, decision)
+
+    def _undividable(
+        self, levels: tuple[Level, ...], now: float
+    ) -> tuple[tuple[str, ...], Limit] | None:
+        """The first budget of ``levels`` local fail mode has no remainder of to divide."""
+        zone = self.shared.policies.zone
+        for level in levels:
+            for limit in level.limits:
+                if limit.window is not None and limit.budget:
+                    start, end = period(limit.window, now, zone)
+                    key = self.shared.budget_key(level.scope, limit, start)
+                    if self._remainder(key, limit, start, end) is None:
+                        return level.scope, limit
+        return None
+
+    def _undivided(self, who: Who, reason: str, why: str, what: str = "") -> Decision:
+        """Refused by local fail mode: a limit it cannot divide (logged once per reason
+        and limit until the store answers again, counted every time)."""
+        self._count_fail(FailMode.LOCAL, reason)
+        if (seen := f"{reason}:{what}") not in self._warned:
+            self._warned.add(seen)
+            log.warning("limits_local_refused", reason=reason, tenant=who.tenant, why=why)
+        return self._refused(who, f"local fail mode cannot divide its limits: {why}")
+
+    def _refused(self, who: Who, why: str) -> Decision:
+        wait = max(self.breaker.cooldown, 1.0)  # a 503 always says when to try again
+        scope = ("tenant", who.tenant)
+        refusal = Refusal("limits_store", scope, wait, 0, 0, unavailable=True, why=why)
+        return Decision(None, refusal, None, None)
 
     def _beyond_share(self, who: Who, decision: Decision) -> Decision:
         """A refusal by this replica's share quotes the whole limit; a request beyond the
@@ -374,19 +424,34 @@ class GuardedLimiter:
         if self.seq != seq:
             return
         for key, (remaining, at, part) in left.items():
-            self._keep(key, Left(remaining, at, seq, part))
+            self.heard = max(self.heard, at)
+            self._keep(key, Left(remaining, at, seq, part.span))
 
     def _keep(self, key: str, left: Left) -> None:
         old = self.left.get(key)
         if old is None or old.at <= left.at:
             self.left[key] = left
 
+    def _remainder(self, key: str, limit: Limit, start: float, end: float) -> Left | None:
+        """What the store last said was left of a budget's period; for a period that began
+        after the store last answered this replica, its whole amount (nothing was spent
+        in it through the store as far as this replica can know); else None."""
+        left = self.left.get(key)
+        if left is None and start > self.heard:
+            left = self.left[key] = Left(limit.amount, start, self.seq, end)
+        return left
+
+    def _period_left(self, scope: tuple[str, ...], limit: Limit, start: float) -> Left | None:
+        assert limit.window is not None
+        _, end = period(limit.window, start, self.shared.policies.zone)
+        return self._remainder(self.shared.budget_key(scope, limit, start), limit, start, end)
+
     def _left_of(
         self, scope: tuple[str, ...], limit: Limit, start: float
     ) -> tuple[int, int] | None:
         """For local fail mode: this replica's room in its share of what the store last
         said was left of a budget, and that remainder (None: it never said)."""
-        left = self.left.get(self.shared.budget_key(scope, limit, start))
+        left = self._period_left(scope, limit, start)
         if left is None:
             return None
         return left.remaining // self.replicas - left.spent, left.remaining
@@ -404,7 +469,7 @@ class GuardedLimiter:
     def _took_of(self, scope: tuple[str, ...], limit: Limit, start: float, units: int) -> None:
         """A local admission takes ``units`` from a budget: counted against what the store
         last said was left of it (the admission's ticket keeps the charge)."""
-        left = self.left.get(self.shared.budget_key(scope, limit, start))
+        left = self._period_left(scope, limit, start)
         if left is not None:
             left.spent += units
             self._taking.append((left, limit.unit, units))
@@ -414,6 +479,9 @@ class GuardedLimiter:
         ticket.seq = self.seq
         ticket.charged, self._taking = self._taking, []
         self.shared.holds[ticket.id] = ticket
+        if self.reachable and not self.breaker.open:  # rebuilding: the store learns of
+            self.dirty = True  # the hold at once
+            self._contribute_soon()
         if decision is None:
             return Decision(ticket, None, None, None)
         return Decision(ticket, None, decision.requests, decision.tokens, decision.budgets)
@@ -469,6 +537,8 @@ class GuardedLimiter:
         is (see RedisLimiter.finish)."""
         self.shared.sending.pop(getattr(ticket, "id", ""), None)
         self._miss(ticket, billed, "late" if settle else mode)
+        if settle and isinstance(ticket, StoreTicket):  # its first sending may still land
+            self.shared.unclaimed[ticket.id] = ticket
         self.dirty = self.dirty or settle
 
     async def _end_local(
@@ -502,31 +572,39 @@ class GuardedLimiter:
         return await asyncio.shield(self._syncing)
 
     async def _sync(self, now: float) -> bool:
-        self.dirty = False  # what is billed from here on is in the next contribution
-        try:
-            synced = await self._call("sync", self.shared.sync(self.known, now))
-        except STORE_ERRORS as exc:
-            self._failed("sync", exc)
-            self.dirty = True
-            return False
-        self._succeeded()
-        if synced.created:
+        """Contribute; once more (twice at most) when this replica billed or admitted
+        without the store while the call was out, so that the store learns of it now."""
+        complete = False
+        for _ in range(3):
+            self.dirty = False  # what is billed from here on is in the next contribution
+            try:
+                synced = await self._call("sync", self.shared.sync(self.configured, now))
+            except STORE_ERRORS as exc:
+                self._failed("sync", exc)
+                self.dirty = True
+                return False
+            self._succeeded()
+            self._synced(synced.generation, synced.created, synced.budgets)
+            complete = self.complete = synced.complete
+            if not self.dirty:
+                break
+            now = time.time()
+        return complete
+
+    def _synced(self, generation: str, created: bool, budgets: int) -> None:
+        if created:
             self.rebuilds += 1
             if self.metrics is not None:
                 self.metrics.store_rebuilds.inc()
             log.warning(
                 "limits_store_rebuild",
-                generation=synced.generation,
-                budgets=synced.budgets,
-                expect=self.known,
+                generation=generation,
+                budgets=budgets,
+                expect=self.configured or "every replica alive after the grace",
             )
-        if synced.generation != self.generation:
-            self.generation = synced.generation
-            log.info(
-                "limits_store_contributed", generation=synced.generation, budgets=synced.budgets
-            )
-        self.complete = synced.complete
-        return synced.complete
+        if generation != self.generation:
+            self.generation = generation
+            log.info("limits_store_contributed", generation=generation, budgets=budgets)
 
     async def restore(self, history: Iterable[Usage], now: float) -> int:
         rows = list(history)
@@ -539,28 +617,21 @@ class GuardedLimiter:
     async def beat(self, ttl: float) -> int | None:
         """Tell the store this replica is alive, read what is left of the budgets it
         watches (for local fail mode), contribute to it when its budgets need this
-        replica's part; the live replica count (None: store unreachable)."""
-        shared, client = self.shared, self.shared.client
+        replica's part; the live replica count (None: store unreachable). ``ttl``: how
+        long the registry keeps a silent replica."""
+        shared = self.shared
         try:
             async with asyncio.timeout(max(self.timeout, 1.0)):
-                now = float((await client.time())[0])
-                async with client.pipeline(transaction=True) as pipe:
-                    pipe.zadd(shared.registry_key, {shared.replica: now})
-                    pipe.zremrangebyscore(shared.registry_key, "-inf", now - ttl)
-                    pipe.zcard(shared.registry_key)
-                    pipe.expire(shared.registry_key, int(ttl) + 1)
-                    pipe.hmget(shared.generation_key, "id", "c:" + shared.replica, "complete")
-                    # alive while a replica beats (no-op on a marker that is gone)
-                    pipe.expire(shared.generation_key, GENERATION_SECONDS)
-                    result = await pipe.execute()
+                beat = await shared.beat(ttl)
                 went_back = await shared.went_back()
         except STORE_ERRORS as exc:
             self._failed("beat", exc)
             self.beating = False
             return None
-        self.reachable = self.beating = self.counted = True  # the breaker: requests' calls
-        count = int(result[2])
-        generation, mine, complete = (v.decode() if v else None for v in result[4])
+        self.reachable = self.beating = True  # the breaker: requests' calls
+        self.heard = max(self.heard, beat.now)
+        self._warned.clear()
+        generation, complete = beat.generation, beat.complete
         if went_back:
             log.warning(
                 "limits_store_went_back",
@@ -568,17 +639,18 @@ class GuardedLimiter:
                 hint="the store restarted with state from before (a snapshot or a failover): "
                 "its budgets are rebuilt from every replica's journal",
             )
-            generation = complete = None
-        self._count(count, complete == "1")
-        stale = generation is None or generation != self.generation or mine is None
-        if stale or complete != "1":
-            self.left.clear()  # remainders of a store state that is gone, or not whole
-        else:
+            generation, complete = None, False
+        self._count(beat.count, beat.stayed >= ttl)
+        stale = generation is None or generation != self.generation or not beat.contributed
+        if stale or self.dirty or not complete:
+            complete = await self.contribute()
+        if complete:
             self.complete = True  # the others' parts came in after this replica's
             await self._read_left()
-        if stale or self.dirty or complete != "1":
-            await self.contribute()
-        return count
+        if self.metrics is not None:
+            self.metrics.store_replicas.set(self.replicas if self.counted else 0)
+            self.metrics.store_remainders.set(len(self.left))
+        return beat.count
 
     async def _read_left(self) -> None:
         """Read what is left of every budget this replica watches (one round trip, apart
@@ -604,8 +676,8 @@ class GuardedLimiter:
         now = float(result[0][0]) + float(result[0][1]) / 1e6
         for part, (used, reserved) in zip(watched, result[1:], strict=True):
             remaining = part.limit.amount - int(used or 0) - int(reserved or 0)
-            self._keep(part.key, Left(max(remaining, 0), now, seq, part))
-        for key in [k for k, left in self.left.items() if left.part.span <= now]:
+            self._keep(part.key, Left(max(remaining, 0), now, seq, part.span))
+        for key in [k for k, left in self.left.items() if left.end <= now]:
             del self.left[key]
 
     async def renew(self) -> int | None:
@@ -621,16 +693,16 @@ class GuardedLimiter:
             log.warning("limits_holds_lost", asked=asked, renewed=renewed)
         return renewed
 
-    def _count(self, live: int, whole: bool) -> None:
-        """Divide by the configured count, else by the live one; while the budgets are
-        being rebuilt, never by fewer than were known before."""
+    def _count(self, live: int, settled: bool) -> None:
+        """Divide by the configured count, else by the live one once this replica has
+        stayed a registry TTL in the store (every replica that stayed as long is in it;
+        one that joined later has not stayed as long, and refuses); before that the count
+        is not known."""
         if self.configured:
             self.set_replicas(self.configured)
-        elif whole:
-            self.known = live
-            self.set_replicas(live)
-        else:
-            self.set_replicas(max(self.replicas, live))
+            return
+        self.counted = settled
+        self.set_replicas(live if settled else max(self.replicas, live))
 
     async def close(self) -> None:
         for task in (self._syncing, self._replaying):

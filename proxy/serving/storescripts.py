@@ -1,7 +1,7 @@
 """The Lua scripts the shared limiter runs in Redis/Valkey, each atomic on the store's
-clock (``TIME``): a reservation, its end (settle or release), a replica's
-contribution of its journal to the store (``SYNC``), and the renewal of the holds of its
-reservations still alive (``RENEW``).
+clock (``TIME``): a reservation, its end (settle, release or cancel), a replica's
+contribution of its journal to the store (``SYNC``), the renewal of the holds of its
+reservations still alive (``RENEW``), and its heartbeat in the registry (``BEAT``).
 
 A budget's hash holds ``u:<replica>``, what that replica's journal billed in the period
 (plus what it holds in reservations it made while the store was away), and ``used``,
@@ -13,17 +13,23 @@ its settlements on their way to the store, so no settlement is in ``used`` and i
 ``reserved`` at once (which refused requests the budget had room for), nor lost to a
 concurrent one (a total that left it out, written after it). A settlement whose sending
 failed is in the replica's total from then on, and is sent again as ``late``: its hold
-given back, nothing added (the store may have done it before its answer was lost: then
-the hold is gone already and the total holds it once).
+given back, nothing added.
 
 The store's generation (``<ns>:gen``) says whether those fields are whole. A store found
-empty (started anew, or a fresh deployment) starts a generation: until every replica it
-expects has contributed its journal (``c:<replica>``), or a grace of three heartbeats has
-passed and every replica alive in the registry has, the generation is incomplete: a
-replica that has contributed may still reserve on it (in ``local`` fail mode), each
-budget then by its share alone (``floor(amount / replicas)`` against its own part and its
-own holds, ``h:<replica>``), so that no request admitted meanwhile is unknown to the
-store when the generation completes; otherwise nothing is reserved on it.
+empty (started anew, or a fresh deployment) starts a generation: until every replica the
+operator declared (``--limits-replicas``) has contributed its journal (``c:<replica>``), or
+a grace of three heartbeats has passed and every replica alive in the registry has, the
+generation is incomplete and nothing is reserved on it: the replicas admit by their fail
+mode meanwhile (``local``: in process, each by its share of what the store last told it was
+left), and contribute what they admit so.
+
+Ids: the first end of a reservation id (its done key, ``<ns>:done:<id>``, set if absent)
+is the one that adds units and gives rate capacity back; a hold is given back by removing
+its member, which only one end can do. A contribution that carries settlements whose
+sending failed (in the replica's total from then on) sets their done keys, so that one of
+them reaching the store afterwards adds nothing (it would count twice); a reservation whose
+answer was lost is cancelled by its id (its done key set: if the script reaches the store
+after that, it reserves nothing), and its holds given back.
 """
 
 # complete(gen, registry, now, grace): whether the generation is whole (and mark it so).
@@ -65,28 +71,40 @@ local function contribute(k, replica, own, expire_at)
 end
 """
 
+# claim(first, count, ttl): the done keys KEYS[first .. first + count - 1] set (settlements
+# a contribution carries: a late sending of one of them adds nothing).
+CLAIM = """
+local function claim(first, count, ttl)
+  for i = first, first + count - 1 do redis.call('SET', KEYS[i], '1', 'EX', ttl) end
+end
+"""
+
+# KEYS: gen, registry, this reservation's done key, the claims, then (key, holds) per part.
+# ARGV: id, ttl, replica, parts, held_retry, gate_retry, grace, claims, done_ttl, then six
+# per part: kind, amount, cost, span, own, expire_at.
 RESERVE = (
     COMPLETE
+    + CLAIM
     + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local id, ttl, replica, n = ARGV[1], tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local held_retry, gate_retry = tonumber(ARGV[5]), tonumber(ARGV[6])
-local grace, share = tonumber(ARGV[7]), tonumber(ARGV[8])
-local by_share = 0
+local grace, m, done_ttl = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+if redis.call('EXISTS', KEYS[3]) == 1 then return {-2} end  -- cancelled: its answer was lost
 if not complete(KEYS[1], KEYS[2], now, grace) then
-  local mine = redis.call('HEXISTS', KEYS[1], 'c:' .. replica)
-  if share <= 0 or mine == 0 then return {-1, mine} end
-  by_share = 1  -- budgets by this replica's share of them: its own part and holds
+  return {-1, redis.call('HEXISTS', KEYS[1], 'c:' .. replica)}
 end
+claim(4, m, done_ttl)
+local base = 3 + m
 local EPS = 1e-9
 local state = {}
 local worst, worst_wait = 0, 0
 for i = 1, n do
-  local a = 8 + (i - 1) * 6
+  local a = 9 + (i - 1) * 6
   local kind, amount, cost = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
   local span, own = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
-  local k, z = KEYS[2 + 2 * i - 1], KEYS[2 + 2 * i]
+  local k, z = KEYS[base + 2 * i - 1], KEYS[base + 2 * i]
   local wait = 0
   local s = {}
   if kind == 'r' then
@@ -102,11 +120,8 @@ for i = 1, n do
     local held = tonumber(redis.call('HGET', k, 'reserved') or '0')
     local expired = redis.call('ZRANGEBYSCORE', z, '-inf', now)
     if #expired > 0 then
-      for _, m in ipairs(expired) do
-        local units = tonumber(string.match(m, '|(%d+)$'))
-        held = held - units
-        local owner = string.match(m, '^[^|]*|(.*)|%d+$')
-        if owner then redis.call('HINCRBY', k, 'h:' .. owner, -units) end
+      for _, member in ipairs(expired) do
+        held = held - tonumber(string.match(member, '|(%d+)$'))
       end
       redis.call('ZREMRANGEBYSCORE', z, '-inf', now)
       redis.call('HSET', k, 'reserved', held)
@@ -115,18 +130,11 @@ for i = 1, n do
     s.used = 0
     if kind == 'b' then
       s.used = contribute(k, replica, own, tonumber(ARGV[a + 6]))
-      local limit = amount
-      if by_share == 1 then
-        limit = math.max(math.floor(amount / share), 1)
-        s.used = tonumber(redis.call('HGET', k, 'u:' .. replica) or '0')
-        s.held = tonumber(redis.call('HGET', k, 'h:' .. replica) or '0')
-      end
-      s.limit = limit
-      if cost > limit then
+      if cost > amount then
         wait = math.huge
-      elseif s.used + s.held + cost <= limit then
+      elseif s.used + s.held + cost <= amount then
         wait = 0
-      elseif s.used + cost <= limit then
+      elseif s.used + cost <= amount then
         wait = math.min(held_retry, span - now)
       else
         wait = span - now
@@ -142,32 +150,25 @@ local admitted = 0
 if worst == 0 then
   admitted = 1
   for i = 1, n do
-    local a = 8 + (i - 1) * 6
+    local a = 9 + (i - 1) * 6
     local kind, amount, cost = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-    local k, z, s = KEYS[2 + 2 * i - 1], KEYS[2 + 2 * i], state[i]
+    local k, z, s = KEYS[base + 2 * i - 1], KEYS[base + 2 * i], state[i]
     if kind == 'r' then
       local span = tonumber(ARGV[a + 4])
       s.tat = math.max(s.tat, now) + cost * span / amount
       redis.call('SET', k, string.format('%.17g', s.tat), 'EXAT', math.ceil(s.tat) + 1)
     else
-      local member = id .. '|' .. cost
-      if kind == 'b' and by_share == 1 then
-        member = id .. '|' .. replica .. '|' .. cost  -- held in this replica's share too
-        s.held = redis.call('HINCRBY', k, 'h:' .. replica, cost)
-        redis.call('HINCRBY', k, 'reserved', cost)
-      else
-        s.held = redis.call('HINCRBY', k, 'reserved', cost)
-      end
-      redis.call('ZADD', z, now + ttl, member)
+      s.held = redis.call('HINCRBY', k, 'reserved', cost)
+      redis.call('ZADD', z, now + ttl, id .. '|' .. cost)
       local until_ = math.max(math.ceil(ARGV[a + 6]), math.ceil(now + ttl) + 1)
       redis.call('EXPIREAT', k, until_)
       redis.call('EXPIREAT', z, until_)
     end
   end
 end
-local out = {admitted, worst, string.format('%.17g', worst_wait), by_share}
+local out = {admitted, worst, string.format('%.17g', worst_wait)}
 for i = 1, n do
-  local a = 8 + (i - 1) * 6
+  local a = 9 + (i - 1) * 6
   local kind, amount = ARGV[a + 1], tonumber(ARGV[a + 2])
   local span, s = tonumber(ARGV[a + 4]), state[i]
   local remaining, reset
@@ -177,7 +178,7 @@ for i = 1, n do
     remaining = math.max(math.min(amount, math.floor(room / interval + EPS)), 0)
     reset = math.max(s.tat - now, 0)
   elseif kind == 'b' then
-    remaining = math.max(s.limit - s.used - s.held, 0)
+    remaining = math.max(amount - s.used - s.held, 0)
     reset = span - now
   else
     remaining = math.max(amount - s.held, 0)
@@ -190,70 +191,74 @@ return out
 """
 )
 
-END = (
-    COMPLETE
-    + """
-if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', tonumber(ARGV[4])) then return -1 end
+# KEYS: the done key, then (key, holds) per part. ARGV: id, replica, parts, done_ttl,
+# mode (settle, late, release or cancel), then five per part: kind, reserved, billed,
+# interval (a rate's), expire_at. 1: this was the id's first end.
+END = """
+local first = redis.call('SET', KEYS[1], '1', 'NX', 'EX', tonumber(ARGV[4])) and 1 or 0
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local id, replica, n = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local settle = ARGV[5] == 'settle'
-local by_share = ARGV[6] == '1'
+local id, n, mode = ARGV[1], tonumber(ARGV[3]), ARGV[5]
 for i = 1, n do
-  local a = 6 + (i - 1) * 5
+  local a = 5 + (i - 1) * 5
   local kind, reserved, billed = ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
   local interval, expire_at = tonumber(ARGV[a + 4]), ARGV[a + 5]
   local k, z = KEYS[2 * i], KEYS[2 * i + 1]
   if kind == 'r' then
-    local tat = tonumber(redis.call('GET', k) or '0') - (reserved - billed) * interval
-    if tat > now then
-      redis.call('SET', k, string.format('%.17g', tat), 'EXAT', math.ceil(tat) + 1)
-    else
-      redis.call('DEL', k)
+    if first == 1 and mode ~= 'cancel' then  -- a cancelled one may never have taken any
+      local tat = tonumber(redis.call('GET', k) or '0') - (reserved - billed) * interval
+      if tat > now then
+        redis.call('SET', k, string.format('%.17g', tat), 'EXAT', math.ceil(tat) + 1)
+      else
+        redis.call('DEL', k)
+      end
     end
   else
-    local member = id .. '|' .. reserved
-    if kind == 'b' and by_share then member = id .. '|' .. replica .. '|' .. reserved end
-    if redis.call('ZREM', z, member) == 1 then
+    if redis.call('ZREM', z, id .. '|' .. reserved) == 1 then
       redis.call('HINCRBY', k, 'reserved', -reserved)
-      if kind == 'b' and by_share then redis.call('HINCRBY', k, 'h:' .. replica, -reserved) end
     end
-    if kind == 'b' and settle and billed > 0 then
-      redis.call('HINCRBY', k, 'u:' .. replica, billed)
+    if kind == 'b' and first == 1 and mode == 'settle' and billed > 0 then
+      redis.call('HINCRBY', k, 'u:' .. ARGV[2], billed)
       redis.call('HINCRBY', k, 'used', billed)
       redis.call('EXPIREAT', k, math.ceil(tonumber(expire_at)))
     end
   end
 end
-return 0
+return first
 """
-)
 
+# KEYS: gen, registry, the claims, then the budgets. ARGV: replica, expect, grace,
+# gen_ttl, new_id, budgets, the generation last contributed to, claims, done_ttl, then
+# three per budget: own (this replica's total), fresh (its total with every request it
+# has in flight: in a generation new to it), expire_at.
 SYNC = (
     COMPLETE
+    + CLAIM
     + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local gen, reg = KEYS[1], KEYS[2]
-local replica, known, grace = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local replica, expect, grace = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local gen_ttl, new_id, n = tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
+local m, done_ttl = tonumber(ARGV[8]), tonumber(ARGV[9])
 local created = 0
 if redis.call('EXISTS', gen) == 0 then
   redis.call('HSET', gen, 'id', new_id, 'since', string.format('%.17g', now), 'expect', 0)
   created = 1
 end
+claim(3, m, done_ttl)
 -- a replica that knew another generation (or none) contributes its part with the
 -- requests it has in flight: their holds were in the store state that is gone
 local fresh = redis.call('HGET', gen, 'id') ~= ARGV[7]
 for i = 1, n do
-  local a = 7 + (i - 1) * 3
+  local a = 9 + (i - 1) * 3
   local own = tonumber(ARGV[a + 1])
   if fresh then own = tonumber(ARGV[a + 2]) end
-  contribute(KEYS[2 + i], replica, own, tonumber(ARGV[a + 3]))
+  contribute(KEYS[2 + m + i], replica, own, tonumber(ARGV[a + 3]))
 end
 redis.call('HSET', gen, 'c:' .. replica, '1')
-if known > tonumber(redis.call('HGET', gen, 'expect') or '0') then
-  redis.call('HSET', gen, 'expect', known)
+if expect > tonumber(redis.call('HGET', gen, 'expect') or '0') then
+  redis.call('HSET', gen, 'expect', expect)
 end
 redis.call('EXPIRE', gen, gen_ttl)
 local done = 0
@@ -301,4 +306,30 @@ if run ~= ARGV[1] then
   return 1
 end
 return 0
+"""
+
+# beat(registry, joined; replica, ttl): this replica is alive; replicas silent for ``ttl``
+# are dropped. ``joined`` keeps when each replica's current stay in the registry began (a
+# replica away longer than ``ttl``, or a store that lost the registry, starts a new one):
+# a count read once a replica has stayed ``ttl`` includes every replica that stayed as
+# long (each beats more often than that). {live replicas, joined, now}
+BEAT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local reg, joined, replica, ttl = KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2])
+local last = redis.call('ZSCORE', reg, replica)
+local since = redis.call('HGET', joined, replica)
+if not last or not since or tonumber(last) < now - ttl then
+  since = string.format('%.17g', now)
+  redis.call('HSET', joined, replica, since)
+end
+redis.call('ZADD', reg, now, replica)
+local gone = redis.call('ZRANGEBYSCORE', reg, '-inf', now - ttl)
+if #gone > 0 then
+  redis.call('ZREMRANGEBYSCORE', reg, '-inf', now - ttl)
+  redis.call('HDEL', joined, unpack(gone))
+end
+redis.call('EXPIRE', reg, math.ceil(ttl) + 1)
+redis.call('EXPIRE', joined, math.ceil(ttl) + 1)
+return {redis.call('ZCARD', reg), since, string.format('%.17g', now)}
 """

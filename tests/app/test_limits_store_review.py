@@ -1,5 +1,5 @@
 """Adversarial review (review2) of the shared limits store: each test is a defect found,
-reproduced against the real redis-server, and marked xfail(strict) until it is fixed.
+reproduced against the real redis-server (each was a strict xfail until it was fixed).
 
 ``Relay`` stands between the limiter and the store and models the network: what the
 limiter sends can be ``lost`` (never reaches the store) or ``late`` (reaches it after the
@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 
 from proxy.limits.limiter import Cost, Who
 from proxy.limits.policy import FailMode, Policies
+from proxy.serving.limitsstore import connect
 from proxy.serving.sharedlimits import RedisLimiter
 from proxy.serving.storeguard import GuardedLimiter
 from tests.support.redisserver import Store
@@ -116,7 +117,7 @@ async def make(redis_store: Store, relay: Relay) -> AsyncIterator[Make]:
 
     def build(pols: Policies, replica: str, *, via: str = "", **options: Any) -> GuardedLimiter:
         url = relay.url if via == "relay" else redis_store.url
-        shared = RedisLimiter(pols, Redis.from_url(url), replica=replica, grace=60)
+        shared = RedisLimiter(pols, connect(url, timeout=5.0), replica=replica, grace=60)
         guarded = GuardedLimiter(shared, **{"timeout": 1.0, "fail_mode": FailMode.LOCAL, **options})
         made.append(guarded)
         return guarded
@@ -178,11 +179,6 @@ async def test_review2_a_request_in_flight_when_the_store_restarts_empty_still_h
     assert second.ticket is None, "admitted 200 of a 100-token budget"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review2 F2: an admission whose answer is lost (the store reserved) leaves a "
-    "hold nobody ends or renews: a concurrency-1 tenant is refused for the whole TTL",
-)
 async def test_review2_a_reservation_whose_answer_was_lost_does_not_hold_the_gate(
     make: Make, relay: Relay
 ) -> None:
@@ -204,11 +200,6 @@ async def test_review2_a_reservation_whose_answer_was_lost_does_not_hold_the_gat
     assert after.ticket is not None, after.refusal
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review2 F3: a settlement that reaches the store after the contribution that "
-    "already carried it (its first sending timed out) adds its units a second time",
-)
 async def test_review2_a_late_settlement_after_the_contribution_counts_once(
     make: Make, relay: Relay, redis_store: Store
 ) -> None:
@@ -358,12 +349,6 @@ async def test_review2_holds_are_renewed_every_third_of_the_ttl_as_documented(
     assert renewals <= 1, f"{renewals} renewals in 0.35 s with a 3 s TTL"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review2 F8: while a store restarted empty is rebuilt, local mode reserves by "
-    "limit / replicas against each replica's own part, not by what was left: uneven "
-    "usage before the restart lets the replicas admit more than the budget",
-)
 async def test_review2_the_rebuild_keeps_the_total_within_the_budget(
     make: Make, redis_store: Store
 ) -> None:

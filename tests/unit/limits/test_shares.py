@@ -1,6 +1,7 @@
 """A replica's share in local fail mode: a budget with a remainder the store told admits
 its room in it, counting what it takes there, and refuses beyond it to retry soon or at
-the period's end; a budget without one, and every rate, keeps the limit's share."""
+the period's end; a budget without one admits nothing; every rate keeps the limit's
+share."""
 
 from __future__ import annotations
 
@@ -61,15 +62,18 @@ async def test_a_budget_with_a_remainder_admits_its_room_in_it() -> None:
     assert remainders.taken == {"prompt_tokens_per_day": 6}  # refusals take nothing
 
 
-async def test_without_a_remainder_a_budget_divides_the_limit() -> None:
-    """No remainder known: 300 / 3 = 100 against this replica's own usage; a rate divides
-    its limit either way (10 a minute: 3 here)."""
+async def test_without_a_remainder_a_budget_admits_nothing_and_a_rate_divides() -> None:
+    """No remainder known: whatever the others spent is unknown, so the budget admits
+    nothing, to retry soon (the guard refuses such a budget before asking); a rate
+    divides its limit either way (10 a minute: 3 here)."""
     remainders = Remainders(3)
     limiter = share(remainders, prompt_tokens_per_day=300, requests_per_minute=10)
-    whole = await limiter.reserve(ACME, Cost(100, 0), NOW)
-    assert whole.ticket is not None
-    assert whole.requests is not None
-    assert whole.requests.limit == 3
-    more = await limiter.reserve(ACME, Cost(1, 0), NOW)
-    assert more.refusal is not None
-    assert more.refusal.limit == "prompt_tokens_per_day"
+    none = await limiter.reserve(ACME, Cost(1, 0), NOW)
+    assert none.refusal is not None
+    assert none.refusal.limit == "prompt_tokens_per_day"
+    assert none.refusal.wait == 1.0
+    rated = share(remainders, requests_per_minute=10)
+    admitted = [await rated.reserve(ACME, Cost(), NOW) for _ in range(4)]
+    assert [d.ticket is not None for d in admitted] == [True, True, True, False]
+    assert admitted[0].requests is not None
+    assert admitted[0].requests.limit == 3

@@ -15,8 +15,9 @@ from redis.asyncio import Redis
 
 from proxy.limits.limiter import Cost, Usage, Who
 from proxy.limits.policy import FailMode, Policies
+from proxy.serving.limitsstore import connect
 from proxy.serving.sharedlimits import RedisLimiter
-from proxy.serving.storeguard import GuardedLimiter
+from proxy.serving.storeguard import UNCOUNTED, GuardedLimiter
 from tests.support.redisserver import Store
 
 ACME = Who("acme", "m", "k1")
@@ -33,7 +34,9 @@ async def make(redis_store: Store) -> AsyncIterator[Make]:
     made: list[GuardedLimiter] = []
 
     def build(pols: Policies, replica: str, **options: Any) -> GuardedLimiter:
-        shared = RedisLimiter(pols, Redis.from_url(redis_store.url), replica=replica, grace=60)
+        shared = RedisLimiter(
+            pols, connect(redis_store.url, timeout=5.0), replica=replica, grace=60
+        )
         guarded = GuardedLimiter(shared, **{"timeout": 1.0, "fail_mode": FailMode.LOCAL, **options})
         made.append(guarded)
         return guarded
@@ -48,30 +51,103 @@ async def billed_before(limiter: GuardedLimiter, prompt: int) -> None:
     await limiter.restore([Usage(ACME, time.time() - 1, Cost(prompt, 0))], time.time())
 
 
-async def test_a_rebuilding_store_admits_by_the_local_share(make: Make) -> None:
-    """Three replicas that each billed 90 of a 300 budget, the store found empty: the first
-    to contribute is refused 20 more by its share (100), where the store, with its part
-    alone (90 of 300), would have admitted it; once all three have contributed the store
-    answers for the whole budget (30 left)."""
+async def test_a_rebuilding_store_admits_by_the_local_share(make: Make, redis_store: Store) -> None:
+    """Three replicas billed 90 each of a 300 budget, and each heartbeat read the 30 left;
+    the store restarts empty. While the generation waits for r1 and r2, r0 admits in
+    process by its share of what was left (10, not the store's 210 with its part alone,
+    nor 100 of the limit) and contributes what it admits at once; once every part is
+    in, the store answers for the whole budget: 270 billed and r0's 10 held."""
     pols = policies(prompt_tokens_per_day=300)
     replicas = [make(pols, f"r{i}", replicas=3) for i in range(3)]
-    await billed_before(replicas[0], 90)  # its journal read, it contributes
-    assert await replicas[0].contribute() is False
-    first = await replicas[0].reserve(ACME, Cost(20, 0), time.time())
-    assert first.refusal is not None
-    assert first.refusal.scope == ("tenant", "acme")
-    assert replicas[0].fail_admissions[FailMode.LOCAL] == 1
-    assert replicas[0].rebuilds == 1
-    assert not replicas[0].complete
-    await billed_before(replicas[1], 90)
+    for replica in replicas:
+        await billed_before(replica, 90)
+        await replica.contribute()
+    for replica in replicas:
+        assert await replica.beat(15) is not None  # reads the 30 left
+    r0 = replicas[0]
+    await r0.shared.client.flushall()  # the store restarted empty
+    assert await r0.contribute() is False
+    over = await r0.reserve(ACME, Cost(11, 0), time.time())
+    assert over.refusal is not None
+    assert not over.refusal.unavailable  # beyond the share: to retry
+    held = await r0.reserve(ACME, Cost(10, 0), time.time())
+    assert held.ticket is not None
+    assert r0.fail_admissions[FailMode.LOCAL] == 2
+    assert r0.rebuilds == 2  # the store found empty at the start, and now
+    assert not r0.complete
     assert await replicas[1].contribute() is False
-    await billed_before(replicas[2], 90)
     assert await replicas[2].contribute() is True
-    whole = await replicas[0].reserve(ACME, Cost(20, 0), time.time())
+    whole = await replicas[1].reserve(ACME, Cost(20, 0), time.time())
     assert whole.ticket is not None
     assert whole.tokens is not None
-    assert whole.tokens.remaining == 10
-    assert replicas[0].fail_admissions[FailMode.LOCAL] == 1
+    assert whole.tokens.remaining == 0
+    assert (await replicas[2].reserve(ACME, Cost(1, 0), time.time())).refusal is not None
+
+
+async def test_a_budget_without_a_remainder_is_refused_not_guessed(
+    make: Make, redis_store: Store
+) -> None:
+    """The store dies before it told this replica what was left of a budget (a tenant on
+    the default limits it never served): whatever the other replicas spent is unknown,
+    so local mode refuses it, 503 to retry in a second, and says why, where it used to
+    admit the limit's share against its own usage (a replica that had billed nothing
+    while another billed 290 of 300 admitted 100 more). A budget it holds a remainder of
+    is divided as before."""
+    pols = Policies.model_validate(
+        {"default": {"prompt_tokens_per_day": 300}, "tenants": {"acme": {"requests_per_day": 9}}}
+    )
+    limiter, *others = [make(pols, f"r{i}", replicas=3) for i in range(3)]
+    for replica in (limiter, *others):
+        await replica.restore([], time.time())
+        await replica.contribute()
+    assert await limiter.beat(15) is not None  # acme is named: its remainder is read
+    redis_store.kill()
+    stranger = await limiter.reserve(Who("bob"), Cost(1, 0), time.time())
+    assert stranger.refusal is not None
+    assert stranger.refusal.unavailable
+    assert stranger.refusal.wait >= 1.0
+    assert "no remainder" in stranger.refusal.why
+    named = [await limiter.reserve(ACME, Cost(1, 0), time.time()) for _ in range(4)]
+    assert [d.ticket is not None for d in named] == [True, True, True, False]
+
+
+async def test_a_replica_not_yet_counted_refuses_in_an_outage(
+    make: Make, redis_store: Store
+) -> None:
+    """--limits-replicas unset: a replica divides by the live count only once it has
+    stayed a whole registry TTL in the store (every replica that stayed as long is in
+    that count). Before, it refuses in an outage (it used to divide by what its first
+    heartbeat saw: 1 for the first replica up, which then admitted the whole budget);
+    after, it divides."""
+    pols = policies(prompt_tokens_per_day=300)
+    one, two = make(pols, "r0"), make(pols, "r1")
+    for replica in (one, two):
+        replica.shared.grace = 0.5  # a whole generation without a declared count
+        await replica.restore([], time.time())
+    assert await one.beat(1.0) == 1  # alone so far, for all it knows
+    assert not one.counted
+    assert one.problem() is not None
+    assert await two.beat(1.0) == 2
+    for _ in range(3):
+        await asyncio.sleep(0.4)
+        for replica in (one, two):
+            assert await replica.beat(1.0) == 2
+    assert one.counted
+    assert one.replicas == 2
+    assert one.problem() is None
+    fresh = make(pols, "r2")
+    await fresh.restore([], time.time())
+    assert await fresh.beat(1.0) == 3
+    redis_store.kill()
+    refused = await fresh.reserve(ACME, Cost(1, 0), time.time())
+    assert refused.refusal is not None
+    assert refused.refusal.unavailable
+    assert "replica count is not known" in refused.refusal.why
+    assert await fresh.beat(1.0) is None  # its heartbeat fails too: readiness says so
+    assert fresh.problem() == (f"unreachable: limited tenants refused: {UNCOUNTED}", True)
+    admitted = await one.reserve(ACME, Cost(150, 0), time.time())
+    assert admitted.ticket is not None  # half of the 300 the store said were left
+    assert (await one.reserve(ACME, Cost(1, 0), time.time())).refusal is not None
 
 
 async def test_a_closed_tenant_is_refused_while_the_store_rebuilds(make: Make) -> None:
@@ -242,12 +318,17 @@ async def test_review_a_request_within_the_budget_is_not_refused_for_ever_in_an_
     """300 tokens a day, three replicas, the store down: a 150-token request is more than
     this replica's share (100) but fits the budget; the refusal must be one to retry
     (not ``alone``, which admission answers 400 'can never be admitted')."""
-    limiter = make(policies(prompt_tokens_per_day=300), "r0", replicas=3)
-    await limiter.restore([], time.time())
+    pols = policies(prompt_tokens_per_day=300)
+    limiter, *others = [make(pols, f"r{i}", replicas=3) for i in range(3)]
+    for replica in (limiter, *others):
+        await replica.restore([], time.time())
+        await replica.contribute()
+    assert await limiter.beat(15) is not None  # 300 left
     redis_store.kill()
     decision = await limiter.reserve(ACME, Cost(150, 0), time.time())
     assert decision.refusal is not None
     assert not decision.refusal.alone
+    assert not decision.refusal.unavailable
 
 
 async def test_review_a_release_missed_during_a_blip_does_not_hold_the_gate(
@@ -391,7 +472,8 @@ async def test_a_heartbeat_does_not_forget_admissions_the_store_has_not_seen(
     at most 200 more, not 300."""
     limiter = make(policies(prompt_tokens_per_day=300), "r0", replicas=1)
     await limiter.restore([], time.time())
-    assert await limiter.beat(15) is not None
+    assert await limiter.contribute() is True
+    assert await limiter.beat(15) is not None  # reads 300 left
     limiter.breaker.count, limiter.breaker.open_until = 3, time.monotonic() + 60
     held = await limiter.reserve(ACME, Cost(100, 0), time.time())
     assert held.ticket is not None
@@ -415,7 +497,8 @@ async def test_a_remainder_read_earlier_does_not_replace_a_later_one(
     await limiter.restore([], time.time())
     assert await limiter.contribute() is True
     early: dict[str, tuple[int, float, Any]] = {}
-    first, _ = await limiter.shared.reserve_by(ACME, Cost(0, 0), time.time(), 0, early)
+    ticket = limiter.shared.ticket(ACME, Cost(0, 0), time.time())
+    first = await limiter.shared.reserve_ticket(ticket, early)
     assert first.ticket is not None
     spent = await limiter.reserve(ACME, Cost(200, 0), time.time())
     assert spent.ticket is not None
