@@ -89,10 +89,11 @@ class Rate:
     def covers(self, at: datetime) -> bool:
         return (self.start is None or self.start <= at) and (self.end is None or at < self.end)
 
-    def lines(self, q: Quantities) -> tuple[Line, ...] | None:
+    def lines(self, q: Quantities, *, strict: bool = True) -> tuple[Line, ...] | None:
         """The exact amount of each unit ``q`` holds; None when a unit it holds has no
-        price here. Cached prompt tokens are priced at their own price when there is one
-        (the prompt line then holds the others), else as any prompt token."""
+        price here (not ``strict``: those units are left out). Cached prompt tokens are
+        priced at their own price when there is one (the prompt line then holds the
+        others), else as any prompt token."""
         cached_price = self.price(PricedUnit.CACHED)
         cached = min(q.cached_prompt_tokens, q.prompt_tokens) if cached_price is not None else 0
         wanted = (
@@ -106,8 +107,10 @@ class Rate:
             if quantity == 0:
                 continue
             price = self.price(unit)
-            if price is None:
+            if price is None and strict:
                 return None
+            if price is None:
+                continue
             out.append(Line(unit, quantity, price, EXACT.multiply(Decimal(quantity), price)))
         return tuple(out)
 

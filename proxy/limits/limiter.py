@@ -18,11 +18,16 @@ DISTANT_SECONDS = 60.0
 
 @dataclass(frozen=True, slots=True)
 class Cost:
-    """Units of one request: reserved before forwarding, or billed by its record."""
+    """Units of one request: reserved before forwarding, or billed by its record.
+    ``money`` is its price in billionths of the price file's currency (``accounting.money``:
+    a reservation's bound and a record's amount, each rounded up to a billionth), an
+    integer like every other unit, so a limiter and its store count it as they count
+    tokens."""
 
     prompt: int = 0
     completion: int = 0
     requests: int = 1
+    money: int = 0
 
     def of(self, unit: Unit) -> int:
         if unit is Unit.REQUESTS:
@@ -31,6 +36,8 @@ class Cost:
             return self.prompt
         if unit is Unit.COMPLETION:
             return self.completion
+        if unit is Unit.COST:
+            return self.money
         return self.prompt + self.completion
 
 
@@ -95,6 +102,7 @@ class Decision:
     requests: Standing | None
     tokens: Standing | None
     budgets: tuple[tuple[str, int], ...] = ()  # the tenant's budgets: units left
+    cost: Standing | None = None  # the money budget with the least room (in billionths)
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,19 +46,20 @@ class History:
         self._rows: dict[str, dict[Who, dict[int, list[int]]]] = defaultdict(dict)
 
     def note(self, who: Who, cost: Cost, at: float) -> None:
-        row = self._rows[who.tenant].setdefault(who, {}).setdefault(bucket_of(at), [0, 0, 0])
+        row = self._rows[who.tenant].setdefault(who, {}).setdefault(bucket_of(at), [0, 0, 0, 0])
         row[0] += cost.prompt
         row[1] += cost.completion
         row[2] += cost.requests
+        row[3] += cost.money
 
     def used(self, scope: tuple[str, ...], unit: Unit, start: float, end: float) -> int:
         total = 0
         for who, buckets in self._rows.get(scope[1], {}).items():
             if not matches(scope, who):
                 continue
-            for bucket, (prompt, completion, requests) in buckets.items():
+            for bucket, (prompt, completion, requests, money) in buckets.items():
                 if start <= bucket < end:
-                    total += Cost(prompt, completion, requests).of(unit)
+                    total += Cost(prompt, completion, requests, money).of(unit)
         return total
 
     def whos(self) -> list[Who]:
@@ -104,12 +105,12 @@ class InProcessLimiter:
         ]
         if refusals:
             worst = max(refusals, key=lambda r: r.wait)
-            return Decision(None, worst, *_standings(plan, now))
+            return _decision(None, worst, plan, now)
         ticket = Ticket(who, cost)
         for scope, limit, meter, units in plan:
             meter.take(units, now)
             ticket.taken.append((scope, limit.name, limit.unit))
-        return Decision(ticket, None, *_standings(plan, now))
+        return _decision(ticket, None, plan, now)
 
     async def settle(self, ticket: Ticket, billed: Cost, now: float) -> None:
         if not ticket.open:
@@ -179,13 +180,10 @@ class InProcessLimiter:
 Plan = list[tuple[tuple[str, ...], Limit, Meter, int]]
 
 
-def _standings(
-    plan: Plan, now: float
-) -> tuple[Standing | None, Standing | None, tuple[tuple[str, int], ...]]:
-    """The tightest request limit and the tightest token limit (the least remaining),
-    net of the reservations in flight; what is left of the tenant's budgets."""
-    requests: Standing | None = None
-    tokens: Standing | None = None
+def _decision(ticket: Ticket | None, refusal: Refusal | None, plan: Plan, now: float) -> Decision:
+    """The tightest request, token and money limit (the least remaining), net of the
+    reservations in flight; what is left of the tenant's budgets."""
+    tightest: dict[str, Standing] = {}
     budgets: list[tuple[str, int]] = []
     for scope, limit, meter, _ in plan:
         if limit.window is None:
@@ -193,12 +191,15 @@ def _standings(
         standing = Standing(*meter.standing(now))
         if limit.budget and scope[0] == "tenant":
             budgets.append((limit.name, standing.remaining))
-        if limit.tokens:
-            tokens = standing if tokens is None or _tighter(standing, tokens) else tokens
-        elif requests is None or _tighter(standing, requests):
-            requests = standing
-    return requests, tokens, tuple(budgets)
-
-
-def _tighter(a: Standing, b: Standing) -> bool:
-    return a.remaining < b.remaining
+        kind = "tokens" if limit.tokens else "cost" if limit.money else "requests"
+        held = tightest.get(kind)
+        if held is None or standing.remaining < held.remaining:
+            tightest[kind] = standing
+    return Decision(
+        ticket,
+        refusal,
+        tightest.get("requests"),
+        tightest.get("tokens"),
+        tuple(budgets),
+        tightest.get("cost"),
+    )
