@@ -67,6 +67,8 @@ def billed(
     """What a record costs its money budgets, in billionths, and whether every unit it
     holds had a price. One that did not (or a time no price covers) is charged what it
     reserved, or its priced units when they cost more: never less than was known."""
+    if q == Quantities():
+        return 0, True  # billed nothing (an invalid answer)
     rate = table.rate(model, at)
     if rate is None:
         return reserved, False
