@@ -346,3 +346,20 @@ async def test_a_shared_money_budget_is_told_in_cost_headers(
     assert resp.status == 200
     assert "x-ratelimit-limit-requests" not in resp.headers
     assert resp.headers["x-ratelimit-remaining-cost"] == "0.447"
+
+
+async def test_a_reservation_too_large_for_the_store_is_refused(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """A request that may cost 100,000 units or more cannot be held exactly in the
+    shared store's member strings: refused (400, not to retry), whatever the budget."""
+    prices = price_file(tmp_path / "prices.yaml", (PAST, "50000"))  # 150,000 a request
+    limits = {"tenants": {"acme": {"cost_per_month": "4000000"}}}
+    seen, client = await money_proxy(
+        aiohttp_server, aiohttp_client, minilm_path, tmp_path, limits, prices
+    )
+    resp = await client.post("/v1/embeddings", json=EMBED, headers=ACME)
+    assert resp.status == 400
+    assert resp.headers["x-should-retry"] == "false"
+    assert "it may cost 150000 USD" in (await resp.json())["error"]["message"]
+    assert seen == []
