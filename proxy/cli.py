@@ -21,7 +21,8 @@ from pydantic import ValidationError
 from pydantic_settings import CliSettingsSource
 
 from proxy import __version__
-from proxy.accounting.prices import PriceTable, load_prices, one_line
+from proxy.accounting.pricefile import load_prices, one_line
+from proxy.accounting.prices import PriceTable
 from proxy.ledger.charges import charge, quantities
 from proxy.ledger.journal_files import (
     discard_exporter,

@@ -19,7 +19,8 @@ import yaml
 from aiohttp import web
 from pydantic import ValidationError
 
-from proxy.accounting.prices import PriceTable, Quantities, load_prices, one_line
+from proxy.accounting.pricefile import load_prices, one_line
+from proxy.accounting.prices import PriceTable, Quantities
 from proxy.ledger.charges import quantities
 from proxy.ledger.records import UsageRecord
 from proxy.metrics import Metrics

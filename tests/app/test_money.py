@@ -20,7 +20,7 @@ from redis.asyncio import Redis
 from transformers import AutoTokenizer
 
 from proxy.accounting.money import nanos_up
-from proxy.accounting.prices import load_prices
+from proxy.accounting.pricefile import load_prices
 from proxy.ledger.charges import charge
 from proxy.serving.admission import ADMISSION
 from proxy.serving.app import create_app

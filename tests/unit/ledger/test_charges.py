@@ -9,7 +9,8 @@ from decimal import ROUND_HALF_EVEN, Decimal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.accounting.prices import PricedUnit, PriceFile, PriceTable
+from proxy.accounting.pricefile import PriceFile
+from proxy.accounting.prices import PricedUnit, PriceTable
 from proxy.ledger.charges import charge, quantities
 from proxy.ledger.records import Units, UsageRecord
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from proxy.accounting.prices import PriceFile, PriceTable, Quantities
+from proxy.accounting.pricefile import PriceFile
+from proxy.accounting.prices import PriceTable, Quantities
 from proxy.limits.costs import billed, reserved, unpriced
 from proxy.limits.limiter import Cost
 from proxy.limits.policy import Policies
