@@ -236,18 +236,19 @@ class Admission:
         if record is None:
             await self.limiter.release(ticket, now)
             return
-        money = self._money(record, ticket.cost.money)
+        money = self._money(record, ticket.who, ticket.cost.money)
         bill = Cost(record.prompt_tokens_billed or 0, record.completion_tokens_billed or 0)
         await self.limiter.settle(ticket, replace(bill, money=money), now)
 
-    def _money(self, record: UsageRecord, reserved: int) -> int:
+    def _money(self, record: UsageRecord, who: Who, reserved: int) -> int:
         """What a record costs the money budgets: its units at the price in force at its
-        time (``limits.costs.billed``); 0 without a price file."""
+        time (``limits.costs.billed``); 0 without a price file. Kept for every tenant (a
+        budget a reload adds counts this period's records), said when one applies."""
         table = self.table
         if table is None:
             return 0
         money, whole = billed(table, record.model, quantities(record), record.time, reserved)
-        if not whole:
+        if not whole and self.limiter.policies.money_applies(who.tenant, who.model, who.key):
             log.warning(
                 "unpriced_record", record_id=record.record_id, model=record.model, charged=money
             )
