@@ -21,6 +21,9 @@ from pydantic import ValidationError
 from pydantic_settings import CliSettingsSource
 
 from proxy import __version__
+from proxy.accounting.pricefile import load_prices, one_line
+from proxy.accounting.prices import PriceTable
+from proxy.ledger.charges import charge, quantities
 from proxy.ledger.journal_files import (
     discard_exporter,
     list_dead_letters,
@@ -29,9 +32,10 @@ from proxy.ledger.journal_files import (
     requeue_dead_letters,
 )
 from proxy.ledger.records import UsageRecord
-from proxy.ledger.report import GROUPS, BudgetRow, aggregate
+from proxy.ledger.report import GROUPS, BudgetRow, aggregate, row_key
 from proxy.ledger.report_formats import FORMATS
 from proxy.limits.budgets import budget_use
+from proxy.limits.costs import billed
 from proxy.limits.limiter import Cost, Usage, Who
 from proxy.limits.periods import earliest_start
 from proxy.limits.policy import Policies, load_policies
@@ -326,6 +330,14 @@ def _add_report(commands: Any) -> None:
         "one replica's journal, a budget shows what that replica billed; from the ledger, what "
         "every replica billed",
     )
+    report.add_argument(
+        "--prices",
+        type=Path,
+        metavar="FILE",
+        help="the proxy's price file: add the amounts, every record priced at the price in "
+        "force at its time: per tenant, model, unit and price, and each tenant's amount "
+        "rounded once (CSV: each row's amounts and its tenant's amount due)",
+    )
 
 
 def run_report(args: argparse.Namespace) -> int:
@@ -340,14 +352,19 @@ def run_report(args: argparse.Namespace) -> int:
     if unknown or not groups:
         raise ValueError(f"--group-by takes {', '.join(GROUPS)}; not {', '.join(unknown)}")
     policies = _policies(args.limits) if args.limits else None
+    table = _prices(args.prices) if args.prices else None
+    if policies is not None and table is None and any(policies.budgeted_models()):
+        raise ValueError(f"--limits {args.limits} has cost_per_* budgets: give --prices too")
     records = _records(args, since, until)
     generated = datetime.now(UTC).isoformat(timespec="seconds")
     report = aggregate(records, group_by=groups, since=since, until=until, generated_at=generated)
+    if table is not None:
+        report.charges = charge(records, table, lambda r: row_key(r, groups))
     if policies is not None:
         at, start = _budget_window(policies, until)
         covered = since is None or datetime.fromisoformat(since) <= datetime.fromisoformat(start)
         history = records if covered else _records(args, start, until)  # read once if it can
-        report.budgets = _budgets(policies, history, at)
+        report.budgets = _budgets(policies, history, at, table)
     text = FORMATS[args.format](report)
     if args.output:
         args.output.write_text(text, encoding="utf-8")
@@ -361,6 +378,13 @@ def _policies(path: Path) -> Policies:
         return load_policies(path)
     except (UnicodeDecodeError, yaml.YAMLError, ValidationError) as exc:
         raise ValueError(f"--limits {path} is not a valid limits file: {exc}") from None
+
+
+def _prices(path: Path) -> PriceTable:
+    try:
+        return load_prices(path)
+    except (UnicodeDecodeError, yaml.YAMLError, ValidationError) as exc:
+        raise ValueError(f"--prices {path} is not a valid price file: {one_line(exc)}") from None
 
 
 def _records(args: argparse.Namespace, since: str | None, until: str | None) -> list[UsageRecord]:
@@ -380,14 +404,20 @@ def _budget_window(policies: Policies, until: str | None) -> tuple[float, str]:
     return at, datetime.fromtimestamp(earliest_start(at, policies.zone), UTC).isoformat()
 
 
-def _budgets(policies: Policies, records: list[UsageRecord], at: float) -> tuple[BudgetRow, ...]:
+def _budgets(
+    policies: Policies, records: list[UsageRecord], at: float, table: PriceTable | None
+) -> tuple[BudgetRow, ...]:
     """Each budget's use in its period holding ``at``, from ``records`` (those outside a
-    budget's period are not counted)."""
+    budget's period are not counted); a money budget's as admission bills it."""
+
+    def money(r: UsageRecord) -> int:
+        return billed(table, r.model, quantities(r), r.time, 0)[0] if table else 0
+
     history = [
         Usage(
             Who(r.tenant, r.model, r.key_hash),
             r.time.timestamp(),
-            Cost(r.prompt_tokens_billed or 0, r.completion_tokens_billed or 0),
+            Cost(r.prompt_tokens_billed or 0, r.completion_tokens_billed or 0, money=money(r)),
         )
         for r in records
     ]
@@ -395,8 +425,17 @@ def _budgets(policies: Policies, records: list[UsageRecord], at: float) -> tuple
     def local(moment: float) -> str:
         return datetime.fromtimestamp(moment, policies.zone).isoformat(timespec="minutes")
 
+    currency = table.currency if table else None
     return tuple(
-        BudgetRow(_scope_label(u.scope), u.budget, local(u.start), local(u.end), u.used, u.amount)
+        BudgetRow(
+            _scope_label(u.scope),
+            u.budget,
+            local(u.start),
+            local(u.end),
+            u.used,
+            u.amount,
+            currency if u.budget.startswith("cost_") else None,
+        )
         for u in budget_use(policies, history, at)
     )
 

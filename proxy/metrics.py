@@ -325,6 +325,32 @@ SPECS: dict[str, _Spec] = {
         "usage_proxy_limits_restored_records",
         "Journaled records the budgets were rebuilt from at start.",
     ),
+    # Prices (--prices, proxy.serving.pricesfile): what was spent, at each record's time.
+    "spend": _Spec(
+        Counter,
+        "usage_proxy_spend",
+        "Amount billed in the price file's currency, each record priced at its time "
+        "(a float for dashboards: usage-proxy report --prices is the exact figure).",
+        ("model", "currency"),
+        tenant=True,
+    ),
+    "unpriced": _Spec(
+        Counter,
+        "usage_proxy_unpriced_records",
+        "Records the price file could not price (no price in force, or a unit without one).",
+        ("model",),
+        tenant=True,
+    ),
+    "prices_loaded_at": _Spec(
+        Gauge,
+        "usage_proxy_prices_loaded_timestamp_seconds",
+        "When the price file in use was loaded (Unix time).",
+    ),
+    "prices_reload_failures": _Spec(
+        Counter,
+        "usage_proxy_prices_reload_failures",
+        "Price files that could not be loaded (the prices in use stay).",
+    ),
     # The shared limits store (--limits-store, proxy.serving.storeguard).
     "store_seconds": _Spec(
         Histogram,
@@ -417,6 +443,10 @@ class Metrics:
     limits_loaded_at: Gauge
     limits_reload_failures: Counter
     limits_restored: Counter
+    spend: Counter
+    unpriced: Counter
+    prices_loaded_at: Gauge
+    prices_reload_failures: Counter
     store_seconds: Histogram
     store_errors: Counter
     store_breaker: Gauge

@@ -258,6 +258,14 @@ class Settings(BaseSettings):
         description="YAML/JSON file of budgets and rate limits per tenant, model and key "
         "(docs/metering.md, 'Budgets and rate limits'); reloaded on SIGHUP and when it changes.",
     )
+    prices: Path | None = Field(
+        None,
+        description="YAML/JSON price file: per served model (and a default) a price per unit "
+        "(prompt_tokens, cached_prompt_tokens, completion_tokens, audio_seconds; LiteLLM's "
+        "input_cost_per_token etc. too), a currency and effective dates (docs/metering.md, "
+        "'Prices'); for the limits file's cost_per_* budgets and the spend metrics; "
+        "reloaded on SIGHUP and when it changes.",
+    )
     limits_store: str | None = Field(
         None,
         description="Share the --limits among replicas on a Redis/Valkey store: "

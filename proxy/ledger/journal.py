@@ -17,7 +17,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,9 +45,12 @@ SELECT tenant, json_extract(body, '$.model'), json_extract(body, '$.key_hash'),
        (CAST(strftime('%s', substr(time, 1, 19)) AS INTEGER) / ?) * ? AS bucket,
        sum(coalesce(json_extract(body, '$.prompt_tokens_billed'), 0)),
        sum(coalesce(json_extract(body, '$.completion_tokens_billed'), 0)),
-       count(*)
+       count(*),
+       sum(coalesce(json_extract(body, '$.units.cached_prompt_tokens'), 0)),
+       sum(coalesce(json_extract(body, '$.units.audio_seconds'), 0)),
+       {segment} AS segment
 FROM records WHERE kind = 'usage' AND time >= ?
-GROUP BY 1, 2, 3, 4
+GROUP BY 1, 2, 3, 4, 10
 """
 
 
@@ -62,6 +65,9 @@ class UsageSum:
     prompt: int
     completion: int
     records: int
+    cached: int = 0  # cached prompt tokens (part of ``prompt``)
+    audio: int = 0  # audio seconds
+    segment: int = 0  # how many of the ``cuts`` asked for are at or before these records
 
 
 T = TypeVar("T")
@@ -426,14 +432,21 @@ class Journal:
         ).fetchone()
         return None if row is None else str(row[0])
 
-    async def usage_since(self, since: datetime, bucket: int) -> list[UsageSum]:
+    async def usage_since(
+        self, since: datetime, bucket: int, cuts: Sequence[datetime] = ()
+    ) -> list[UsageSum]:
         """Billed usage journaled at or after ``since``, summed by tenant, model, key and
-        ``bucket``-second interval (read-only: budgets are rebuilt from it at start)."""
-        return await self._run(self._usage_since, since.astimezone(UTC).isoformat(), bucket)
+        ``bucket``-second interval, split at each of ``cuts`` (the instants prices change:
+        no sum spans two prices); read-only: budgets are rebuilt from it at start."""
+        after = since.astimezone(UTC).isoformat()
+        at = [cut.astimezone(UTC).isoformat() for cut in cuts]
+        return await self._run(self._usage_since, after, bucket, at)
 
-    def _usage_since(self, since: str, bucket: int) -> list[UsageSum]:
+    def _usage_since(self, since: str, bucket: int, cuts: list[str]) -> list[UsageSum]:
         assert self._db is not None
-        rows = self._db.execute(USAGE_SUMS, (bucket, bucket, since))
+        # times are ISO 8601 in UTC, compared as text (as ``since`` is)
+        segment = " + ".join(["(time >= ?)"] * len(cuts)) or "0"
+        rows = self._db.execute(USAGE_SUMS.format(segment=segment), (bucket, bucket, *cuts, since))
         return [UsageSum(*row) for row in rows]
 
     async def close(self) -> None:

@@ -11,6 +11,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from proxy.accounting.money import from_nanos, plain
+from proxy.ledger.charges import Charges
 from proxy.ledger.records import UsageRecord
 
 GROUPS = ("tenant", "model", "operation", "day")
@@ -196,6 +198,7 @@ class BudgetRow:
     period_end: str
     used: int
     amount: int
+    currency: str | None = None  # a money budget: used and amount are billionths of it
 
     @property
     def remaining(self) -> int:
@@ -205,16 +208,26 @@ class BudgetRow:
     def percent(self) -> float:
         return round(100 * self.used / self.amount, 2)
 
+    def said(self, units: int) -> str:
+        """A figure as the report writes it: a count, or an amount of the currency."""
+        return plain(from_nanos(units)) if self.currency else f"{units:,}"
+
     def as_dict(self) -> dict[str, object]:
+        figures = (self.used, self.amount, self.remaining)
+        # money as exact decimal strings, never a float
+        used, amount, remaining = (
+            (plain(from_nanos(f)) for f in figures) if self.currency else figures
+        )
         return {
             "scope": self.scope,
             "budget": self.budget,
             "period_start": self.period_start,
             "period_end": self.period_end,
-            "used": self.used,
-            "amount": self.amount,
-            "remaining": self.remaining,
+            "used": used,
+            "amount": amount,
+            "remaining": remaining,
             "used_percent": self.percent,
+            **({"currency": self.currency} if self.currency else {}),
         }
 
 
@@ -228,6 +241,7 @@ class Report:
     until: str | None
     generated_at: str
     budgets: tuple[BudgetRow, ...] = ()  # with ``--limits``: each budget's period so far
+    charges: Charges | None = None  # with ``--prices``: the records priced at their time
 
     @property
     def first_record(self) -> str | None:
@@ -269,6 +283,11 @@ def _key(record: UsageRecord, group: str) -> str:
     return str(value) if value else "-"
 
 
+def row_key(record: UsageRecord, group_by: Sequence[str]) -> tuple[str, ...]:
+    """The row of the report grouped by ``group_by`` that ``record`` is counted in."""
+    return tuple(_key(record, g) for g in group_by)
+
+
 def aggregate(
     records: Iterable[UsageRecord],
     *,
@@ -281,7 +300,7 @@ def aggregate(
     tenant when the report is grouped by tenant and something else; the totals."""
     rows: dict[tuple[str, ...], Row] = {}
     for r in records:
-        key = tuple(_key(r, g) for g in group_by)
+        key = row_key(r, group_by)
         row = rows.get(key)
         if row is None:
             row = rows[key] = Row(dict(zip(group_by, key, strict=True)))

@@ -11,9 +11,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+from decimal import Decimal
 
 import jinja2
 
+from proxy.accounting.money import plain
+from proxy.accounting.prices import PricedUnit
+from proxy.ledger.charges import Charges
 from proxy.ledger.report import COLUMNS, UNPROVEN, BudgetRow, Report, Row
 
 TITLES = {"tenant": "Tenant", "model": "Model", "operation": "Operation", "day": "Day (UTC)"}
@@ -100,6 +104,7 @@ def as_table(report: Report) -> str:
             lines[-1],
             "",
             *_budget_table(report.budgets),
+            *_charges_table(report.charges),
             "Columns:",
             *legend,
             "",
@@ -112,8 +117,19 @@ BUDGET_TITLES = ("Scope", "Budget", "Period", "Used", "Limit", "Left", "Used %")
 
 def _budget_cells(b: BudgetRow) -> list[str]:
     period = f"{b.period_start} to {b.period_end}"
-    numbers = [f"{b.used:,}", f"{b.amount:,}", f"{b.remaining:,}", f"{b.percent:.2f}"]
+    numbers = [b.said(b.used), b.said(b.amount), b.said(b.remaining), f"{b.percent:.2f}"]
     return [_short(b.scope), b.budget, period, *numbers]
+
+
+def _aligned(cells: list[list[str]], left: int) -> list[str]:
+    """Rows of cells in columns (the first ``left`` to the left, numbers to the right),
+    the heading's row followed by a rule."""
+    width = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
+    lines = [
+        "  ".join(c[i].ljust(width[i]) if i < left else c[i].rjust(width[i]) for i in range(len(c)))
+        for c in cells
+    ]
+    return [lines[0], "  ".join("-" * w for w in width), *lines[1:]]
 
 
 def _budget_table(budgets: tuple[BudgetRow, ...]) -> list[str]:
@@ -121,19 +137,68 @@ def _budget_table(budgets: tuple[BudgetRow, ...]) -> list[str]:
     file's zone), or nothing without ``--limits``."""
     if not budgets:
         return []
-    cells = [list(BUDGET_TITLES), *(_budget_cells(b) for b in budgets)]
-    width = [max(len(c[i]) for c in cells) for i in range(len(BUDGET_TITLES))]
-    lines = [
-        "  ".join(c[i].ljust(width[i]) if i < 3 else c[i].rjust(width[i]) for i in range(len(c)))
-        for c in cells
+    lines = _aligned([list(BUDGET_TITLES), *(_budget_cells(b) for b in budgets)], 3)
+    return ["Budgets (their periods holding the report's end):", *lines, ""]
+
+
+CHARGE_TITLES = ("Tenant", "Model", "Unit", "Price since", "Price", "Quantity", "Amount")
+DUE_TITLES = ("Tenant", "Amount", "Due", "Unpriced requests")
+
+
+def charges_heading(charges: Charges) -> str:
+    return (
+        f"Amounts in {charges.currency}: each record priced at the price in force at its "
+        f"time, every line exact; each tenant's amount rounded once, to {charges.decimals} "
+        "decimal places, half to even"
+    )
+
+
+def charge_cells(charges: Charges) -> list[list[str]]:
+    return [
+        [
+            _short(line.tenant),
+            _short(line.model),
+            line.unit.value,
+            line.since.isoformat(timespec="seconds") if line.since else "-",
+            plain(line.price),
+            f"{line.quantity:,}",
+            plain(line.amount),
+        ]
+        for line in charges.lines
     ]
-    rule = "  ".join("-" * w for w in width)
-    return ["Budgets (their periods holding the report's end):", lines[0], rule, *lines[1:], ""]
+
+
+def due_cells(charges: Charges) -> list[list[str]]:
+    cells = [
+        [_short(t.tenant), plain(t.amount), str(t.due), f"{t.unpriced:,}"] for t in charges.tenants
+    ]
+    return [*cells, ["TOTAL", "", str(charges.due), f"{charges.unpriced:,}"]]
+
+
+def _charges_table(charges: Charges | None) -> list[str]:
+    """The amounts (with ``--prices``): a line per tenant, model, unit and price, then
+    each tenant's amount, exact and as its invoice states it."""
+    if charges is None:
+        return []
+    lines = _aligned([list(CHARGE_TITLES), *charge_cells(charges)], 4)
+    dues = _aligned([list(DUE_TITLES), *due_cells(charges)], 1)
+    return [charges_heading(charges) + ":", *lines, "", *dues, ""]
+
+
+# With --prices, after every other column (a reader by position keeps its columns).
+AMOUNT_COLUMNS = (
+    "currency",
+    *(f"amount_{u.value}" for u in PricedUnit),
+    "amount",
+    "unpriced_requests",
+    "tenant_amount_due",
+)
 
 
 def csv_columns(report: Report) -> list[str]:
     """Keys, figures, one ``verdict_<name>`` count per verdict, then the row's own first and
-    last record and the report's range (the same on every row)."""
+    last record and the report's range (the same on every row); with prices, the row's
+    exact amounts and its tenant's amount due (the same on each of its rows)."""
     return [
         *report.group_by,
         *(c.name for c in COLUMNS),
@@ -143,6 +208,23 @@ def csv_columns(report: Report) -> list[str]:
         "since",
         "until",
         "generated_at",
+        *(AMOUNT_COLUMNS if report.charges else ()),
+    ]
+
+
+def _amount_cells(report: Report, row: Row) -> list[object]:
+    charges = report.charges
+    if charges is None:
+        return []
+    amounts = charges.rows.get(tuple(row.keys[g] for g in report.group_by))
+    units = amounts.units if amounts else {}
+    tenant = charges.tenant(row.keys["tenant"]) if "tenant" in row.keys else None
+    return [
+        charges.currency,
+        *(plain(units.get(u, Decimal(0))) for u in PricedUnit),
+        plain(amounts.total) if amounts else "0",
+        amounts.unpriced if amounts else 0,
+        str(tenant.due) if tenant else "",
     ]
 
 
@@ -162,6 +244,7 @@ def as_csv(report: Report) -> str:
                 report.start or "",
                 report.end or "",
                 report.generated_at,
+                *_amount_cells(report, row),
             ]
         )
     return out.getvalue()
@@ -181,6 +264,8 @@ def as_json(report: Report) -> str:
         "totals": report.totals.as_dict(),
         "budgets": [b.as_dict() for b in report.budgets],
     }
+    if report.charges is not None:
+        body["charges"] = report.charges.as_dict()
     return json.dumps(body, indent=2) + "\n"
 
 
@@ -226,6 +311,12 @@ def as_html(report: Report, title: str = "vllm-usage-proxy: usage report") -> st
         chart=_chart(report),
         budget_titles=BUDGET_TITLES,
         budget_cells=_budget_cells,
+        charges=report.charges,
+        charges_heading=charges_heading,
+        charge_titles=CHARGE_TITLES,
+        charge_cells=charge_cells,
+        due_titles=DUE_TITLES,
+        due_cells=due_cells,
         unproven=", ".join(sorted(UNPROVEN)),
     )
 

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from proxy.limits.policy import Policies, Unit
+from proxy.limits.policy import Limit, Policies, Unit
 
 # A budget refusal whose reset is further than this tells clients not to retry
 # (``x-should-retry: false``): openai-python would otherwise retry, in vain.
@@ -18,11 +18,16 @@ DISTANT_SECONDS = 60.0
 
 @dataclass(frozen=True, slots=True)
 class Cost:
-    """Units of one request: reserved before forwarding, or billed by its record."""
+    """Units of one request: reserved before forwarding, or billed by its record.
+    ``money`` is its price in billionths of the price file's currency (``accounting.money``:
+    a reservation's bound and a record's amount, each rounded up to a billionth), an
+    integer like every other unit, so a limiter and its store count it as they count
+    tokens."""
 
     prompt: int = 0
     completion: int = 0
     requests: int = 1
+    money: int = 0
 
     def of(self, unit: Unit) -> int:
         if unit is Unit.REQUESTS:
@@ -31,6 +36,8 @@ class Cost:
             return self.prompt
         if unit is Unit.COMPLETION:
             return self.completion
+        if unit is Unit.COST:
+            return self.money
         return self.prompt + self.completion
 
 
@@ -96,6 +103,36 @@ class Decision:
     requests: Standing | None
     tokens: Standing | None
     budgets: tuple[tuple[str, int], ...] = ()  # the tenant's budgets: units left
+    cost: Standing | None = None  # the money budget with the least room (in billionths)
+
+
+def decision_of(
+    ticket: Ticket | None,
+    refusal: Refusal | None,
+    standings: Iterable[tuple[tuple[str, ...], Limit, Standing]],
+) -> Decision:
+    """The decision with the tightest request, token and money limit (the least
+    remaining) of ``standings`` (each limit's, net of the reservations in flight), and
+    what is left of the tenant's budgets."""
+    tightest: dict[str, Standing] = {}
+    budgets: list[tuple[str, int]] = []
+    for scope, limit, standing in standings:
+        if limit.window is None:
+            continue
+        if limit.budget and scope[0] == "tenant":
+            budgets.append((limit.name, standing.remaining))
+        kind = "tokens" if limit.tokens else "cost" if limit.money else "requests"
+        held = tightest.get(kind)
+        if held is None or standing.remaining < held.remaining:
+            tightest[kind] = standing
+    return Decision(
+        ticket,
+        refusal,
+        tightest.get("requests"),
+        tightest.get("tokens"),
+        tuple(budgets),
+        tightest.get("cost"),
+    )
 
 
 @dataclass(frozen=True, slots=True)

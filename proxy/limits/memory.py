@@ -12,7 +12,16 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable
 
-from proxy.limits.limiter import Cost, Decision, Refusal, Standing, Ticket, Usage, Who
+from proxy.limits.limiter import (
+    Cost,
+    Decision,
+    Refusal,
+    Standing,
+    Ticket,
+    Usage,
+    Who,
+    decision_of,
+)
 from proxy.limits.meters import BudgetMeter, Gate, Meter, RateMeter
 from proxy.limits.periods import earliest_start
 from proxy.limits.policy import Limit, Policies, Unit
@@ -46,19 +55,20 @@ class History:
         self._rows: dict[str, dict[Who, dict[int, list[int]]]] = defaultdict(dict)
 
     def note(self, who: Who, cost: Cost, at: float) -> None:
-        row = self._rows[who.tenant].setdefault(who, {}).setdefault(bucket_of(at), [0, 0, 0])
+        row = self._rows[who.tenant].setdefault(who, {}).setdefault(bucket_of(at), [0, 0, 0, 0])
         row[0] += cost.prompt
         row[1] += cost.completion
         row[2] += cost.requests
+        row[3] += cost.money
 
     def used(self, scope: tuple[str, ...], unit: Unit, start: float, end: float) -> int:
         total = 0
         for who, buckets in self._rows.get(scope[1], {}).items():
             if not matches(scope, who):
                 continue
-            for bucket, (prompt, completion, requests) in buckets.items():
+            for bucket, (prompt, completion, requests, money) in buckets.items():
                 if start <= bucket < end:
-                    total += Cost(prompt, completion, requests).of(unit)
+                    total += Cost(prompt, completion, requests, money).of(unit)
         return total
 
     def whos(self) -> list[Who]:
@@ -104,12 +114,12 @@ class InProcessLimiter:
         ]
         if refusals:
             worst = max(refusals, key=lambda r: r.wait)
-            return Decision(None, worst, *_standings(plan, now))
+            return _decision(None, worst, plan, now)
         ticket = Ticket(who, cost)
         for scope, limit, meter, units in plan:
             meter.take(units, now)
             ticket.taken.append((scope, limit.name, limit.unit))
-        return Decision(ticket, None, *_standings(plan, now))
+        return _decision(ticket, None, plan, now)
 
     async def settle(self, ticket: Ticket, billed: Cost, now: float) -> None:
         if not ticket.open:
@@ -179,26 +189,11 @@ class InProcessLimiter:
 Plan = list[tuple[tuple[str, ...], Limit, Meter, int]]
 
 
-def _standings(
-    plan: Plan, now: float
-) -> tuple[Standing | None, Standing | None, tuple[tuple[str, int], ...]]:
-    """The tightest request limit and the tightest token limit (the least remaining),
-    net of the reservations in flight; what is left of the tenant's budgets."""
-    requests: Standing | None = None
-    tokens: Standing | None = None
-    budgets: list[tuple[str, int]] = []
-    for scope, limit, meter, _ in plan:
-        if limit.window is None:
-            continue
-        standing = Standing(*meter.standing(now))
-        if limit.budget and scope[0] == "tenant":
-            budgets.append((limit.name, standing.remaining))
-        if limit.tokens:
-            tokens = standing if tokens is None or _tighter(standing, tokens) else tokens
-        elif requests is None or _tighter(standing, requests):
-            requests = standing
-    return requests, tokens, tuple(budgets)
-
-
-def _tighter(a: Standing, b: Standing) -> bool:
-    return a.remaining < b.remaining
+def _decision(ticket: Ticket | None, refusal: Refusal | None, plan: Plan, now: float) -> Decision:
+    """The decision with the standings of every limit of ``plan`` (``decision_of``)."""
+    standings = [
+        (scope, limit, Standing(*meter.standing(now)))
+        for scope, limit, meter, _ in plan
+        if limit.window is not None
+    ]
+    return decision_of(ticket, refusal, standings)

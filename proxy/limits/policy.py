@@ -5,12 +5,23 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
+
+from proxy.accounting.money import MOST_BUDGET, Amount, from_nanos, nanos_up, read_yaml
 
 
 class Unit(enum.StrEnum):
@@ -18,6 +29,7 @@ class Unit(enum.StrEnum):
     PROMPT = "prompt_tokens"
     COMPLETION = "completion_tokens"
     TOTAL = "total_tokens"
+    COST = "cost"  # money, in billionths of the --prices file's currency
 
 
 class Window(enum.StrEnum):
@@ -46,13 +58,38 @@ class Limit:
     amount: int
     name: str = field(init=False, compare=False)
     tokens: bool = field(init=False, compare=False)  # a token limit, not a request one
+    money: bool = field(init=False, compare=False)  # a money budget (``cost_per_*``)
     budget: bool = field(init=False, compare=False)  # a calendar budget, not a rate
 
     def __post_init__(self) -> None:
         name = "concurrency" if self.window is None else f"{self.unit}_per_{self.window}"
         object.__setattr__(self, "name", name)
-        object.__setattr__(self, "tokens", self.unit is not Unit.REQUESTS)
+        object.__setattr__(self, "tokens", self.unit not in (Unit.REQUESTS, Unit.COST))
+        object.__setattr__(self, "money", self.unit is Unit.COST)
         object.__setattr__(self, "budget", self.window is not None and self.window.budget)
+
+    @property
+    def priced(self) -> bool:
+        """Whether a request's count is needed before forwarding (tokens, or money)."""
+        return self.tokens or self.money
+
+
+def _budget(value: Decimal) -> Decimal:
+    """A money budget: above zero, whole billionths (what a limiter counts), and well
+    inside what the shared store's doubles count exactly."""
+    if value <= 0:
+        raise ValueError(f"{value} is not above zero")
+    if from_nanos(nanos_up(value)) != value:
+        raise ValueError(f"{value} has more than 9 decimal places")
+    if value > MOST_BUDGET:
+        raise ValueError(f"{value} is above {MOST_BUDGET:,}, the most a budget may be")
+    return value
+
+
+Money = Annotated[Amount, AfterValidator(_budget)]
+# Money is budgeted by calendar periods only: a smooth rate's arrival time (a double of
+# Unix seconds) cannot advance by a billionth's share of a window.
+MONEY_RATES = ("cost_per_second", "cost_per_minute", "cost_per_hour")
 
 
 class Limits(BaseModel):
@@ -84,9 +121,24 @@ class Limits(BaseModel):
     total_tokens_per_day: PositiveInt | None = None
     total_tokens_per_week: PositiveInt | None = None
     total_tokens_per_month: PositiveInt | None = None
+    cost_per_day: Money | None = None
+    cost_per_week: Money | None = None
+    cost_per_month: Money | None = None
     concurrency: PositiveInt | None = None
 
     _limits: tuple[Limit, ...] | None = PrivateAttr(None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_money_rates(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name in MONEY_RATES:
+                if name in data:
+                    raise ValueError(
+                        f"{name}: money is budgeted per calendar period: "
+                        "cost_per_day, cost_per_week or cost_per_month"
+                    )
+        return data
 
     def limits(self) -> tuple[Limit, ...]:
         """The limits set at this level (read once: every admission asks)."""
@@ -97,6 +149,10 @@ class Limits(BaseModel):
     def _read(self) -> tuple[Limit, ...]:
         out = []
         for name, value in self:
+            if isinstance(value, Decimal) and name in MONEY_NAMES:
+                window = name.rpartition("_per_")[2]
+                out.append(Limit(Unit.COST, Window(window), nanos_up(value)))
+                continue
             if value is None or not isinstance(value, int):
                 continue
             if name == "concurrency":
@@ -110,6 +166,7 @@ class Limits(BaseModel):
 LEVELS_HELD = 10_000
 # The field names that are amounts (what a replica's share divides).
 LIMIT_NAMES = frozenset(name for name in Limits.model_fields if name != "fail_mode")
+MONEY_NAMES = frozenset(name for name in LIMIT_NAMES if name.startswith("cost_per_"))
 
 # Records name a key by the first hex digits of its SHA-256 (``key_hash``).
 KEY_HASH_DIGITS = 12
@@ -197,26 +254,47 @@ class Policies(BaseModel):
         if replicas <= 1:
             return self
 
+        def divide(name: str, value: Any) -> Any:
+            if name in MONEY_NAMES and isinstance(value, Decimal):  # whole billionths
+                return from_nanos(max(nanos_up(value) // replicas, 1))
+            if name in LIMIT_NAMES and isinstance(value, int):
+                return max(value // replicas, 1)
+            return share(value)
+
         def share(data: Any) -> Any:
             if isinstance(data, dict):
-                return {
-                    name: max(value // replicas, 1)
-                    if name in LIMIT_NAMES and isinstance(value, int)
-                    else share(value)
-                    for name, value in data.items()
-                }
+                return {name: divide(name, value) for name, value in data.items()}
             return data
 
         return Policies.model_validate(share(self.model_dump(exclude_none=True)))
 
     def wants_tokens(self, tenant: str) -> bool:
-        """Whether any token limit may apply to the tenant (its count is then needed
-        before forwarding)."""
+        """Whether any token or money limit may apply to the tenant (its count is then
+        needed before forwarding)."""
         own = self.tenants.get(tenant)
         if own is None:
-            return self.default is not None and any(x.tokens for x in self.default.limits())
+            return self.default is not None and any(x.priced for x in self.default.limits())
         every = [own, *own.models.values(), *own.keys.values()]
-        return any(x.tokens for limits in every for x in limits.limits())
+        return any(x.priced for limits in every for x in limits.limits())
+
+    def money_applies(self, tenant: str, model: str | None, key: str | None) -> bool:
+        """Whether a money budget is among the limits of such a request."""
+        levels = self.levels(tenant, model, key)
+        return any(limit.money for level in levels for limit in level.limits)
+
+    def budgeted_models(self) -> tuple[bool, frozenset[str]]:
+        """Which models a money budget applies to: every model (a default's, a tenant's
+        or a key's budget), and the models named by a tenant's ``models`` budgets."""
+
+        def money(limits: Limits) -> bool:
+            return any(limit.money for limit in limits.limits())
+
+        every = self.default is not None and money(self.default)
+        named: set[str] = set()
+        for own in self.tenants.values():
+            every = every or money(own) or any(money(k) for k in own.keys.values())
+            named.update(m for m, limits in own.models.items() if money(limits))
+        return every, frozenset(named)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,7 +307,7 @@ class Level:
 
 def load_policies(path: Path) -> Policies:
     """Read and validate a limits file (YAML or JSON); raises on anything wrong."""
-    data: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data: Any = read_yaml(path.read_text(encoding="utf-8"))  # 250.00 is a Decimal
     if data is None:
         data = {}
     return Policies.model_validate(data)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,7 +22,12 @@ from pydantic import BaseModel, ConfigDict
 
 from proxy.accounting.analysis import Analysis
 from proxy.accounting.dispatch import Prepared
-from proxy.ledger.journal import Journal
+from proxy.accounting.money import from_nanos, plain
+from proxy.accounting.prices import PriceTable, Quantities
+from proxy.ledger.charges import quantities
+from proxy.ledger.journal import Journal, UsageSum
+from proxy.ledger.records import UsageRecord
+from proxy.limits.costs import billed, reserved
 from proxy.limits.headers import duration, ratelimit_headers
 from proxy.limits.limiter import Cost, Decision, Limiter, Usage, Who
 from proxy.limits.memory import BUCKET_SECONDS
@@ -30,6 +36,7 @@ from proxy.limits.pricing import Price, price_metered, price_scoring
 from proxy.metrics import Metrics
 from proxy.serving.catalog import Catalog
 from proxy.serving.exchange import Exchange, Hold
+from proxy.serving.pricesfile import Prices
 from proxy.serving.upstream import error_response
 from proxy.tokenizers.pool import TokenizerPool
 from proxy.wire.jsonio import top_members
@@ -54,14 +61,20 @@ class Admission:
         metrics: Metrics,
         *,
         count_timeout: float,
+        prices: Prices | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.limiter = limiter
-        self._catalog = catalog
+        self.catalog = catalog
         self._pool = pool
         self._metrics = metrics
         self._count_timeout = count_timeout
+        self.prices = prices  # the money budgets' prices (cost_per_*)
         self._clock = clock
+
+    @property
+    def table(self) -> PriceTable | None:
+        return self.prices.table if self.prices is not None else None
 
     def applies(self, tenant: str) -> bool:
         """Whether any limit may apply to ``tenant`` (else nothing is reserved)."""
@@ -92,7 +105,7 @@ class Admission:
         tenant = exchange.who.tenant
         if not self.applies(tenant):
             return None
-        served = self._catalog.lookup(prepared.model)
+        served = self.catalog.lookup(prepared.model)
         model = served.name if served else prepared.model
         if not self.limiter.wants_tokens(tenant):
             return await self.admit(exchange, model, Price(Cost(), "none"))
@@ -112,16 +125,49 @@ class Admission:
     ) -> web.Response | None:
         """Reserve ``price`` at every level that applies; the refusal to answer, if any."""
         who = Who(exchange.who.tenant, model, exchange.who.key_hash)
-        decision = await self.limiter.reserve(who, price.cost, self._clock())
+        now = self._clock()
+        cost = self._with_money(who, price.cost, now)
+        if isinstance(cost, web.Response):
+            return cost
+        decision = await self.limiter.reserve(who, cost, now)
         exchange.hold.decision = decision
         exchange.request[HOLD] = exchange.hold
         for name, remaining in decision.budgets:
-            self._metrics.budget_remaining.labels(name, *self._metrics.tenant(who.tenant)).set(
-                remaining
-            )
+            left = float(from_nanos(remaining)) if name.startswith("cost_") else remaining
+            self._metrics.budget_remaining.labels(name, *self._metrics.tenant(who.tenant)).set(left)
         if decision.refusal is None:
             return None
         return self._refuse(who, decision, price)
+
+    def _with_money(self, who: Who, cost: Cost, now: float) -> Cost | web.Response:
+        """``cost`` with what it may cost in money when a money budget applies to ``who``
+        (its tokens at the price in force now); a refusal when it cannot be priced."""
+        policies = self.limiter.policies
+        if not policies.money_applies(who.tenant, who.model, who.key):
+            return cost
+        table = self.table
+        at = datetime.fromtimestamp(now, UTC)
+        priced = reserved(cost, table, who.model, at) if table is not None else None
+        if priced is not None:
+            return priced
+        budget = next(
+            limit.name
+            for level in policies.levels(who.tenant, who.model, who.key)
+            for limit in level.limits
+            if limit.money
+        )
+        self._metrics.limited.labels(budget, *self._metrics.tenant(who.tenant)).inc()
+        why = f"model {who.model!r} has no price in force in the price file"
+        log.warning("unpriced_request", tenant=who.tenant, model=who.model, budget=budget)
+        refusal = error_response(
+            400, f"This request cannot be admitted under the {budget} budget: {why}."
+        )
+        refusal.headers["x-should-retry"] = "false"
+        return refusal
+
+    def _said(self, nanos: int) -> str:
+        table = self.table
+        return f"{plain(from_nanos(nanos))} {table.currency if table else ''}".rstrip()
 
     def _refuse(self, who: Who, decision: Decision, price: Price) -> web.Response:
         refusal = decision.refusal
@@ -139,6 +185,11 @@ class Admission:
             price=price.rule,
         )
         where = f"{refusal.limit} of {':'.join(refusal.scope)}"
+        money = refusal.limit.startswith("cost_")
+
+        def said(units: int) -> str:
+            return self._said(units) if money else str(units)
+
         if refusal.unavailable:
             why = refusal.why or "the limits store cannot answer for this tenant's limits"
             return error_response(503, f"{why[0].upper()}{why[1:]}; please try again later.")
@@ -152,14 +203,16 @@ class Admission:
             )
             return error_response(
                 400,
-                f"This request alone costs {refusal.cost}, more than the whole {where} "
-                f"({refusal.amount}): it can never be admitted; reduce it.{why}",
+                f"This request alone costs {said(refusal.cost)}, more than the whole {where} "
+                f"({said(refusal.amount)}): it can never be admitted; reduce it.{why}",
             )
         kind = "requests" if refusal.limit.startswith(("requests", "concurrency")) else "tokens"
+        kind = "cost" if money else kind
         body = {
             "error": {
-                "message": f"Rate limit reached for {where}: limit {refusal.amount}, "
-                f"requested {refusal.cost}. Please try again in {duration(refusal.wait)}.",
+                "message": f"Rate limit reached for {where}: limit {said(refusal.amount)}, "
+                f"requested {said(refusal.cost)}. Please try again in "
+                f"{duration(refusal.wait)}.",
                 "type": kind,
                 "param": None,
                 "code": "rate_limit_exceeded",
@@ -177,8 +230,23 @@ class Admission:
         if record is None:
             await self.limiter.release(ticket, now)
             return
-        billed = Cost(record.prompt_tokens_billed or 0, record.completion_tokens_billed or 0)
-        await self.limiter.settle(ticket, billed, now)
+        money = self._money(record, ticket.who, ticket.cost.money)
+        bill = Cost(record.prompt_tokens_billed or 0, record.completion_tokens_billed or 0)
+        await self.limiter.settle(ticket, replace(bill, money=money), now)
+
+    def _money(self, record: UsageRecord, who: Who, reserved: int) -> int:
+        """What a record costs the money budgets: its units at the price in force at its
+        time (``limits.costs.billed``); 0 without a price file. Kept for every tenant (a
+        budget a reload adds counts this period's records), said when one applies."""
+        table = self.table
+        if table is None:
+            return 0
+        money, whole = billed(table, record.model, quantities(record), record.time, reserved)
+        if not whole and self.limiter.policies.money_applies(who.tenant, who.model, who.key):
+            log.warning(
+                "unpriced_record", record_id=record.record_id, model=record.model, charged=money
+            )
+        return money
 
     def _named(self, body: bytes) -> str | None:
         """The served model a body names (vLLM's default when it names none)."""
@@ -187,7 +255,7 @@ class Admission:
         except Exception:
             found = None
         named = found.get("model") if found else None
-        return self._catalog.model_name(named if isinstance(named, str) else None)
+        return self.catalog.model_name(named if isinstance(named, str) else None)
 
 
 ADMISSION = web.AppKey("admission", Admission)
@@ -212,12 +280,14 @@ def restore_context(
             now = time.time()
             start = earliest_start(now, admission.limiter.policies.zone)
             since = datetime.fromtimestamp(start, UTC)
-            sums = await journal.usage_since(since, BUCKET_SECONDS)
+            table = admission.table
+            cuts = table.cuts() if table is not None else []
+            sums = await journal.usage_since(since, BUCKET_SECONDS, cuts)
             history = [
                 Usage(
                     Who(s.tenant, s.model, s.key_hash),
                     float(s.start),
-                    Cost(s.prompt, s.completion, s.records),
+                    Cost(s.prompt, s.completion, s.records, _money_of(s, table, cuts)),
                 )
                 for s in sums
             ]
@@ -228,3 +298,16 @@ def restore_context(
         yield
 
     return ctx
+
+
+def _money_of(s: UsageSum, table: PriceTable | None, cuts: list[datetime]) -> int:
+    """A journal sum's money: its units at the one price in force over it (a sum never
+    spans a price change: the journal splits it at ``cuts``), rounded up to a billionth
+    once per sum (a settlement rounds once per record: never less than this)."""
+    if table is None:
+        return 0
+    at = datetime.fromtimestamp(s.start, UTC)
+    if s.segment > 0:  # its records are at or after the cut that began their segment
+        at = max(at, cuts[s.segment - 1])
+    q = Quantities(s.prompt, s.completion, s.cached, s.audio)
+    return billed(table, s.model, q, at, 0)[0]

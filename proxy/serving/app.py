@@ -7,12 +7,14 @@ Every resource is built here, in order, and handed to what uses it as a paramete
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
 from aiohttp import web
 from pydantic import ValidationError
 
+from proxy.accounting.prices import PriceTable
 from proxy.accounting.routes import Handling
 from proxy.ledger.exporters import build_sinks
 from proxy.ledger.journal import Journal
@@ -20,9 +22,10 @@ from proxy.ledger.outbox import Outbox
 from proxy.ledger.reconciler import Reconciler
 from proxy.ledger.recorder import Recorder
 from proxy.ledger.sinks import Sink
+from proxy.limits.costs import unpriced
 from proxy.limits.limiter import Limiter
 from proxy.limits.memory import InProcessLimiter
-from proxy.limits.policy import load_policies
+from proxy.limits.policy import Policies, load_policies
 from proxy.metrics import Metrics
 from proxy.serving import admin
 from proxy.serving.admission import ADMISSION, Admission, add_headers, restore_context
@@ -38,6 +41,13 @@ from proxy.serving.lifetimes import counters_reader, ledger_context, reconciler_
 from proxy.serving.limitsfile import LIMITSFILE, LimitsFile, limits_file_context
 from proxy.serving.limitsstore import build_shared_limiter, store_context
 from proxy.serving.metered import METERED, MeteredRelay
+from proxy.serving.pricesfile import (
+    PRICESFILE,
+    Prices,
+    PricesFile,
+    prices_file_context,
+    read_table,
+)
 from proxy.serving.realtime import RealtimeRelay
 from proxy.serving.relayed import Relay
 from proxy.serving.routing import Invocations, Router, guard
@@ -111,11 +121,30 @@ def build_shares(settings: Settings, metrics: Metrics) -> TenantShares:
     return TenantShares(connections, bodies, settings.tenant_share, metrics, enforced=tenants)
 
 
+def build_prices(settings: Settings, metrics: Metrics) -> Prices | None:
+    """The --prices file's table (None without one). A file that cannot be loaded at
+    start stops the start, in one line: there is no table in use to keep."""
+    if settings.prices is None:
+        return None
+    path = Path(settings.prices)
+    try:
+        table = read_table(path)
+    except ValueError as exc:
+        fix = "fix the path, or the file (docs/metering.md: Prices)"
+        raise file_problem(exc, "--prices", path, fix) from None
+    return Prices(table, metrics)
+
+
 def build_admission(
-    settings: Settings, catalog: Catalog, pool: TokenizerPool, metrics: Metrics
+    settings: Settings,
+    catalog: Catalog,
+    pool: TokenizerPool,
+    metrics: Metrics,
+    prices: Prices | None = None,
 ) -> Admission | None:
     """Admission against the --limits file's policies (None without one). A file that
-    cannot be loaded at start stops the start: there are no policies in use to keep."""
+    cannot be loaded at start, or whose money budgets apply to a model without a price,
+    stops the start: there are no policies in use to keep."""
     if settings.limits is None:
         return None
     path = Path(settings.limits)
@@ -124,11 +153,16 @@ def build_admission(
     except (OSError, UnicodeDecodeError, yaml.YAMLError, ValidationError) as exc:
         fix = "fix the path, or the file (README: Budgets and rate limits)"
         raise file_problem(exc, "--limits", path, fix) from None
+    table = prices.table if prices is not None else None
+    problem = unpriced(policies, table, [], datetime.now(UTC))
+    if problem is not None:
+        fix = "price those models in --prices, or change the budget"
+        raise file_problem(ValueError(problem), "--limits", path, fix)
     limiter: Limiter = InProcessLimiter(policies)
     if settings.limits_store is not None:
         limiter = build_shared_limiter(settings, policies, metrics)
     timeout = settings.accounting_timeout
-    return Admission(limiter, catalog, pool, metrics, count_timeout=timeout)
+    return Admission(limiter, catalog, pool, metrics, count_timeout=timeout, prices=prices)
 
 
 A, M, D = Handling.AUDITED, Handling.METERED, Handling.DISPATCHED
@@ -144,11 +178,43 @@ def add_limits(
     """Headers on every answer, the file's live reload, budgets rebuilt at start."""
     assert settings.limits is not None
     app[ADMISSION] = admission
-    app[LIMITSFILE] = LimitsFile(Path(settings.limits), admission.limiter, metrics)
+    app[LIMITSFILE] = LimitsFile(
+        Path(settings.limits), admission.limiter, metrics, check=money_check(admission)
+    )
     app.on_response_prepare.append(add_headers)
     app.cleanup_ctx.append(limits_file_context(app[LIMITSFILE]))
     if isinstance(admission.limiter, GuardedLimiter):
         app.cleanup_ctx.append(store_context(admission.limiter, journaled=journal is not None))
+
+
+def money_check(admission: Admission) -> Callable[[Policies], str | None]:
+    """Whether policies can be used with the prices in use (a limits file's reload)."""
+
+    def check(policies: Policies) -> str | None:
+        served = admission.catalog.models
+        return unpriced(policies, admission.table, served, datetime.now(UTC))
+
+    return check
+
+
+def add_prices(
+    app: web.Application,
+    settings: Settings,
+    prices: Prices,
+    admission: Admission | None,
+    metrics: Metrics,
+) -> None:
+    """The price file's live reload, checked against the limits in use."""
+    assert settings.prices is not None
+
+    def check(table: PriceTable) -> str | None:
+        if admission is None:
+            return None
+        policies, served = admission.limiter.policies, admission.catalog.models
+        return unpriced(policies, table, served, datetime.now(UTC))
+
+    app[PRICESFILE] = PricesFile(Path(settings.prices), prices, metrics, check=check)
+    app.cleanup_ctx.append(prices_file_context(app[PRICESFILE]))
 
 
 def create_app(
@@ -165,7 +231,8 @@ def create_app(
     metrics = Metrics(settings, trusted_tenants=resolver.key_tenants, served=catalog.serves)
     journal, outbox = build_ledger(settings, metrics, sinks)
     shares = build_shares(settings, metrics)
-    admission = build_admission(settings, catalog, pool, metrics)
+    prices = build_prices(settings, metrics)
+    admission = build_admission(settings, catalog, pool, metrics, prices)
     settle = {"settle": admission.settle} if admission else {}
     exchanges = Exchanges(build_budget(settings), shares, metrics, **settle)
     sends = SendWatch(settings.send_timeout, metrics)
@@ -174,7 +241,8 @@ def create_app(
         middlewares=[guard(sends), attribution(resolver, metrics)],
     )
     reconciler = build_reconciler(settings, app, exchanges, journal, metrics)
-    recorder = Recorder(journal, metrics, subscribers=[reconciler.account])
+    spend = [prices.account] if prices is not None else []
+    recorder = Recorder(journal, metrics, subscribers=[reconciler.account, *spend])
     auditor = ScoringAuditor(settings, catalog, pool, recorder, metrics, admission)
     unmetered = Unmetered(settings.unmetered, metrics)
     owners = ResponseOwners(journal)
@@ -192,6 +260,8 @@ def create_app(
         app[OUTBOX] = outbox
     if admission is not None:
         add_limits(app, settings, admission, journal, metrics)
+    if prices is not None:
+        add_prices(app, settings, prices, admission, metrics)
     if settings.api_keys:
         app[KEYFILE] = KeyFile(Path(settings.api_keys), resolver, metrics)
         app.cleanup_ctx.append(key_file_context(app[KEYFILE]))

@@ -39,12 +39,21 @@ def read_stamp(path: Path) -> Stamp | None:
 
 class LimitsFile:
     def __init__(
-        self, path: Path, limiter: Limiter, metrics: Metrics, poll: float = POLL_SECONDS
+        self,
+        path: Path,
+        limiter: Limiter,
+        metrics: Metrics,
+        poll: float = POLL_SECONDS,
+        *,
+        check: Callable[[Policies], str | None] = lambda policies: None,
     ) -> None:
         self.path = path
         self._limiter = limiter
         self._metrics = metrics
         self._poll = poll
+        # why policies cannot be used with the prices in use (a money budget on a model
+        # without a price), or None
+        self._check = check
         self._stamp: Stamp | None = read_stamp(path)
         metrics.limits_loaded_at.set(time.time())
 
@@ -53,6 +62,9 @@ class LimitsFile:
         self._stamp = read_stamp(self.path)
         try:
             policies = load_policies(self.path)
+            problem = self._check(policies)
+            if problem is not None:
+                raise ValueError(problem)
         except (OSError, ValueError, UnicodeDecodeError, yaml.YAMLError, ValidationError) as exc:
             self._metrics.limits_reload_failures.inc()
             log.error("limits_reload_failed", path=str(self.path), why=why, error=str(exc)[:500])

@@ -25,6 +25,7 @@ from proxy.serving.keyfile import KEYFILE
 from proxy.serving.keys import METRICS
 from proxy.serving.limitsfile import LIMITSFILE
 from proxy.serving.memory import tune_allocator
+from proxy.serving.pricesfile import PRICESFILE
 from proxy.serving.startup import StartupError, key_file_problem, listen
 from proxy.serving.tenancy import KeyFileError
 from proxy.settings import EventLoop, Settings
@@ -126,17 +127,22 @@ async def serve(settings: Settings) -> None:
 
 
 def reload_on_hangup(app: web.Application) -> None:
-    """SIGHUP, the usual reload signal, reloads the key file and the limits file (and
-    never ends the process: its default action would, with no drain)."""
-    keys, limits = app.get(KEYFILE), app.get(LIMITSFILE)
+    """SIGHUP, the usual reload signal, reloads the key file, the price file and the
+    limits file (and never ends the process: its default action would, with no drain).
+    Prices first, so that limits with a budget on a newly priced model load; prices
+    again when they failed, for prices of a model the new limits no longer budget."""
+    keys, limits, prices = app.get(KEYFILE), app.get(LIMITSFILE), app.get(PRICESFILE)
 
     def hangup() -> None:
-        if keys is None and limits is None:
-            log.info("sighup_ignored", reason="no --api-keys or --limits file to reload")
+        if keys is None and limits is None and prices is None:
+            log.info("sighup_ignored", reason="no --api-keys, --limits or --prices to reload")
         if keys is not None:
             keys.reload("SIGHUP")
+        priced = prices.reload("SIGHUP") if prices is not None else True
         if limits is not None:
             limits.reload("SIGHUP")
+        if not priced and prices is not None:
+            prices.reload("SIGHUP")
 
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, hangup)
 

@@ -42,7 +42,16 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from proxy.limits.limiter import Cost, Decision, Refusal, Standing, Ticket, Usage, Who
+from proxy.limits.limiter import (
+    Cost,
+    Decision,
+    Refusal,
+    Standing,
+    Ticket,
+    Usage,
+    Who,
+    decision_of,
+)
 from proxy.limits.memory import History, bucket_of, matches
 from proxy.limits.meters import GATE_RETRY_SECONDS, HELD_RETRY_SECONDS
 from proxy.limits.periods import period
@@ -263,7 +272,10 @@ class RedisLimiter:
             for part, (remaining, reset) in zip(parts, standings, strict=True):
                 if part.kind == "b":  # its reset is its period's end less the store's time
                     left[part.key] = (remaining, part.span - reset, part)
-        headers = _standings(parts, standings)
+        told = [
+            (part.scope, part.limit, Standing(part.limit.amount, remaining, reset))
+            for part, (remaining, reset) in zip(parts, standings, strict=True)
+        ]
         if not admitted:
             part = parts[worst - 1]
             limit = part.limit
@@ -275,12 +287,12 @@ class RedisLimiter:
                 limit.amount,
                 limit.budget,
             )
-            return Decision(None, refusal, *headers)
+            return decision_of(None, refusal, told)
         ticket.generation = self.generation
         ticket.taken = [(p.scope, p.limit.name, p.limit.unit) for p in parts]
         if any(p.kind != "r" for p in parts):  # holds to keep while the request lives
             self.live[ticket.id] = ticket
-        return Decision(ticket, None, *headers)
+        return decision_of(ticket, None, told)
 
     def _claimed(self, claims: list[str]) -> None:
         for rid in claims:
@@ -485,25 +497,3 @@ class RedisLimiter:
             self.history.note(usage.who, usage.cost, usage.at)
             taken += 1
         return taken
-
-
-def _standings(
-    parts: list[Taken], standings: list[tuple[int, float]]
-) -> tuple[Standing | None, Standing | None, tuple[tuple[str, int], ...]]:
-    """As ``proxy.limits.memory``: the tightest request and token limits, and what is
-    left of the tenant's budgets."""
-    requests: Standing | None = None
-    tokens: Standing | None = None
-    budgets: list[tuple[str, int]] = []
-    for part, (remaining, reset) in zip(parts, standings, strict=True):
-        limit = part.limit
-        if limit.window is None:
-            continue
-        standing = Standing(limit.amount, remaining, reset)
-        if limit.budget and part.scope[0] == "tenant":
-            budgets.append((limit.name, remaining))
-        if limit.tokens:
-            tokens = standing if tokens is None or remaining < tokens.remaining else tokens
-        elif requests is None or remaining < requests.remaining:
-            requests = standing
-    return requests, tokens, tuple(budgets)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
@@ -414,7 +415,7 @@ class GuardedLimiter:
         )
         wait = refusal.wait if refusal.cost > whole else self.breaker.cooldown
         refusal = Refusal(refusal.limit, refusal.scope, wait, refusal.cost, whole, False)
-        return Decision(None, refusal, decision.requests, decision.tokens, decision.budgets)
+        return dataclasses.replace(decision, refusal=refusal)
 
     def _remember(self, left: dict[str, tuple[int, float, Taken]], seq: int) -> None:
         """Keep what the store said was left of budgets, when it knows every admission
@@ -484,7 +485,7 @@ class GuardedLimiter:
             self._contribute_soon()
         if decision is None:
             return Decision(ticket, None, None, None)
-        return Decision(ticket, None, decision.requests, decision.tokens, decision.budgets)
+        return dataclasses.replace(decision, ticket=ticket)
 
     async def settle(self, ticket: Ticket, billed: Cost, now: float) -> None:
         await self._end(ticket, billed, now, settle=True)

@@ -159,7 +159,7 @@ if worst == 0 then
       redis.call('SET', k, string.format('%.17g', s.tat), 'EXAT', math.ceil(s.tat) + 1)
     else
       s.held = redis.call('HINCRBY', k, 'reserved', cost)
-      redis.call('ZADD', z, now + ttl, id .. '|' .. cost)
+      redis.call('ZADD', z, now + ttl, id .. '|' .. string.format('%d', cost))
       local until_ = math.max(math.ceil(ARGV[a + 6]), math.ceil(now + ttl) + 1)
       redis.call('EXPIREAT', k, until_)
       redis.call('EXPIREAT', z, until_)
@@ -214,7 +214,7 @@ for i = 1, n do
       end
     end
   else
-    if redis.call('ZREM', z, id .. '|' .. reserved) == 1 then
+    if redis.call('ZREM', z, id .. '|' .. string.format('%d', reserved)) == 1 then
       redis.call('HINCRBY', k, 'reserved', -reserved)
     end
     if kind == 'b' and first == 1 and mode == 'settle' and billed > 0 then

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from proxy.ledger.journal import Journal, JournalError
 from proxy.ledger.journal_files import read_journal
+from proxy.ledger.records import Units
 from tests.support.records import make_record
 
 
@@ -189,3 +191,25 @@ async def test_a_sync_append_waits_at_most_the_commit_timeout(tmp_path: Path) ->
     await journal.append(make_record(2))
     await journal.close()
     assert len(read_journal(tmp_path / "j.sqlite")) == 2
+
+
+async def test_usage_sums_split_where_prices_change(tmp_path: Path) -> None:
+    """The budgets' rebuild reads sums per quarter hour; with cuts (the instants prices
+    change) no sum spans one, and cached tokens and audio seconds are summed too."""
+    journal = Journal(tmp_path / "j.sqlite")
+    await journal.open()
+    cut = datetime(2026, 11, 15, 11, 7, 30, tzinfo=UTC)
+    for offset, prompt in ((-1, 10), (0, 20), (1, 40)):  # a microsecond before, at, after
+        moment = cut + timedelta(microseconds=offset)
+        record = make_record(0, billed=prompt).model_copy(
+            update={"time": moment, "units": Units(prompt_tokens=prompt, cached_prompt_tokens=5)}
+        )
+        await journal.append(record)
+    since = datetime(2026, 11, 1, tzinfo=UTC)
+    whole = await journal.usage_since(since, 900)
+    split = await journal.usage_since(since, 900, [cut, cut + timedelta(days=1)])
+    await journal.close()
+    assert [(s.prompt, s.cached, s.records, s.segment) for s in whole] == [(70, 15, 3, 0)]
+    found = sorted((s.segment, s.prompt, s.records) for s in split)
+    assert found == [(0, 10, 1), (1, 60, 2)]
+    assert {s.start for s in split} == {int(datetime(2026, 11, 15, 11, tzinfo=UTC).timestamp())}

@@ -71,3 +71,22 @@ def test_headers_of_a_refusal(
     assert headers.get("retry-after") == after
     assert headers.get("retry-after-ms") == after_ms
     assert headers.get("x-should-retry") == retry
+
+
+def test_a_money_budget_is_told_in_its_currency() -> None:
+    """``x-ratelimit-*-cost`` carries amounts (billionths written as the currency's
+    decimals), beside the token and request headers, never in them."""
+    decision = Decision(
+        None,
+        None,
+        None,
+        Standing(1000, 10, 1.0),
+        (),
+        Standing(250 * 10**9, 249_999_999_550, 3600.0),
+    )
+    headers = ratelimit_headers(decision)
+    assert headers["x-ratelimit-limit-cost"] == "250"
+    assert headers["x-ratelimit-remaining-cost"] == "249.99999955"
+    assert headers["x-ratelimit-reset-cost"] == "1h0m0s"
+    assert headers["x-ratelimit-remaining-tokens"] == "10"
+    assert "x-ratelimit-limit-requests" not in headers

@@ -9,9 +9,10 @@ from proxy.limits.policy import Unit
 
 
 def test_cost_in_each_unit() -> None:
-    """Total is prompt plus completion; a request is one request."""
-    cost = Cost(7, 5)
-    assert [cost.of(u) for u in Unit] == [1, 7, 5, 12]
+    """Total is prompt plus completion (never money); a request is one request; cost is
+    its money in billionths."""
+    cost = Cost(7, 5, money=450)
+    assert [cost.of(u) for u in Unit] == [1, 7, 5, 12, 450]
 
 
 def test_when_a_refusal_is_final() -> None:

@@ -138,3 +138,23 @@ def test_history_older_than_any_period_is_forgotten() -> None:
     run(lim.settle(ticket, Cost(1, 0), NOW))
     assert lim.history.used(("tenant", "acme"), Unit.PROMPT, 0, NOW + 1) == 8
     assert lim.history.used(("tenant", "bob"), Unit.PROMPT, 0, NOW + 1) == 0
+
+
+def test_a_money_budget_counts_billionths_like_tokens() -> None:
+    """``cost_per_day`` takes a request's money (its reservation, then its bill) as a
+    token budget takes tokens; its standing is told apart from the token one."""
+    lim = limiter(cost_per_day="0.000001", prompt_tokens_per_day=1000)  # 1,000 billionths
+    first = run(lim.reserve(ACME, Cost(10, 0, money=600), NOW))
+    assert first.ticket is not None
+    assert first.cost is not None
+    assert (first.cost.limit, first.cost.remaining) == (1000, 400)
+    assert first.tokens is not None
+    assert first.tokens.remaining == 990
+    refused = run(lim.reserve(ACME, Cost(1, 0, money=500), NOW))
+    assert refused.refusal is not None
+    assert refused.refusal.limit == "cost_per_day"
+    assert refused.refusal.wait == 1.0  # held by a reservation in flight
+    run(lim.settle(first.ticket, Cost(10, 0, money=450), NOW))
+    assert run(lim.reserve(ACME, Cost(1, 0, money=550), NOW)).ticket is not None
+    assert lim.history.used(("tenant", "acme"), Unit.COST, NOW - 60, NOW + 60) == 450
+    assert ("cost_per_day", 0) in run(lim.reserve(ACME, Cost(0, 0), NOW)).budgets

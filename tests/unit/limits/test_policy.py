@@ -80,3 +80,61 @@ def test_levels_that_apply() -> None:
     assert policies.wants_tokens("acme")
     assert not policies.wants_tokens("bob")
     assert Policies().levels("bob", None, None) == ()
+
+
+def test_a_money_budget_is_whole_billionths() -> None:
+    """``cost_per_month: "250.00"`` (or an unquoted 250.00, read as that decimal) is a
+    budget of 250e9 billionths; every other kind of money limit is refused."""
+    policies = Policies.model_validate({"tenants": {"acme": {"cost_per_month": "250.00"}}})
+    assert policies.tenants["acme"].limits() == (Limit(Unit.COST, Window.MONTH, 250 * 10**9),)
+    assert policies.wants_tokens("acme")  # its price needs the request's count
+
+
+def test_an_unquoted_money_budget_is_the_decimal_written(tmp_path: Path) -> None:
+    """YAML's 0.1 is one tenth, not the float nearest it."""
+    path = tmp_path / "limits.yaml"
+    path.write_text("default: {cost_per_day: 0.1}\n")
+    assert load_policies(path).default is not None
+    assert load_policies(path).default.limits()[0].amount == 10**8  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("limit", "why"),
+    [
+        ({"cost_per_minute": "1"}, "calendar period"),
+        ({"cost_per_month": "0"}, "not above zero"),
+        ({"cost_per_month": "-5"}, "negative"),
+        ({"cost_per_month": "0.0000000001"}, "9 decimal places"),
+        ({"cost_per_month": "5000000"}, "the most a budget may be"),
+        ({"cost_per_month": 0.5}, "float"),
+        ({"cost_per_month": "lots"}, "not a number"),
+    ],
+)
+def test_a_wrong_money_budget_is_refused(limit: dict[str, object], why: str) -> None:
+    """A money rate, a budget not above zero, finer than a billionth, beyond what the
+    store counts exactly, a float or no number."""
+    with pytest.raises(ValidationError, match=why):
+        Policies.model_validate({"default": limit})
+
+
+def test_money_budgets_are_divided_in_whole_billionths() -> None:
+    """A replica's share of a money budget (local fail mode) is rounded down."""
+    policies = Policies.model_validate({"default": {"cost_per_day": "1.000000001"}})
+    divided = policies.divided(3).default
+    assert divided is not None
+    assert divided.limits()[0].amount == 1_000_000_001 // 3
+
+
+def test_which_models_a_money_budget_applies_to() -> None:
+    """A tenant's, a key's or the default's budget applies to every model; a model's to
+    that model."""
+    named = Policies.model_validate(
+        {"tenants": {"a": {"models": {"m": {"cost_per_day": "1"}, "n": {"concurrency": 1}}}}}
+    )
+    assert named.budgeted_models() == (False, frozenset({"m"}))
+    assert named.money_applies("a", "m", None)
+    assert not named.money_applies("a", "n", None)
+    keyed = Policies.model_validate({"tenants": {"a": {"keys": {"k": {"cost_per_day": "1"}}}}})
+    assert keyed.budgeted_models() == (True, frozenset())
+    none = Policies.model_validate({"default": {"total_tokens_per_day": 5}})
+    assert none.budgeted_models() == (False, frozenset())

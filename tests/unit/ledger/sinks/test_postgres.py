@@ -256,3 +256,43 @@ async def test_schema_version_2_table_is_upgraded_with_units(postgres: Cluster) 
     by_id = {r.record_id: r for r in back}
     assert by_id[audio.record_id].units == Units(audio_seconds=7)
     assert by_id[cached.record_id].units == Units(prompt_tokens=36, cached_prompt_tokens=32)
+
+
+def test_the_ledger_is_priced_as_the_journal_is(
+    postgres: Cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``report --prices`` re-prices the ledger's records at their times, as it does the
+    journal's: the same lines and amounts due from either source (a price change between
+    two of them included)."""
+    change = datetime(2026, 11, 15, 12, 30, tzinfo=UTC)
+    records = [
+        make_record(i, tenant=t, billed=b).model_copy(update={"time": change + timedelta(hours=h)})
+        for i, (t, b, h) in enumerate([("a", 36_000, -1), ("a", 12_345, 0), ("b", 777, 5)])
+    ]
+    journal = Journal(tmp_path / "j.sqlite")
+
+    async def keep() -> str:  # the report runs its own event loop: set up in another
+        dsn = await fresh_database(postgres)
+        await journal.open()
+        for r in records:
+            await journal.append(r)
+        await journal.close()
+        ledger = PostgresLedger(dsn)
+        await ledger.deliver(records)
+        await ledger.close()
+        return dsn
+
+    dsn = asyncio.run(keep())
+    prices = tmp_path / "prices.yaml"
+    prices.write_text(
+        "currency: EUR\nmodels:\n  minilm:\n"
+        "    - {prompt_tokens: '0.0000013'}\n"
+        f"    - {{from: '{change.isoformat()}', prompt_tokens: '0.0000017'}}\n"
+    )
+    said = []
+    for source in (["--journal", str(journal.path)], ["--ledger-dsn", dsn]):
+        argv = ["report", *source, "--prices", str(prices), "--format", "json"]
+        assert main(argv) == 0
+        said.append(json.loads(capsys.readouterr().out)["charges"])
+    assert said[0] == said[1]
+    assert [t["due"] for t in said[1]["tenants"]] == ["0.07", "0.00"]  # 0.0678865; 0.0013209

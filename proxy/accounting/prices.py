@@ -1,0 +1,143 @@
+"""Prices in force: what each unit a record carries costs, per served model (and a
+default for the others), from when (``pricefile`` reads them from the ``--prices`` file).
+A record is priced at the price in force at its time; amounts are exact Decimals,
+rounded once per invoice (``money.due``)."""
+
+from __future__ import annotations
+
+import enum
+from bisect import bisect_right
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from proxy.accounting.money import EXACT, due, nanos_up
+
+
+class PricedUnit(enum.StrEnum):
+    """The units a usage record carries (``ledger.records.Units``), as a price names them."""
+
+    PROMPT = "prompt_tokens"
+    CACHED = "cached_prompt_tokens"
+    COMPLETION = "completion_tokens"
+    AUDIO = "audio_seconds"
+
+
+@dataclass(frozen=True, slots=True)
+class Quantities:
+    """What one record (or a sum of records) billed in each unit."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_prompt_tokens: int = 0  # part of the prompt tokens, not added to them
+    audio_seconds: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One unit of a priced quantity: how many, at what price, the exact amount."""
+
+    unit: PricedUnit
+    quantity: int
+    price: Decimal
+    amount: Decimal
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """One price of one model (or of the default), in force from ``start`` (inclusive;
+    None: always before) to ``end`` (exclusive; None: for ever)."""
+
+    start: datetime | None
+    end: datetime | None
+    prices: tuple[tuple[PricedUnit, Decimal], ...]
+
+    def price(self, unit: PricedUnit) -> Decimal | None:
+        return next((p for u, p in self.prices if u is unit), None)
+
+    def covers(self, at: datetime) -> bool:
+        return (self.start is None or self.start <= at) and (self.end is None or at < self.end)
+
+    def lines(self, q: Quantities, *, strict: bool = True) -> tuple[Line, ...] | None:
+        """The exact amount of each unit ``q`` holds; None when a unit it holds has no
+        price here (not ``strict``: those units are left out). Cached prompt tokens are
+        priced at their own price when there is one (the prompt line then holds the
+        others), else as any prompt token."""
+        cached_price = self.price(PricedUnit.CACHED)
+        cached = min(q.cached_prompt_tokens, q.prompt_tokens) if cached_price is not None else 0
+        wanted = (
+            (PricedUnit.PROMPT, q.prompt_tokens - cached),
+            (PricedUnit.CACHED, cached),
+            (PricedUnit.COMPLETION, q.completion_tokens),
+            (PricedUnit.AUDIO, q.audio_seconds),
+        )
+        out = []
+        for unit, quantity in wanted:
+            if quantity == 0:
+                continue
+            price = self.price(unit)
+            if price is None and strict:
+                return None
+            if price is None:
+                continue
+            out.append(Line(unit, quantity, price, EXACT.multiply(Decimal(quantity), price)))
+        return tuple(out)
+
+    def bound(self, prompt: int, completion: int) -> Decimal:
+        """What a reservation of ``prompt`` and ``completion`` tokens may cost: each prompt
+        token at the dearer of the prompt and the cached price (which of them the engine's
+        cache serves is known only after); a unit without a price here counts nothing."""
+        prompt_price = max(
+            (p for p in (self.price(PricedUnit.PROMPT), self.price(PricedUnit.CACHED)) if p),
+            default=Decimal(0),
+        )
+        completion_price = self.price(PricedUnit.COMPLETION) or Decimal(0)
+        return EXACT.add(
+            EXACT.multiply(Decimal(prompt), prompt_price),
+            EXACT.multiply(Decimal(completion), completion_price),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PriceTable:
+    """The prices in use: each model's rates in time order (``None``: the default's, for
+    every model without its own)."""
+
+    currency: str
+    decimals: int
+    rates: Mapping[str | None, tuple[Rate, ...]]
+
+    def rate(self, model: str | None, at: datetime) -> Rate | None:
+        """The rate in force for ``model`` at ``at``: the model's own when it has any (a
+        time none of them covers has none), else the default's."""
+        rates = self.rates.get(model) if model is not None else None
+        if rates is None:
+            rates = self.rates.get(None, ())
+        starts = [r.start.timestamp() if r.start else float("-inf") for r in rates]
+        i = bisect_right(starts, at.timestamp()) - 1
+        if i >= 0 and rates[i].covers(at):
+            return rates[i]
+        return None
+
+    def cuts(self) -> list[datetime]:
+        """Every instant at which some rate starts or ends, in order: between two of them
+        no model's price changes."""
+        found = {m for rates in self.rates.values() for r in rates for m in (r.start, r.end)}
+        return sorted(m for m in found if m is not None)
+
+    def models(self) -> Iterable[str]:
+        return (m for m in self.rates if m is not None)
+
+    def nanos(self, model: str | None, q: Quantities, at: datetime) -> int | None:
+        """What a record costs a limiter (in billionths, rounded up), or None when no
+        rate is in force or a unit it holds has no price."""
+        rate = self.rate(model, at)
+        lines = rate.lines(q) if rate is not None else None
+        if lines is None:
+            return None
+        return nanos_up(sum((line.amount for line in lines), Decimal(0)))
+
+    def due(self, amount: Decimal) -> Decimal:
+        """``amount`` as an invoice states it (the one rounding, ``money.due``)."""
+        return due(amount, self.decimals)
