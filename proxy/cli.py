@@ -145,6 +145,8 @@ WINDOW_COLUMNS = (
     "overbilled_prompt_tokens",
     "engine_completion_tokens",
     "billed_completion_tokens",
+    "upstream_errors",
+    "refused_requests",  # the proxy's own refusals: never forwarded, no engine work
 )
 
 
@@ -163,7 +165,7 @@ def run_reconcile(args: argparse.Namespace) -> int:
         writer = csv.writer(out)
         writer.writerow([*WINDOW_COLUMNS, "causes"])
         for w in windows:
-            writer.writerow([*(w[c] for c in WINDOW_COLUMNS), "; ".join(w["causes"])])
+            writer.writerow([*(w.get(c, 0) for c in WINDOW_COLUMNS), "; ".join(w["causes"])])
         sys.stdout.write(out.getvalue())
         return 0
     titles = ("window end (UTC)", "status", "records", "engine", "reported", "billed")

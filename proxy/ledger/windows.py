@@ -85,6 +85,7 @@ class Tally:
     unproven: int = 0
     aborted: int = 0
     upstream_errors: int = 0
+    refused: int = 0  # answered by the proxy itself, never forwarded: no engine work
     # Records billed in seconds of audio: the engine counts their tokens, no token bill does.
     in_seconds: int = 0
     verdicts: dict[str, int] = field(default_factory=dict)
@@ -94,7 +95,7 @@ class Tally:
         for name in (
             *("records", "prompt_reported", "prompt_billed", "prompt_expected"),
             *("completion_reported", "completion_billed", "unproven", "aborted"),
-            "upstream_errors",
+            *("upstream_errors", "refused"),
             "in_seconds",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -141,6 +142,9 @@ class SettledWindow(BaseModel):
     unbilled_completion_tokens: int
     overbilled_completion_tokens: int
     upstream_errors: int
+    # Refused by the proxy itself (limits, fields it cannot bill), never forwarded: neither
+    # engine work nor a record, so they explain no drift (0 in windows of older proxies).
+    refused_requests: int = 0
     verdicts: dict[str, int]
     causes: list[str]
 
@@ -210,6 +214,7 @@ def settle(
         unbilled_completion_tokens=unbilled_c,
         overbilled_completion_tokens=over_c,
         upstream_errors=tally.upstream_errors,
+        refused_requests=tally.refused,
         verdicts=dict(tally.verdicts),
         causes=causes(reset, unbilled_p + unbilled_c, over_p + over_c, tally),
     )
@@ -229,8 +234,9 @@ def causes(reset: bool, unbilled: int, overbilled: int, tally: Tally) -> list[st
         found.append("counter_reset: the engine restarted; this window's growth is unknown")
     if unbilled and tally.upstream_errors:
         found.append(
-            f"upstream_errors: {tally.upstream_errors} metered request(s) failed upstream "
-            "(work done before an error, e.g. prefill, is not billed)"
+            f"upstream_errors: {tally.upstream_errors} metered request(s) reached the upstream "
+            "and failed there (work done before an error, e.g. prefill, is not billed; the "
+            "proxy's own refusals are not among them: they never reached the engine)"
         )
     if unbilled and tally.in_seconds:
         found.append(

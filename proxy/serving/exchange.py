@@ -25,7 +25,7 @@ from proxy.serving.attribution import WHO, client_request_id
 from proxy.serving.bodies import BodyBudget, Refused
 from proxy.serving.shares import TenantShares
 from proxy.serving.tenancy import Attribution
-from proxy.serving.upstream import served_path
+from proxy.serving.upstream import FORWARDED, served_path
 
 
 @dataclass(slots=True)
@@ -134,7 +134,8 @@ class Exchanges:
         self._quiet = asyncio.Event()
         self._quiet.set()
         self.started = 0
-        self.failed = 0
+        self.failed = 0  # ended in an error after reaching the upstream
+        self.refused = 0  # ended in an error the proxy gave without forwarding
 
     @property
     def in_flight(self) -> int:
@@ -204,8 +205,10 @@ class Exchanges:
             self._live.discard(task)
         self.budget.release(exchange.reserved)
         self._shares.release(exchange.who.tenant, exchange.reserved)
-        if status >= 400:
+        if status >= 400 and exchange.request.get(FORWARDED):
             self.failed += 1
+        elif status >= 400:
+            self.refused += 1
         if not self._live:
             self._quiet.set()
 

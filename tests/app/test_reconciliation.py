@@ -120,7 +120,7 @@ async def test_a_window_waits_for_a_quiet_moment(rig: Any) -> None:
     _, _, settler, _ = rig
 
     class Busy:
-        in_flight, started, failed = 1, 1, 0
+        in_flight, started, failed, refused = 1, 1, 0, 0
 
         async def quiet(self) -> None:
             await asyncio.Event().wait()
@@ -129,6 +129,39 @@ async def test_a_window_waits_for_a_quiet_moment(rig: Any) -> None:
     assert await settler.settle_once(patience=0.2) is None
     settler._traffic = real
     assert await settler.settle_once(patience=0.2) is not None
+
+
+async def test_the_proxys_own_refusals_are_not_blamed_on_the_engine(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """Issue #54 item 6: a tenant refused by its limit (429, never forwarded) was counted as
+    a "metered request failed upstream". Refusals are counted apart, as refused requests,
+    and the engine is blamed only for errors of requests that reached it."""
+    limits = tmp_path / "limits.yaml"
+    limits.write_text("tenants: {acme: {requests_per_minute: 1}}\n")
+    fake, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        reconcile_interval=0,
+        tenant_header="X-Tenant-Id",
+        limits=str(limits),
+        journal=str(tmp_path / "journal.sqlite"),
+    )
+    settler = client.app[RECONCILER]
+    assert await settler.settle_once() is None  # the baseline
+    acme, body = {"X-Tenant-Id": "acme"}, {"query": QUERY, "documents": DOCS}
+    assert (await client.post("/rerank", json=body, headers=acme)).status == 200
+    for _ in range(3):
+        assert (await client.post("/rerank", json=body, headers=acme)).status == 429
+    bypass = client.app[SESSION]
+    async with bypass.post(settler._upstream + "/rerank", json=body) as straight:
+        assert straight.status == 200  # engine work no record accounts for
+    window = await settler.settle_once()
+    assert window is not None
+    assert (window.records, window.upstream_errors, window.refused_requests) == (1, 0, 3)
+    assert window.unbilled_prompt_tokens == 36
+    assert not any(c.startswith("upstream_errors") for c in window.causes)
 
 
 async def test_the_loop_settles_by_itself(
