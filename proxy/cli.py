@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import csv
 import enum
 import io
@@ -12,9 +11,10 @@ import os
 import sqlite3
 import sys
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
+from zoneinfo import ZoneInfo
 
 import yaml
 from pydantic import ValidationError
@@ -28,13 +28,17 @@ from proxy.ledger.journal_files import (
     read_journal,
     requeue_dead_letters,
 )
-from proxy.ledger.records import UsageRecord
-from proxy.ledger.report import GROUPS, BudgetRow, aggregate
+from proxy.ledger.report import GROUPS, aggregate
 from proxy.ledger.report_formats import FORMATS
-from proxy.limits.budgets import budget_use
-from proxy.limits.limiter import Cost, Usage, Who
-from proxy.limits.periods import earliest_start
 from proxy.limits.policy import Policies, load_policies
+from proxy.reporting import (
+    TIME_HELP,
+    budget_rows,
+    choose_source,
+    instant,
+    report_zone,
+    shown,
+)
 from proxy.settings import (
     ENV_PREFIX,
     FILE_ONLY,
@@ -42,6 +46,7 @@ from proxy.settings import (
     default_journal_path,
     display_default,
     load_settings,
+    load_sources,
 )
 
 
@@ -152,7 +157,9 @@ WINDOW_COLUMNS = (
 
 def run_reconcile(args: argparse.Namespace) -> int:
     path = _journal_path(args)
-    bodies = read_journal(path, _iso(args.since), _iso(args.until), kind="reconciliation")
+    utc = ZoneInfo("UTC")
+    since, until = instant(args.since, utc), instant(args.until, utc)
+    bodies = read_journal(path, since, until, kind="reconciliation")
     windows = [json.loads(b) for b in bodies]
     if not windows:
         print(nothing_reconciled(path, args.since, args.until), file=sys.stderr)
@@ -309,9 +316,20 @@ def _add_report(commands: Any) -> None:
     )
     source = report.add_mutually_exclusive_group()
     _journal_option(source)
-    source.add_argument("--ledger-dsn", help="read the PostgreSQL ledger instead")
+    source.add_argument(
+        "--ledger-dsn",
+        help=f"read this PostgreSQL ledger [env {ENV_PREFIX}LEDGER_DSN or ledger_dsn in "
+        "--config, as serve reads it: a configured ledger is read before the journal]",
+    )
+    _config_option(report)
     report.add_argument("--since", help=f"start of the range, inclusive ({TIME_HELP})")
     report.add_argument("--until", help=f"end of the range, exclusive ({TIME_HELP})")
+    report.add_argument(
+        "--timezone",
+        metavar="ZONE",
+        help="read dates and group days in this zone, e.g. Europe/Paris (default: the "
+        "limits file's timezone with --limits, else UTC)",
+    )
     report.add_argument(
         "--group-by",
         default="tenant,model,operation",
@@ -324,14 +342,30 @@ def _add_report(commands: Any) -> None:
         type=Path,
         metavar="FILE",
         help="the proxy's limits file: add each budget's use in its period holding the "
-        "report's end (table, JSON and HTML; the CSV keeps its detail rows only). Read from "
-        "one replica's journal, a budget shows what that replica billed; from the ledger, what "
-        "every replica billed",
+        "report's end, and in the one it is in now (table, JSON and HTML; the CSV keeps its "
+        "detail rows only). Read from one replica's journal, a budget shows what that "
+        f"replica billed; from the ledger, what every replica billed [env {ENV_PREFIX}LIMITS "
+        "or limits in --config]",
+    )
+
+
+def _config_option(parser: Any) -> None:
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=os.environ.get(f"{ENV_PREFIX}CONFIG"),
+        help=f"serve's YAML or TOML options file, read for the options this command "
+        f"shares with serve [env {ENV_PREFIX}CONFIG]",
     )
 
 
 def run_report(args: argparse.Namespace) -> int:
-    since, until = _iso(args.since), _iso(args.until)
+    options = load_sources(args.config)
+    source = choose_source(args.journal, args.ledger_dsn, options)
+    limits = args.limits or options.limits
+    policies = _policies(limits) if limits else None
+    zone, why = report_zone(args.timezone, policies)
+    since, until = instant(args.since, zone), instant(args.until, zone)
     if since and until and datetime.fromisoformat(since) >= datetime.fromisoformat(until):
         raise ValueError(
             f"--since {args.since} ({since}) is not before --until {args.until} ({until}): "
@@ -341,15 +375,24 @@ def run_report(args: argparse.Namespace) -> int:
     unknown = [g for g in groups if g not in GROUPS]
     if unknown or not groups:
         raise ValueError(f"--group-by takes {', '.join(GROUPS)}; not {', '.join(unknown)}")
-    policies = _policies(args.limits) if args.limits else None
-    records = _records(args, since, until)
-    generated = datetime.now(UTC).isoformat(timespec="seconds")
-    report = aggregate(records, group_by=groups, since=since, until=until, generated_at=generated)
+    records = source.read(since, until)
+    now = datetime.now(UTC)
+    report = aggregate(
+        records,
+        group_by=groups,
+        since=shown(since, zone),
+        until=shown(until, zone),
+        generated_at=now.isoformat(timespec="seconds"),
+        zone=zone,
+    )
+    report.source = source.describe()
+    print(f"usage-proxy report: {len(records)} record(s) from the {report.source}", file=sys.stderr)
+    print(f"usage-proxy report: dates read in {zone} ({why})", file=sys.stderr)
+    gap = source.gap(since, now)
+    if gap:
+        print(f"usage-proxy report: warning: {gap}", file=sys.stderr)
     if policies is not None:
-        at, start = _budget_window(policies, until)
-        covered = since is None or datetime.fromisoformat(since) <= datetime.fromisoformat(start)
-        history = records if covered else _records(args, start, until)  # read once if it can
-        report.budgets = _budgets(policies, history, at)
+        report.budgets = budget_rows(policies, source.read, until, now)
     text = FORMATS[args.format](report)
     if args.output:
         args.output.write_text(text, encoding="utf-8")
@@ -363,74 +406,6 @@ def _policies(path: Path) -> Policies:
         return load_policies(path)
     except (UnicodeDecodeError, yaml.YAMLError, ValidationError) as exc:
         raise ValueError(f"--limits {path} is not a valid limits file: {exc}") from None
-
-
-def _records(args: argparse.Namespace, since: str | None, until: str | None) -> list[UsageRecord]:
-    if args.ledger_dsn:
-        from proxy.ledger.sinks.postgres import read_ledger  # asyncpg only when asked
-
-        return asyncio.run(read_ledger(args.ledger_dsn, since, until))
-    path = _journal_path(args)
-    return [UsageRecord.from_json(b) for b in read_journal(path, since, until)]
-
-
-def _budget_window(policies: Policies, until: str | None) -> tuple[float, str]:
-    """The moment the budgets are shown at (just before ``--until``, else now) and the
-    start of the oldest period holding it (ISO 8601, UTC): what their records span."""
-    end = datetime.fromisoformat(until).timestamp() if until else datetime.now(UTC).timestamp()
-    at = end - 0.001  # --until is exclusive
-    return at, datetime.fromtimestamp(earliest_start(at, policies.zone), UTC).isoformat()
-
-
-def _budgets(policies: Policies, records: list[UsageRecord], at: float) -> tuple[BudgetRow, ...]:
-    """Each budget's use in its period holding ``at``, from ``records`` (those outside a
-    budget's period are not counted)."""
-    history = [
-        Usage(
-            Who(r.tenant, r.model, r.key_hash),
-            r.time.timestamp(),
-            Cost(r.prompt_tokens_billed or 0, r.completion_tokens_billed or 0),
-        )
-        for r in records
-    ]
-
-    def local(moment: float) -> str:
-        return datetime.fromtimestamp(moment, policies.zone).isoformat(timespec="minutes")
-
-    return tuple(
-        BudgetRow(_scope_label(u.scope), u.budget, local(u.start), local(u.end), u.used, u.amount)
-        for u in budget_use(policies, history, at)
-    )
-
-
-def _scope_label(scope: tuple[str, ...]) -> str:
-    """``acme``, ``acme / model big``, ``acme / key 3f2a9c01b7d4``."""
-    return scope[1] if len(scope) == 2 else f"{scope[1]} / {scope[0]} {scope[2]}"
-
-
-TIME_HELP = "ISO 8601 date or time, UTC unless a zone is given; or today, yesterday, 7d, 12h"
-
-
-def _iso(value: str | None, now: datetime | None = None) -> str | None:
-    """A user-given time as the instant it names, in the journal's form: ISO 8601 in UTC
-    (a time without a zone is UTC). The journal compares its UTC times as text, so a
-    bound written with another offset must be converted, not kept as written."""
-    if not value:
-        return None
-    now = now or datetime.now(UTC)
-    midnight = now.replace(hour=0, minute=0, second=0, microsecond=0)
-    word = value.strip().lower()
-    relative = {"now": now, "today": midnight, "yesterday": midnight - timedelta(days=1)}
-    if word in relative:
-        return relative[word].isoformat()
-    if word[:-1].isdigit() and word[-1:] in ("d", "h"):
-        unit = timedelta(days=1) if word.endswith("d") else timedelta(hours=1)
-        return (now - int(word[:-1]) * unit).isoformat()
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise ValueError(f"cannot read the time {value!r}: use {TIME_HELP}") from None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).astimezone(UTC).isoformat()
 
 
 def _format_errors(exc: ValidationError, config: Path | None) -> str:

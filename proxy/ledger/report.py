@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, tzinfo
 
 from proxy.ledger.records import UsageRecord
 
@@ -196,6 +196,9 @@ class BudgetRow:
     period_end: str
     used: int
     amount: int
+    # Which moments its period holds: "report end" (just before --until), "now" (what
+    # admission enforces today), or both.
+    holds: tuple[str, ...] = ()
 
     @property
     def remaining(self) -> int:
@@ -215,6 +218,7 @@ class BudgetRow:
             "amount": self.amount,
             "remaining": self.remaining,
             "used_percent": self.percent,
+            "holds": list(self.holds),
         }
 
 
@@ -228,6 +232,8 @@ class Report:
     until: str | None
     generated_at: str
     budgets: tuple[BudgetRow, ...] = ()  # with ``--limits``: each budget's period so far
+    zone: str = "UTC"  # dates without an offset are read, and days grouped, in this zone
+    source: str = ""  # where the records were read, in one sentence
 
     @property
     def first_record(self) -> str | None:
@@ -262,9 +268,9 @@ class Report:
         return next((s for s in self.subtotals if s.keys["tenant"] == tenant), None)
 
 
-def _key(record: UsageRecord, group: str) -> str:
+def _key(record: UsageRecord, group: str, zone: tzinfo) -> str:
     if group == "day":
-        return record.time.date().isoformat()
+        return record.time.astimezone(zone).date().isoformat()
     value = getattr(record, group)
     return str(value) if value else "-"
 
@@ -276,12 +282,14 @@ def aggregate(
     since: str | None = None,
     until: str | None = None,
     generated_at: str = "",
+    zone: tzinfo = UTC,
 ) -> Report:
-    """Requests and reported/billed prompt and completion tokens per group; a subtotal per
-    tenant when the report is grouped by tenant and something else; the totals."""
+    """Requests and reported/billed prompt and completion tokens per group (a day is one
+    of ``zone``); a subtotal per tenant when the report is grouped by tenant and something
+    else; the totals."""
     rows: dict[tuple[str, ...], Row] = {}
     for r in records:
-        key = tuple(_key(r, g) for g in group_by)
+        key = tuple(_key(r, g, zone) for g in group_by)
         row = rows.get(key)
         if row is None:
             row = rows[key] = Row(dict(zip(group_by, key, strict=True)))
@@ -290,9 +298,10 @@ def aggregate(
     totals = Row({g: "" for g in group_by} | ({group_by[0]: "TOTAL"} if group_by else {}))
     for row in ordered:
         totals.merge(row)
-    return Report(
-        tuple(group_by), ordered, _subtotals(group_by, ordered), totals, since, until, generated_at
-    )
+    subtotals = _subtotals(group_by, ordered)
+    report = Report(tuple(group_by), ordered, subtotals, totals, since, until, generated_at)
+    report.zone = str(zone)
+    return report
 
 
 def _subtotals(group_by: Sequence[str], rows: list[Row]) -> list[Row]:

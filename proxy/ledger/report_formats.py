@@ -16,7 +16,7 @@ import jinja2
 
 from proxy.ledger.report import COLUMNS, UNPROVEN, BudgetRow, Report, Row
 
-TITLES = {"tenant": "Tenant", "model": "Model", "operation": "Operation", "day": "Day (UTC)"}
+TITLES = {"tenant": "Tenant", "model": "Model", "operation": "Operation", "day": "Day"}
 SHORT = 32
 # A cell that starts with one of these is a formula to a spreadsheet (OWASP, CSV injection).
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
@@ -71,8 +71,17 @@ def _key_cells(report: Report, kind: str, row: Row) -> list[str]:
     return cells
 
 
+def _titles(report: Report) -> list[str]:
+    """The key columns' headings; a day is named with its zone."""
+    return [f"Day ({report.zone})" if g == "day" else TITLES[g] for g in report.group_by]
+
+
+def _source(report: Report) -> list[str]:
+    return [f"Source: {report.source}"] if report.source else []
+
+
 def as_table(report: Report) -> str:
-    header = [TITLES[g] for g in report.group_by] + [c.short or c.title for c in COLUMNS]
+    header = _titles(report) + [c.short or c.title for c in COLUMNS]
     cells = [[*header, "Verdicts"]]
     for kind, row in _lines(report):
         keys = [_short(k) for k in _key_cells(report, kind, row)]
@@ -91,7 +100,8 @@ def as_table(report: Report) -> str:
     legend = [f"  {c.short or c.title}: {c.meaning}" for c in COLUMNS]
     return "\n".join(
         [
-            f"Usage (UTC) from {report.period}; generated {report.generated_at}",
+            f"Usage ({report.zone}) from {report.period}; generated {report.generated_at}",
+            *_source(report),
             "",
             lines[0],
             rule,
@@ -107,13 +117,14 @@ def as_table(report: Report) -> str:
     )
 
 
-BUDGET_TITLES = ("Scope", "Budget", "Period", "Used", "Limit", "Left", "Used %")
+BUDGET_TITLES = ("Scope", "Budget", "Period", "Holds", "Used", "Limit", "Left", "Used %")
+BUDGET_TEXT = 4  # columns before the numbers
 
 
 def _budget_cells(b: BudgetRow) -> list[str]:
     period = f"{b.period_start} to {b.period_end}"
     numbers = [f"{b.used:,}", f"{b.amount:,}", f"{b.remaining:,}", f"{b.percent:.2f}"]
-    return [_short(b.scope), b.budget, period, *numbers]
+    return [_short(b.scope), b.budget, period, ", ".join(b.holds), *numbers]
 
 
 def _budget_table(budgets: tuple[BudgetRow, ...]) -> list[str]:
@@ -124,11 +135,14 @@ def _budget_table(budgets: tuple[BudgetRow, ...]) -> list[str]:
     cells = [list(BUDGET_TITLES), *(_budget_cells(b) for b in budgets)]
     width = [max(len(c[i]) for c in cells) for i in range(len(BUDGET_TITLES))]
     lines = [
-        "  ".join(c[i].ljust(width[i]) if i < 3 else c[i].rjust(width[i]) for i in range(len(c)))
+        "  ".join(
+            c[i].ljust(width[i]) if i < BUDGET_TEXT else c[i].rjust(width[i]) for i in range(len(c))
+        ).rstrip()
         for c in cells
     ]
     rule = "  ".join("-" * w for w in width)
-    return ["Budgets (their periods holding the report's end):", lines[0], rule, *lines[1:], ""]
+    title = "Budgets: the period holding the report's end, and the one each is in now"
+    return [f"{title} (local times of the limits file's zone):", lines[0], rule, *lines[1:], ""]
 
 
 def csv_columns(report: Report) -> list[str]:
@@ -174,6 +188,8 @@ def as_json(report: Report) -> str:
         "first_record": report.first_record,
         "last_record": report.last_record,
         "generated_at": report.generated_at,
+        "timezone": report.zone,
+        "source": report.source,
         "group_by": list(report.group_by),
         "columns": {c.name: c.meaning for c in COLUMNS},
         "rows": [r.as_dict() for r in report.rows],
@@ -218,13 +234,14 @@ def as_html(report: Report, title: str = "vllm-usage-proxy: usage report") -> st
     return _TEMPLATES.get_template("report.html.j2").render(
         title=title,
         report=report,
-        keys=[TITLES[g] for g in report.group_by],
+        keys=_titles(report),
         columns=COLUMNS,
         lines=lines,
         short=_short,
         verdicts=_verdicts,
         chart=_chart(report),
         budget_titles=BUDGET_TITLES,
+        budget_text=BUDGET_TEXT,
         budget_cells=_budget_cells,
         unproven=", ".join(sorted(UNPROVEN)),
     )

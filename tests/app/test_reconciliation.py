@@ -139,7 +139,7 @@ async def test_the_proxys_own_refusals_are_not_blamed_on_the_engine(
     and the engine is blamed only for errors of requests that reached it."""
     limits = tmp_path / "limits.yaml"
     limits.write_text("tenants: {acme: {requests_per_minute: 1}}\n")
-    fake, client = await fake_and_proxy(
+    _, client = await fake_and_proxy(
         aiohttp_server,
         aiohttp_client,
         minilm_path,

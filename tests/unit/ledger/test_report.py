@@ -240,9 +240,11 @@ def test_unproven_tokens_are_called_out() -> None:
 )
 def test_friendly_times(given: str, expected: str) -> None:
     """--since yesterday used to fail with Python's "Invalid isoformat string"."""
-    from proxy.cli import _iso
+    from zoneinfo import ZoneInfo
 
-    assert _iso(given, now=datetime(2026, 11, 30, 12, tzinfo=UTC)) == expected
+    from proxy.reporting import instant
+
+    assert instant(given, ZoneInfo("UTC"), now=datetime(2026, 11, 30, 12, tzinfo=UTC)) == expected
 
 
 def test_unreadable_time_is_a_clear_error(
@@ -298,7 +300,7 @@ def test_budget_section_with_the_limits_file(
     )
     base = ("--journal", str(journal_path), "--limits", str(limits), "--until", "2026-12-01")
     data = json.loads(run(capsys, *base, "--since", "2026-11-01", "--format", "json"))
-    budgets = {(b["scope"], b["budget"]): b for b in data["budgets"]}
+    budgets = {(b["scope"], b["budget"]): b for b in data["budgets"] if "report end" in b["holds"]}
     assert list(budgets) == [("a", "prompt_tokens_per_month"), ("b", "total_tokens_per_day")]
     month = budgets["a", "prompt_tokens_per_month"]
     assert (month["used"], month["remaining"], month["used_percent"]) == (77, 23, 77.0)
@@ -308,6 +310,7 @@ def test_budget_section_with_the_limits_file(
     )
     assert budgets["b", "total_tokens_per_day"]["used"] == 0  # 30 November: no record
     late = json.loads(run(capsys, *base, "--since", "2026-11-20T12:30", "--format", "json"))
+    assert late["budgets"][0]["holds"] == ["report end"]
     assert late["budgets"][0]["used"] == 77  # the month is read whole, whatever --since says
     table = run(capsys, *base, "--format", "table")
     assert "prompt_tokens_per_month" in table
@@ -326,7 +329,8 @@ def test_budget_section_with_the_limits_file(
             "--format",
             "json",
         )
-    )["budgets"][1]
+    )["budgets"]
+    day = next(b for b in day if b["scope"] == "b" and "report end" in b["holds"])
     assert (day["scope"], day["used"], day["remaining"]) == ("b", 18, 2)
 
 
