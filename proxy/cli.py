@@ -10,13 +10,13 @@ import json
 import os
 import sqlite3
 import sys
+import urllib.request
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 from zoneinfo import ZoneInfo
 
-import yaml
 from pydantic import ValidationError
 from pydantic_settings import CliSettingsSource
 
@@ -30,7 +30,8 @@ from proxy.ledger.journal_files import (
 )
 from proxy.ledger.report import GROUPS, aggregate
 from proxy.ledger.report_formats import FORMATS
-from proxy.limits.policy import Policies, load_policies
+from proxy.limits.policy import Policies
+from proxy.limits.problems import LimitsFileError, mistakes, read_limits, summary
 from proxy.reporting import (
     TIME_HELP,
     budget_rows,
@@ -39,6 +40,7 @@ from proxy.reporting import (
     report_zone,
     shown,
 )
+from proxy.serving.tenancy import KeyFileError, load_api_keys
 from proxy.settings import (
     ENV_PREFIX,
     FILE_ONLY,
@@ -120,7 +122,65 @@ def build_parser() -> tuple[argparse.ArgumentParser, CliSettingsSource[Settings]
     _add_dead_letters(commands)
     _add_exporters(commands)
     _add_reconcile(commands)
+    _add_limits(commands)
     return parser, flags
+
+
+def _add_limits(commands: Any) -> None:
+    limits = commands.add_parser(
+        "limits",
+        help="check a limits file before the proxy loads it",
+        description="'check FILE' reads the limits file as serve does and says each problem "
+        "in one line (a misspelt limit or unit with what it probably meant, a value that is "
+        "no limit, a file that limits nothing; with --api-keys a tenant or key the key file "
+        "lacks; with --models or --upstream a model the upstream does not serve), then "
+        "exits 2; or prints what the file sets and exits 0.",
+        epilog="example: usage-proxy limits check limits.yaml --api-keys keys.yaml "
+        "--upstream http://127.0.0.1:8000",
+    )
+    limits.add_argument("action", choices=("check",))
+    limits.add_argument("file", type=Path, metavar="FILE")
+    limits.add_argument("--api-keys", type=Path, metavar="FILE", help="serve's --api-keys file")
+    served = limits.add_mutually_exclusive_group()
+    served.add_argument("--models", help="the served model names, comma-separated")
+    served.add_argument("--upstream", help="ask this vLLM's /v1/models for the served names")
+
+
+def run_limits(args: argparse.Namespace) -> int:
+    try:
+        policies = read_limits(args.file)
+    except LimitsFileError as exc:
+        for problem in exc.problems:
+            print(f"{args.file}: {problem}")
+        return 2
+    digests = None
+    if args.api_keys:
+        try:
+            digests = load_api_keys(args.api_keys)
+        except KeyFileError as exc:
+            raise ValueError(f"--api-keys {exc}") from None
+    models = _served(args.upstream) if args.upstream else None
+    if args.models is not None:
+        models = [m.strip() for m in args.models.split(",") if m.strip()]
+    tenants = set(digests.values()) if digests is not None else None
+    problems = mistakes(policies, models=models, tenants=tenants, digests=digests)
+    for problem in problems:
+        print(f"{args.file}: {problem}")
+    if problems:
+        return 2
+    print(f"{args.file}: OK, {summary(policies)}; periods in {policies.timezone}")
+    return 0
+
+
+def _served(upstream: str) -> list[str]:
+    """The model names a vLLM serves (its /v1/models)."""
+    url = upstream.rstrip("/") + "/v1/models"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            listing = json.load(answer)
+        return [str(m["id"]) for m in listing["data"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"cannot list the models of {url}: {exc}") from None
 
 
 def _add_reconcile(commands: Any) -> None:
@@ -403,8 +463,8 @@ def run_report(args: argparse.Namespace) -> int:
 
 def _policies(path: Path) -> Policies:
     try:
-        return load_policies(path)
-    except (UnicodeDecodeError, yaml.YAMLError, ValidationError) as exc:
+        return read_limits(path)
+    except (UnicodeDecodeError, LimitsFileError) as exc:
         raise ValueError(f"--limits {path} is not a valid limits file: {exc}") from None
 
 
@@ -428,12 +488,13 @@ def _format_errors(exc: ValidationError, config: Path | None) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser, flags = build_parser()
     args = parser.parse_args(argv)
-    if args.command in ("report", "dead-letters", "exporters", "reconcile"):
+    if args.command in ("report", "dead-letters", "exporters", "reconcile", "limits"):
         command = {
             "report": run_report,
             "dead-letters": run_dead_letters,
             "exporters": run_exporters,
             "reconcile": run_reconcile,
+            "limits": run_limits,
         }[args.command]
         try:
             return command(args)

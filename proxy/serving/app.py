@@ -9,9 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-import yaml
 from aiohttp import web
-from pydantic import ValidationError
 
 from proxy.accounting.routes import Handling
 from proxy.ledger.exporters import build_sinks
@@ -22,7 +20,7 @@ from proxy.ledger.recorder import Recorder
 from proxy.ledger.sinks import Sink
 from proxy.limits.limiter import Limiter
 from proxy.limits.memory import InProcessLimiter
-from proxy.limits.policy import load_policies
+from proxy.limits.problems import read_limits
 from proxy.metrics import Metrics
 from proxy.serving import admin
 from proxy.serving.admission import ADMISSION, Admission, add_headers, restore_context
@@ -45,6 +43,7 @@ from proxy.serving.sendwatch import SendWatch, send_watch_context
 from proxy.serving.shares import TenantShares
 from proxy.serving.startup import file_problem
 from proxy.serving.storeguard import GuardedLimiter
+from proxy.serving.tenancy import TenantResolver
 from proxy.serving.unmetered import Unmetered
 from proxy.serving.upstream import SESSION, session_context
 from proxy.settings import CacheSalting, Durability, Settings
@@ -120,8 +119,8 @@ def build_admission(
         return None
     path = Path(settings.limits)
     try:
-        policies = load_policies(path)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, ValidationError) as exc:
+        policies = read_limits(path)
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and LimitsFileError too
         fix = "fix the path, or the file (README: Budgets and rate limits)"
         raise file_problem(exc, "--limits", path, fix) from None
     limiter: Limiter = InProcessLimiter(policies)
@@ -140,11 +139,20 @@ def add_limits(
     admission: Admission,
     journal: Journal | None,
     metrics: Metrics,
+    resolver: TenantResolver,
+    catalog: Catalog,
 ) -> None:
     """Headers on every answer, the file's live reload, budgets rebuilt at start."""
     assert settings.limits is not None
     app[ADMISSION] = admission
-    app[LIMITSFILE] = LimitsFile(Path(settings.limits), admission.limiter, metrics)
+    tenants = (lambda: resolver.key_tenants) if settings.api_keys else (lambda: None)
+    app[LIMITSFILE] = LimitsFile(
+        Path(settings.limits),
+        admission.limiter,
+        metrics,
+        tenants=tenants,
+        catalog=catalog,
+    )
     app.on_response_prepare.append(add_headers)
     app.cleanup_ctx.append(limits_file_context(app[LIMITSFILE]))
     if isinstance(admission.limiter, GuardedLimiter):
@@ -191,7 +199,7 @@ def create_app(
     if outbox is not None:
         app[OUTBOX] = outbox
     if admission is not None:
-        add_limits(app, settings, admission, journal, metrics)
+        add_limits(app, settings, admission, journal, metrics, resolver, catalog)
     if settings.api_keys:
         app[KEYFILE] = KeyFile(Path(settings.api_keys), resolver, metrics)
         app.cleanup_ctx.append(key_file_context(app[KEYFILE]))
