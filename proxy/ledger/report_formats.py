@@ -226,6 +226,32 @@ def _chart(report: Report) -> list[dict[str, object]]:
     ]
 
 
+# The HTML page's first usage table: the tokens, reported against billed. Every other
+# column (proof, other units, any added later) goes in the second, with the verdicts, so
+# neither is wider than a 1,400 px window.
+TOKEN_FIGURES = frozenset(
+    {
+        "requests",
+        "prompt_tokens_reported",
+        "prompt_tokens_billed",
+        "completion_tokens_reported",
+        "completion_tokens_billed",
+        "over_reported_tokens",
+        "over_reported_pct",
+    }
+)
+
+
+def _html_parts() -> list[tuple[str, list[int], bool]]:
+    """The usage tables of the HTML page: heading, column indexes, whether it is the last."""
+    tokens = [i for i, c in enumerate(COLUMNS) if c.name in TOKEN_FIGURES]
+    rest = [i for i, c in enumerate(COLUMNS) if c.name not in TOKEN_FIGURES]
+    return [
+        ("Usage: tokens reported and billed", tokens, False),
+        ("Usage: tokens billed without proof, other units and verdicts", rest, True),
+    ]
+
+
 def as_html(report: Report, title: str = "vllm-usage-proxy: usage report") -> str:
     lines = [
         (kind, _key_cells(report, kind, row), [_number(row, c.name) for c in COLUMNS], row)
@@ -236,6 +262,7 @@ def as_html(report: Report, title: str = "vllm-usage-proxy: usage report") -> st
         report=report,
         keys=_titles(report),
         columns=COLUMNS,
+        parts=_html_parts(),
         lines=lines,
         short=_short,
         verdicts=_verdicts,

@@ -194,7 +194,7 @@ def test_every_format_carries_the_same_totals(
     out = tmp_path / "r.html"
     run(capsys, *base, "--format", "html", "--output", str(out))
     page = out.read_text()
-    assert '<tr class="total">\n<td title="TOTAL">TOTAL</td>' in page
+    assert '<tr class="total">\n<td class="key" title="TOTAL">TOTAL</td>' in page
     assert '<td class="n">95</td>' in page
 
 
