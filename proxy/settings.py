@@ -350,6 +350,13 @@ class Settings(BaseSettings):
         "/metrics",
         description="Path of the upstream's Prometheus metrics (vllm:prompt_tokens_total).",
     )
+    reconcile_shared_upstream: bool = Field(
+        False,
+        description="Other proxies send to the same vLLM: its counters then hold their "
+        "requests too, so reconciliation claims no unbilled tokens (windows marked shared; "
+        "the drift alert stays silent on them) and still proves that this proxy bills no "
+        "more than the engine did (docs/metering.md, 'Several proxies in front of one vLLM').",
+    )
     cloudevents_headers: dict[str, str] = Field(
         default_factory=dict,
         description="HTTP headers for the CloudEvents receiver, e.g. Authorization for "

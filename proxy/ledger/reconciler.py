@@ -68,8 +68,10 @@ class Reconciler:
         interval: float,
         instance: str,
         upstream: str,
+        shared: bool = False,
     ) -> None:
         self._traffic = traffic
+        self._shared = shared  # other proxies send to the same engine
         self._read_counters = read_counters
         self._journal = journal
         self._metrics = metrics
@@ -144,6 +146,7 @@ class Reconciler:
             end=ended,
             instance=self._instance,
             upstream=self._upstream,
+            shared=self._shared,
         )
         self._observe(window, reading)
         self.windows = [*self.windows[-99:], window]

@@ -95,6 +95,7 @@ def build_reconciler(
         interval=settings.reconcile_interval,
         instance=settings.instance,
         upstream=settings.upstream_base,
+        shared=settings.reconcile_shared_upstream,
     )
 
 
