@@ -179,10 +179,10 @@ class Exchanges:
         self, exchange: Exchange, work: Work, outcome: asyncio.Future[web.StreamResponse]
     ) -> None:
         """A cancelled caller cancels only ``outcome``; the exchange runs to its end."""
-        status = 500
+        status, answered = 500, False
         try:
             reply = await work(exchange)
-            status = reply.status
+            status, answered = reply.status, True
             if not outcome.done():
                 outcome.set_result(reply)
         except asyncio.CancelledError:
@@ -197,18 +197,18 @@ class Exchanges:
             try:
                 await self._settle(exchange.hold)  # never suspends in-process
             finally:
-                self._end(exchange, status)
+                self._end(exchange, status, answered)
 
-    def _end(self, exchange: Exchange, status: int) -> None:
+    def _end(self, exchange: Exchange, status: int, answered: bool) -> None:
         task = asyncio.current_task()
         if task is not None:
             self._live.discard(task)
         self.budget.release(exchange.reserved)
         self._shares.release(exchange.who.tenant, exchange.reserved)
-        if status >= 400 and exchange.request.get(FORWARDED):
-            self.failed += 1
+        if status >= 400 and answered and not exchange.request.get(FORWARDED):
+            self.refused += 1  # the proxy's own answer: nothing reached the engine
         elif status >= 400:
-            self.refused += 1
+            self.failed += 1
         if not self._live:
             self._quiet.set()
 
