@@ -345,3 +345,15 @@ def test_a_bad_limits_file_is_one_clear_line(
         err = capsys.readouterr().err
         assert f"--limits {bad} is not a valid limits file" in err
         assert "Traceback" not in err
+
+
+def test_days_are_the_reports_zones() -> None:
+    """Issue #54 item 1: grouped by day, a record at 23:30 UTC on 30 November is on
+    1 December in Paris, and the day column names its zone."""
+    from zoneinfo import ZoneInfo
+
+    late = rec(1, "a", "/rerank", 57, 36, when=datetime(2026, 11, 30, 23, 30, tzinfo=UTC))
+    paris = aggregate([late], group_by=["day"], zone=ZoneInfo("Europe/Paris"))
+    assert [r.keys["day"] for r in paris.rows] == ["2026-12-01"]
+    assert "Day (Europe/Paris)" in as_table(paris)
+    assert [r.keys["day"] for r in aggregate([late], group_by=["day"]).rows] == ["2026-11-30"]
