@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import csv
 import enum
 import io
@@ -11,10 +10,12 @@ import json
 import os
 import sqlite3
 import sys
+import urllib.request
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
+from zoneinfo import ZoneInfo
 
 import yaml
 from pydantic import ValidationError
@@ -23,7 +24,7 @@ from pydantic_settings import CliSettingsSource
 from proxy import __version__
 from proxy.accounting.pricefile import load_prices, one_line
 from proxy.accounting.prices import PriceTable
-from proxy.ledger.charges import charge, quantities
+from proxy.ledger.charges import charge
 from proxy.ledger.journal_files import (
     discard_exporter,
     list_dead_letters,
@@ -31,14 +32,19 @@ from proxy.ledger.journal_files import (
     read_journal,
     requeue_dead_letters,
 )
-from proxy.ledger.records import UsageRecord
-from proxy.ledger.report import GROUPS, BudgetRow, aggregate, row_key
+from proxy.ledger.report import GROUPS, aggregate, row_key
 from proxy.ledger.report_formats import FORMATS
-from proxy.limits.budgets import budget_use
-from proxy.limits.costs import billed
-from proxy.limits.limiter import Cost, Usage, Who
-from proxy.limits.periods import earliest_start
-from proxy.limits.policy import Policies, load_policies
+from proxy.limits.policy import Policies
+from proxy.limits.problems import LimitsFileError, mistakes, read_limits, summary
+from proxy.reporting import (
+    TIME_HELP,
+    budget_rows,
+    choose_source,
+    instant,
+    report_zone,
+    shown,
+)
+from proxy.serving.tenancy import KeyFileError, load_api_keys
 from proxy.settings import (
     ENV_PREFIX,
     FILE_ONLY,
@@ -46,6 +52,7 @@ from proxy.settings import (
     default_journal_path,
     display_default,
     load_settings,
+    load_sources,
 )
 
 
@@ -119,7 +126,65 @@ def build_parser() -> tuple[argparse.ArgumentParser, CliSettingsSource[Settings]
     _add_dead_letters(commands)
     _add_exporters(commands)
     _add_reconcile(commands)
+    _add_limits(commands)
     return parser, flags
+
+
+def _add_limits(commands: Any) -> None:
+    limits = commands.add_parser(
+        "limits",
+        help="check a limits file before the proxy loads it",
+        description="'check FILE' reads the limits file as serve does and says each problem "
+        "in one line (a misspelt limit or unit with what it probably meant, a value that is "
+        "no limit, a file that limits nothing; with --api-keys a tenant or key the key file "
+        "lacks; with --models or --upstream a model the upstream does not serve), then "
+        "exits 2; or prints what the file sets and exits 0.",
+        epilog="example: usage-proxy limits check limits.yaml --api-keys keys.yaml "
+        "--upstream http://127.0.0.1:8000",
+    )
+    limits.add_argument("action", choices=("check",))
+    limits.add_argument("file", type=Path, metavar="FILE")
+    limits.add_argument("--api-keys", type=Path, metavar="FILE", help="serve's --api-keys file")
+    served = limits.add_mutually_exclusive_group()
+    served.add_argument("--models", help="the served model names, comma-separated")
+    served.add_argument("--upstream", help="ask this vLLM's /v1/models for the served names")
+
+
+def run_limits(args: argparse.Namespace) -> int:
+    try:
+        policies = read_limits(args.file)
+    except LimitsFileError as exc:
+        for problem in exc.problems:
+            print(f"{args.file}: {problem}")
+        return 2
+    digests = None
+    if args.api_keys:
+        try:
+            digests = load_api_keys(args.api_keys)
+        except KeyFileError as exc:
+            raise ValueError(f"--api-keys {exc}") from None
+    models = _served(args.upstream) if args.upstream else None
+    if args.models is not None:
+        models = [m.strip() for m in args.models.split(",") if m.strip()]
+    tenants = set(digests.values()) if digests is not None else None
+    problems = mistakes(policies, models=models, tenants=tenants, digests=digests)
+    for problem in problems:
+        print(f"{args.file}: {problem}")
+    if problems:
+        return 2
+    print(f"{args.file}: OK, {summary(policies)}; periods in {policies.timezone}")
+    return 0
+
+
+def _served(upstream: str) -> list[str]:
+    """The model names a vLLM serves (its /v1/models)."""
+    url = upstream.rstrip("/") + "/v1/models"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            listing = json.load(answer)
+        return [str(m["id"]) for m in listing["data"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"cannot list the models of {url}: {exc}") from None
 
 
 def _add_reconcile(commands: Any) -> None:
@@ -149,12 +214,16 @@ WINDOW_COLUMNS = (
     "overbilled_prompt_tokens",
     "engine_completion_tokens",
     "billed_completion_tokens",
+    "upstream_errors",
+    "refused_requests",  # the proxy's own refusals: never forwarded, no engine work
 )
 
 
 def run_reconcile(args: argparse.Namespace) -> int:
     path = _journal_path(args)
-    bodies = read_journal(path, _iso(args.since), _iso(args.until), kind="reconciliation")
+    utc = ZoneInfo("UTC")
+    since, until = instant(args.since, utc), instant(args.until, utc)
+    bodies = read_journal(path, since, until, kind="reconciliation")
     windows = [json.loads(b) for b in bodies]
     if not windows:
         print(nothing_reconciled(path, args.since, args.until), file=sys.stderr)
@@ -167,7 +236,7 @@ def run_reconcile(args: argparse.Namespace) -> int:
         writer = csv.writer(out)
         writer.writerow([*WINDOW_COLUMNS, "causes"])
         for w in windows:
-            writer.writerow([*(w[c] for c in WINDOW_COLUMNS), "; ".join(w["causes"])])
+            writer.writerow([*(w.get(c, 0) for c in WINDOW_COLUMNS), "; ".join(w["causes"])])
         sys.stdout.write(out.getvalue())
         return 0
     titles = ("window end (UTC)", "status", "records", "engine", "reported", "billed")
@@ -311,9 +380,20 @@ def _add_report(commands: Any) -> None:
     )
     source = report.add_mutually_exclusive_group()
     _journal_option(source)
-    source.add_argument("--ledger-dsn", help="read the PostgreSQL ledger instead")
+    source.add_argument(
+        "--ledger-dsn",
+        help=f"read this PostgreSQL ledger [env {ENV_PREFIX}LEDGER_DSN or ledger_dsn in "
+        "--config, as serve reads it: a configured ledger is read before the journal]",
+    )
+    _config_option(report)
     report.add_argument("--since", help=f"start of the range, inclusive ({TIME_HELP})")
     report.add_argument("--until", help=f"end of the range, exclusive ({TIME_HELP})")
+    report.add_argument(
+        "--timezone",
+        metavar="ZONE",
+        help="read dates and group days in this zone, e.g. Europe/Paris (default: the "
+        "limits file's timezone with --limits, else UTC)",
+    )
     report.add_argument(
         "--group-by",
         default="tenant,model,operation",
@@ -326,9 +406,10 @@ def _add_report(commands: Any) -> None:
         type=Path,
         metavar="FILE",
         help="the proxy's limits file: add each budget's use in its period holding the "
-        "report's end (table, JSON and HTML; the CSV keeps its detail rows only). Read from "
-        "one replica's journal, a budget shows what that replica billed; from the ledger, what "
-        "every replica billed",
+        "report's end, and in the one it is in now (table, JSON and HTML; the CSV keeps its "
+        "detail rows only). Read from one replica's journal, a budget shows what that "
+        f"replica billed; from the ledger, what every replica billed [env {ENV_PREFIX}LIMITS "
+        "or limits in --config]",
     )
     report.add_argument(
         "--prices",
@@ -340,8 +421,26 @@ def _add_report(commands: Any) -> None:
     )
 
 
+def _config_option(parser: Any) -> None:
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=os.environ.get(f"{ENV_PREFIX}CONFIG"),
+        help=f"serve's YAML or TOML options file, read for the options this command "
+        f"shares with serve [env {ENV_PREFIX}CONFIG]",
+    )
+
+
 def run_report(args: argparse.Namespace) -> int:
-    since, until = _iso(args.since), _iso(args.until)
+    options = load_sources(args.config)
+    source = choose_source(args.journal, args.ledger_dsn, options)
+    limits = args.limits or options.limits
+    policies = _policies(limits) if limits else None
+    table = _prices(args.prices) if args.prices else None
+    if policies is not None and table is None and any(policies.budgeted_models()):
+        raise ValueError(f"--limits {limits} has cost_per_* budgets: give --prices too")
+    zone, why = report_zone(args.timezone, policies)
+    since, until = instant(args.since, zone), instant(args.until, zone)
     if since and until and datetime.fromisoformat(since) >= datetime.fromisoformat(until):
         raise ValueError(
             f"--since {args.since} ({since}) is not before --until {args.until} ({until}): "
@@ -351,33 +450,32 @@ def run_report(args: argparse.Namespace) -> int:
     unknown = [g for g in groups if g not in GROUPS]
     if unknown or not groups:
         raise ValueError(f"--group-by takes {', '.join(GROUPS)}; not {', '.join(unknown)}")
-    policies = _policies(args.limits) if args.limits else None
-    table = _prices(args.prices) if args.prices else None
-    if policies is not None and table is None and any(policies.budgeted_models()):
-        raise ValueError(f"--limits {args.limits} has cost_per_* budgets: give --prices too")
-    records = _records(args, since, until)
-    generated = datetime.now(UTC).isoformat(timespec="seconds")
-    report = aggregate(records, group_by=groups, since=since, until=until, generated_at=generated)
+    records = source.read(since, until)
+    now = datetime.now(UTC)
+    report = aggregate(
+        records,
+        group_by=groups,
+        since=shown(since, zone),
+        until=shown(until, zone),
+        generated_at=now.isoformat(timespec="seconds"),
+        zone=zone,
+    )
+    report.source = source.describe()
+    print(f"usage-proxy report: {len(records)} record(s) from the {report.source}", file=sys.stderr)
+    print(f"usage-proxy report: dates read in {zone} ({why})", file=sys.stderr)
+    gap = source.gap(since, now)
+    if gap:
+        print(f"usage-proxy report: warning: {gap}", file=sys.stderr)
     if table is not None:
-        report.charges = charge(records, table, lambda r: row_key(r, groups))
+        report.charges = charge(records, table, lambda r: row_key(r, groups, zone))
     if policies is not None:
-        at, start = _budget_window(policies, until)
-        covered = since is None or datetime.fromisoformat(since) <= datetime.fromisoformat(start)
-        history = records if covered else _records(args, start, until)  # read once if it can
-        report.budgets = _budgets(policies, history, at, table)
+        report.budgets = budget_rows(policies, source.read, until, now, table)
     text = FORMATS[args.format](report)
     if args.output:
         args.output.write_text(text, encoding="utf-8")
     else:
         sys.stdout.write(text)
     return 0
-
-
-def _policies(path: Path) -> Policies:
-    try:
-        return load_policies(path)
-    except (UnicodeDecodeError, yaml.YAMLError, ValidationError) as exc:
-        raise ValueError(f"--limits {path} is not a valid limits file: {exc}") from None
 
 
 def _prices(path: Path) -> PriceTable:
@@ -387,87 +485,11 @@ def _prices(path: Path) -> PriceTable:
         raise ValueError(f"--prices {path} is not a valid price file: {one_line(exc)}") from None
 
 
-def _records(args: argparse.Namespace, since: str | None, until: str | None) -> list[UsageRecord]:
-    if args.ledger_dsn:
-        from proxy.ledger.sinks.postgres import read_ledger  # asyncpg only when asked
-
-        return asyncio.run(read_ledger(args.ledger_dsn, since, until))
-    path = _journal_path(args)
-    return [UsageRecord.from_json(b) for b in read_journal(path, since, until)]
-
-
-def _budget_window(policies: Policies, until: str | None) -> tuple[float, str]:
-    """The moment the budgets are shown at (just before ``--until``, else now) and the
-    start of the oldest period holding it (ISO 8601, UTC): what their records span."""
-    end = datetime.fromisoformat(until).timestamp() if until else datetime.now(UTC).timestamp()
-    at = end - 0.001  # --until is exclusive
-    return at, datetime.fromtimestamp(earliest_start(at, policies.zone), UTC).isoformat()
-
-
-def _budgets(
-    policies: Policies, records: list[UsageRecord], at: float, table: PriceTable | None
-) -> tuple[BudgetRow, ...]:
-    """Each budget's use in its period holding ``at``, from ``records`` (those outside a
-    budget's period are not counted); a money budget's as admission bills it."""
-
-    def money(r: UsageRecord) -> int:
-        return billed(table, r.model, quantities(r), r.time, 0)[0] if table else 0
-
-    history = [
-        Usage(
-            Who(r.tenant, r.model, r.key_hash),
-            r.time.timestamp(),
-            Cost(r.prompt_tokens_billed or 0, r.completion_tokens_billed or 0, money=money(r)),
-        )
-        for r in records
-    ]
-
-    def local(moment: float) -> str:
-        return datetime.fromtimestamp(moment, policies.zone).isoformat(timespec="minutes")
-
-    currency = table.currency if table else None
-    return tuple(
-        BudgetRow(
-            _scope_label(u.scope),
-            u.budget,
-            local(u.start),
-            local(u.end),
-            u.used,
-            u.amount,
-            currency if u.budget.startswith("cost_") else None,
-        )
-        for u in budget_use(policies, history, at)
-    )
-
-
-def _scope_label(scope: tuple[str, ...]) -> str:
-    """``acme``, ``acme / model big``, ``acme / key 3f2a9c01b7d4``."""
-    return scope[1] if len(scope) == 2 else f"{scope[1]} / {scope[0]} {scope[2]}"
-
-
-TIME_HELP = "ISO 8601 date or time, UTC unless a zone is given; or today, yesterday, 7d, 12h"
-
-
-def _iso(value: str | None, now: datetime | None = None) -> str | None:
-    """A user-given time as the instant it names, in the journal's form: ISO 8601 in UTC
-    (a time without a zone is UTC). The journal compares its UTC times as text, so a
-    bound written with another offset must be converted, not kept as written."""
-    if not value:
-        return None
-    now = now or datetime.now(UTC)
-    midnight = now.replace(hour=0, minute=0, second=0, microsecond=0)
-    word = value.strip().lower()
-    relative = {"now": now, "today": midnight, "yesterday": midnight - timedelta(days=1)}
-    if word in relative:
-        return relative[word].isoformat()
-    if word[:-1].isdigit() and word[-1:] in ("d", "h"):
-        unit = timedelta(days=1) if word.endswith("d") else timedelta(hours=1)
-        return (now - int(word[:-1]) * unit).isoformat()
+def _policies(path: Path) -> Policies:
     try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise ValueError(f"cannot read the time {value!r}: use {TIME_HELP}") from None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).astimezone(UTC).isoformat()
+        return read_limits(path)
+    except (UnicodeDecodeError, LimitsFileError) as exc:
+        raise ValueError(f"--limits {path} is not a valid limits file: {exc}") from None
 
 
 def _format_errors(exc: ValidationError, config: Path | None) -> str:
@@ -490,12 +512,13 @@ def _format_errors(exc: ValidationError, config: Path | None) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser, flags = build_parser()
     args = parser.parse_args(argv)
-    if args.command in ("report", "dead-letters", "exporters", "reconcile"):
+    if args.command in ("report", "dead-letters", "exporters", "reconcile", "limits"):
         command = {
             "report": run_report,
             "dead-letters": run_dead_letters,
             "exporters": run_exporters,
             "reconcile": run_reconcile,
+            "limits": run_limits,
         }[args.command]
         try:
             return command(args)

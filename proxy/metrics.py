@@ -121,6 +121,22 @@ SPECS: dict[str, _Spec] = {
         ("endpoint", "model"),
         tenant=True,
     ),
+    # Units beyond tokens (record schema v3), per tenant as the token counters.
+    "billed_cached": _Spec(
+        Counter,
+        "usage_proxy_billed_cached_prompt_tokens",
+        "Prompt tokens vLLM's prefix cache served, as reported (part of the billed prompt "
+        "tokens, not added to them).",
+        ("endpoint", "model"),
+        tenant=True,
+    ),
+    "billed_audio": _Spec(
+        Counter,
+        "usage_proxy_billed_audio_seconds",
+        "Seconds of audio billed, as vLLM reported them (transcriptions, translations).",
+        ("endpoint", "model"),
+        tenant=True,
+    ),
     "reconcile_interval": _Spec(
         Gauge,
         "usage_proxy_reconcile_interval_seconds",
@@ -407,6 +423,8 @@ class Metrics:
     over: Counter
     reported_completion: Counter
     billed_completion: Counter
+    billed_cached: Counter
+    billed_audio: Counter
     reconcile_interval: Gauge
     tokenization: Histogram
     added: Histogram
@@ -532,9 +550,18 @@ class Metrics:
         return children
 
     def metered(
-        self, endpoint: str, model: str, tenant: str, prompt: int | None, completion: int | None
+        self,
+        endpoint: str,
+        model: str,
+        tenant: str,
+        prompt: int | None,
+        completion: int | None,
+        *,
+        cached: int | None = None,
+        seconds: int | None = None,
     ) -> None:
-        """One metered (not audited) answer's tokens, reported and billed alike, per tenant."""
+        """One metered (not audited) answer's tokens, reported and billed alike, and its
+        cached prompt tokens and audio seconds, per tenant."""
         labels = (endpoint, self.model(model), *self.tenant(tenant))
         children = self._metered_children.get(labels)
         if children is None:
@@ -545,6 +572,8 @@ class Metrics:
                     self.billed,
                     self.reported_completion,
                     self.billed_completion,
+                    self.billed_cached,
+                    self.billed_audio,
                 )
             )
         if prompt:
@@ -553,6 +582,10 @@ class Metrics:
         if completion:
             children[2].inc(completion)
             children[3].inc(completion)
+        if cached:
+            children[4].inc(cached)
+        if seconds:
+            children[5].inc(seconds)
 
     def token_usage(
         self, operation: str, model: str, prompt: int | None, completion: int | None

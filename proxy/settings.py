@@ -358,6 +358,13 @@ class Settings(BaseSettings):
         "/metrics",
         description="Path of the upstream's Prometheus metrics (vllm:prompt_tokens_total).",
     )
+    reconcile_shared_upstream: bool = Field(
+        False,
+        description="Other proxies send to the same vLLM: its counters then hold their "
+        "requests too, so reconciliation claims no unbilled tokens (windows marked shared; "
+        "the drift alert stays silent on them) and still proves that this proxy bills no "
+        "more than the engine did (docs/metering.md, 'Several proxies in front of one vLLM').",
+    )
     cloudevents_headers: dict[str, str] = Field(
         default_factory=dict,
         description="HTTP headers for the CloudEvents receiver, e.g. Authorization for "
@@ -530,6 +537,44 @@ def load_settings(
 
     _Bound.config_file = config_file
     return _Bound(**given)
+
+
+class Sources(BaseSettings):
+    """The options ``usage-proxy report`` shares with ``serve``, read as ``serve`` reads
+    them (flags > ``USAGE_PROXY_*`` environment > the ``--config`` file > default): where
+    the records are and the limits file. Every other option of the file is ignored."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
+    config_file: ClassVar[Path | None] = None
+
+    journal: str = Field(default_factory=lambda: str(default_journal_path()))
+    journal_retention: float = Field(default=168.0, ge=0)
+    ledger_dsn: str | None = None
+    limits: Path | None = None
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        if cls.config_file is None:
+            return init_settings, env_settings
+        return init_settings, env_settings, _file_source(settings_cls, cls.config_file)
+
+
+def load_sources(config_file: Path | None) -> Sources:
+    """The report's options from the environment and ``config_file`` (flags are the
+    command's own, applied over these)."""
+
+    class _Bound(Sources):
+        config_file: ClassVar[Path | None] = None
+
+    _Bound.config_file = config_file
+    return _Bound()
 
 
 def display_default(name: str) -> str:

@@ -41,7 +41,13 @@ class Traffic(Protocol):
 
     @property
     def failed(self) -> int:
-        """Exchanges that ended with an error status (monotonic)."""
+        """Exchanges that reached the upstream and ended with an error status (monotonic)."""
+        ...
+
+    @property
+    def refused(self) -> int:
+        """Exchanges the proxy refused itself, never forwarded (a limit's 429, a 503, a
+        400 for a field it cannot bill; monotonic): no engine work, so never a drift."""
         ...
 
     async def quiet(self) -> None:
@@ -62,8 +68,10 @@ class Reconciler:
         interval: float,
         instance: str,
         upstream: str,
+        shared: bool = False,
     ) -> None:
         self._traffic = traffic
+        self._shared = shared  # other proxies send to the same engine
         self._read_counters = read_counters
         self._journal = journal
         self._metrics = metrics
@@ -74,6 +82,7 @@ class Reconciler:
         self.last: EngineReading | None = None
         self._last_at = datetime.now(UTC)
         self._failed_mark = 0
+        self._refused_mark = 0
         self.windows: list[SettledWindow] = []  # this process's windows, newest last
 
     def account(self, record: UsageRecord) -> None:
@@ -110,12 +119,13 @@ class Reconciler:
             if self._traffic.in_flight:
                 return None
             tally, self.tally, mark = self.tally, Tally(), self._traffic.started
-            failed = self._traffic.failed
+            failed, refused = self._traffic.failed, self._traffic.refused
             ended = datetime.now(UTC)
             reading = parse_engine_counters(await self._read_counters())
             if self._traffic.started == mark:
                 tally.upstream_errors = failed - self._failed_mark
-                self._failed_mark = failed
+                tally.refused = refused - self._refused_mark
+                self._failed_mark, self._refused_mark = failed, refused
                 return await self._close(reading, tally, ended)
             self.tally.merge(tally)  # traffic arrived while reading: not a boundary
             if time.monotonic() >= deadline:
@@ -136,6 +146,7 @@ class Reconciler:
             end=ended,
             instance=self._instance,
             upstream=self._upstream,
+            shared=self._shared,
         )
         self._observe(window, reading)
         self.windows = [*self.windows[-99:], window]

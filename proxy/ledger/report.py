@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, tzinfo
 
 from proxy.accounting.money import from_nanos, plain
 from proxy.ledger.charges import Charges
@@ -199,6 +199,9 @@ class BudgetRow:
     used: int
     amount: int
     currency: str | None = None  # a money budget: used and amount are billionths of it
+    # Which moments its period holds: "report end" (just before --until), "now" (what
+    # admission enforces today), or both.
+    holds: tuple[str, ...] = ()
 
     @property
     def remaining(self) -> int:
@@ -228,6 +231,7 @@ class BudgetRow:
             "remaining": remaining,
             "used_percent": self.percent,
             **({"currency": self.currency} if self.currency else {}),
+            "holds": list(self.holds),
         }
 
 
@@ -242,6 +246,8 @@ class Report:
     generated_at: str
     budgets: tuple[BudgetRow, ...] = ()  # with ``--limits``: each budget's period so far
     charges: Charges | None = None  # with ``--prices``: the records priced at their time
+    zone: str = "UTC"  # dates without an offset are read, and days grouped, in this zone
+    source: str = ""  # where the records were read, in one sentence
 
     @property
     def first_record(self) -> str | None:
@@ -276,16 +282,17 @@ class Report:
         return next((s for s in self.subtotals if s.keys["tenant"] == tenant), None)
 
 
-def _key(record: UsageRecord, group: str) -> str:
+def _key(record: UsageRecord, group: str, zone: tzinfo) -> str:
     if group == "day":
-        return record.time.date().isoformat()
+        return record.time.astimezone(zone).date().isoformat()
     value = getattr(record, group)
     return str(value) if value else "-"
 
 
-def row_key(record: UsageRecord, group_by: Sequence[str]) -> tuple[str, ...]:
-    """The row of the report grouped by ``group_by`` that ``record`` is counted in."""
-    return tuple(_key(record, g) for g in group_by)
+def row_key(record: UsageRecord, group_by: Sequence[str], zone: tzinfo = UTC) -> tuple[str, ...]:
+    """The row of the report grouped by ``group_by`` (a day is one of ``zone``) that
+    ``record`` is counted in."""
+    return tuple(_key(record, g, zone) for g in group_by)
 
 
 def aggregate(
@@ -295,12 +302,14 @@ def aggregate(
     since: str | None = None,
     until: str | None = None,
     generated_at: str = "",
+    zone: tzinfo = UTC,
 ) -> Report:
-    """Requests and reported/billed prompt and completion tokens per group; a subtotal per
-    tenant when the report is grouped by tenant and something else; the totals."""
+    """Requests and reported/billed prompt and completion tokens per group (a day is one
+    of ``zone``); a subtotal per tenant when the report is grouped by tenant and something
+    else; the totals."""
     rows: dict[tuple[str, ...], Row] = {}
     for r in records:
-        key = row_key(r, group_by)
+        key = row_key(r, group_by, zone)
         row = rows.get(key)
         if row is None:
             row = rows[key] = Row(dict(zip(group_by, key, strict=True)))
@@ -309,9 +318,10 @@ def aggregate(
     totals = Row({g: "" for g in group_by} | ({group_by[0]: "TOTAL"} if group_by else {}))
     for row in ordered:
         totals.merge(row)
-    return Report(
-        tuple(group_by), ordered, _subtotals(group_by, ordered), totals, since, until, generated_at
-    )
+    subtotals = _subtotals(group_by, ordered)
+    report = Report(tuple(group_by), ordered, subtotals, totals, since, until, generated_at)
+    report.zone = str(zone)
+    return report
 
 
 def _subtotals(group_by: Sequence[str], rows: list[Row]) -> list[Row]:

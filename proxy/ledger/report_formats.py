@@ -20,7 +20,7 @@ from proxy.accounting.prices import PricedUnit
 from proxy.ledger.charges import Charges
 from proxy.ledger.report import COLUMNS, UNPROVEN, BudgetRow, Report, Row
 
-TITLES = {"tenant": "Tenant", "model": "Model", "operation": "Operation", "day": "Day (UTC)"}
+TITLES = {"tenant": "Tenant", "model": "Model", "operation": "Operation", "day": "Day"}
 SHORT = 32
 # A cell that starts with one of these is a formula to a spreadsheet (OWASP, CSV injection).
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
@@ -75,8 +75,17 @@ def _key_cells(report: Report, kind: str, row: Row) -> list[str]:
     return cells
 
 
+def _titles(report: Report) -> list[str]:
+    """The key columns' headings; a day is named with its zone."""
+    return [f"Day ({report.zone})" if g == "day" else TITLES[g] for g in report.group_by]
+
+
+def _source(report: Report) -> list[str]:
+    return [f"Source: {report.source}"] if report.source else []
+
+
 def as_table(report: Report) -> str:
-    header = [TITLES[g] for g in report.group_by] + [c.short or c.title for c in COLUMNS]
+    header = _titles(report) + [c.short or c.title for c in COLUMNS]
     cells = [[*header, "Verdicts"]]
     for kind, row in _lines(report):
         keys = [_short(k) for k in _key_cells(report, kind, row)]
@@ -95,7 +104,8 @@ def as_table(report: Report) -> str:
     legend = [f"  {c.short or c.title}: {c.meaning}" for c in COLUMNS]
     return "\n".join(
         [
-            f"Usage (UTC) from {report.period}; generated {report.generated_at}",
+            f"Usage ({report.zone}) from {report.period}; generated {report.generated_at}",
+            *_source(report),
             "",
             lines[0],
             rule,
@@ -112,13 +122,14 @@ def as_table(report: Report) -> str:
     )
 
 
-BUDGET_TITLES = ("Scope", "Budget", "Period", "Used", "Limit", "Left", "Used %")
+BUDGET_TITLES = ("Scope", "Budget", "Period", "Holds", "Used", "Limit", "Left", "Used %")
+BUDGET_TEXT = 4  # columns before the numbers
 
 
 def _budget_cells(b: BudgetRow) -> list[str]:
     period = f"{b.period_start} to {b.period_end}"
     numbers = [b.said(b.used), b.said(b.amount), b.said(b.remaining), f"{b.percent:.2f}"]
-    return [_short(b.scope), b.budget, period, *numbers]
+    return [_short(b.scope), b.budget, period, ", ".join(b.holds), *numbers]
 
 
 def _aligned(cells: list[list[str]], left: int) -> list[str]:
@@ -126,7 +137,9 @@ def _aligned(cells: list[list[str]], left: int) -> list[str]:
     the heading's row followed by a rule."""
     width = [max(len(c[i]) for c in cells) for i in range(len(cells[0]))]
     lines = [
-        "  ".join(c[i].ljust(width[i]) if i < left else c[i].rjust(width[i]) for i in range(len(c)))
+        "  ".join(
+            c[i].ljust(width[i]) if i < left else c[i].rjust(width[i]) for i in range(len(c))
+        ).rstrip()
         for c in cells
     ]
     return [lines[0], "  ".join("-" * w for w in width), *lines[1:]]
@@ -137,8 +150,9 @@ def _budget_table(budgets: tuple[BudgetRow, ...]) -> list[str]:
     file's zone), or nothing without ``--limits``."""
     if not budgets:
         return []
-    lines = _aligned([list(BUDGET_TITLES), *(_budget_cells(b) for b in budgets)], 3)
-    return ["Budgets (their periods holding the report's end):", *lines, ""]
+    lines = _aligned([list(BUDGET_TITLES), *(_budget_cells(b) for b in budgets)], BUDGET_TEXT)
+    title = "Budgets: the period holding the report's end, and the one each is in now"
+    return [f"{title} (local times of the limits file's zone):", *lines, ""]
 
 
 CHARGE_TITLES = ("Tenant", "Model", "Unit", "Price since", "Price", "Quantity", "Amount")
@@ -257,6 +271,8 @@ def as_json(report: Report) -> str:
         "first_record": report.first_record,
         "last_record": report.last_record,
         "generated_at": report.generated_at,
+        "timezone": report.zone,
+        "source": report.source,
         "group_by": list(report.group_by),
         "columns": {c.name: c.meaning for c in COLUMNS},
         "rows": [r.as_dict() for r in report.rows],
@@ -295,6 +311,32 @@ def _chart(report: Report) -> list[dict[str, object]]:
     ]
 
 
+# The HTML page's first usage table: the tokens, reported against billed. Every other
+# column (proof, other units, any added later) goes in the second, with the verdicts, so
+# neither is wider than a 1,400 px window.
+TOKEN_FIGURES = frozenset(
+    {
+        "requests",
+        "prompt_tokens_reported",
+        "prompt_tokens_billed",
+        "completion_tokens_reported",
+        "completion_tokens_billed",
+        "over_reported_tokens",
+        "over_reported_pct",
+    }
+)
+
+
+def _html_parts() -> list[tuple[str, list[int], bool]]:
+    """The usage tables of the HTML page: heading, column indexes, whether it is the last."""
+    tokens = [i for i, c in enumerate(COLUMNS) if c.name in TOKEN_FIGURES]
+    rest = [i for i, c in enumerate(COLUMNS) if c.name not in TOKEN_FIGURES]
+    return [
+        ("Usage: tokens reported and billed", tokens, False),
+        ("Usage: tokens billed without proof, other units and verdicts", rest, True),
+    ]
+
+
 def as_html(report: Report, title: str = "vllm-usage-proxy: usage report") -> str:
     lines = [
         (kind, _key_cells(report, kind, row), [_number(row, c.name) for c in COLUMNS], row)
@@ -303,13 +345,15 @@ def as_html(report: Report, title: str = "vllm-usage-proxy: usage report") -> st
     return _TEMPLATES.get_template("report.html.j2").render(
         title=title,
         report=report,
-        keys=[TITLES[g] for g in report.group_by],
+        keys=_titles(report),
         columns=COLUMNS,
+        parts=_html_parts(),
         lines=lines,
         short=_short,
         verdicts=_verdicts,
         chart=_chart(report),
         budget_titles=BUDGET_TITLES,
+        budget_text=BUDGET_TEXT,
         budget_cells=_budget_cells,
         charges=report.charges,
         charges_heading=charges_heading,

@@ -85,6 +85,7 @@ class Tally:
     unproven: int = 0
     aborted: int = 0
     upstream_errors: int = 0
+    refused: int = 0  # answered by the proxy itself, never forwarded: no engine work
     # Records billed in seconds of audio: the engine counts their tokens, no token bill does.
     in_seconds: int = 0
     verdicts: dict[str, int] = field(default_factory=dict)
@@ -94,7 +95,7 @@ class Tally:
         for name in (
             *("records", "prompt_reported", "prompt_billed", "prompt_expected"),
             *("completion_reported", "completion_billed", "unproven", "aborted"),
-            "upstream_errors",
+            *("upstream_errors", "refused"),
             "in_seconds",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -128,7 +129,7 @@ class SettledWindow(BaseModel):
     upstream: str
     start: datetime
     end: datetime
-    status: str  # settled | counter_reset
+    status: str  # settled | counter_reset | shared
     records: int
     engine_prompt_tokens: int | None
     reported_prompt_tokens: int
@@ -141,6 +142,9 @@ class SettledWindow(BaseModel):
     unbilled_completion_tokens: int
     overbilled_completion_tokens: int
     upstream_errors: int
+    # Refused by the proxy itself (limits, fields it cannot bill), never forwarded: neither
+    # engine work nor a record, so they explain no drift (0 in windows of older proxies).
+    refused_requests: int = 0
     verdicts: dict[str, int]
     causes: list[str]
 
@@ -181,23 +185,33 @@ def settle(
     end: datetime,
     instance: str,
     upstream: str,
+    shared: bool = False,
 ) -> SettledWindow:
     """The window between two quiet readings. A counter that went down, or a changed
     engine start time, is a restart: the engine's growth is then unknown, so the window
-    is reported (``counter_reset``) but no drift is claimed for it."""
+    is reported (``counter_reset``) but no drift is claimed for it. With ``shared`` (other
+    proxies send to the same engine) the growth holds their requests too: no unbilled
+    tokens are claimed (``shared``), overbilling still is."""
     reset = after.prompt < before.prompt or after.generation < before.generation
     reset = reset or (before.started is not None and after.started != before.started)
     engine_prompt = None if reset else after.prompt - before.prompt
     engine_generation = None if reset else after.generation - before.generation
     unbilled_p, over_p = _drift(engine_prompt, tally.prompt_expected)
     unbilled_c, over_c = _drift(engine_generation, tally.completion_billed)
+    others = unbilled_p, unbilled_c
+    if shared:
+        unbilled_p = unbilled_c = 0
+    status = "counter_reset" if reset else "shared" if shared else "settled"
+    found = causes(reset, unbilled_p + unbilled_c, over_p + over_c, tally)
+    if shared and not reset:
+        found.insert(0, _shared_cause(*others))
     return SettledWindow(
         window_id=new_record_id(),
         instance=instance,
         upstream=upstream,
         start=start,
         end=end,
-        status="counter_reset" if reset else "settled",
+        status=status,
         records=tally.records,
         engine_prompt_tokens=engine_prompt,
         reported_prompt_tokens=tally.prompt_reported,
@@ -210,8 +224,17 @@ def settle(
         unbilled_completion_tokens=unbilled_c,
         overbilled_completion_tokens=over_c,
         upstream_errors=tally.upstream_errors,
+        refused_requests=tally.refused,
         verdicts=dict(tally.verdicts),
-        causes=causes(reset, unbilled_p + unbilled_c, over_p + over_c, tally),
+        causes=found,
+    )
+
+
+def _shared_cause(prompt: int, completion: int) -> str:
+    return (
+        f"shared_upstream: {prompt} prompt and {completion} completion token(s) of the "
+        "engine beyond this proxy's records: other proxies' requests, or unbilled work, "
+        "not told apart (no unbilled tokens are claimed)"
     )
 
 
@@ -229,8 +252,9 @@ def causes(reset: bool, unbilled: int, overbilled: int, tally: Tally) -> list[st
         found.append("counter_reset: the engine restarted; this window's growth is unknown")
     if unbilled and tally.upstream_errors:
         found.append(
-            f"upstream_errors: {tally.upstream_errors} metered request(s) failed upstream "
-            "(work done before an error, e.g. prefill, is not billed)"
+            f"upstream_errors: {tally.upstream_errors} metered request(s) reached the upstream "
+            "and failed there (work done before an error, e.g. prefill, is not billed; the "
+            "proxy's own refusals are not among them: they never reached the engine)"
         )
     if unbilled and tally.in_seconds:
         found.append(

@@ -10,9 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-import yaml
 from aiohttp import web
-from pydantic import ValidationError
 
 from proxy.accounting.prices import PriceTable
 from proxy.accounting.routes import Handling
@@ -25,7 +23,8 @@ from proxy.ledger.sinks import Sink
 from proxy.limits.costs import unpriced
 from proxy.limits.limiter import Limiter
 from proxy.limits.memory import InProcessLimiter
-from proxy.limits.policy import Policies, load_policies
+from proxy.limits.policy import Policies
+from proxy.limits.problems import read_limits
 from proxy.metrics import Metrics
 from proxy.serving import admin
 from proxy.serving.admission import ADMISSION, Admission, add_headers, restore_context
@@ -55,6 +54,7 @@ from proxy.serving.sendwatch import SendWatch, send_watch_context
 from proxy.serving.shares import TenantShares
 from proxy.serving.startup import file_problem
 from proxy.serving.storeguard import GuardedLimiter
+from proxy.serving.tenancy import TenantResolver
 from proxy.serving.unmetered import Unmetered
 from proxy.serving.upstream import SESSION, session_context
 from proxy.settings import CacheSalting, Durability, Settings
@@ -106,6 +106,7 @@ def build_reconciler(
         interval=settings.reconcile_interval,
         instance=settings.instance,
         upstream=settings.upstream_base,
+        shared=settings.reconcile_shared_upstream,
     )
 
 
@@ -149,8 +150,8 @@ def build_admission(
         return None
     path = Path(settings.limits)
     try:
-        policies = load_policies(path)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, ValidationError) as exc:
+        policies = read_limits(path)
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and LimitsFileError too
         fix = "fix the path, or the file (README: Budgets and rate limits)"
         raise file_problem(exc, "--limits", path, fix) from None
     table = prices.table if prices is not None else None
@@ -174,12 +175,20 @@ def add_limits(
     admission: Admission,
     journal: Journal | None,
     metrics: Metrics,
+    resolver: TenantResolver,
+    catalog: Catalog,
 ) -> None:
     """Headers on every answer, the file's live reload, budgets rebuilt at start."""
     assert settings.limits is not None
     app[ADMISSION] = admission
+    tenants = (lambda: resolver.key_tenants) if settings.api_keys else (lambda: None)
     app[LIMITSFILE] = LimitsFile(
-        Path(settings.limits), admission.limiter, metrics, check=money_check(admission)
+        Path(settings.limits),
+        admission.limiter,
+        metrics,
+        check=money_check(admission),
+        tenants=tenants,
+        catalog=catalog,
     )
     app.on_response_prepare.append(add_headers)
     app.cleanup_ctx.append(limits_file_context(app[LIMITSFILE]))
@@ -259,7 +268,7 @@ def create_app(
     if outbox is not None:
         app[OUTBOX] = outbox
     if admission is not None:
-        add_limits(app, settings, admission, journal, metrics)
+        add_limits(app, settings, admission, journal, metrics, resolver, catalog)
     if prices is not None:
         add_prices(app, settings, prices, admission, metrics)
     if settings.api_keys:

@@ -25,7 +25,7 @@ from proxy.serving.attribution import WHO, client_request_id
 from proxy.serving.bodies import BodyBudget, Refused
 from proxy.serving.shares import TenantShares
 from proxy.serving.tenancy import Attribution
-from proxy.serving.upstream import served_path
+from proxy.serving.upstream import FORWARDED, served_path
 
 
 @dataclass(slots=True)
@@ -134,7 +134,8 @@ class Exchanges:
         self._quiet = asyncio.Event()
         self._quiet.set()
         self.started = 0
-        self.failed = 0
+        self.failed = 0  # ended in an error after reaching the upstream
+        self.refused = 0  # ended in an error the proxy gave without forwarding
 
     @property
     def in_flight(self) -> int:
@@ -178,10 +179,10 @@ class Exchanges:
         self, exchange: Exchange, work: Work, outcome: asyncio.Future[web.StreamResponse]
     ) -> None:
         """A cancelled caller cancels only ``outcome``; the exchange runs to its end."""
-        status = 500
+        status, answered = 500, False
         try:
             reply = await work(exchange)
-            status = reply.status
+            status, answered = reply.status, True
             if not outcome.done():
                 outcome.set_result(reply)
         except asyncio.CancelledError:
@@ -196,15 +197,17 @@ class Exchanges:
             try:
                 await self._settle(exchange.hold)  # never suspends in-process
             finally:
-                self._end(exchange, status)
+                self._end(exchange, status, answered)
 
-    def _end(self, exchange: Exchange, status: int) -> None:
+    def _end(self, exchange: Exchange, status: int, answered: bool) -> None:
         task = asyncio.current_task()
         if task is not None:
             self._live.discard(task)
         self.budget.release(exchange.reserved)
         self._shares.release(exchange.who.tenant, exchange.reserved)
-        if status >= 400:
+        if status >= 400 and answered and not exchange.request.get(FORWARDED):
+            self.refused += 1  # the proxy's own answer: nothing reached the engine
+        elif status >= 400:
             self.failed += 1
         if not self._live:
             self._quiet.set()

@@ -11,17 +11,17 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from pathlib import Path
 
 import structlog
-import yaml
 from aiohttp import web
-from pydantic import ValidationError
 
 from proxy.limits.limiter import Limiter
-from proxy.limits.policy import Policies, load_policies
+from proxy.limits.policy import Policies
+from proxy.limits.problems import mistakes, read_limits, summary
 from proxy.metrics import Metrics
+from proxy.serving.catalog import Catalog
 from proxy.serving.keyfile import POLL_SECONDS, Stamp
 
 log = structlog.get_logger("proxy.serving.limitsfile")
@@ -38,6 +38,10 @@ def read_stamp(path: Path) -> Stamp | None:
 
 
 class LimitsFile:
+    """The file in use: reloaded when asked or changed, each load said in the log with
+    what it sets, and what in it is probably a mistake (a file that limits nothing, a
+    tenant the key file does not name, a model the upstream does not serve) warned."""
+
     def __init__(
         self,
         path: Path,
@@ -46,6 +50,8 @@ class LimitsFile:
         poll: float = POLL_SECONDS,
         *,
         check: Callable[[Policies], str | None] = lambda policies: None,
+        tenants: Callable[[], Collection[str] | None] = lambda: None,
+        catalog: Catalog | None = None,
     ) -> None:
         self.path = path
         self._limiter = limiter
@@ -54,25 +60,45 @@ class LimitsFile:
         # why policies cannot be used with the prices in use (a money budget on a model
         # without a price), or None
         self._check = check
+        self._tenants = tenants
+        self._catalog = catalog
         self._stamp: Stamp | None = read_stamp(path)
         metrics.limits_loaded_at.set(time.time())
+        announce(path, limiter.policies, "start", self._known())
 
     def reload(self, why: str) -> bool:
         """Load the file now; True when its policies are in use."""
         self._stamp = read_stamp(self.path)
         try:
-            policies = load_policies(self.path)
+            policies = read_limits(self.path)
             problem = self._check(policies)
             if problem is not None:
                 raise ValueError(problem)
-        except (OSError, ValueError, UnicodeDecodeError, yaml.YAMLError, ValidationError) as exc:
+        except (OSError, ValueError) as exc:  # UnicodeDecodeError and LimitsFileError too
             self._metrics.limits_reload_failures.inc()
             log.error("limits_reload_failed", path=str(self.path), why=why, error=str(exc)[:500])
             return False
         self._limiter.replace(policies)
         self._metrics.limits_loaded_at.set(time.time())
-        log.info("limits_loaded", path=str(self.path), why=why, **_summary(policies))
+        announce(self.path, policies, why, self._known())
         return True
+
+    def _known(self) -> dict[str, Collection[str] | None]:
+        """What the file is held against: the key file's tenants, the served models
+        (once discovered)."""
+        ready = self._catalog is not None and self._catalog.ready.is_set()
+        models = list(self._catalog.models) if self._catalog is not None and ready else None
+        return {"tenants": self._tenants(), "models": models}
+
+    async def check_models(self) -> None:
+        """Once the upstream's models are known, warn of limits on models it lacks."""
+        if self._catalog is None:
+            return
+        await self._catalog.ready.wait()
+        served = list(self._catalog.models)
+        for problem in mistakes(self._limiter.policies, models=served):
+            if ".models." in problem:
+                log.warning("limits_mistake", path=str(self.path), problem=problem)
 
     async def watch(self) -> None:
         while True:
@@ -81,12 +107,26 @@ class LimitsFile:
                 self.reload("changed")
 
 
-def _summary(policies: Policies) -> dict[str, object]:
-    return {
-        "tenants": len(policies.tenants),
-        "default": policies.default is not None,
-        "timezone": policies.timezone,
-    }
+def announce(
+    path: Path, policies: Policies, why: str, known: dict[str, Collection[str] | None]
+) -> None:
+    """One log line for a limits file now in use, with what it sets; a warning for each
+    probable mistake (a file that limits nothing is ``limits_empty``)."""
+    seen = summary(policies)
+    log.info(
+        "limits_loaded",
+        path=str(path),
+        why=why,
+        policies=seen.levels,
+        limits=seen.limits,
+        budgets=seen.budgets,
+        tenants=seen.tenants,
+        default=seen.default,
+        timezone=policies.timezone,
+    )
+    for problem in mistakes(policies, models=known["models"], tenants=known["tenants"]):
+        event = "limits_empty" if not seen.limits else "limits_mistake"
+        log.warning(event, path=str(path), problem=problem)
 
 
 LIMITSFILE = web.AppKey("limits_file", LimitsFile)
@@ -96,8 +136,12 @@ def limits_file_context(limits: LimitsFile) -> Callable[[web.Application], Async
     """cleanup_ctx: the file's watch, for the application's lifetime."""
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
-        task = asyncio.create_task(limits.watch(), name="limits-file")
+        tasks = [
+            asyncio.create_task(limits.watch(), name="limits-file"),
+            asyncio.create_task(limits.check_models(), name="limits-models"),
+        ]
         yield
-        task.cancel()
+        for task in tasks:
+            task.cancel()
 
     return ctx

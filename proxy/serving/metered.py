@@ -373,7 +373,13 @@ class MeteredRelay:
             prepared.operation, model or "unknown", reading.prompt, reading.completion
         )
         self._metrics.metered(
-            path, model or "unknown", exchange.who.tenant, reading.prompt, reading.completion
+            path,
+            model or "unknown",
+            exchange.who.tenant,
+            reading.prompt,
+            reading.completion,
+            cached=reading.cached,
+            seconds=reading.seconds,
         )
         record = exchange.record(
             operation=prepared.operation,

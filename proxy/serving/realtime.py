@@ -28,6 +28,7 @@ from proxy.metrics import Metrics
 from proxy.serving.admission import Admission
 from proxy.serving.exchange import Exchange
 from proxy.serving.upstream import (
+    FORWARDED,
     SESSION,
     TARGET,
     UpstreamError,
@@ -114,6 +115,7 @@ class RealtimeRelay:
         for name in HANDSHAKE:
             headers.popall(name, None)
         url = URL(self._base + request[TARGET].sent, encoded=True)
+        request[FORWARDED] = True
         with translated(request[TARGET].path):
             try:
                 return await request.app[SESSION].ws_connect(

@@ -45,6 +45,9 @@ LOCATIONS = frozenset({"location", "content-location"})
 # What the upstream is sent for a request: its target normalized as vLLM routes it
 # (set by the router's guard; absent, the target as the client sent it).
 TARGET = web.RequestKey("target", Target)
+# Set once a request is sent to the upstream: an exchange that ends in an error without it
+# was refused by the proxy itself (a limit, a field it cannot bill), so no engine work.
+FORWARDED = web.RequestKey("forwarded", bool)
 
 
 def served_path(request: web.Request) -> str:
@@ -183,6 +186,7 @@ async def forward(
     headers.popall("Content-Encoding", None)
     if metered:
         headers["Accept-Encoding"] = "identity"
+    request[FORWARDED] = True
     with translated(served_path(request)):
         async with session.request(
             request.method,

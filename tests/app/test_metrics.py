@@ -151,6 +151,55 @@ async def test_token_counters_cover_every_metered_operation_per_tenant(
     }
 
 
+async def test_cached_tokens_and_audio_seconds_have_their_counters_per_tenant(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """Issue #54 item 7: audio seconds and cached prompt tokens were in the records and the
+    report but had no metric. Each has a counter by endpoint, model and (on the admin port,
+    with --metrics-tenant-label) tenant, equal to the records."""
+    import io
+
+    from tests.support.fakevllm.audio import wav
+    from tests.support.records import journal_records
+
+    admin_port = free_port()
+    fake, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        version="0.32.0",
+        tenant_header="X-Tenant-Id",
+        metrics_tenant_label=True,
+        admin_port=admin_port,
+        admin_host="127.0.0.1",
+        journal=str(tmp_path / "journal.sqlite"),
+    )
+    fake.prompt_tokens_details = True  # vLLM's --enable-prompt-tokens-details
+    chat = {"messages": [{"role": "user", "content": "Where is Paris?"}]}
+    for _ in range(2):
+        resp = await client.post("/v1/chat/completions", json=chat, headers={"X-Tenant-Id": "a"})
+        assert resp.status == 200
+    form = aiohttp.FormData()
+    form.add_field("file", io.BytesIO(wav(2.5)), filename="a.wav", content_type="audio/wav")
+    form.add_field("model", "minilm")
+    transcription = "/v1/audio/transcriptions"
+    resp = await client.post(transcription, data=form, headers={"X-Tenant-Id": "b"})
+    assert resp.status == 200
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{admin_port}/metrics") as page,
+    ):
+        got = samples(await page.text())
+    records = journal_records(tmp_path / "journal.sqlite")
+    cached = sum(r.units.cached_prompt_tokens or 0 for r in records)
+    seconds = sum(r.units.audio_seconds or 0 for r in records)
+    assert (cached, seconds) == (2 * fake.cached_tokens, 3)
+    chat_labels = (("endpoint", "/v1/chat/completions"), ("model", "minilm"), ("tenant", "a"))
+    audio_labels = (("endpoint", transcription), ("model", "minilm"), ("tenant", "b"))
+    assert got[("usage_proxy_billed_cached_prompt_tokens_total", chat_labels)] == cached
+    assert got[("usage_proxy_billed_audio_seconds_total", audio_labels)] == seconds
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -93,3 +93,89 @@ async def test_missing_tokenizer_directory_is_said_as_such(
     )
     found = [e for e in logs if e["event"] == "model_discovered"]
     assert [e["log_level"] for e in found] == ["warning"]
+
+
+async def test_limits_are_said_when_loaded_and_their_mistakes_warned(
+    aiohttp_server: Any, aiohttp_client: Any, raw_minilm: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """Issue #54 item 4: a limits file was loaded without a log line, and an unknown model,
+    a tenant not in the key file or an empty file started without a word; a bad reload was
+    logged as pydantic's dump. Now: ``limits_loaded`` with the policy count at start and on
+    each reload, a warning per probable mistake (the model once discovery knows the served
+    names), ``limits_empty`` for a file that limits nothing, and a reload's problems as
+    plain sentences."""
+    import hashlib
+
+    from proxy.serving.limitsfile import LIMITSFILE
+
+    fake = FakeVLLM(raw_minilm, minilm_path)
+    server = await aiohttp_server(fake.app())
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"acme: {hashlib.sha256(b'k').hexdigest()}\n")
+    limits = tmp_path / "limits.yaml"
+    limits.write_text(
+        "tenants:\n  acme: {requests_per_minute: 5, models: {minilmm: {requests_per_day: 1}}}\n"
+        "  acmee: {requests_per_day: 5}\n"
+    )
+    settings = Settings(
+        upstream=str(server.make_url("")),
+        api_keys=str(keys),
+        limits=str(limits),
+        journal=str(tmp_path / "journal.sqlite"),
+    )
+    with capture_logs() as logs:
+        client = await aiohttp_client(create_app(settings))
+        assert await client.app[CATALOG].wait_ready(10)
+        for _ in range(50):  # the model check runs once discovery is done
+            if any(e["event"] == "limits_mistake" and ".models." in e["problem"] for e in logs):
+                break
+            await asyncio.sleep(0.02)
+    (loaded,) = [e for e in logs if e["event"] == "limits_loaded"]
+    assert (loaded["why"], loaded["policies"], loaded["limits"], loaded["tenants"]) == (
+        "start",
+        3,
+        3,
+        2,
+    )
+    warned = [e["problem"] for e in logs if e["event"] == "limits_mistake"]
+    assert warned == [
+        "tenants.acmee: no tenant 'acmee' in the --api-keys file, so no request is ever "
+        "billed to it; did you mean 'acme'?",
+        f"tenants.acme.models.minilmm: the upstream serves no model 'minilmm' (it serves "
+        f"{fake.name}); did you mean '{fake.name}'?",
+    ]
+    limits.write_text("tenants:\n  acme: {prompt_token_per_minute: 5}\n")
+    with capture_logs() as logs:
+        assert not client.app[LIMITSFILE].reload("SIGHUP")
+    (failed,) = logs
+    assert failed["event"] == "limits_reload_failed"
+    assert failed["error"] == (
+        "'prompt_token_per_minute' is not a limit or setting of tenant 'acme'; "
+        "did you mean 'prompt_tokens_per_minute'?"
+    )
+    limits.write_text("")
+    with capture_logs() as logs:
+        assert client.app[LIMITSFILE].reload("changed")
+    assert [(e["event"], e["log_level"]) for e in logs] == [
+        ("limits_loaded", "info"),
+        ("limits_empty", "warning"),
+    ]
+    assert logs[1]["problem"] == "the file sets no limit: every tenant is unlimited"
+
+
+def test_a_limits_file_that_does_not_validate_stops_the_start_in_one_sentence(
+    tmp_path: Path,
+) -> None:
+    """At start-up too: the flag, the path and the plain problem, no pydantic dump."""
+    from proxy.serving.startup import StartupError
+
+    limits = tmp_path / "limits.yaml"
+    limits.write_text("tenant:\n  acme: {requests_per_minute: 5}\n")
+    settings = Settings(upstream="http://127.0.0.1:9", limits=str(limits), journal="off")
+    with pytest.raises(StartupError) as refused:
+        create_app(settings)
+    assert str(refused.value) == (
+        f"cannot read --limits {limits}: 'tenant' is not a key of a limits file (timezone, "
+        "default, tenants); did you mean 'tenants'?; fix the path, or the file (README: "
+        "Budgets and rate limits)"
+    )

@@ -120,7 +120,7 @@ async def test_a_window_waits_for_a_quiet_moment(rig: Any) -> None:
     _, _, settler, _ = rig
 
     class Busy:
-        in_flight, started, failed = 1, 1, 0
+        in_flight, started, failed, refused = 1, 1, 0, 0
 
         async def quiet(self) -> None:
             await asyncio.Event().wait()
@@ -129,6 +129,91 @@ async def test_a_window_waits_for_a_quiet_moment(rig: Any) -> None:
     assert await settler.settle_once(patience=0.2) is None
     settler._traffic = real
     assert await settler.settle_once(patience=0.2) is not None
+
+
+async def test_the_proxys_own_refusals_are_not_blamed_on_the_engine(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """Issue #54 item 6: a tenant refused by its limit (429, never forwarded) was counted as
+    a "metered request failed upstream". Refusals are counted apart, as refused requests,
+    and the engine is blamed only for errors of requests that reached it."""
+    limits = tmp_path / "limits.yaml"
+    limits.write_text("tenants: {acme: {requests_per_minute: 1}}\n")
+    _, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        reconcile_interval=0,
+        tenant_header="X-Tenant-Id",
+        limits=str(limits),
+        journal=str(tmp_path / "journal.sqlite"),
+    )
+    settler = client.app[RECONCILER]
+    assert await settler.settle_once() is None  # the baseline
+    acme, body = {"X-Tenant-Id": "acme"}, {"query": QUERY, "documents": DOCS}
+    assert (await client.post("/rerank", json=body, headers=acme)).status == 200
+    for _ in range(3):
+        assert (await client.post("/rerank", json=body, headers=acme)).status == 429
+    bypass = client.app[SESSION]
+    async with bypass.post(settler._upstream + "/rerank", json=body) as straight:
+        assert straight.status == 200  # engine work no record accounts for
+    window = await settler.settle_once()
+    assert window is not None
+    assert (window.records, window.upstream_errors, window.refused_requests) == (1, 0, 3)
+    assert window.unbilled_prompt_tokens == 36
+    assert not any(c.startswith("upstream_errors") for c in window.causes)
+
+
+async def test_several_proxies_in_front_of_one_vllm(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path
+) -> None:
+    """Issue #54 item 6: two proxies in front of one vLLM each counted the other's requests
+    as unbilled engine work, so the drift alert fired for ever. A proxy told
+    --reconcile-shared-upstream claims no unbilled tokens (status ``shared``, the unbilled
+    counters and so UsageLedgerDrift stay at 0) and says how much engine work its records
+    do not cover; it still proves it billed no more than the engine did."""
+    from proxy.serving.app import create_app
+    from proxy.serving.catalog import CATALOG
+    from proxy.settings import Settings
+
+    fake, first = await fake_and_proxy(
+        aiohttp_server, aiohttp_client, minilm_path, reconcile_interval=0
+    )
+    upstream = first.app[RECONCILER]._upstream
+    second = await aiohttp_client(
+        create_app(
+            Settings(upstream=upstream, reconcile_interval=0, reconcile_shared_upstream=True)
+        )
+    )
+    assert await second.app[CATALOG].wait_ready(10)
+    alone, shared = first.app[RECONCILER], second.app[RECONCILER]
+    assert await alone.settle_once() is None  # the baselines
+    assert await shared.settle_once() is None
+    body = {"query": QUERY, "documents": DOCS}
+    for client in (first, second, second):
+        assert (await client.post("/rerank", json=body)).status == 200
+    before = fake.prompt_tokens_total
+    mine = await shared.settle_once()
+    assert mine is not None
+    assert (mine.status, mine.billed_prompt_tokens, mine.engine_prompt_tokens) == (
+        "shared",
+        72,
+        108,
+    )
+    assert (mine.unbilled_prompt_tokens, mine.overbilled_prompt_tokens) == (0, 0)
+    assert mine.causes[0].startswith("shared_upstream: 36 prompt and 0 completion token(s)")
+    text = second.app[METRICS].render().decode()
+    assert "usage_proxy_unbilled_prompt_tokens_total 0.0" in text
+    assert 'usage_proxy_reconcile_windows_total{status="shared"} 1.0' in text
+    theirs = await alone.settle_once()  # the first proxy, not told: the other's work
+    assert theirs is not None
+    assert (theirs.status, theirs.unbilled_prompt_tokens) == ("settled", 72)
+    assert fake.prompt_tokens_total == before
+    assert (await second.post("/rerank", json=body)).status == 200
+    fake.prompt_tokens_total -= 10  # the engine did less than this proxy billed: a defect
+    over = await shared.settle_once()
+    assert over is not None
+    assert (over.status, over.overbilled_prompt_tokens) == ("shared", 10)
 
 
 async def test_the_loop_settles_by_itself(

@@ -13,11 +13,14 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from proxy.limits.problems import mistakes, read_limits
 from proxy.metrics import Metrics
 from proxy.settings import Settings
+from tests.support.kustomize import render
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "kubernetes" / "base"
+REPLICAS = ROOT / "deploy" / "kubernetes" / "replicas"
 
 
 def compose() -> dict[str, Any]:
@@ -67,11 +70,7 @@ def test_docker_compose_config() -> None:
 
 
 def k8s_documents() -> list[dict[str, Any]]:
-    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
-    docs = []
-    for name in kustomization["resources"]:
-        docs.extend(d for d in yaml.safe_load_all((K8S / name).read_text()) if d)
-    return docs
+    return render(K8S)
 
 
 STORE = "usage-limits-store"
@@ -98,20 +97,20 @@ def test_kubernetes_manifests_validate() -> None:
     assert sorted(kinds) == [
         "ConfigMap",
         "Deployment",
-        "Deployment",
         "NetworkPolicy",
         "NetworkPolicy",
         "PersistentVolumeClaim",
         "PodMonitor",
         "Service",
         "Service",
+        "StatefulSet",
     ]
 
 
 def test_sidecar_shares_model_volume_and_service_targets_proxy() -> None:
     """The proxy mounts vLLM's model path; the Service only exposes the proxy port."""
     docs = {d["kind"]: d for d in scoring_documents()}
-    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    pod = docs["StatefulSet"]["spec"]["template"]["spec"]
     containers = {c["name"]: c for c in pod["containers"]}
     mounts = {
         c: {m["name"]: m["mountPath"] for m in containers[c]["volumeMounts"]} for c in containers
@@ -142,6 +141,9 @@ def test_compose_runs_a_pinned_valkey_the_proxy_uses() -> None:
     proxy = data["services"]["proxy"]
     assert proxy["environment"]["USAGE_PROXY_LIMITS_STORE"] == "valkey://valkey:6379/0"
     assert "valkey" in proxy["depends_on"]
+    # as in Kubernetes, the replica count is set (issue #54 item 3): compose runs one proxy
+    replicas = proxy.get("deploy", {}).get("replicas", 1)
+    assert int(proxy["environment"]["USAGE_PROXY_LIMITS_REPLICAS"]) == replicas
 
 
 def test_the_limits_store_is_hardened_and_reached_only_by_the_proxies() -> None:
@@ -180,7 +182,7 @@ def test_the_limits_store_is_hardened_and_reached_only_by_the_proxies() -> None:
     assert policy["policyTypes"] == ["Ingress", "Egress"]
     assert "egress" not in policy  # the store calls nobody
     (rule,) = policy["ingress"]
-    proxies = {d["kind"]: d for d in scoring_documents()}["Deployment"]
+    proxies = {d["kind"]: d for d in scoring_documents()}["StatefulSet"]
     proxy_labels = proxies["spec"]["template"]["metadata"]["labels"]
     (source,) = rule["from"]
     assert source["podSelector"]["matchLabels"].items() <= proxy_labels.items()
@@ -247,7 +249,7 @@ def test_alert_rules_query_known_metrics() -> None:
 
 def pod_spec() -> dict[str, Any]:
     docs = {d["kind"]: d for d in scoring_documents()}
-    spec: dict[str, Any] = docs["Deployment"]["spec"]["template"]["spec"]
+    spec: dict[str, Any] = docs["StatefulSet"]["spec"]["template"]["spec"]
     return spec
 
 
@@ -270,7 +272,7 @@ def test_vllm_cannot_be_reached_around_the_proxy() -> None:
     upstream = next(e for e in endpoints if e["path"] == "/upstream/metrics")
     assert upstream["relabelings"] == [{"targetLabel": "job", "replacement": "vllm"}]
     policy = docs["NetworkPolicy"]["spec"]
-    labels = docs["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    labels = docs["StatefulSet"]["spec"]["template"]["metadata"]["labels"]
     assert policy["podSelector"]["matchLabels"].items() <= labels.items()
     assert policy["policyTypes"] == ["Ingress"]
     proxy_ports = {p["name"] for p in containers["usage-proxy"]["ports"]}
@@ -302,8 +304,9 @@ def test_pod_meets_the_restricted_pod_security_level() -> None:
 def test_records_have_a_durable_path_and_keys_a_secret(tmp_path: Path) -> None:
     """Issue #39 case 14: the ledger's Secret was optional (missing meant no ledger) while
     the journal lived on an emptyDir lost with the pod. Now the Secret is required and the
-    journal is on a PersistentVolumeClaim of the kustomization; the example Secret for
-    --api-keys holds digests the proxy loads, never keys."""
+    journal is on a PersistentVolumeClaim of its own per replica (the StatefulSet's claim
+    template: it keeps the replica's name and journal across restarts and rollouts); the
+    example Secret for --api-keys holds digests the proxy loads, never keys."""
     from proxy.serving.tenancy import load_api_keys
 
     docs = {d["kind"]: d for d in scoring_documents()}
@@ -315,19 +318,132 @@ def test_records_have_a_durable_path_and_keys_a_secret(tmp_path: Path) -> None:
     state = "/var/lib/usage-proxy"  # the image's XDG_STATE_HOME: the journal's directory
     assert f"XDG_STATE_HOME={state}" in (ROOT / "deploy" / "Dockerfile").read_text()
     mounts = {m["mountPath"]: m["name"] for m in proxy["volumeMounts"]}
-    journal = next(v for v in pod["volumes"] if v["name"] == mounts[state])
-    claim = journal["persistentVolumeClaim"]["claimName"]
-    assert docs["PersistentVolumeClaim"]["metadata"]["name"] == claim
-    assert pod.get("strategy") is None
-    assert docs["Deployment"]["spec"]["strategy"]["type"] == "Recreate"  # one RWO volume
+    assert mounts[state] not in {v["name"] for v in pod["volumes"]}  # not a pod volume
+    (claim,) = docs["StatefulSet"]["spec"]["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == mounts[state]
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert docs["StatefulSet"]["spec"]["updateStrategy"]["type"] == "RollingUpdate"
     example = yaml.safe_load((K8S / "api-keys.example.yaml").read_text())
     kubernetes_validate.validate(example, "1.30", strict=True)
     keys = tmp_path / "keys.yaml"
     keys.write_text(example["stringData"]["keys.yaml"])
     assert set(load_api_keys(keys).values()) == {"acme", "globex"}
     readme = (ROOT / "README.md").read_text()
-    for name in ("api-keys.example.yaml", "usage-journal", "usage-ledger"):
+    for name in ("api-keys.example.yaml", "volumeClaimTemplates", "usage-ledger"):
         assert name in readme, name
+
+
+# Created by the operator (README, Deployment), not by the kustomization.
+OPERATORS_SECRETS = {"usage-ledger", "usage-limits-store"}
+
+
+def references_resolve(docs: list[dict[str, Any]]) -> None:
+    """Every claim, ConfigMap and Secret a pod names exists in ``docs`` (or is a claim
+    template of its StatefulSet, or a Secret the operator creates)."""
+    named = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    for doc in docs:
+        spec = doc.get("spec", {}).get("template", {}).get("spec")
+        if spec is None:
+            continue
+        templates = {t["metadata"]["name"] for t in doc["spec"].get("volumeClaimTemplates", [])}
+        mounted = {m["name"] for c in spec["containers"] for m in c.get("volumeMounts", [])}
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        assert mounted <= volumes.keys() | templates, doc["metadata"]["name"]
+        for volume in volumes.values():
+            if "persistentVolumeClaim" in volume:
+                claim = volume["persistentVolumeClaim"]["claimName"]
+                assert ("PersistentVolumeClaim", claim) in named, claim
+            if "configMap" in volume:
+                assert ("ConfigMap", volume["configMap"]["name"]) in named
+            if "secret" in volume:
+                assert volume["secret"]["secretName"] in OPERATORS_SECRETS
+        for container in spec["containers"]:
+            for source in container.get("envFrom", []):
+                assert ("ConfigMap", source["configMapRef"]["name"]) in named
+            for env in container.get("env", []):
+                ref = env.get("valueFrom", {}).get("secretKeyRef")
+                assert ref is None or ref["name"] in OPERATORS_SECRETS
+
+
+def test_no_manifest_names_what_it_does_not_create() -> None:
+    """Issue #54 item 3: the pod named a PersistentVolumeClaim "models" nothing created. Every
+    claim and ConfigMap a pod names is in the kustomization, in the base and with replicas."""
+    references_resolve(render(K8S))
+    references_resolve(render(REPLICAS))
+
+
+def test_the_replicas_example_runs_shared_limits_as_the_readme_says() -> None:
+    """Issue #54 item 3: Kubernetes could not run the shared-limits setup the README
+    advertises (one replica, Recreate, no limits file, --limits-replicas never set, the
+    store's Secret required without limits). deploy/kubernetes/replicas: three replicas
+    rolled one at a time, each with its own journal, the limits file from a ConfigMap (one
+    `limits check` passes), --limits-replicas equal to the replica count; every manifest
+    validates against the Kubernetes 1.30 schemas."""
+    docs = render(REPLICAS)
+    for doc in docs:
+        if not doc["apiVersion"].startswith("monitoring.coreos.com"):
+            kubernetes_validate.validate(doc, "1.30", strict=True)
+    by_kind = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    replicas = by_kind["StatefulSet", "vllm-scoring"]["spec"]
+    assert replicas["replicas"] > 1
+    assert replicas["updateStrategy"]["type"] == "RollingUpdate"
+    assert replicas["volumeClaimTemplates"][0]["metadata"]["name"] == "journal"
+    settings = by_kind["ConfigMap", "usage-proxy"]["data"]
+    assert int(settings["USAGE_PROXY_LIMITS_REPLICAS"]) == replicas["replicas"]
+    limits_path = Path(settings["USAGE_PROXY_LIMITS"])
+    pod = replicas["template"]["spec"]
+    proxy = next(c for c in pod["containers"] if c["name"] == "usage-proxy")
+    mount = next(m for m in proxy["volumeMounts"] if m["mountPath"] == str(limits_path.parent))
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    files = by_kind["ConfigMap", volume["configMap"]["name"]]["data"]
+    assert limits_path.name in files
+    budget = by_kind["PodDisruptionBudget", "vllm-scoring"]["spec"]
+    labels = replicas["template"]["metadata"]["labels"]
+    assert budget["selector"]["matchLabels"].items() <= labels.items()
+    assert budget["maxUnavailable"] == 1
+    store = next(v for v in pod["volumes"] if v["name"] == "limits-store")
+    assert store["secret"]["optional"] is True
+    claims = by_kind["PersistentVolumeClaim", "models"]["spec"]
+    assert claims["accessModes"] == ["ReadWriteMany"]  # replicas on several nodes
+    options = {
+        name.removeprefix("USAGE_PROXY_").lower(): value
+        for name, value in settings.items()
+        if name.startswith("USAGE_PROXY_")
+    }
+    assert Settings(**options).limits_replicas == replicas["replicas"]  # every key a setting
+
+
+def test_the_example_limits_file_checks_clean(tmp_path: Path) -> None:
+    """The replicas example's limits file is one `usage-proxy limits check` passes."""
+    docs = {d["metadata"]["name"]: d for d in render(REPLICAS) if d["kind"] == "ConfigMap"}
+    path = tmp_path / "limits.yaml"
+    path.write_text(docs["usage-proxy-limits"]["data"]["limits.yaml"])
+    assert mistakes(read_limits(path)) == []
+
+
+def test_the_base_starts_without_the_stores_secret() -> None:
+    """Issue #54 item 3: the limits store's Secret was required even without limits; it is
+    optional (a proxy with a limits file and no Secret fails at start, naming the file)."""
+    store = next(v for v in pod_spec()["volumes"] if v["name"] == "limits-store")
+    assert store["secret"]["optional"] is True
+    assert (
+        "USAGE_PROXY_LIMITS" not in {d["kind"]: d for d in scoring_documents()}["ConfigMap"]["data"]
+    )
+
+
+def _normalized(docs: list[dict[str, Any]]) -> list[str]:
+    return sorted(json.dumps(d, sort_keys=True) for d in docs)
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="no kubectl here")
+@pytest.mark.parametrize("directory", [K8S, REPLICAS], ids=["base", "replicas"])
+def test_the_offline_rendering_is_kubectls(directory: Path) -> None:
+    """The manifests the tests hold are those `kubectl kustomize` renders."""
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(directory)], capture_output=True, text=True, check=True
+    ).stdout
+    theirs = [d for d in yaml.safe_load_all(out) if d]
+    assert _normalized(render(directory)) == _normalized(theirs)
 
 
 def dashboard() -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -181,3 +182,66 @@ def test_a_limits_store_password_on_the_command_line_is_refused(
     assert "no password on the command line" in err
     assert "USAGE_PROXY_LIMITS_STORE_PASSWORD" in err
     assert "s3cret" not in err
+
+
+def test_limits_check_says_each_problem_and_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #54 item 4: an unknown model, a tenant the key file lacks, a misspelt limit
+    and an empty file were taken without a word. `usage-proxy limits check` prints one
+    line per problem and exits 2, or what the file sets and exits 0."""
+    import hashlib
+    import http.server
+    import threading
+
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"acme: {hashlib.sha256(b'k').hexdigest()}\n")
+    limits = tmp_path / "limits.yaml"
+    limits.write_text(
+        "tenants:\n  acme: {requests_per_minute: 5, models: {e5-smal: {requests_per_day: 1}}}\n"
+        "  acmee: {requests_per_day: 5}\n"
+    )
+
+    class Models(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"data": [{"id": "e5-small"}, {"id": "bge"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Models)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    upstream = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        args = ["limits", "check", str(limits), "--api-keys", str(keys), "--upstream", upstream]
+        assert main(args) == 2
+    finally:
+        server.shutdown()
+        server.server_close()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        f"{limits}: tenants.acme.models.e5-smal: the upstream serves no model 'e5-smal' (it "
+        "serves bge, e5-small); did you mean 'e5-small'?",
+        f"{limits}: tenants.acmee: no tenant 'acmee' in the --api-keys file, so no request is "
+        "ever billed to it; did you mean 'acme'?",
+    ]
+    limits.write_text("tenants:\n  acme: {prompt_token_per_minute: 5}\n")
+    assert main(["limits", "check", str(limits)]) == 2
+    out = capsys.readouterr().out
+    assert "did you mean 'prompt_tokens_per_minute'?" in out
+    assert "pydantic" not in out
+    limits.write_text("")
+    assert main(["limits", "check", str(limits)]) == 2
+    assert "the file sets no limit" in capsys.readouterr().out
+    limits.write_text("timezone: Europe/Paris\ntenants:\n  acme: {requests_per_month: 300}\n")
+    assert main(["limits", "check", str(limits), "--models", "e5-small"]) == 0
+    assert capsys.readouterr().out == (
+        f"{limits}: OK, 1 limit(s) at 1 level(s) (1 calendar budget(s)): 1 tenant(s); "
+        "periods in Europe/Paris\n"
+    )
+    assert main(["limits", "check", str(tmp_path / "none.yaml")]) == 2
+    assert "No such file" in capsys.readouterr().err

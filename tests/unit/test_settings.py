@@ -81,3 +81,21 @@ def test_tenant_labels_are_never_served_where_tenants_can_read_them() -> None:
     assert error["loc"] == ("metrics_tenant_label",)
     assert "--admin-port" in error["msg"]
     assert Settings(upstream="http://x", metrics_tenant_label=True, admin_port=9001).admin_port
+
+
+def test_the_reports_options_are_serves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """usage-proxy report reads its sources as serve does: the same defaults, the
+    environment over the config file, and serve's other options in the file ignored."""
+    from proxy.settings import load_sources
+
+    for name in ("JOURNAL", "JOURNAL_RETENTION", "LEDGER_DSN", "LIMITS"):
+        monkeypatch.delenv(f"USAGE_PROXY_{name}", raising=False)
+    defaults = Settings(upstream="http://x")
+    sources = load_sources(None)
+    for name in type(sources).model_fields:
+        assert getattr(sources, name) == getattr(defaults, name), name
+    config = tmp_path / "proxy.yaml"
+    config.write_text("upstream: http://x\nledger-dsn: postgresql://file/db\nlimits: l.yaml\n")
+    monkeypatch.setenv("USAGE_PROXY_LEDGER_DSN", "postgresql://env/db")
+    sources = load_sources(config)
+    assert (sources.ledger_dsn, sources.limits) == ("postgresql://env/db", Path("l.yaml"))

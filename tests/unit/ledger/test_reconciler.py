@@ -16,7 +16,7 @@ class Traffic:
 
     def __init__(self) -> None:
         self._quiet = asyncio.Event()
-        self.in_flight, self.started, self.failed = 1, 1, 0
+        self.in_flight, self.started, self.failed, self.refused = 1, 1, 0, 0
 
     def end(self) -> None:
         self.in_flight = 0

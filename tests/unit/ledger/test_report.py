@@ -196,7 +196,7 @@ def test_every_format_carries_the_same_totals(
     out = tmp_path / "r.html"
     run(capsys, *base, "--format", "html", "--output", str(out))
     page = out.read_text()
-    assert '<tr class="total">\n<td title="TOTAL">TOTAL</td>' in page
+    assert '<tr class="total">\n<td class="key" title="TOTAL">TOTAL</td>' in page
     assert '<td class="n">95</td>' in page
 
 
@@ -242,9 +242,11 @@ def test_unproven_tokens_are_called_out() -> None:
 )
 def test_friendly_times(given: str, expected: str) -> None:
     """--since yesterday used to fail with Python's "Invalid isoformat string"."""
-    from proxy.cli import _iso
+    from zoneinfo import ZoneInfo
 
-    assert _iso(given, now=datetime(2026, 11, 30, 12, tzinfo=UTC)) == expected
+    from proxy.reporting import instant
+
+    assert instant(given, ZoneInfo("UTC"), now=datetime(2026, 11, 30, 12, tzinfo=UTC)) == expected
 
 
 def test_unreadable_time_is_a_clear_error(
@@ -300,7 +302,7 @@ def test_budget_section_with_the_limits_file(
     )
     base = ("--journal", str(journal_path), "--limits", str(limits), "--until", "2026-12-01")
     data = json.loads(run(capsys, *base, "--since", "2026-11-01", "--format", "json"))
-    budgets = {(b["scope"], b["budget"]): b for b in data["budgets"]}
+    budgets = {(b["scope"], b["budget"]): b for b in data["budgets"] if "report end" in b["holds"]}
     assert list(budgets) == [("a", "prompt_tokens_per_month"), ("b", "total_tokens_per_day")]
     month = budgets["a", "prompt_tokens_per_month"]
     assert (month["used"], month["remaining"], month["used_percent"]) == (77, 23, 77.0)
@@ -310,6 +312,7 @@ def test_budget_section_with_the_limits_file(
     )
     assert budgets["b", "total_tokens_per_day"]["used"] == 0  # 30 November: no record
     late = json.loads(run(capsys, *base, "--since", "2026-11-20T12:30", "--format", "json"))
+    assert late["budgets"][0]["holds"] == ["report end"]
     assert late["budgets"][0]["used"] == 77  # the month is read whole, whatever --since says
     table = run(capsys, *base, "--format", "table")
     assert "prompt_tokens_per_month" in table
@@ -328,7 +331,8 @@ def test_budget_section_with_the_limits_file(
             "--format",
             "json",
         )
-    )["budgets"][1]
+    )["budgets"]
+    day = next(b for b in day if b["scope"] == "b" and "report end" in b["holds"])
     assert (day["scope"], day["used"], day["remaining"]) == ("b", 18, 2)
 
 
@@ -483,7 +487,7 @@ async def test_a_money_budget_is_reported_in_its_currency(
     limits.write_text("tenants: {even: {cost_per_month: '0.5'}}\n")
     base = ("--journal", str(path), "--limits", str(limits), "--until", "2026-11-30")
     report = json.loads(run(capsys, *base, "--prices", str(prices), "--format", "json"))
-    (budget,) = report["budgets"]
+    (budget,) = [b for b in report["budgets"] if "report end" in b["holds"]]  # November's
     assert budget["budget"] == "cost_per_month"
     assert (budget["used"], budget["amount"], budget["remaining"]) == ("0.125", "0.5", "0.375")
     assert (budget["currency"], budget["used_percent"]) == ("USD", 25.0)
@@ -502,3 +506,15 @@ def test_a_bad_price_file_is_one_clear_line(
     err = capsys.readouterr().err
     assert f"--prices {bad} is not a valid price file: models.chat.0: unknown unit" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_days_are_the_reports_zones() -> None:
+    """Issue #54 item 1: grouped by day, a record at 23:30 UTC on 30 November is on
+    1 December in Paris, and the day column names its zone."""
+    from zoneinfo import ZoneInfo
+
+    late = rec(1, "a", "/rerank", 57, 36, when=datetime(2026, 11, 30, 23, 30, tzinfo=UTC))
+    paris = aggregate([late], group_by=["day"], zone=ZoneInfo("Europe/Paris"))
+    assert [r.keys["day"] for r in paris.rows] == ["2026-12-01"]
+    assert "Day (Europe/Paris)" in as_table(paris)
+    assert [r.keys["day"] for r in aggregate([late], group_by=["day"]).rows] == ["2026-11-30"]

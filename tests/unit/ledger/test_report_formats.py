@@ -128,3 +128,69 @@ def test_table_shows_control_characters_as_escapes() -> None:
         line for line in table.splitlines() if "evil" in line and "forged" in line
     ]
     assert "\\x1b" in table
+
+
+def month_of_many_tenants() -> list[UsageRecord]:
+    """A month's worth of figures as wide as they come: long names, ten-digit counts,
+    every verdict, cached tokens and audio seconds."""
+    from proxy.ledger.records import Units
+
+    verdicts = ("corrected", "exact", "reported", "mismatch", "unaudited", "invalid")
+    tenants = ("acme-corporation-production", "globex", "initech-research-and-development")
+    endpoints = ("/rerank", "/v1/chat/completions", "/v1/embeddings", "/score")
+    out = []
+    for i in range(48):
+        chat = endpoints[i % 4] == "/v1/chat/completions"
+        record = rec(i, tenants[i % 3], endpoints[i % 4], 1_234_567_890 + i, 1_000_000_000 + i)
+        units = Units(
+            prompt_tokens=record.prompt_tokens_billed,
+            completion_tokens=987_654_321 if chat else 0,
+            cached_prompt_tokens=512_000_000 if chat else None,
+            audio_seconds=3_600_000 if i % 5 == 0 else None,
+        )
+        model = "multilingual-e5-small-instruct" if i % 2 else "bge-reranker-v2-m3"
+        out.append(
+            record.model_copy(
+                update={
+                    "verdict": verdicts[i % 6],
+                    "model": model,
+                    "completion_tokens_reported": 987_654_321 if chat else 0,
+                    "completion_tokens_billed": 987_654_321 if chat else 0,
+                    "units": units,
+                }
+            )
+        )
+    return out
+
+
+def test_the_html_page_fits_1400_px_in_chromium() -> None:
+    """Issue #54 item 7, seen in headless Chromium at 1,400 px: the last columns of the
+    usage table were cut off and the column meanings slid off their names (a long name
+    took two lines, its meaning stayed on one, and every meaning after it sat beside the
+    wrong name). Now the figures come in two tables (tokens; proof, other units and
+    verdicts), no header cell of any table ends beyond the window even with ten-digit
+    counts, nothing scrolls sideways, and each meaning is on its name's line."""
+    from proxy.ledger.report import BudgetRow
+    from tests.support.chromium import layout
+
+    report = aggregate(month_of_many_tenants(), since="2026-11-01T00:00:00+01:00")
+    report.budgets = (
+        BudgetRow(
+            "acme-corporation-production",
+            "total_tokens_per_month",
+            "2026-11-01T00:00+01:00",
+            "2026-12-01T00:00+01:00",
+            2_940_000_000,
+            3_000_000_000,
+            ("report end", "now"),
+        ),
+    )
+    found = layout(as_html(report), 1400)
+    assert found["width"] <= 1400
+    assert found["page"] <= found["width"]  # nothing beyond the window
+    tokens, proof, budgets = found["tables"]
+    assert tokens["columns"] + proof["columns"] == 2 * 3 + len(COLUMNS) + 1  # and verdicts
+    for table in (tokens, proof, budgets):
+        assert (table["cut"], table["scrolls"]) == ([], False)
+    assert [t["term"] for t in found["terms"]] == [c.title for c in COLUMNS] + ["Verdicts"]
+    assert [t for t in found["terms"] if t["offset"] > 1] == []
