@@ -164,8 +164,10 @@ async def forward(
     data: Any,
     *,
     metered: bool = False,
+    drop: frozenset[str] = frozenset(),
 ) -> AsyncIterator[aiohttp.ClientResponse]:
-    """Send ``request`` (with ``data`` as its body) to the upstream; translate failures.
+    """Send ``request`` (with ``data`` as its body, without the headers named in ``drop``)
+    to the upstream; translate failures.
 
     On ``metered`` paths the upstream is asked for an uncompressed answer (the proxy must
     read its usage); the client's answer is re-framed anyway.
@@ -175,6 +177,8 @@ async def forward(
     target = request.get(TARGET)
     url = URL(base + (target.sent if target else request.rel_url.raw_path_qs), encoded=True)
     headers = request_headers(request.headers)
+    for name in drop:
+        headers.popall(name, None)
     if isinstance(data, bytes) or "Content-Encoding" in headers:
         headers.popall("Content-Length", None)  # recomputed from the bytes we send
     if isinstance(data, bytes) and len(data) > LARGE_BODY_BYTES:
