@@ -402,8 +402,9 @@ def main() -> int:
                 f"{len(wrong)} billed differently from the engine, "
                 + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items())
             )
-    write_doc(args.output, render(results) + render_families(families))
-    say(f"all releases in {time.monotonic() - started:.0f} s; wrote {args.output}")
+    if results:
+        write_doc(args.output, render(results) + render_families(families))
+        say(f"all releases in {time.monotonic() - started:.0f} s; wrote {args.output}")
     failed = [
         v
         for v, (outcomes, timings) in results.items()
