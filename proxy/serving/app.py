@@ -45,6 +45,7 @@ from proxy.serving.sendwatch import SendWatch, send_watch_context
 from proxy.serving.shares import TenantShares
 from proxy.serving.startup import file_problem
 from proxy.serving.storeguard import GuardedLimiter
+from proxy.serving.tracing import tell_trace
 from proxy.serving.unmetered import Unmetered
 from proxy.serving.upstream import SESSION, session_context
 from proxy.settings import CacheSalting, Durability, Settings
@@ -226,4 +227,5 @@ def create_app(
         sessions=sessions,
     )
     app.router.add_route("*", "/{tail:.*}", routes.handle)
+    app.on_response_prepare.append(tell_trace)
     return app
