@@ -18,7 +18,7 @@ from proxy.ledger.exporters import build_sinks
 from proxy.ledger.journal import Journal
 from proxy.ledger.outbox import Outbox
 from proxy.ledger.reconciler import Reconciler
-from proxy.ledger.recorder import Recorder
+from proxy.ledger.recorder import Recorder, Subscriber
 from proxy.ledger.sinks import Sink
 from proxy.limits.limiter import Limiter
 from proxy.limits.memory import InProcessLimiter
@@ -100,6 +100,18 @@ def build_reconciler(
     )
 
 
+CleanupContext = Callable[[web.Application], AsyncIterator[None]]
+
+
+def build_token_usage(settings: Settings) -> tuple[Subscriber, CleanupContext] | None:
+    """The OpenTelemetry GenAI token-usage metric, when an OTLP endpoint is configured."""
+    if settings.otlp_metrics_endpoint is None:
+        return None
+    from proxy.serving.otlp import token_usage  # opentelemetry only with an endpoint
+
+    return token_usage(settings)
+
+
 def build_budget(settings: Settings) -> BodyBudget:
     return BodyBudget(
         settings.max_inflight_body_bytes, settings.max_body_bytes, settings.body_read_timeout
@@ -175,7 +187,9 @@ def create_app(
         middlewares=[guard(sends), attribution(resolver, metrics)],
     )
     reconciler = build_reconciler(settings, app, exchanges, journal, metrics)
-    recorder = Recorder(journal, metrics, subscribers=[reconciler.account])
+    usage = build_token_usage(settings)
+    subscribers = [reconciler.account, *([usage[0]] if usage else [])]
+    recorder = Recorder(journal, metrics, subscribers=subscribers)
     auditor = ScoringAuditor(settings, catalog, pool, recorder, metrics, admission)
     unmetered = Unmetered(settings.unmetered, metrics)
     owners = ResponseOwners(journal)
@@ -199,6 +213,8 @@ def create_app(
     limiter = admission.limiter if admission else None
     store = limiter.problem if isinstance(limiter, GuardedLimiter) else None
     for context in (
+        # first in, last out: the metric is flushed after every exchange has its record
+        *([usage[1]] if usage else []),
         session_context(settings),
         catalog_context(catalog),
         pool_context(pool),
