@@ -345,6 +345,19 @@ class Settings(BaseSettings):
         None, description="HTTP endpoint for CloudEvents batches (e.g. OpenMeter /api/v1/events)."
     )
     jsonl: str | None = Field(None, description="Also export JSON lines to this file, or '-'.")
+    otlp_metrics_endpoint: str | None = Field(
+        None,
+        description="OTLP/HTTP metrics endpoint (e.g. http://collector:4318/v1/metrics) to "
+        "send the OpenTelemetry GenAI token-usage histogram gen_ai.client.token.usage to, "
+        "one input and one output measurement per record. Unset: the OpenTelemetry SDK is "
+        "not even imported and nothing is sent.",
+    )
+    otlp_export_interval: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds between exports to --otlp-metrics-endpoint (the last ones are "
+        "sent at shutdown).",
+    )
     drain_timeout: float = Field(
         10.0, ge=0, description="Seconds to keep delivering records on shutdown."
     )

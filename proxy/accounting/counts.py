@@ -271,14 +271,26 @@ JINA_V3_PREFIX = (
 JINA_V3_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
 
 
-def _sanitize(text: str) -> str:
-    for token in JINA_V3_SPECIALS:
-        text = text.replace(token, "")
-    return text
+def _sanitized(text: str, repeat: bool = False) -> str:
+    """The text without jina's embed tokens: one pass up to 0.33; from 0.34 passes until
+    none is left (``<|rerank_<|embed_token|>token|>`` keeps a rerank token in one pass)."""
+    while True:
+        previous = text
+        for token in JINA_V3_SPECIALS:
+            text = text.replace(token, "")
+        if not repeat or text == previous:
+            return text
 
 
-def jina_v3_prompt(query: str, documents: Sequence[str], instruction: str | None) -> str:
-    """The one listwise prompt vLLM builds for a query and its documents."""
+def jina_v3_prompt(
+    query: str, documents: Sequence[str], instruction: str | None, repeat: bool = False
+) -> str:
+    """The one listwise prompt vLLM builds for a query and its documents (``repeat``: the
+    texts sanitized as 0.34 does, ``_sanitized``)."""
+
+    def _sanitize(text: str) -> str:
+        return _sanitized(text, repeat)
+
     query = _sanitize(query)
     prompt = (
         f"I will provide you with {len(documents)} passages, each indicated by a numerical "
@@ -314,11 +326,13 @@ def recount_listwise(
     d_texts = _cut_all(tok, documents, trunc.max_tokens_per_doc, iterative=iterative)
     instruction = template_kwargs.get("instruction")
     instruction = instruction if isinstance(instruction, str) else None
+    repeat = profile.release.sanitizes_repeatedly
     if len(q_texts) == 1:
-        prompts = [jina_v3_prompt(q_texts[0], d_texts, instruction)]
+        prompts = [jina_v3_prompt(q_texts[0], d_texts, instruction, repeat)]
     else:
         prompts = [
-            jina_v3_prompt(q, [d], instruction) for q, d in zip(q_texts, d_texts, strict=True)
+            jina_v3_prompt(q, [d], instruction, repeat)
+            for q, d in zip(q_texts, d_texts, strict=True)
         ]
     completion = Truncation(trunc.truncate_prompt_tokens, trunc.truncation_side)
     lengths = tuple(single_lengths(tok, prompts, completion, profile.max_model_len))

@@ -198,9 +198,17 @@ def _asks_best_of(payload: dict[str, Any]) -> bool:
 
 # Whether a body asks for what each multiplying field of the table does, by field name
 # (a test holds every multiplying field of the table to an entry here).
+def _asks_joint_reads(payload: dict[str, Any]) -> bool:
+    """Structured decisions read jointly (0.33+, diffusion models): one engine request per
+    canvas of questions, its width unknown to the proxy. ``joint`` is a StrictBool in
+    vLLM's model: only JSON ``true`` asks for it (anything else is its 400)."""
+    return payload.get("joint") is True
+
+
 MULTIPLIERS: Mapping[str, Callable[[dict[str, Any]], bool]] = {
     "use_beam_search": _asks_beam_search,
     "best_of": _asks_best_of,
+    "joint": _asks_joint_reads,
 }
 # What ``--allow-unmetered`` may name besides paths.
 # Audio answers without a usage (``proxy.accounting.audio``): a whole translation, a whole

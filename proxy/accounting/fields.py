@@ -192,6 +192,13 @@ DECISION_INPUTS = _kind(
     "the state, questions and media each decision request reads; the one usage sums the "
     "engine requests made",
 )
+JOINT_READS = _kind(
+    {X},
+    "joint=true (diffusion models, 0.33+): one engine request per canvas of questions, the "
+    "canvas padded to a width the answer does not show, its usage on the canvas's first "
+    "read only; what the engine runs is neither in the usage nor known to the proxy",
+    "joint",
+)
 GEN_SAMPLING = _kind(
     {B},
     "vLLM SamplingParams of one engine request (no beam search; V1 refuses best_of > 1); "
@@ -265,6 +272,7 @@ EMBEDDINGS = _table(
         "embedding_types",
         "encoding_format",
         "endianness",
+        "late_chunking_params",
         "normalize",
         "output_dimension",
         "padding",
@@ -364,6 +372,7 @@ COMPLETIONS = _table(
         "mm_payload",
         "return_mm_kwargs",
         "return_tokens_as_token_ids",
+        "return_weight_versions",
         "routed_experts_prompt_start",
         "stream",
         "stream_interval",
@@ -437,6 +446,7 @@ CHAT = _table(
         "return_assistant_tokens_mask",
         "return_mm_kwargs",
         "return_tokens_as_token_ids",
+        "return_weight_versions",
         "routed_experts_prompt_start",
         "stream",
         "stream_interval",
@@ -504,6 +514,7 @@ MESSAGES = _table(
     SALT("cache_salt"),
     SAMPLING(
         "max_tokens",
+        "min_tokens",
         "stop_sequences",
         "temperature",
         "thinking",
@@ -532,7 +543,10 @@ RESPONSES = _table(
         "max_tool_calls",
         "metadata",
         "prompt",
+        "prompt_cache_options",
+        "prompt_cache_retention",
         "reasoning",
+        "safety_identifier",
         "service_tier",
         "text",
         "top_logprobs",
@@ -554,9 +568,11 @@ RESPONSES = _table(
         "repetition_penalty",
         "seed",
         "skip_special_tokens",
+        "spaces_between_special_tokens",
         "stop",
         "stop_token_ids",
         "temperature",
+        "thinking_token_budget",
         "top_k",
         "top_p",
         "vllm_xargs",
@@ -572,12 +588,14 @@ RESPONSES = _table(
 
 DECISIONS = _table(
     "decisions",
-    DECISION_INPUTS("audio", "images", "instructions", "questions", "state", "videos"),
+    DECISION_INPUTS("audio", "images", "input", "instructions", "questions", "state", "videos"),
+    JOINT_READS("joint"),
     MODEL("model"),
     PRIORITY("priority"),
     PROMPT_SHAPING("chat_template_kwargs"),
     REQUEST_ID("request_id"),
     SALT("cache_salt"),
+    UNREAD("safety_identifier"),
 )
 
 
@@ -588,7 +606,12 @@ GENERATE = _table(
     MM_FEATURES("features"),
     MODEL("model"),
     OUTPUT_SHAPING(
-        "assistant_tokens_mask", "output_mode", "stream", "stream_options", "token_offsets"
+        "assistant_tokens_mask",
+        "output_mode",
+        "parse_context",
+        "stream",
+        "stream_options",
+        "token_offsets",
     ),
     PRIORITY("priority"),
     PROMPT("content_parts", "token_ids"),

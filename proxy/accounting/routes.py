@@ -48,7 +48,7 @@ def _r(
 
 
 A, M, F, X = Handling.AUDITED, Handling.METERED, Handling.FREE, Handling.REFUSED
-CONTROL = "controls the engine (adapters, sleep, weights, caches, profiling, scaling)"
+CONTROL = "controls the engine (adapters, sleep, weights, caches, profiling, scaling, checkpoints)"
 UNMETERABLE = "does engine work whose usage vLLM does not report in a form the proxy bills"
 ROUTES: tuple[Route, ...] = (
     *_r(A, "POST", "score", "/score", "/v1/score"),
@@ -63,8 +63,10 @@ ROUTES: tuple[Route, ...] = (
     # (Anthropic Messages) or the final response.completed event (Responses)
     *_r(M, "POST", "messages", "/v1/messages"),
     *_r(M, "POST", "responses", "/v1/responses"),
-    # Structured decisions (vLLM 0.32.0): one usage summing the engine requests it made
-    *_r(M, "POST", "decisions", "/v1/systemone"),
+    # Structured decisions (vLLM 0.32.0; /v1/decisions from 0.33.0, the same reads in the
+    # OpenAI Decisions shape, its usage as Responses' input/output_tokens): one usage
+    # summing the engine requests it made (joint reads refused: proxy.accounting.fields)
+    *_r(M, "POST", "decisions", "/v1/systemone", "/v1/decisions"),
     # Token ids in, token ids out (scale-out): usage as a completion's
     *_r(M, "POST", "generate", "/inference/v1/generate"),
     # Scoring with a generative model: usage as vLLM reports it (no pre-fix inflation)
@@ -105,7 +107,10 @@ ROUTES: tuple[Route, ...] = (
     *_r(F, "GET", "responses", "/v1/responses/{response_id}"),
     *_r(F, "POST", "responses", "/v1/responses/{response_id}/cancel"),
     *_r(F, "GET", "server_info", "/server_info", "/is_sleeping", "/is_paused", "/weight_info"),
+    # The engine's state, read only (fault tolerance moves under /v1 in 0.34.0; checkpoint
+    # status is 0.34.0's): no engine work
     *_r(F, "GET", "server_info", "/get_world_size", "/fault_tolerance/status"),
+    *_r(F, "GET", "server_info", "/v1/fault_tolerance/status", "/checkpoint/status"),
     *_r(
         X,
         "POST",
@@ -137,6 +142,10 @@ ROUTES: tuple[Route, ...] = (
         "/scale_elastic_ep",
         "/is_scaling_elastic_ep",
         "/fault_tolerance/apply",
+        "/v1/fault_tolerance/apply",
+        # 0.34.0: drain the engine and release what a checkpoint must not hold, or restore
+        "/checkpoint/prepare",
+        "/checkpoint/restore",
         why=CONTROL,
     ),
     *_r(X, "DELETE", "control", "/adapters/{adapter_name}", why=CONTROL),

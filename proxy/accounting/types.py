@@ -236,6 +236,13 @@ class Release:
         return parsed is not None and parsed >= (0, 33)
 
     @property
+    def sanitizes_repeatedly(self) -> bool:
+        """From 0.34 jina-reranker-v3's texts lose its embed tokens until none is left (one
+        pass before), so a token hidden inside another is removed too (assumed when unknown,
+        as the newest release does)."""
+        return self._from((0, 34))
+
+    @property
     def joins_cut_texts(self) -> bool:
         """An LLM reranker without a template joins its two texts and tokenizes them from
         0.31; up to 0.30 a ``max_tokens_per_doc`` request joined their ids instead."""

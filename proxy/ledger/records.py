@@ -1,20 +1,28 @@
-"""The usage record: one per upstream exchange that reported usage (schema version 3).
+"""The usage record: one per upstream exchange that reported usage (schema version 4).
 
 Records are what billing consumes; see docs/metering.md for the field reference and the
-migrations from versions 1 and 2. Version 3 adds ``units``: what was billed in each unit
-the engine reported. Version 1 and 2 records read on unchanged; their ``units`` are their
-billed tokens, the only units those versions knew.
+migrations from versions 1 to 3. Version 3 adds ``units``: what was billed in each unit
+the engine reported. Version 4 adds the W3C trace the request was sent upstream in
+(``trace_id``, ``traceparent``), where a billing dispute starts. Older records read on
+unchanged: their ``units`` are their billed tokens, their trace is unknown (null).
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 import uuid6
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    StringConstraints,
+    model_validator,
+)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 def new_record_id() -> str:
@@ -53,6 +61,12 @@ class Units(BaseModel):
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
+# W3C Trace Context: a trace id, and the version-00 traceparent that carries it.
+TraceId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{32}$")]
+Traceparent = Annotated[
+    str, StringConstraints(pattern=r"^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+]
+
 # Units whose value the record also carries as a v2 ``*_billed`` field.
 TOKEN_UNITS = {
     "prompt_tokens": "prompt_tokens_billed",
@@ -87,6 +101,10 @@ class UsageRecord(BaseModel):
     latency_ms: float
     instance: str
     units: Units = Field(default_factory=Units)
+    # The trace the request was sent upstream in (its traceparent header; the proxy's own
+    # when the client sent none it could continue); null in records before version 4.
+    trace_id: TraceId | None = None
+    traceparent: Traceparent | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -108,6 +126,14 @@ class UsageRecord(BaseModel):
         for unit, billed in TOKEN_UNITS.items():
             if getattr(self.units, unit) != getattr(self, billed):
                 raise ValueError(f"units.{unit} is not {billed}")
+        return self
+
+    @model_validator(mode="after")
+    def _trace_agrees(self) -> UsageRecord:
+        """The traceparent carries the trace id: both or neither, never two traces."""
+        carried = self.traceparent[3:35] if self.traceparent else None
+        if carried != self.trace_id:
+            raise ValueError("traceparent does not carry trace_id")
         return self
 
     def to_json(self) -> str:

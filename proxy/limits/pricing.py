@@ -83,12 +83,13 @@ def price_metered(
 
 
 def _decisions(payload: dict[str, Any], body: bytes, context: int) -> Price:
-    """Structured decisions (``/v1/systemone``): at most one engine request per question
-    (``ReadStrategy.num_requests``), each a prompt within the context that holds the state,
-    the instructions and the question (at most one token per byte of the body, as a chat),
-    and a reply of at most ``DECISION_REPLY`` tokens."""
+    """Structured decisions (``/v1/systemone``: questions by name; ``/v1/decisions``, 0.33+:
+    a list): at most one engine request per question (``ReadStrategy.num_requests``), each
+    a prompt within the context that holds the state, the instructions and the question (at
+    most one token per byte of the body, as a chat), and a reply of at most
+    ``DECISION_REPLY`` tokens."""
     questions = payload.get("questions")
-    reads = len(questions) if isinstance(questions, dict) else 0
+    reads = len(questions) if isinstance(questions, dict | list) else 0
     if reads == 0:  # vLLM refuses it (400)
         return Price(UNPRICED, "unpriced: a decision with no questions")
     each = context if any(m in body for m in MEDIA) else min(len(body), context)

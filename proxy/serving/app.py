@@ -18,7 +18,7 @@ from proxy.ledger.exporters import build_sinks
 from proxy.ledger.journal import Journal
 from proxy.ledger.outbox import Outbox
 from proxy.ledger.reconciler import Reconciler
-from proxy.ledger.recorder import Recorder
+from proxy.ledger.recorder import Recorder, Subscriber
 from proxy.ledger.sinks import Sink
 from proxy.limits.costs import unpriced
 from proxy.limits.limiter import Limiter
@@ -55,6 +55,7 @@ from proxy.serving.shares import TenantShares
 from proxy.serving.startup import file_problem
 from proxy.serving.storeguard import GuardedLimiter
 from proxy.serving.tenancy import TenantResolver
+from proxy.serving.tracing import tell_trace
 from proxy.serving.unmetered import Unmetered
 from proxy.serving.upstream import SESSION, session_context
 from proxy.settings import CacheSalting, Durability, Settings
@@ -108,6 +109,18 @@ def build_reconciler(
         upstream=settings.upstream_base,
         shared=settings.reconcile_shared_upstream,
     )
+
+
+CleanupContext = Callable[[web.Application], AsyncIterator[None]]
+
+
+def build_token_usage(settings: Settings) -> tuple[Subscriber, CleanupContext] | None:
+    """The OpenTelemetry GenAI token-usage metric, when an OTLP endpoint is configured."""
+    if settings.otlp_metrics_endpoint is None:
+        return None
+    from proxy.serving.otlp import token_usage  # opentelemetry only with an endpoint
+
+    return token_usage(settings)
 
 
 def build_budget(settings: Settings) -> BodyBudget:
@@ -250,8 +263,10 @@ def create_app(
         middlewares=[guard(sends), attribution(resolver, metrics)],
     )
     reconciler = build_reconciler(settings, app, exchanges, journal, metrics)
+    usage = build_token_usage(settings)
     spend = [prices.account] if prices is not None else []
-    recorder = Recorder(journal, metrics, subscribers=[reconciler.account, *spend])
+    subscribers = [reconciler.account, *spend, *([usage[0]] if usage else [])]
+    recorder = Recorder(journal, metrics, subscribers=subscribers)
     auditor = ScoringAuditor(settings, catalog, pool, recorder, metrics, admission)
     unmetered = Unmetered(settings.unmetered, metrics)
     owners = ResponseOwners(journal)
@@ -277,6 +292,8 @@ def create_app(
     limiter = admission.limiter if admission else None
     store = limiter.problem if isinstance(limiter, GuardedLimiter) else None
     for context in (
+        # first in, last out: the metric is flushed after every exchange has its record
+        *([usage[1]] if usage else []),
         session_context(settings),
         catalog_context(catalog),
         pool_context(pool),
@@ -305,4 +322,5 @@ def create_app(
         sessions=sessions,
     )
     app.router.add_route("*", "/{tail:.*}", routes.handle)
+    app.on_response_prepare.append(tell_trace)
     return app

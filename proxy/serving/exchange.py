@@ -25,6 +25,7 @@ from proxy.serving.attribution import WHO, client_request_id
 from proxy.serving.bodies import BodyBudget, Refused
 from proxy.serving.shares import TenantShares
 from proxy.serving.tenancy import Attribution
+from proxy.serving.tracing import trace_of
 from proxy.serving.upstream import FORWARDED, served_path
 
 
@@ -75,7 +76,8 @@ class Exchange:
         units: Units | None = None,
     ) -> UsageRecord:
         """The usage record of this exchange, with a fresh proxy-minted id (what settles
-        its reservation)."""
+        its reservation), in the trace its request was sent upstream in."""
+        trace = trace_of(self.request)
         self.hold.record = record = UsageRecord(
             client_request_id=client_request_id(self.request.headers),
             tenant=self.who.tenant,
@@ -96,6 +98,8 @@ class Exchange:
             latency_ms=round(self.elapsed_ms, 3),
             instance=instance,
             units=units or Units(),
+            trace_id=trace.trace_id,
+            traceparent=trace.traceparent,
         )
         return record
 

@@ -98,6 +98,12 @@ class ResponseOwners:
         return not_found(response_id)
 
 
+# Request headers that would choose a request's prefix-cache salt over the body's
+# ``cache_salt`` (an open vLLM change, in no release up to 0.34.0): a client's is never sent
+# while the proxy salts per tenant, or it would replace the tenant's salt.
+SALT_HEADERS = frozenset({"x-cache-salt"})
+
+
 class CacheSalts:
     """The ``cache_salt`` of each tenant's requests: HMAC-SHA256 under the deployment's
     key of the tenant and the client's own salt (length-prefixed, so no pair of tenant and

@@ -33,7 +33,7 @@ from proxy.serving.downstream import (
     write_now,
 )
 from proxy.serving.exchange import Billing, Exchange
-from proxy.serving.isolation import CacheSalts, ResponseOwners
+from proxy.serving.isolation import SALT_HEADERS, CacheSalts, ResponseOwners
 from proxy.serving.unmetered import Unmetered
 from proxy.serving.upstream import (
     SESSION,
@@ -124,6 +124,7 @@ class MeteredRelay:
         self._unmetered = unmetered
         self._owners = owners
         self._salts = salts
+        self._drop = SALT_HEADERS if salts is not None else frozenset()
         self.room = AnswerRoom(HELD_ANSWERS_TOTAL)
 
     async def __call__(self, exchange: Exchange) -> web.StreamResponse:
@@ -156,7 +157,7 @@ class MeteredRelay:
         reserved = 0
         try:
             async with forward(
-                request.app[SESSION], self._base, request, sent, metered=True
+                request.app[SESSION], self._base, request, sent, metered=True, drop=self._drop
             ) as upstream:
                 if upstream.content_type == "text/event-stream":
                     return await self._stream(exchange, upstream, prepared)
@@ -295,11 +296,13 @@ class MeteredRelay:
 
     @staticmethod
     def _unbillable_refusal(feature: str) -> web.Response:
-        """A request whose answer will carry no usage, refused (400)."""
+        """A request whose answer will not show the engine work it makes (no usage, or a
+        usage that leaves work out), refused (400)."""
         return error_response(
             400,
-            f"{feature}: vLLM answers it without a usage, so the proxy cannot bill it; "
-            f"an operator may relay it unmetered with --allow-unmetered {feature}",
+            f"{feature}: vLLM's answer does not show all the engine work it makes, so the "
+            f"proxy cannot bill it; an operator may relay it unmetered with "
+            f"--allow-unmetered {feature}",
             param=FEATURE_FIELDS.get(feature, feature.partition(".")[2]),
         )
 
@@ -311,7 +314,8 @@ class MeteredRelay:
         self._unmetered.relayed(feature)
         request = exchange.request
         try:
-            async with forward(request.app[SESSION], self._base, request, sent) as up:
+            session, base = request.app[SESSION], self._base
+            async with forward(session, base, request, sent, drop=self._drop) as up:
                 headers = response_headers(up.headers, keep_length=True)
                 return await pass_on(request, up, b"", headers)
         except UpstreamError as exc:

@@ -27,6 +27,7 @@ from proxy.accounting.dispatch import Prepared
 from proxy.metrics import Metrics
 from proxy.serving.admission import Admission
 from proxy.serving.exchange import Exchange
+from proxy.serving.tracing import send_trace
 from proxy.serving.upstream import (
     FORWARDED,
     SESSION,
@@ -114,6 +115,7 @@ class RealtimeRelay:
         headers = request_headers(request.headers)
         for name in HANDSHAKE:
             headers.popall(name, None)
+        send_trace(request, headers)
         url = URL(self._base + request[TARGET].sent, encoded=True)
         request[FORWARDED] = True
         with translated(request[TARGET].path):

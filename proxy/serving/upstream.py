@@ -17,6 +17,7 @@ from yarl import URL
 
 from proxy.metrics import Metrics
 from proxy.serving.tenancy import connection_tokens
+from proxy.serving.tracing import send_trace
 from proxy.settings import Settings
 from proxy.wire.encoding import content_codings, decode_body
 from proxy.wire.targets import Target
@@ -167,8 +168,10 @@ async def forward(
     data: Any,
     *,
     metered: bool = False,
+    drop: frozenset[str] = frozenset(),
 ) -> AsyncIterator[aiohttp.ClientResponse]:
-    """Send ``request`` (with ``data`` as its body) to the upstream; translate failures.
+    """Send ``request`` (with ``data`` as its body, without the headers named in ``drop``,
+    in the request's trace) to the upstream; translate failures.
 
     On ``metered`` paths the upstream is asked for an uncompressed answer (the proxy must
     read its usage); the client's answer is re-framed anyway.
@@ -178,6 +181,9 @@ async def forward(
     target = request.get(TARGET)
     url = URL(base + (target.sent if target else request.rel_url.raw_path_qs), encoded=True)
     headers = request_headers(request.headers)
+    for name in drop:
+        headers.popall(name, None)
+    send_trace(request, headers)
     if isinstance(data, bytes) or "Content-Encoding" in headers:
         headers.popall("Content-Length", None)  # recomputed from the bytes we send
     if isinstance(data, bytes) and len(data) > LARGE_BODY_BYTES:

@@ -57,3 +57,51 @@ class StrictReceiver:
         app = web.Application()
         app.router.add_post("/api/v1/events", self.ingest)
         return app
+
+
+class OtlpReceiver:
+    """An OpenTelemetry collector's OTLP/HTTP metrics endpoint on loopback: each export is
+    decoded with the protocol's own message types; ``points`` lists every histogram point
+    of a metric as (attributes, count, sum)."""
+
+    def __init__(self) -> None:
+        self.exports: list[Any] = []
+
+    async def ingest(self, request: web.Request) -> web.Response:
+        from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+            ExportMetricsServiceRequest,
+            ExportMetricsServiceResponse,
+        )
+
+        message = ExportMetricsServiceRequest()
+        message.ParseFromString(await request.read())
+        self.exports.append(message)
+        body = ExportMetricsServiceResponse().SerializeToString()
+        return web.Response(body=body, content_type="application/x-protobuf")
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/metrics", self.ingest)
+        return app
+
+    def metrics(self, name: str) -> list[Any]:
+        return [
+            metric
+            for export in self.exports
+            for resource in export.resource_metrics
+            for scope in resource.scope_metrics
+            for metric in scope.metrics
+            if metric.name == name
+        ]
+
+    def points(self, name: str) -> list[tuple[dict[str, Any], int, float]]:
+        found = []
+        for metric in self.metrics(name):
+            for point in metric.histogram.data_points:
+                attributes = {a.key: _value(a.value) for a in point.attributes}
+                found.append((attributes, point.count, point.sum))
+        return found
+
+
+def _value(value: Any) -> Any:
+    return getattr(value, value.WhichOneof("value"))

@@ -10,7 +10,9 @@ over the one type aggregates as cleanly, while the record stays one event with o
 deterministic id (OpenMeter dedupes on id and source; splitting a record into several
 events would need derived ids and could deliver half a record). The units added in schema
 version 3 are always numbers (0 where the engine did not report that unit) so a SUM meter
-never meets a missing value; ``units`` lists the ones the engine did report.
+never meets a missing value; ``units`` lists the ones the engine did report. A record of
+schema version 4 carries its trace as the distributed-tracing extension's ``traceparent``
+attribute (and ``trace_id`` in ``data``, for meters that group by it).
 """
 
 from __future__ import annotations
@@ -63,7 +65,9 @@ def window_event(window: SettledWindow) -> dict[str, Any]:
 
 
 def usage_event(record: UsageRecord) -> dict[str, Any]:
-    return _event(
+    """One usage record; with the CloudEvents distributed-tracing extension's
+    ``traceparent`` (the trace the request was sent upstream in) when the record has one."""
+    event = _event(
         EVENT_TYPE,
         record.record_id,
         record.instance,
@@ -84,8 +88,12 @@ def usage_event(record: UsageRecord) -> dict[str, Any]:
             "status": record.status,
             "aborted": record.aborted,
             "client_request_id": record.client_request_id,
+            "trace_id": record.trace_id,
         },
     )
+    if record.traceparent is not None:
+        event["traceparent"] = record.traceparent
+    return event
 
 
 def retry_after(value: str | None) -> float | None:

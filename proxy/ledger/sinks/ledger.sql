@@ -1,4 +1,4 @@
--- The usage ledger, schema version 3: what the proxy runs on first delivery (this file is
+-- The usage ledger, schema version 4: what the proxy runs on first delivery (this file is
 -- read by proxy/ledger/sinks/postgres.py), for teams that migrate schemas themselves.
 CREATE TABLE IF NOT EXISTS usage_records (
     record_id uuid PRIMARY KEY,
@@ -23,9 +23,12 @@ CREATE TABLE IF NOT EXISTS usage_records (
     latency_ms double precision NOT NULL,
     instance text NOT NULL,
     units jsonb,
+    trace_id text,
+    traceparent text,
     inserted_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX IF NOT EXISTS usage_records_tenant_time ON usage_records (tenant, time);
+CREATE INDEX IF NOT EXISTS usage_records_trace_id ON usage_records (trace_id);
 CREATE TABLE IF NOT EXISTS reconciliation_windows (
     window_id uuid PRIMARY KEY,
     instance text NOT NULL,
@@ -64,4 +67,12 @@ BEGIN;
 ALTER TABLE usage_records ADD COLUMN units jsonb;
 UPDATE usage_records SET units = jsonb_strip_nulls(jsonb_build_object(
     'prompt_tokens', prompt_tokens_billed, 'completion_tokens', completion_tokens_billed));
+COMMIT;
+
+-- migrate: schema version 3 to 4
+-- Adding the W3C trace of each record (the proxy does this by itself, in one transaction,
+-- when the table has no trace_id column). Rows written before it keep a null trace: the
+-- proxy did not send one upstream then. Adding nullable columns rewrites no row.
+BEGIN;
+ALTER TABLE usage_records ADD COLUMN trace_id text, ADD COLUMN traceparent text;
 COMMIT;

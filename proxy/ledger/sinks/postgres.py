@@ -18,19 +18,20 @@ def _statements(migration: str) -> str:
     return "\n".join(s for s in lines if s not in ("BEGIN;", "COMMIT;"))
 
 
-def ledger_sql() -> tuple[str, str, str]:
-    """The ledger's DDL and the schema-version-1 and -2 migrations (without their
+def ledger_sql() -> tuple[str, str, str, str]:
+    """The ledger's DDL and the schema-version-1, -2 and -3 migrations (without their
     BEGIN/COMMIT: the proxy runs them in its own transaction)."""
     text = (resources.files("proxy.ledger.sinks") / "ledger.sql").read_text(encoding="utf-8")
     ddl, _, migrations = text.partition("-- migrate: schema version 1 to 2\n")
-    v1, _, v2 = migrations.partition("-- migrate: schema version 2 to 3\n")
-    return ddl, _statements(v1), _statements(v2)
+    v1, _, migrations = migrations.partition("-- migrate: schema version 2 to 3\n")
+    v2, _, v3 = migrations.partition("-- migrate: schema version 3 to 4\n")
+    return ddl, _statements(v1), _statements(v2), _statements(v3)
 
 
 # The DDL lives in ledger.sql beside this module, the one copy (teams that migrate schemas
 # themselves run the same file). Token counts are bigint: the ledger holds every count a
 # record may carry (wire.usage.MAX_TOKENS).
-LEDGER_DDL, MIGRATE_V1, MIGRATE_V2 = ledger_sql()
+LEDGER_DDL, MIGRATE_V1, MIGRATE_V2, MIGRATE_V3 = ledger_sql()
 _HAS_COLUMN = (
     "SELECT 1 FROM information_schema.columns WHERE table_name = 'usage_records' "
     "AND column_name = $1 AND table_schema = current_schema()"
@@ -38,14 +39,16 @@ _HAS_COLUMN = (
 
 
 async def migrate(conn: Any) -> None:
-    """Create the ledger table, or bring a schema-version-1 or -2 table to version 3, in
-    one transaction (no row is lost or half-migrated)."""
+    """Create the ledger table, or bring a schema-version-1, -2 or -3 table to version 4,
+    in one transaction (no row is lost or half-migrated)."""
     async with conn.transaction():
         table = await conn.fetchval("SELECT to_regclass('usage_records')")
         if await conn.fetchval(_HAS_COLUMN, "request_id"):
             await conn.execute(MIGRATE_V1)
         if table is not None and not await conn.fetchval(_HAS_COLUMN, "units"):
             await conn.execute(MIGRATE_V2)
+        if table is not None and not await conn.fetchval(_HAS_COLUMN, "trace_id"):
+            await conn.execute(MIGRATE_V3)
         await conn.execute(LEDGER_DDL)
 
 
@@ -72,6 +75,8 @@ COLUMNS_AND_TYPES = (
     ("latency_ms", "float8"),
     ("instance", "text"),
     ("units", "jsonb"),
+    ("trace_id", "text"),
+    ("traceparent", "text"),
 )
 COLUMNS = tuple(c for c, _ in COLUMNS_AND_TYPES)
 _ARRAYS = ", ".join(f"${i + 1}::{t}[]" for i, (_, t) in enumerate(COLUMNS_AND_TYPES))

@@ -41,6 +41,7 @@ class FakeVLLM(ScoringAPI, EmbeddingsAPI, GenerationAPI, AudioAPI, RealtimeAPI, 
         posted["/v1/messages"] = self.handle_messages
         posted["/v1/responses"] = self.handle_responses
         posted["/v1/systemone"] = self.handle_decisions
+        posted["/v1/decisions"] = self.handle_openai_decisions
         posted["/v1/audio/transcriptions"] = self.handle_transcriptions
         posted["/v1/audio/translations"] = self.handle_translations
         for path, handler in posted.items():

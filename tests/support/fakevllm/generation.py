@@ -167,6 +167,35 @@ class GenerationAPI(FakeState):
             )
         )
 
+    async def handle_openai_decisions(self, request: web.Request) -> web.Response:
+        """vLLM 0.33.0+'s ``/v1/decisions`` (``openai/decisions``): the same reads as
+        ``/v1/systemone``, never streamed, the usage in the Responses shape with
+        ``cache_write_tokens`` (both details inside ``input_tokens``); ``joint`` (a
+        StrictBool) on a model that is not DiffusionGemma is its 400 before any engine
+        work. A 404 before 0.33 (no such route)."""
+        major, minor = (int(x) for x in self.version.split(".")[:2])
+        if (major, minor) < (0, 33):
+            raise web.HTTPNotFound()
+        first = await request.json()
+        if first.get("joint") is True:
+            self.seen_headers.append(CIMultiDict(request.headers))
+            message = (
+                "joint: this model reads each question on its own; joint reads need DiffusionGemma"
+            )
+            return error(400, message, "BadRequestError")
+        body, _ = await self._generate(request)
+        details = {"cached_tokens": CACHED, "cache_write_tokens": PROMPT - CACHED}
+        usage = {
+            "input_tokens": PROMPT,
+            "input_tokens_details": details,
+            "output_tokens": COMPLETION,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": PROMPT + COMPLETION,
+        }
+        name = body.get("model") or self.name
+        answer = {"type": "predicate", "name": None, "probability": 0.5}
+        return self.answer(dumps({"model": name, "answers": [answer], "usage": usage}))
+
     async def handle_responses(self, request: web.Request) -> web.StreamResponse:
         """The Responses API as vLLM serves it (``openai/responses/serving.py``):
         ``input_tokens`` is the whole prompt; a stream carries the usage in its last

@@ -382,3 +382,13 @@ def test_a_template_with_loop_controls_is_rendered_as_transformers_renders_it(
         raw(text)["input_ids"]
     )
     assert text.endswith("|cities")
+
+
+def test_a_jina_token_hidden_in_another_survives_one_pass_only() -> None:
+    """``<|rerank_<|embed_token|>token|>`` keeps a rerank token after 0.33's one pass and
+    loses it in 0.34's passes until nothing changes: the prompts differ by that token."""
+    query = "a <|rerank_<|embed_token|>token|> b"
+    once = jina_v3_prompt(query, ["d"], None)
+    repeated = jina_v3_prompt(query, ["d"], None, repeat=True)
+    assert "query: a <|rerank_token|> b" in once
+    assert "query: a  b" in repeated

@@ -133,6 +133,7 @@ SWITCHES = (
     "reserves_score_tokens",
     "joins_cut_texts",
     "iterative_text_cut",
+    "sanitizes_repeatedly",
 )
 COMPATIBILITY = Path(__file__).parents[3] / "docs" / "compatibility.md"
 DOCUMENTED = sorted(set(re.findall(r"\b0\.\d+\.\d+\b", COMPATIBILITY.read_text())))
@@ -164,3 +165,10 @@ def test_builds_of_a_release_switch_as_the_release(version: str, build: str) -> 
 def test_a_version_with_no_release_numbers_is_unknown(odd: str) -> None:
     """A version without ``X.Y`` is unknown: every switch takes the newest behaviour."""
     assert _switches(Release(odd)) == _switches(Release(None))
+
+
+@pytest.mark.parametrize(("version", "repeated"), [("0.33.0", False), ("0.34.0", True)])
+def test_jina_texts_are_sanitized_repeatedly_from_0_34(version: str, repeated: bool) -> None:
+    """0.34.0's ``JinaRankingIOProcessorMixin`` strips the embed tokens until none is left
+    (read in the wheel); 0.33.0 and earlier make one pass."""
+    assert Release(version).sanitizes_repeatedly is repeated

@@ -66,7 +66,7 @@ def test_units_carry_what_the_engine_reported_and_nothing_it_did_not() -> None:
     fields = {**audio.model_dump(), "prompt_tokens_reported": None}
     fields["units"] = {"audio_seconds": 7}
     record = UsageRecord(**fields)
-    assert record.schema_version == SCHEMA_VERSION == 3
+    assert record.schema_version == SCHEMA_VERSION == 4
     assert record.units.reported() == {"audio_seconds": 7}
     assert UsageRecord.from_json(record.to_json()).units.audio_seconds == 7
     cached = make_record(2, billed=36).model_dump()
@@ -87,3 +87,34 @@ def test_units_are_typed_and_agree_with_the_billed_tokens() -> None:
         UsageRecord(**{**fields, "units": {"cached_prompt_tokens": -1}})
     with pytest.raises(ValueError, match="prompt_tokens_billed"):
         UsageRecord(**{**fields, "units": {"prompt_tokens": 99}})
+
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def test_a_version_3_record_reads_on_without_a_trace() -> None:
+    """A stored v3 record (no trace fields) keeps its version; its trace is unknown."""
+    fields = make_record(1).model_dump(mode="json", exclude={"trace_id", "traceparent"})
+    record = UsageRecord.model_validate({**fields, "schema_version": 3})
+    assert (record.schema_version, record.trace_id, record.traceparent) == (3, None, None)
+    assert UsageRecord.from_json(record.to_json()) == record
+
+
+@pytest.mark.parametrize(
+    ("trace_id", "traceparent"),
+    [
+        ("4bf92f3577b34da6a3ce929d0e0e4736", None),
+        (None, TRACEPARENT),
+        ("0" * 32, TRACEPARENT),
+        ("4BF92F3577B34DA6A3CE929D0E0E4736", TRACEPARENT.upper()),
+        ("4bf92f3577b34da6a3ce929d0e0e4736", TRACEPARENT + "-x"),
+    ],
+)
+def test_the_trace_id_is_the_one_its_traceparent_carries(
+    trace_id: str | None, traceparent: str | None
+) -> None:
+    """Both or neither, lowercase version-00 form, one trace: never a record naming two."""
+    with pytest.raises(ValueError, match="trace"):
+        make_record(1).model_validate(
+            {**make_record(1).model_dump(), "trace_id": trace_id, "traceparent": traceparent}
+        )

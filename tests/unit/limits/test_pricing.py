@@ -89,6 +89,14 @@ def test_a_decision_is_bounded_per_question() -> None:
     ).cost == Cost(1, 1)
 
 
+def test_an_openai_decision_is_bounded_per_question_of_its_list() -> None:
+    """``/v1/decisions`` (0.33+) lists its questions: each is a read, as on
+    ``/v1/systemone`` (before, a list priced as no question: one token reserved)."""
+    question = {"type": "predicate", "instructions": "?"}
+    raw = body({"model": "m", "input": "the sky is blue", "questions": [question] * 3})
+    assert price_metered("decisions", raw, MODEL, None).cost == Cost(3 * len(raw), 6)
+
+
 @pytest.mark.parametrize(
     ("operation", "payload", "cost"),
     [

@@ -101,3 +101,17 @@ def test_every_unit_is_a_numeric_property_of_the_one_event() -> None:
     assert event["id"] == audio.record_id
     assert (event["data"]["audio_seconds"], event["data"]["units"]) == (7, ["audio_seconds"])
     assert event["data"]["prompt_tokens"] is None
+
+
+def test_a_traced_record_carries_the_distributed_tracing_extension() -> None:
+    """A record with a trace is an event with the extension's ``traceparent`` attribute
+    (and its trace id in ``data``); one without (schema 3 and older) has neither."""
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    traced = make_record(1).model_copy(
+        update={"trace_id": traceparent[3:35], "traceparent": traceparent}
+    )
+    event = usage_event(traced)
+    assert (event["traceparent"], event["data"]["trace_id"]) == (traceparent, traced.trace_id)
+    untraced = usage_event(make_record(2))
+    assert "traceparent" not in untraced
+    assert untraced["data"]["trace_id"] is None

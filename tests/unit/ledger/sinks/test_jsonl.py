@@ -50,5 +50,5 @@ async def test_lines_carry_the_units(tmp_path: Path) -> None:
     await sink.start()
     await sink.deliver([audio])
     line = json.loads(target.read_text())
-    assert line["schema_version"] == 3
+    assert line["schema_version"] == 4
     assert {k: v for k, v in line["units"].items() if v is not None} == {"audio_seconds": 7}

@@ -296,3 +296,43 @@ def test_the_ledger_is_priced_as_the_journal_is(
         said.append(json.loads(capsys.readouterr().out)["charges"])
     assert said[0] == said[1]
     assert [t["due"] for t in said[1]["tenants"]] == ["0.07", "0.00"]  # 0.0678865; 0.0013209
+
+
+LEDGER_V3 = Path(__file__).resolve().parents[3] / "data" / "ledger_v3.sql"
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+async def test_schema_version_3_table_gains_the_trace(postgres: Cluster) -> None:
+    """An existing v3 ledger gains trace_id and traceparent in place: every v3 row stays
+    as it was (no trace: none was sent then), and v4 rows land beside them with theirs,
+    found by trace id (the start of a billing dispute)."""
+    dsn = await fresh_database(postgres)
+    conn = await asyncpg.connect(dsn)
+    await conn.execute(LEDGER_V3.read_text())
+    for i in range(3):
+        await conn.execute(
+            "INSERT INTO usage_records (record_id, schema_version, time, tenant, endpoint, "
+            "operation, prompt_tokens_billed, status, latency_ms, instance, units) VALUES "
+            "($1, 3, now(), 'acme', '/rerank', 'rerank', $2, 200, 1.0, 'old', $3::jsonb)",
+            f"01930000-0000-7000-8000-00000000000{i}",
+            36 + i,
+            json.dumps({"prompt_tokens": 36 + i}),
+        )
+    traced = make_record(0).model_copy(
+        update={"trace_id": TRACEPARENT[3:35], "traceparent": TRACEPARENT}
+    )
+    ledger = PostgresLedger(dsn)
+    await ledger.deliver([traced])
+    await ledger.close()
+    found = await conn.fetch(
+        "SELECT record_id::text, traceparent FROM usage_records WHERE trace_id = $1",
+        traced.trace_id,
+    )
+    await conn.close()
+    assert [(r[0], r[1]) for r in found] == [(traced.record_id, TRACEPARENT)]
+    back = {r.record_id: r for r in await read_ledger(dsn, None, None)}
+    assert len(back) == 4
+    old = [r for r in back.values() if r.schema_version == 3]
+    assert sorted(r.prompt_tokens_billed or 0 for r in old) == [36, 37, 38]
+    assert {(r.trace_id, r.traceparent) for r in old} == {(None, None)}
+    assert back[traced.record_id] == traced
