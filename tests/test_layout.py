@@ -107,3 +107,15 @@ def test_no_module_waits_with_asyncio_wait_for() -> None:
         _module(path, SOURCE) for path in SOURCE.rglob("*.py") if "wait_for(" in path.read_text()
     ]
     assert users == []
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """A module's name says which one it is: ``shares`` or ``memory`` in two packages had
+    a reader open the wrong one."""
+    names: dict[str, list[str]] = {}
+    for path in SOURCE.rglob("*.py"):
+        if path.name not in ("__init__.py", "__main__.py"):
+            names.setdefault(path.stem, []).append(_module(path, SOURCE))
+    assert sorted(m for m in names.values() if len(m) > 1) == [
+        ["limits/shares", "serving/shares"]
+    ]

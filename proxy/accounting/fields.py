@@ -694,7 +694,7 @@ def _audio(operation: str, *shaping: str) -> Mapping[str, Field]:
 
 TRANSCRIPTIONS = _audio("transcriptions", "timestamp_granularities")
 # A WebSocket session has no request body: its events (session.update's model, the audio
-# appended and committed) are read as they pass (``proxy.wire.realtime``).
+# appended and committed) are read as they pass (``proxy.wire.realtime_events``).
 REALTIME = _table("realtime")
 TRANSLATIONS = _audio("translations")
 

@@ -24,7 +24,7 @@ from proxy.serving.catalog import CATALOG, Catalog
 from proxy.serving.keyfile import KEYFILE
 from proxy.serving.keys import METRICS
 from proxy.serving.limitsfile import LIMITSFILE
-from proxy.serving.memory import tune_allocator
+from proxy.serving.allocator import tune_allocator
 from proxy.serving.pricesfile import PRICESFILE
 from proxy.serving.startup import StartupError, key_file_problem, listen
 from proxy.serving.tenancy import KeyFileError

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from proxy.wire.realtime import SessionUsage
+from proxy.wire.realtime_events import SessionUsage
 
 
 def done(prompt: object, completion: object) -> str:

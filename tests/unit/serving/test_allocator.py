@@ -10,7 +10,7 @@ def test_the_c_library_is_looked_up_once(monkeypatch: pytest.MonkeyPatch) -> Non
     ldconfig, about 2 ms) on the event loop; the lookup now happens once."""
     import ctypes.util
 
-    from proxy.serving import memory
+    from proxy.serving import allocator
 
     calls: list[str] = []
     real = ctypes.util.find_library
@@ -19,12 +19,12 @@ def test_the_c_library_is_looked_up_once(monkeypatch: pytest.MonkeyPatch) -> Non
         calls.append(name)
         return real(name)
 
-    memory._libc.cache_clear()
+    allocator._libc.cache_clear()
     monkeypatch.setattr(ctypes.util, "find_library", counting)
     try:
         for _ in range(3):
-            memory.malloc_trim()
-        memory.tune_allocator()
+            allocator.malloc_trim()
+        allocator.tune_allocator()
     finally:
-        memory._libc.cache_clear()
+        allocator._libc.cache_clear()
     assert calls == ["c"]
