@@ -56,7 +56,7 @@ BENCH_POLICIES = {
 def limiter_cost(repeat: int) -> float:
     """Microseconds of CPU for one reserve + settle at three levels (tenant, model, key)."""
     from proxy.limits.limiter import Cost, Who
-    from proxy.limits.memory import InProcessLimiter
+    from proxy.limitstore.memory import InProcessLimiter
     from proxy.limits.policy import Policies
 
     policies = Policies.model_validate(BENCH_POLICIES)

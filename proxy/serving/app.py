@@ -22,9 +22,9 @@ from proxy.ledger.recorder import Recorder, Subscriber
 from proxy.ledger.sinks import Sink
 from proxy.limits.costs import unpriced
 from proxy.limits.limiter import Limiter
-from proxy.limits.memory import InProcessLimiter
 from proxy.limits.policy import Policies
 from proxy.limits.problems import read_limits
+from proxy.limitstore.memory import InProcessLimiter
 from proxy.metrics import Metrics
 from proxy.serving import admin
 from proxy.serving.admission import ADMISSION, Admission, add_headers, restore_context

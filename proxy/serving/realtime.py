@@ -3,8 +3,9 @@ aiohttp's client and server WebSockets, one record per session.
 
 Each direction reads its next message only once the last one was sent on, so a slow
 reader slows its sender (back-pressure through both sockets, nothing queued here). The
-session bills the sum of the ``transcription.done`` usages vLLM sent (``proxy.wire.realtime_events``)
-to the key's tenant, under the served model, recorded when the session ends.
+session bills the sum of the ``transcription.done`` usages vLLM sent
+(``proxy.wire.realtime_events``) to the key's tenant, under the served model, recorded
+when the session ends.
 
 vLLM sends a generation's ``transcription.done`` only after the client's final commit, and
 cancels the generation when its client leaves. So when a client leaves while a generation

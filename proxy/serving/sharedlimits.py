@@ -42,6 +42,7 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from proxy.limits.history import History, bucket_of, matches
 from proxy.limits.limiter import (
     Cost,
     Decision,
@@ -52,7 +53,6 @@ from proxy.limits.limiter import (
     Who,
     decision_of,
 )
-from proxy.limits.memory import History, bucket_of, matches
 from proxy.limits.meters import GATE_RETRY_SECONDS, HELD_RETRY_SECONDS
 from proxy.limits.periods import period
 from proxy.limits.policy import RATE_SECONDS, Limit, Policies

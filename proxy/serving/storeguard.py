@@ -28,7 +28,7 @@ from redis.exceptions import RedisError
 from proxy.limits.limiter import Cost, Decision, Refusal, Ticket, Usage, Who
 from proxy.limits.periods import period
 from proxy.limits.policy import FailMode, Level, Limit, Policies, Unit
-from proxy.limits.shares import ShareLimiter
+from proxy.limitstore.divided import ShareLimiter
 from proxy.metrics import Metrics
 from proxy.serving.sharedlimits import Rebuilding, RedisLimiter, StoreTicket, Taken
 
@@ -110,7 +110,7 @@ class GuardedLimiter:
     """The shared limiter behind a short timeout and a circuit breaker, with the fail
     mode of each tenant while the store cannot answer: ``closed`` refuses (503),
     ``open`` admits, ``local`` enforces this replica's share in process (of what the
-    store last said was left of each budget, else of the limit: ``proxy.limits.shares``).
+    store last said was left of each budget, else of the limit: ``proxy.limitstore.divided``).
     What is billed meanwhile is contributed to the store when it answers again (as this
     replica's total: a retry counts nothing twice)."""
 

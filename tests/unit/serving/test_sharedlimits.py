@@ -17,8 +17,8 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from proxy.limits.limiter import Cost, Ticket, Usage, Who
-from proxy.limits.memory import InProcessLimiter
 from proxy.limits.policy import Policies
+from proxy.limitstore.memory import InProcessLimiter
 from proxy.serving.limitsstore import connect
 from proxy.serving.sharedlimits import Rebuilding, RedisLimiter, StoreTicket
 from tests.support.redisserver import Store

@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from zoneinfo import ZoneInfo
 
-from proxy.limits.memory import InProcessLimiter
 from proxy.limits.meters import HELD_RETRY_SECONDS, BudgetMeter, Meter, UsedIn
 from proxy.limits.policy import Limit, Policies
+from proxy.limitstore.memory import InProcessLimiter
 
 # What is left of a budget's period starting at ``start`` for this replica: (its room in
 # its share of the store's last remainder, that remainder), or None without one.

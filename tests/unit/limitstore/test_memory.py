@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.limits.limiter import Cost, Usage, Who
-from proxy.limits.memory import InProcessLimiter
 from proxy.limits.meters import BudgetMeter, Gate
 from proxy.limits.policy import Policies, Unit
+from proxy.limitstore.memory import InProcessLimiter
 
 T = TypeVar("T")
 NOW = datetime(2026, 12, 3, 9, 30, tzinfo=ZoneInfo("UTC")).timestamp()

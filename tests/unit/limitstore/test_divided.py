@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 
 from proxy.limits.limiter import Cost, Who
 from proxy.limits.policy import Limit, Policies
-from proxy.limits.shares import ShareLimiter
+from proxy.limitstore.divided import ShareLimiter
 
 NOW = datetime(2026, 12, 3, 9, 30, tzinfo=ZoneInfo("UTC")).timestamp()
 ACME = Who("acme")
