@@ -28,7 +28,6 @@ TESTED_THROUGH_THE_APP = {
     "serving/lifetimes": "resources' cleanup contexts: app/test_metering.py, process tests",
     "serving/realtime": "the realtime session handler: app/test_realtime.py",
     "serving/metered": "the metered handler: app/test_metering.py, app/test_generation.py",
-    "serving/storescripts": "the store's Lua, run by serving/sharedlimits: test_sharedlimits.py",
     "serving/relayed": "the transparent handler: app/test_app.py, app/test_security.py",
     "serving/routing": "the route table applied to requests: app/test_security.py",
     "serving/upstream": "the session and its errors: app/test_faults.py, app/test_odd_answers.py",

@@ -56,7 +56,7 @@ from proxy.limits.limiter import (
 from proxy.limits.meters import GATE_RETRY_SECONDS, HELD_RETRY_SECONDS
 from proxy.limits.periods import period
 from proxy.limits.policy import RATE_SECONDS, Limit, Policies
-from proxy.serving.storescripts import BEAT, END, RENEW, RESERVE, STAMP, SYNC
+from proxy.limitstore.scripts import BEAT, END, RENEW, RESERVE, STAMP, SYNC
 
 log = structlog.get_logger("proxy.serving.sharedlimits")
 
