@@ -11,16 +11,7 @@ import math
 from collections.abc import Iterable
 
 from proxy.limits.history import BUCKET_SECONDS, History
-from proxy.limits.limiter import (
-    Cost,
-    Decision,
-    Refusal,
-    Standing,
-    Ticket,
-    Usage,
-    Who,
-    decision_of,
-)
+from proxy.limits.limiter import Cost, Decision, Refusal, Standing, Ticket, Usage, Who, decision_of
 from proxy.limits.meters import BudgetMeter, Gate, Meter, RateMeter
 from proxy.limits.periods import earliest_start
 from proxy.limits.policy import Limit, Policies

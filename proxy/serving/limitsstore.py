@@ -17,8 +17,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from proxy.limits.policy import FailMode, Policies
+from proxy.limitstore.redislimiter import RedisLimiter
 from proxy.metrics import Metrics
-from proxy.serving.sharedlimits import RedisLimiter
 from proxy.serving.startup import file_problem
 from proxy.serving.storeguard import GuardedLimiter
 from proxy.settings import ENV_PREFIX, Settings

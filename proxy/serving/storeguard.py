@@ -29,8 +29,9 @@ from proxy.limits.limiter import Cost, Decision, Refusal, Ticket, Usage, Who
 from proxy.limits.periods import period
 from proxy.limits.policy import FailMode, Level, Limit, Policies, Unit
 from proxy.limitstore.divided import ShareLimiter
+from proxy.limitstore.redislimiter import RedisLimiter
+from proxy.limitstore.tickets import Rebuilding, StoreTicket, Taken
 from proxy.metrics import Metrics
-from proxy.serving.sharedlimits import Rebuilding, RedisLimiter, StoreTicket, Taken
 
 log = structlog.get_logger("proxy.serving.storeguard")
 T = TypeVar("T")

@@ -19,8 +19,8 @@ from redis.asyncio import Redis
 
 from proxy.limits.limiter import Cost, Who
 from proxy.limits.policy import FailMode, Policies
+from proxy.limitstore.redislimiter import RedisLimiter
 from proxy.serving.limitsstore import connect
-from proxy.serving.sharedlimits import RedisLimiter
 from proxy.serving.storeguard import GuardedLimiter
 from tests.support.redisserver import Store
 
