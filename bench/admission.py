@@ -182,8 +182,8 @@ async def _through_proxy(
             await one(i)
         cpu = (time.process_time() - started) / requests * 1000
         if store is not None:  # every admission was the store's, none the fail mode's
+            from proxy.limitstore.guard import GuardedLimiter
             from proxy.serving.admission import ADMISSION
-            from proxy.serving.storeguard import GuardedLimiter
 
             guarded = proxy.app[ADMISSION].limiter
             assert isinstance(guarded, GuardedLimiter)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from proxy.limits.limiter import Ticket
-from proxy.limits.policy import Limit
+from proxy.limits.policy import Limit, Unit
 
 # A budget's hash outlives its period by this much: a late settlement still lands.
 BUDGET_GRACE_SECONDS = 86_400
@@ -73,3 +73,30 @@ class StoreTicket(Ticket):
     parts: list[Taken] = field(default_factory=list)
     noted: bool = False  # its billed units are in this replica's history
     generation: str | None = None  # the store's generation it was reserved in
+
+
+@dataclass(slots=True)
+class Left:
+    """What was left of a budget's period (ending at ``end``) in the store (its amount
+    less its used and reserved units) when it last said so (``at``, on the store's clock:
+    answers read out of order do not replace a later one), after this replica's local
+    admissions up to ``seq``; ``spent``: what this replica admitted without the store
+    since (held, then billed)."""
+
+    remaining: int
+    at: float
+    seq: int
+    end: float
+    spent: int = 0
+
+
+@dataclass(slots=True)
+class LocalTicket(Ticket):
+    """A reservation made in this process while the store could not answer (``local`` or
+    ``open``): held in this replica's part of the store's budgets until it ends, then
+    billed there. ``charged``: the remainders it counts in (with its units there)."""
+
+    id: str = ""
+    inner: Ticket | None = None
+    seq: int = 0
+    charged: list[tuple[Left, Unit, int]] = field(default_factory=list)

@@ -15,8 +15,10 @@ from redis.exceptions import RedisError
 
 from proxy.limits.limiter import Cost, Who
 from proxy.limits.policy import FailMode, Policies
-from proxy.serving.limitsstore import build_shared_limiter, connect, store_password
-from proxy.serving.storeguard import GuardedLimiter
+from proxy.limitstore.client import connect
+from proxy.limitstore.guard import GuardedLimiter
+from proxy.limitstore.wiring import build_shared_limiter
+from proxy.serving.startup import store_password
 from proxy.settings import Settings
 from tests.support.redisserver import Store
 
@@ -77,7 +79,9 @@ async def test_tls_with_the_password_from_a_file(tls_redis_store: Store, tmp_pat
     secret.write_text(f"{tls_redis_store.password}\n")
     settings = tls_settings(tls_redis_store, limits_store_password_file=secret)
     pols = policies(prompt_tokens_per_day=300)
-    assert await admitted_in_store(build_shared_limiter(settings, pols))
+    assert await admitted_in_store(
+        build_shared_limiter(settings, pols, password=store_password(settings))
+    )
 
 
 async def test_tls_with_the_password_from_the_environment(
@@ -95,7 +99,9 @@ async def test_tls_with_the_password_from_the_environment(
         limits_replicas=1,
     )
     pols = policies(prompt_tokens_per_day=300)
-    assert await admitted_in_store(build_shared_limiter(settings, pols))
+    assert await admitted_in_store(
+        build_shared_limiter(settings, pols, password=store_password(settings))
+    )
 
 
 async def test_without_the_password_the_fail_mode_decides(
@@ -114,7 +120,7 @@ async def test_without_the_password_the_fail_mode_decides(
             limits_store_timeout=0.5,
             limits_replicas=1,
         )
-        limiter = build_shared_limiter(settings, pols)
+        limiter = build_shared_limiter(settings, pols, password=store_password(settings))
         assert not await admitted_in_store(limiter)
         assert limiter.errors
         assert limiter.fail_admissions[FailMode.LOCAL] == 1
@@ -139,7 +145,9 @@ async def test_a_silent_store_costs_each_request_at_most_the_timeout() -> None:
         limits_replicas=1,
         instance="r0",
     )
-    limiter = build_shared_limiter(settings, policies(prompt_tokens_per_day=300))
+    limiter = build_shared_limiter(
+        settings, policies(prompt_tokens_per_day=300), password=store_password(settings)
+    )
     limiter.restored = True
     waits = []
     for _ in range(6):
@@ -207,7 +215,7 @@ async def burst(store: Store, mode: str) -> tuple[GuardedLimiter, list[Any], lis
         limits_fail_mode=mode,
         limits_store_timeout=0.25,
     )
-    limiter = build_shared_limiter(settings, pols)
+    limiter = build_shared_limiter(settings, pols, password=store_password(settings))
     await limiter.restore([], time.time())
     assert await limiter.contribute()
     now = time.time()
@@ -243,7 +251,9 @@ async def test_review_one_slow_admission_does_not_fail_readiness(redis_store: St
         limits_replicas=1,
         limits_fail_mode="closed",
     )
-    limiter = build_shared_limiter(settings, policies(requests_per_minute=100))
+    limiter = build_shared_limiter(
+        settings, policies(requests_per_minute=100), password=store_password(settings)
+    )
     admin = Redis.from_url(redis_store.url)
     try:
         await limiter.restore([], time.time())

@@ -18,10 +18,10 @@ from redis.exceptions import RedisError
 
 from proxy.limits.limiter import Cost, Ticket, Usage, Who
 from proxy.limits.policy import Policies
+from proxy.limitstore.client import connect
 from proxy.limitstore.memory import InProcessLimiter
 from proxy.limitstore.redislimiter import RedisLimiter
 from proxy.limitstore.tickets import Rebuilding, StoreTicket
-from proxy.serving.limitsstore import connect
 from tests.support.redisserver import Store
 
 ACME = Who("acme", "m", "k1")

@@ -15,9 +15,10 @@ from redis.asyncio import Redis
 
 from proxy.limits.limiter import Cost, Usage, Who
 from proxy.limits.policy import FailMode, Policies
+from proxy.limitstore.client import connect
+from proxy.limitstore.failmodes import UNCOUNTED
+from proxy.limitstore.guard import GuardedLimiter
 from proxy.limitstore.redislimiter import RedisLimiter
-from proxy.serving.limitsstore import connect
-from proxy.serving.storeguard import UNCOUNTED, GuardedLimiter
 from tests.support.redisserver import Store
 
 ACME = Who("acme", "m", "k1")
