@@ -32,6 +32,10 @@ TESTED_THROUGH_THE_APP = {
     "serving/relayed": "the transparent handler: app/test_app.py, app/test_security.py",
     "serving/routing": "the route table applied to requests: app/test_security.py",
     "serving/upstream": "the session and its errors: app/test_faults.py, app/test_odd_answers.py",
+    "settings/choices": "the values options take: unit/settings/test_model.py, test_reference",
+    "settings/counting": "options declared, no behaviour: unit/settings/test_reference.py",
+    "settings/recording": "options declared, no behaviour: unit/settings/test_reference.py",
+    "settings/traffic": "options declared, no behaviour: unit/settings/test_reference.py",
 }
 
 
