@@ -27,6 +27,10 @@ The families users deploy beyond BERT (issue #30), each with a tokenizer of the 
   stored responses, the prefix cache), with a ChatML chat template.
 - modernbert-colbert-tiny: ColBERTModernBertModel (GTE-ModernColBERT), byte-level BPE with
   ``[CLS] $A [SEP]``.
+- whisper-tiny: WhisperForConditionalGeneration with whisper-tiny's real vocabulary (issue
+  #49): Whisper's BPE ranks and special tokens come from the ``openai-whisper`` sdist on
+  PyPI (downloaded once with pip into ``OUT_DIR/.downloads``; no model hub), turned into a
+  Hugging Face tokenizer by transformers' TikTokenConverter; a tiny random body.
 The Qwen vocabularies hold Qwen's special tokens at their real ids (151643...), ``yes`` and
 ``no`` as single tokens, and merge ``"\n\n"`` into one token (long texts with blank lines).
 """
@@ -640,6 +644,110 @@ def build_modernbert_colbert(target: Path) -> None:
     (target / "config.json").write_text(json.dumps(raw, indent=2))
 
 
+# --- whisper-tiny (issue #49) -----------------------------------------------------------
+
+# The PyPI package whose source distribution ships Whisper's BPE vocabulary
+# (whisper/assets/multilingual.tiktoken) and the order of its special tokens
+# (whisper/tokenizer.py, get_encoding): only those two files are read, nothing is installed.
+OPENAI_WHISPER = "openai-whisper==20250625"
+WHISPER_FILES = ("whisper/tokenizer.py", "whisper/assets/multilingual.tiktoken")
+# multilingual whisper-tiny: 99 languages, so 50,257 BPE ranks + 1,608 added tokens
+WHISPER_LANGUAGES = 99
+
+
+def whisper_sources(downloads: Path) -> Path:
+    """openai-whisper's tokenizer module and vocabulary, from its sdist (downloaded once into
+    ``downloads`` with pip, as any package; no model hub): the directory holding ``whisper/``."""
+    import subprocess
+    import tarfile
+
+    found = sorted(downloads.glob("openai_whisper-*.tar.gz"))
+    if not found:
+        downloads.mkdir(parents=True, exist_ok=True)
+        pip = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check"]
+        subprocess.run(
+            [*pip, "--no-deps", "--no-binary", ":all:", OPENAI_WHISPER, "-d", str(downloads)],
+            check=True,
+        )
+        found = sorted(downloads.glob("openai_whisper-*.tar.gz"))
+    root = downloads / found[-1].name.removesuffix(".tar.gz")
+    if not all((root / name).is_file() for name in WHISPER_FILES):
+        with tarfile.open(found[-1]) as sdist:
+            members = [sdist.getmember(f"{root.name}/{name}") for name in WHISPER_FILES]
+            sdist.extractall(downloads, members=members, filter="data")
+    return root
+
+
+def whisper_specials(sources: Path) -> list[str]:
+    """The added tokens of multilingual Whisper in id order, as openai-whisper makes them:
+    ``<|endoftext|>`` (50257), ``<|startoftranscript|>``, the 99 languages, ``<|translate|>``,
+    ``<|transcribe|>``, ``<|startoflm|>``, ``<|startofprev|>``, ``<|nospeech|>``,
+    ``<|notimestamps|>`` (50363), then the timestamps ``<|0.00|>`` to ``<|30.00|>``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("whisper_tokenizer", sources / WHISPER_FILES[0])
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    encoding = module.get_encoding("multilingual", num_languages=WHISPER_LANGUAGES)
+    return [token for token, _ in sorted(encoding._special_tokens.items(), key=lambda t: t[1])]
+
+
+def write_whisper_tokenizer(target: Path, sources: Path) -> None:
+    """Hugging Face's Whisper tokenizer (byte-level BPE) from the tiktoken vocabulary, by
+    transformers' TikTokenConverter; the added tokens in openai-whisper's order (timestamps
+    not special, as on the Hub, so that they follow every special id); prefix tokens set."""
+    from tokenizers import AddedToken
+    from transformers import WhisperTokenizer
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    vocabulary = str(sources / WHISPER_FILES[1])
+    vocab, merges = TikTokenConverter(vocab_file=vocabulary).extract_vocab_merges_from_model(
+        vocabulary
+    )
+    tokenizer = WhisperTokenizer(vocab=vocab, merges=merges)
+    specials = whisper_specials(sources)
+    added = [AddedToken(t, special=not t[2].isdigit(), normalized=False) for t in specials[1:]]
+    tokenizer.add_tokens(added)
+    tokenizer.set_prefix_tokens()  # the post-processor names tokens that exist only now
+    assert len(tokenizer) == len(vocab) + len(specials), len(tokenizer)
+    tokenizer.save_pretrained(target)
+
+
+def build_whisper(target: Path) -> None:
+    """whisper-tiny's layout (80 mel bins, 1,500 audio positions, 448 text positions, the
+    real vocabulary and feature extractor) with a tiny random body (d_model 64, 2+2 layers):
+    vLLM serves it for transcriptions and translations; its text is noise, its counts real."""
+    import torch
+    from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
+
+    write_whisper_tokenizer(target, whisper_sources(target.parent / ".downloads"))
+    WhisperFeatureExtractor(feature_size=80).save_pretrained(target)
+    torch.manual_seed(8)
+    config = WhisperConfig(
+        vocab_size=51865,
+        num_mel_bins=80,
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        max_source_positions=1500,
+        max_target_positions=448,
+        pad_token_id=50257,
+        bos_token_id=50257,
+        eos_token_id=50257,
+        decoder_start_token_id=50258,
+    )
+    model = WhisperForConditionalGeneration(config)
+    model.config.architectures = ["WhisperForConditionalGeneration"]
+    model.save_pretrained(target, safe_serialization=True)
+    _patch_config(target)
+
+
 # name -> builder(target); the BERT models also take the MiniLM directory.
 FAMILY_BUILDERS = {
     "xlmr-ce-tiny": build_xlmr_ce,
@@ -649,6 +757,7 @@ FAMILY_BUILDERS = {
     "jina-v3-tiny": build_jina_v3,
     "modernbert-colbert-tiny": build_modernbert_colbert,
     "qwen3-gen-tiny": build_qwen3_generate,
+    "whisper-tiny": build_whisper,
 }
 MINILM_BUILDERS = {"cross-encoder-tiny": build_cross_encoder, "colbert-tiny": build_colbert}
 NAMES = (*MINILM_BUILDERS, *FAMILY_BUILDERS)
