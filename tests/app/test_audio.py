@@ -15,13 +15,16 @@ import yaml
 from proxy.limits.meters import BudgetMeter
 from proxy.serving.admission import ADMISSION
 from proxy.serving.tenancy import key_digest
-from tests.support.fakevllm.audio import AUDIO_PROMPT, wav
+from tests.support.fakevllm.audio import AUDIO_PROMPT, audio_tokens, wav
 from tests.support.proxies import fake_and_proxy
 from tests.support.records import journal_records
 
 ACME = {"Authorization": "Bearer sk-acme"}
 TRANSCRIPTIONS = "/v1/audio/transcriptions"
 TRANSLATIONS = "/v1/audio/translations"
+# What real vLLM reports as a stream's prompt for the 2.5 s of ``form()``: Whisper's decoder
+# prompt and the audio's 250 log-mel frames (the engine's prompt counter grows by 4).
+STREAM_PROMPT = AUDIO_PROMPT + audio_tokens(2.5)
 
 
 def form(seconds: float = 2.5, **fields: str) -> aiohttp.FormData:
@@ -87,7 +90,7 @@ async def test_a_streamed_transcription_is_billed_in_tokens_and_its_usage_hidden
     assert [e["choices"][0]["delta"]["content"] for e in seen[:-1]] == ["t0", "t1", "t2"]
     (record,) = journal_records(journal)
     assert (record.operation, record.verdict) == ("transcriptions", "reported")
-    assert (record.prompt_tokens_billed, record.completion_tokens_billed) == (AUDIO_PROMPT, 3)
+    assert (record.prompt_tokens_billed, record.completion_tokens_billed) == (STREAM_PROMPT, 3)
     assert record.units.audio_seconds is None
     sent = fake.last_body
     assert sent.count(b'name="stream_include_usage"') == 1
@@ -281,7 +284,7 @@ async def test_audio_is_admitted_on_request_limits_and_settles_at_its_tokens(
     resp = await client.post(TRANSCRIPTIONS, data=form(stream="true"), headers=acme)
     assert resp.status == 200
     await resp.read()
-    assert (meter.used, meter.reserved) == (AUDIO_PROMPT + 3, 0)
+    assert (meter.used, meter.reserved) == (STREAM_PROMPT + 3, 0)
     resp = await client.post(TRANSCRIPTIONS, data=form(), headers=acme)
     assert resp.status == 429
     seconds = [r.units.audio_seconds for r in journal_records(tmp_path / "journal.sqlite")]

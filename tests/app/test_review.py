@@ -17,12 +17,14 @@ import yaml
 from proxy.ledger.records import UsageRecord
 from proxy.serving.admission import ADMISSION
 from tests.support.fakevllm import FakeVLLM
-from tests.support.fakevllm.audio import AUDIO_PROMPT, wav
+from tests.support.fakevllm.audio import AUDIO_PROMPT, audio_tokens, wav
 from tests.support.proxies import fake_and_proxy
 from tests.support.records import journal_records
 from tests.support.redisserver import Store
 
 ACME = {"Authorization": "Bearer sk-acme"}
+# A 2.5 s stream's prompt as vLLM reports it: decoder prompt and audio tokens.
+STREAM_PROMPT = AUDIO_PROMPT + audio_tokens(2.5)
 TRANSCRIPTIONS = "/v1/audio/transcriptions"
 COMMIT = json.dumps({"type": "input_audio_buffer.commit"})
 FINAL = json.dumps({"type": "input_audio_buffer.commit", "final": True})
@@ -90,7 +92,7 @@ async def test_review_a_stream_with_an_epilogue_delimiter_is_billed(fake_vllm: A
     assert fake.generation_tokens_total > 0
     (record,) = journal_records(journal)
     assert record.verdict == "reported"
-    assert (record.prompt_tokens_billed, record.completion_tokens_billed) == (AUDIO_PROMPT, 3)
+    assert (record.prompt_tokens_billed, record.completion_tokens_billed) == (STREAM_PROMPT, 3)
 
 
 async def test_review_a_done_event_in_flight_when_the_client_closes_is_billed(

@@ -5,6 +5,12 @@
 The form is read by the standard library's MIME parser (not the proxy's), as FastAPI fills
 a ``Form()`` model: each field's last value, an empty one as absent, booleans in lax mode. The audio
 is a WAV file whose length is its duration (vLLM decodes it; the fake reads the header).
+
+The counts are Whisper's as real vLLM 0.29.0 and 0.32.0 serve it (tests/e2e/test_audio_real_vllm.py,
+issue #49): the engine reads a 4-token decoder prompt and generates text for each 30-second
+clip of the audio (its counters grow by those alone), after a one-token language detection
+when the form names no language (0.19 on); a stream's usage reports the last clip's decoder
+prompt plus one audio token per log-mel frame (100 a second), the text tokens of every clip.
 """
 
 from __future__ import annotations
@@ -28,9 +34,19 @@ from pydantic import TypeAdapter, ValidationError
 from tests.support.fakevllm.base import FakeState, dumps, error
 
 LAX_BOOL: TypeAdapter[bool] = TypeAdapter(bool)
-# A streamed transcription's prompt: Whisper's decoder prompt (<|startoftranscript|>,
-# language, task, <|notimestamps|>); the audio itself is encoder input, not prompt tokens.
+# Whisper's decoder prompt (<|startoftranscript|>, language, task, <|notimestamps|>): what
+# the engine's prompt counter grows by for each clip; the audio is encoder input.
 AUDIO_PROMPT = 4
+# vLLM's Whisper.get_num_audio_tokens: ceil(seconds * 16000 / hop length 160), which a
+# stream's usage adds to its prompt tokens (the engine's counter never counts them).
+MEL_FRAMES_PER_SECOND = 100
+# Whisper reads the audio in clips of up to 30 s (vLLM splits longer audio).
+CLIP_SECONDS = 30
+
+
+def audio_tokens(seconds: float) -> int:
+    """The audio tokens vLLM reports in a stream's prompt tokens for ``seconds`` of audio."""
+    return math.ceil(seconds * MEL_FRAMES_PER_SECOND)
 
 
 def wav(seconds: float, rate: int = 16000) -> bytes:
@@ -137,16 +153,34 @@ class AudioAPI(FakeState):
         except (wave.Error, EOFError):
             return error(400, "Invalid or unsupported audio file.", "BadRequestError")
         model = _last(form, "model") or self.name
-        self.prompt_tokens_total += AUDIO_PROMPT
-        self.generation_tokens_total += self.chunks
+        clips = _Clips(max(1, math.ceil(duration / CLIP_SECONDS)), self._per_clip(form))
+        if _last(form, "language") is None and self._since(0, 19):  # language detection
+            self.prompt_tokens_total += 1
+            self.generation_tokens_total += 1
+        self.prompt_tokens_total += AUDIO_PROMPT * clips.count
+        self.generation_tokens_total += clips.tokens
         if stream:
-            return await self._stream(request, task, model, include, continuous)
-        return self.answer(dumps(self._whole(task, response_format, duration)))
+            prompt = self._stream_prompt(duration)
+            return await self._stream(request, task, model, (include, continuous), prompt, clips)
+        return self.answer(dumps(self._whole(task, response_format, duration, clips)))
 
-    def _whole(self, task: str, response_format: str, duration: float) -> dict[str, Any]:
+    def _per_clip(self, form: list[tuple[str, str | Upload]]) -> int:
+        """Text tokens generated for each clip: ``max_completion_tokens`` when the form sets
+        it (a random model never stops before it), else the fake's ``chunks``."""
+        cap = _last(form, "max_completion_tokens")
+        return int(cap) if isinstance(cap, str) and cap.isdigit() else self.chunks
+
+    def _stream_prompt(self, duration: float) -> int:
+        """A stream's prompt tokens: the last clip's decoder prompt and the audio's tokens
+        (0.8.5 leaves the 4 decoder tokens out)."""
+        return (AUDIO_PROMPT if self._since(0, 10) else 0) + audio_tokens(duration)
+
+    def _whole(
+        self, task: str, response_format: str, duration: float, clips: _Clips
+    ) -> dict[str, Any]:
         """A whole answer: a transcription's usage in seconds of audio, rounded up (0.10.2
         on; 0.8.5 answers the text alone); none in verbose_json, none for a translation."""
-        text = " ".join(f"t{i}" for i in range(self.chunks))
+        text = " ".join(f"t{i}" for i in range(clips.tokens))
         if response_format == "verbose_json":
             return {"duration": duration, "language": "en", "text": text, "segments": []}
         if task == "translation" or not self._since(0, 10):
@@ -165,28 +199,48 @@ class AudioAPI(FakeState):
         return {"text": text, "usage": usage}
 
     async def _stream(
-        self, request: web.Request, task: str, model: str, include: bool, continuous: bool
+        self,
+        request: web.Request,
+        task: str,
+        model: str,
+        options: tuple[bool, bool],
+        prompt: int,
+        clips: _Clips,
     ) -> web.StreamResponse:
         """``_speech_to_text_stream_generator``: a chunk per token, usage per chunk with
-        both options, a last usage chunk (``choices: []``) with include_usage, [DONE]."""
+        both ``options`` (include, continuous), a last usage chunk (``choices: []``) with
+        include_usage, [DONE]."""
+        include, continuous = options
         reply = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await reply.prepare(request)
         head = {"id": f"{task}-1", "object": f"{task}.chunk", "created": 1, "model": model}
-        for i in range(self.chunks):
+        for i in range(clips.tokens):
             choice: dict[str, Any] = {"delta": {"content": f"t{i}"}}
-            if i == self.chunks - 1:
+            if (i + 1) % clips.per_clip == 0:  # each clip's generation ends
                 choice.update(finish_reason="stop", stop_reason=None)
             chunk: dict[str, Any] = {**head, "choices": [choice]}
             if include and continuous:
-                chunk["usage"] = _usage(AUDIO_PROMPT, i + 1)
+                chunk["usage"] = _usage(prompt, i + 1)
             await reply.write(b"data: " + dumps(chunk) + b"\n\n")
             await asyncio.sleep(self.delay)
         if include:
-            last = {**head, "choices": [], "usage": _usage(AUDIO_PROMPT, self.chunks)}
+            last = {**head, "choices": [], "usage": _usage(prompt, clips.tokens)}
             await reply.write(b"data: " + dumps(last) + b"\n\n")
         await reply.write(b"data: [DONE]\n\n")
         await reply.write_eof()
         return reply
+
+
+@dataclass(frozen=True)
+class _Clips:
+    """The clips Whisper reads the audio in, and the text tokens generated for each."""
+
+    count: int
+    per_clip: int
+
+    @property
+    def tokens(self) -> int:
+        return self.count * self.per_clip
 
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:
