@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
+from structlog.testing import capture_logs
 
 from proxy.limits.meters import BudgetMeter
 from proxy.serving.admission import ADMISSION
@@ -159,6 +160,26 @@ async def test_whole_answers_without_a_usage_are_refused(
     assert feature in error["message"]
     assert error["param"] == ("stream" if feature.endswith("whole") else "response_format")
     assert len(fake.seen_headers) == before
+    assert journal_records(journal) == []
+
+
+async def test_a_refused_whole_translation_leaves_a_trace(audio: Any) -> None:
+    """Regression (issue #49): a client's whole translation got 400 and left nothing an
+    operator could see. The refusal is vLLM's error shape naming the opt-in and its
+    feature; it is counted (``usage_proxy_refused_requests_total{status="400"}``) and
+    logged with the tenant and the reason; still no usage record (no engine work)."""
+    _fake, client, journal = audio
+    with capture_logs() as logs:
+        resp = await client.post(TRANSLATIONS, data=form(), headers=ACME)
+    assert resp.status == 400
+    body = await resp.json()
+    assert sorted(body["error"]) == ["code", "message", "param", "type"]
+    assert "--allow-unmetered translations.whole" in body["error"]["message"]
+    (event,) = [e for e in logs if e["event"] == "request_refused"]
+    assert (event["path"], event["tenant"], event["status"]) == (TRANSLATIONS, "acme", 400)
+    assert event["reason"] == body["error"]["message"]
+    metrics = await (await client.get("/metrics")).text()
+    assert 'usage_proxy_refused_requests_total{status="400"} 1.0' in metrics
     assert journal_records(journal) == []
 
 
