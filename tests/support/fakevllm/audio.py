@@ -118,6 +118,13 @@ class AudioAPI(FakeState):
             )
         return ("text", "json"), "Currently only support response_format `text` or `json`"
 
+    def _unknown(self, model: str) -> str:
+        """vLLM's ``_check_model`` refusal of a name it does not serve."""
+        message = f"The model `{model}` does not exist."
+        if self._since(0, 32):
+            message += f" Valid aliases: {', '.join(self.names)}."
+        return message
+
     def _since(self, major: int, minor: int) -> bool:
         found = tuple(int(x) for x in self.version.split(".")[:2])
         return found >= (major, minor)
@@ -135,11 +142,16 @@ class AudioAPI(FakeState):
         if any(bool(_last(form, o)) for o in options) and not _last(form, "stream"):
             asked = next(o for o in options if _last(form, o))
             message = "Stream options can only be defined when `stream=True`."
+            if self._since(0, 15):  # a VLLMValidationError names its parameter
+                message += f" (parameter={asked})"
             return error(400, message, "BadRequestError", asked)
         try:
             stream, include, continuous = (_flag(_last(form, n)) for n in ("stream", *options))
         except ValidationError:
             return error(400, "1 validation error:\n  stream: not a boolean", "Bad Request")
+        model = _last(form, "model")
+        if model is not None and model not in self.names:
+            return error(404, self._unknown(model), "NotFoundError", "model")
         response_format = _last(form, "response_format") or "json"
         formats, message = self._formats()
         if response_format not in formats:
@@ -152,7 +164,7 @@ class AudioAPI(FakeState):
                 duration = w.getnframes() / w.getframerate()
         except (wave.Error, EOFError):
             return error(400, "Invalid or unsupported audio file.", "BadRequestError")
-        model = _last(form, "model") or self.name
+        model = model or self.name
         clips = _Clips(max(1, math.ceil(duration / CLIP_SECONDS)), self._per_clip(form))
         if _last(form, "language") is None and self._since(0, 19):  # language detection
             self.prompt_tokens_total += 1
