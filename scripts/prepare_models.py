@@ -31,6 +31,9 @@ The families users deploy beyond BERT (issue #30), each with a tokenizer of the 
   #49): Whisper's BPE ranks and special tokens come from the ``openai-whisper`` sdist on
   PyPI (downloaded once with pip into ``OUT_DIR/.downloads``; no model hub), turned into a
   Hugging Face tokenizer by transformers' TikTokenConverter; a tiny random body.
+- voxtral-realtime-tiny: Voxtral realtime in Mistral format (params.json, a streaming
+  tekken.json built on the Tekken vocabulary mistral_common ships), for /v1/realtime;
+  no weights: served with ``--load-format dummy``.
 The Qwen vocabularies hold Qwen's special tokens at their real ids (151643...), ``yes`` and
 ``no`` as single tokens, and merge ``"\n\n"`` into one token (long texts with blank lines).
 """
@@ -748,6 +751,79 @@ def build_whisper(target: Path) -> None:
     _patch_config(target)
 
 
+# --- voxtral-realtime-tiny (issue #49) -------------------------------------------------
+
+# vLLM serves /v1/realtime only for realtime models (Voxtral realtime, Qwen3-ASR realtime;
+# Qwen3-ASR imports torchvision, which a CPU environment here cannot load). Voxtral
+# realtime is served from Mistral-format files: tekken.json (the tokenizer, with its audio
+# section) and params.json. The vocabulary is the Tekken one mistral_common ships
+# (mistral_common/data/tekken_240911.json, a vLLM dependency from PyPI); these are its
+# special tokens, in this order, for tokenizer version v13.
+VOXTRAL_SPECIALS = (
+    *("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]"),
+    *("[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[IMG]", "<pad>", "[IMG_BREAK]"),
+    *("[IMG_END]", "[PREFIX]", "[MIDDLE]", "[SUFFIX]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]"),
+    *("[TOOL_CONTENT]", "[ARGS]", "[CALL_ID]", "[AUDIO]", "[BEGIN_AUDIO]", "[TRANSCRIBE]"),
+    *("[THINK]", "[/THINK]", "[STREAMING_PAD]", "[STREAMING_WORD]"),
+)
+# A streaming audio tokenizer: 12.5 audio tokens a second (80 ms, 1,280 samples each),
+# 480 ms of delay, 32 tokens of left padding: each utterance's prompt is BOS + 32 + 6 = 39.
+VOXTRAL_AUDIO = {
+    "sampling_rate": 16000,
+    "frame_rate": 12.5,
+    "audio_encoding_config": {"num_mel_bins": 128, "hop_length": 160, "window_size": 400},
+    "transcription_format": "streaming",
+    "transcription_delay_ms": 480.0,
+    "streaming_look_ahead_ms": 2.5,
+    "streaming_look_back_ms": 52.5,
+    "streaming_n_left_pad_tokens": 32,
+}
+VOXTRAL_ENCODER = {
+    "audio_encoding_args": {
+        "sampling_rate": 16000,
+        "num_mel_bins": 128,
+        "hop_length": 160,
+        "window_size": 400,
+        "global_log_mel_max": 1.5,
+    },
+    **{"dim": 64, "n_layers": 2, "hidden_dim": 128, "n_heads": 2, "head_dim": 32},
+    **{"vocab_size": 131072, "causal": True, "sliding_window": 750, "pos_embed": "rope"},
+    "max_source_positions": 1500,
+}
+
+
+def build_voxtral_realtime(target: Path) -> None:
+    """voxtral-realtime-tiny: Voxtral realtime's layout (a causal Whisper encoder pooled 4:1
+    into a small Mistral decoder, ``VoxtralRealtimeGeneration``) as params.json, and a
+    streaming tekken.json. No weights are written: it is served with ``--load-format
+    dummy`` (vLLM initialises the tiny body at random; ``scripts/vllm_cpu.REALTIME_ARGS``),
+    its text is noise, its token counts real."""
+    import mistral_common
+
+    vocabulary = Path(mistral_common.__file__).parent / "data" / "tekken_240911.json"
+    tekken = json.loads(vocabulary.read_text())
+    tekken.pop("image", None)
+    tekken["config"]["version"] = "v13"
+    tekken["special_tokens"] = [
+        {"rank": rank, "token_str": token, "is_control": True}
+        for rank, token in enumerate(VOXTRAL_SPECIALS)
+    ]
+    tekken["audio"] = VOXTRAL_AUDIO
+    (target / "tekken.json").write_text(json.dumps(tekken))
+    params = {
+        **{"dim": 64, "n_layers": 2, "head_dim": 32, "hidden_dim": 128, "n_heads": 2},
+        **{"n_kv_heads": 1, "rope_theta": 1e6, "norm_eps": 1e-5, "vocab_size": 131072},
+        **{"tied_embeddings": True, "max_position_embeddings": 4096, "max_seq_len": 4096},
+        "multimodal": {
+            "whisper_model_args": {
+                "encoder_args": VOXTRAL_ENCODER,
+                "downsample_args": {"downsample_factor": 4},
+            }
+        },
+    }
+    (target / "params.json").write_text(json.dumps(params, indent=2))
+
+
 # name -> builder(target); the BERT models also take the MiniLM directory.
 FAMILY_BUILDERS = {
     "xlmr-ce-tiny": build_xlmr_ce,
@@ -758,6 +834,7 @@ FAMILY_BUILDERS = {
     "modernbert-colbert-tiny": build_modernbert_colbert,
     "qwen3-gen-tiny": build_qwen3_generate,
     "whisper-tiny": build_whisper,
+    "voxtral-realtime-tiny": build_voxtral_realtime,
 }
 MINILM_BUILDERS = {"cross-encoder-tiny": build_cross_encoder, "colbert-tiny": build_colbert}
 NAMES = (*MINILM_BUILDERS, *FAMILY_BUILDERS)

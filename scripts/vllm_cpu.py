@@ -90,6 +90,15 @@ MAX_MODEL_LEN = {
 }
 
 
+# How the audio test models are served: Whisper to transcribe and translate; Voxtral
+# realtime (Mistral format, weights initialised at random by vLLM) for /v1/realtime.
+WHISPER_ARGS = ("--runner", "generate", "--max-model-len", "448")
+REALTIME_ARGS = (
+    *("--runner", "generate", "--max-model-len", "4096", "--tokenizer-mode", "mistral"),
+    *("--config-format", "mistral", "--load-format", "dummy"),
+)
+
+
 def serve_args(family: str, model: Path) -> list[str]:
     """The extra ``vllm serve`` arguments a family is served with, as users serve it."""
     args = ["--max-model-len", str(MAX_MODEL_LEN[family])] if family in MAX_MODEL_LEN else []
@@ -128,6 +137,7 @@ def prepare_models(vllm_python: Path) -> dict[str, Path]:
     models.update({family: Path(built[name]) for family, name in FAMILY_MODELS.items()})
     models["generate"] = Path(built["qwen3-gen-tiny"])
     models["whisper"] = Path(built["whisper-tiny"])
+    models["realtime"] = Path(built["voxtral-realtime-tiny"])
     return models
 
 
