@@ -264,8 +264,30 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
 
 
 # Realtime (``speech_to_text/realtime/connection.py``, 0.20.2 to 0.32.0): PCM16 at 16 kHz,
-# appended base64; the fake's engine reads one audio token per 80 ms (1280 samples).
+# appended base64. The counts are those of the tiny Voxtral realtime that real vLLM 0.32.0
+# serves here (scripts/prepare_models.py; tests/e2e/test_audio_real_vllm.py): one audio
+# token per 80 ms (1,280 samples); each utterance's prompt is the streaming prefix (BOS,
+# 32 tokens of left padding, 6 of delay), the only prompt tokens the engine counts; the
+# generation makes one token per audio token step over the padded audio (vLLM's
+# VoxtralRealtimeBuffer), each its own transcription.delta.
 SAMPLES_PER_AUDIO_TOKEN = 1280
+REALTIME_PROMPT = 1 + 32 + 6
+_LEFT_PAD = 32 * SAMPLES_PER_AUDIO_TOKEN
+_RIGHT_PAD = 17 * SAMPLES_PER_AUDIO_TOKEN  # mistral_common's right padding, 480 ms of delay
+_LOOK_AHEAD = 40  # 2.5 ms
+
+
+def realtime_usage(samples: int) -> tuple[int, int]:
+    """The prompt and completion tokens of one utterance of ``samples`` (both counters grow
+    by them): the first step reads the prefix, each later one 1,280 samples more."""
+    return REALTIME_PROMPT, _steps(_LEFT_PAD + samples + _RIGHT_PAD)
+
+
+def _steps(audio: int) -> int:
+    """Generation steps vLLM's buffer has audio for: the first needs the prefix's samples
+    and the look-ahead, each later one 1,280 more."""
+    first = REALTIME_PROMPT * SAMPLES_PER_AUDIO_TOKEN + _LOOK_AHEAD
+    return 0 if audio < first else 1 + (audio - first) // SAMPLES_PER_AUDIO_TOKEN
 
 
 class RealtimeAPI(FakeState):
@@ -313,6 +335,8 @@ class RealtimeAPI(FakeState):
                 session.samples += len(base64.b64decode(event["audio"], validate=True)) // 2
             except (KeyError, ValueError):
                 await _send_error(ws, "Invalid audio data", "invalid_audio")
+            if session.generating:  # the generation decodes the audio as it arrives
+                await self._decode(ws, session, _steps(_LEFT_PAD + session.samples))
         elif kind == "input_audio_buffer.commit":
             if not session.validated:
                 message = (
@@ -328,20 +352,30 @@ class RealtimeAPI(FakeState):
         else:
             await _send_error(ws, f"Unknown event type: {kind}", "unknown_event")
 
-    async def _transcribe(self, ws: web.WebSocketResponse, session: _Session) -> None:
-        """The generation the final commit completes: deltas for the audio left (``chunks``
-        tokens), then the usage of the whole generation (the tokens it already streamed
-        too, as vLLM counts every delta's tokens)."""
-        prompt = session.samples // SAMPLES_PER_AUDIO_TOKEN + AUDIO_PROMPT
-        self.prompt_tokens_total += prompt
-        self.generation_tokens_total += self.chunks
-        for i in range(self.chunks):
+    async def _decode(self, ws: web.WebSocketResponse, session: _Session, steps: int) -> None:
+        """The generation steps the audio so far allows: the first reads the prompt (the
+        engine counts it then), each makes one token, sent as its own delta."""
+        if steps and not session.emitted:
+            self.prompt_tokens_total += REALTIME_PROMPT
+        for i in range(session.emitted, steps):
+            self.generation_tokens_total += 1
+            session.emitted += 1
             await ws.send_str(json.dumps({"type": "transcription.delta", "delta": f"t{i}"}))
             await asyncio.sleep(self.delay)
-        usage = _usage(prompt, session.streamed + self.chunks)
-        text = session.text + "".join(f"t{i}" for i in range(self.chunks))
+
+    async def _transcribe(self, ws: web.WebSocketResponse, session: _Session) -> None:
+        """The generation the final commit completes: the right padding's steps, then the
+        usage of the whole generation (``realtime_usage``; vLLM's ``UsageInfo``)."""
+        prompt, completion = realtime_usage(session.samples)
+        await self._decode(ws, session, completion)
+        usage = {
+            **_usage(prompt, completion),
+            "prompt_tokens_details": None,
+            "completion_tokens_details": None,
+        }
+        text = "".join(f"t{i}" for i in range(completion))
         await ws.send_str(json.dumps({"type": "transcription.done", "text": text, "usage": usage}))
-        session.generating, session.samples, session.streamed, session.text = False, 0, 0, ""
+        session.generating, session.samples, session.emitted = False, 0, 0
 
 
 @dataclass
@@ -349,10 +383,7 @@ class _Session:
     validated: bool = False
     generating: bool = False
     samples: int = 0
-    # what the running generation sent before the final commit (a fake that decodes the
-    # audio as it arrives): counted in its transcription.done
-    streamed: int = 0
-    text: str = ""
+    emitted: int = 0  # tokens the running generation has sent
     task: asyncio.Task[None] | None = None
 
 
