@@ -9,11 +9,16 @@ What real vLLM reports (both releases alike): a whole transcription, its seconds
 rounded up; a stream, the last 30-second clip's 4-token decoder prompt plus one audio token
 per log-mel frame (100 a second), which the engine's prompt counter never counts; a whole
 translation and a ``verbose_json`` answer, no usage. ``/v1/realtime`` is not served for
-Whisper (vLLM registers it for realtime models alone: the handshake is 403).
+Whisper (vLLM registers it for realtime models alone: the handshake is 403); a tiny Voxtral
+realtime (Mistral format, weights initialised by vLLM) serves it on 0.32.0, each utterance's
+``transcription.done`` usage equal to what both counters grew by. (0.29.0 registers the
+route for it too, but its CPU worker dies on the first utterance: docs/compatibility.md.)
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import http.client
 import json
 import math
@@ -27,12 +32,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
 import pytest
 
 from proxy.ledger.journal_files import read_journal
 from proxy.ledger.windows import SettledWindow
 from proxy.serving.tenancy import key_digest
 from scripts.vllm_cpu import (
+    REALTIME_ARGS,
+    WHISPER_ARGS,
     Process,
     metric,
     prepare_models,
@@ -42,12 +50,14 @@ from scripts.vllm_cpu import (
     start_vllm,
 )
 from tests.e2e.cases import STARTUP_BUDGET_S, VERSIONS
-from tests.support.fakevllm.audio import wav
+from tests.support.fakevllm.audio import SAMPLES_PER_AUDIO_TOKEN, wav
 from tests.support.processes import start_fake
 from tests.support.records import journal_records
 
 pytestmark = pytest.mark.e2e
 MODEL = "whisper"
+REALTIME_MODEL = "voxtral"
+REALTIME_RELEASE = "0.32.0"
 KEY = {"Authorization": "Bearer sk-acme-audio"}
 TRANSCRIPTIONS = "/v1/audio/transcriptions"
 TRANSLATIONS = "/v1/audio/translations"
@@ -71,37 +81,39 @@ class Audio:
 
 @pytest.fixture(scope="module")
 def audio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Audio]]:
-    """One vLLM server per release serving whisper-tiny, started together; a proxy
-    (keyed tenant, its own journal, reconciling every second) and a fake in front of each."""
+    """One vLLM server per release serving whisper-tiny and one 0.32.0 server serving
+    voxtral-realtime-tiny (key ``realtime``), started together; a proxy (keyed tenant, its
+    own journal, reconciling every second) and a fake of the same release and model name
+    in front of each."""
     work = tmp_path_factory.mktemp("audio")
     keys = work / "keys.yaml"
     keys.write_text(f"acme: {key_digest(KEY['Authorization'].removeprefix('Bearer '))}\n")
-    model = prepare_models(provision(VERSIONS[0]))["whisper"]
+    models = prepare_models(provision(VERSIONS[0]))
+    specs = {v: (v, models["whisper"], MODEL, WHISPER_ARGS) for v in VERSIONS}
+    if REALTIME_RELEASE in VERSIONS:
+        realtime = (REALTIME_RELEASE, models["realtime"], REALTIME_MODEL, REALTIME_ARGS)
+        specs["realtime"] = realtime
     processes: list[Process] = []
     try:
-        with reserved(len(VERSIONS)) as slots:
+        with reserved(len(specs)) as slots:
             servers = {
-                version: start_vllm(
-                    provision(version),
-                    model,
-                    MODEL,
-                    work,
-                    extra_args=["--runner", "generate", "--max-model-len", "448"],
-                    slots=[slots.pop()],
+                key: start_vllm(
+                    provision(version), model, name, work, extra_args=args, slots=[slots.pop()]
                 )
-                for version in VERSIONS
+                for key, (version, model, name, args) in specs.items()
             }
         processes.extend(servers.values())
         for server in servers.values():
             server.wait_ready("/health", STARTUP_BUDGET_S)
         releases, proxies = {}, []
-        for version, server in servers.items():
-            journal = work / f"journal-{version}.sqlite"
+        for key, server in servers.items():
+            version, model, name, _ = specs[key]
+            journal = work / f"journal-{key}.sqlite"
             args = ("--api-keys", str(keys), "--journal", str(journal))
             proxies.append(start_proxy(server.url, work, *args, "--reconcile-interval", "1"))
             processes.append(proxies[-1])
-            processes.append(start_fake(model, work, version, name=MODEL))
-            releases[version] = Audio(server.url, proxies[-1].url, journal, processes[-1].url)
+            processes.append(start_fake(model, work, version, name=name))
+            releases[key] = Audio(server.url, proxies[-1].url, journal, processes[-1].url)
         for proxy in proxies:
             proxy.wait_ready("/readyz", 60)
         yield releases
@@ -363,3 +375,104 @@ def test_reconciliation_names_the_audio_tokens(audio: dict[str, Audio], release:
     assert window.overbilled_prompt_tokens == 360
     assert (window.engine_completion_tokens, window.billed_completion_tokens) == (CAP, CAP)
     assert [c.split(":")[0] for c in window.causes] == ["audio_tokens"]
+
+
+async def session(url: str, utterances: list[int], final: bool = True) -> list[dict[str, Any]]:
+    """A realtime session with the served model: for each utterance, a commit, its samples
+    of PCM16 (a tone) in 100 ms appends, the final commit, and every event up to its
+    transcription.done; without ``final`` the last utterance is left running and the
+    session closed. The events the client read."""
+    seen: list[dict[str, Any]] = []
+    async with (
+        aiohttp.ClientSession() as client,
+        client.ws_connect(url + "/v1/realtime", headers=KEY) as ws,
+    ):
+        seen.append(json.loads((await ws.receive(timeout=60)).data))
+        await ws.send_json({"type": "session.update", "model": REALTIME_MODEL})
+        for n, samples in enumerate(utterances):
+            await ws.send_json({"type": "input_audio_buffer.commit"})
+            pcm = bytes((i * 7) % 256 for i in range(2 * samples))
+            for at in range(0, len(pcm), 3200):
+                chunk = base64.b64encode(pcm[at : at + 3200]).decode()
+                await ws.send_json({"type": "input_audio_buffer.append", "audio": chunk})
+            if not final and n == len(utterances) - 1:
+                return seen
+            await ws.send_json({"type": "input_audio_buffer.commit", "final": True})
+            while True:
+                seen.append(json.loads((await ws.receive(timeout=120)).data))
+                assert seen[-1]["type"] != "error", seen[-1]
+                if seen[-1]["type"] == "transcription.done":
+                    break
+    return seen
+
+
+def usages(seen: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e["usage"] for e in seen if e["type"] == "transcription.done"]
+
+
+def realtime_pair(audio: dict[str, Audio]) -> Audio:
+    if "realtime" not in audio:
+        pytest.skip(f"vLLM {REALTIME_RELEASE} is not among the e2e releases")
+    return audio["realtime"]
+
+
+def test_the_fake_realtime_answers_as_real_vllm(audio: dict[str, Audio]) -> None:
+    """A session of two utterances (0.16 s and 1 s) straight to real vLLM 0.32.0 serving
+    Voxtral realtime and to the fake: the same events (a delta per generated token, then
+    transcription.done), the same usages, the same growth of both engine counters."""
+    pair = realtime_pair(audio)
+    seen = []
+    for url in (pair.vllm, pair.fake):
+        before = counters(url)
+        events = asyncio.run(session(url, [2 * SAMPLES_PER_AUDIO_TOKEN, 16000]))
+        kinds = [e["type"] for e in events if e["type"] != "transcription.delta"]
+        deltas = sum(e["type"] == "transcription.delta" for e in events)
+        seen.append((kinds, deltas, usages(events), moved(url, before)))
+    assert seen[1] == seen[0]
+
+
+def test_a_realtime_session_is_billed_what_the_engine_counted(audio: dict[str, Audio]) -> None:
+    """Two utterances through the proxy: one record for the session (operation realtime,
+    status 101, the key's tenant, the served model) billing the sum of the two
+    transcription.done usages, which is exactly what both engine counters grew by."""
+    pair = realtime_pair(audio)
+    records = len(journal_records(pair.journal))
+    before = counters(pair.vllm)
+    events = asyncio.run(session(pair.proxy, [16000, 32000]))
+    grew = moved(pair.vllm, before)
+    (record,) = wait_records(pair.journal, records)
+    assert (record.operation, record.status, record.tenant) == ("realtime", 101, "acme")
+    assert (record.model, record.verdict, record.aborted) == (REALTIME_MODEL, "reported", False)
+    billed = (record.prompt_tokens_billed, record.completion_tokens_billed)
+    reported = tuple(
+        sum(u[k] for u in usages(events)) for k in ("prompt_tokens", "completion_tokens")
+    )
+    assert billed == reported == grew
+
+
+def test_a_realtime_client_that_leaves_is_billed_the_engines_work(
+    audio: dict[str, Audio],
+) -> None:
+    """A client that commits, sends 2 s of audio and closes without the final commit: vLLM
+    would cancel the generation with no usage; the proxy sends the final commit, reads the
+    transcription.done and bills it: what both counters grew by, not free."""
+    pair = realtime_pair(audio)
+    records = len(journal_records(pair.journal))
+    before = counters(pair.vllm)
+    asyncio.run(session(pair.proxy, [32000], final=False))
+    (record,) = wait_records(pair.journal, records)
+    assert (record.verdict, record.aborted) == ("reported", False)
+    billed = (record.prompt_tokens_billed, record.completion_tokens_billed)
+    assert billed == moved(pair.vllm, before)
+    assert (record.completion_tokens_billed or 0) > 0  # the engine's work, billed
+
+
+def wait_records(journal: Path, after: int) -> list[Any]:
+    """The records journaled past the first ``after`` once there are any (a session is
+    recorded as it ends, after its socket closed)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if found := journal_records(journal)[after:]:
+            return found
+        time.sleep(0.1)
+    raise AssertionError("no record in 30 s")
