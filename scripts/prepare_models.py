@@ -27,6 +27,13 @@ The families users deploy beyond BERT (issue #30), each with a tokenizer of the 
   stored responses, the prefix cache), with a ChatML chat template.
 - modernbert-colbert-tiny: ColBERTModernBertModel (GTE-ModernColBERT), byte-level BPE with
   ``[CLS] $A [SEP]``.
+- whisper-tiny: WhisperForConditionalGeneration with whisper-tiny's real vocabulary (issue
+  #49): Whisper's BPE ranks and special tokens come from the ``openai-whisper`` sdist on
+  PyPI (downloaded once with pip into ``OUT_DIR/.downloads``; no model hub), turned into a
+  Hugging Face tokenizer by transformers' TikTokenConverter; a tiny random body.
+- voxtral-realtime-tiny: Voxtral realtime in Mistral format (params.json, a streaming
+  tekken.json built on the Tekken vocabulary mistral_common ships), for /v1/realtime;
+  no weights: served with ``--load-format dummy``.
 The Qwen vocabularies hold Qwen's special tokens at their real ids (151643...), ``yes`` and
 ``no`` as single tokens, and merge ``"\n\n"`` into one token (long texts with blank lines).
 """
@@ -640,6 +647,183 @@ def build_modernbert_colbert(target: Path) -> None:
     (target / "config.json").write_text(json.dumps(raw, indent=2))
 
 
+# --- whisper-tiny (issue #49) -----------------------------------------------------------
+
+# The PyPI package whose source distribution ships Whisper's BPE vocabulary
+# (whisper/assets/multilingual.tiktoken) and the order of its special tokens
+# (whisper/tokenizer.py, get_encoding): only those two files are read, nothing is installed.
+OPENAI_WHISPER = "openai-whisper==20250625"
+WHISPER_FILES = ("whisper/tokenizer.py", "whisper/assets/multilingual.tiktoken")
+# multilingual whisper-tiny: 99 languages, so 50,257 BPE ranks + 1,608 added tokens
+WHISPER_LANGUAGES = 99
+
+
+def whisper_sources(downloads: Path) -> Path:
+    """openai-whisper's tokenizer module and vocabulary, from its sdist (downloaded once into
+    ``downloads`` with pip, as any package; no model hub): the directory holding ``whisper/``."""
+    import subprocess
+    import tarfile
+
+    found = sorted(downloads.glob("openai_whisper-*.tar.gz"))
+    if not found:
+        downloads.mkdir(parents=True, exist_ok=True)
+        pip = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check"]
+        subprocess.run(
+            [*pip, "--no-deps", "--no-binary", ":all:", OPENAI_WHISPER, "-d", str(downloads)],
+            check=True,
+        )
+        found = sorted(downloads.glob("openai_whisper-*.tar.gz"))
+    root = downloads / found[-1].name.removesuffix(".tar.gz")
+    if not all((root / name).is_file() for name in WHISPER_FILES):
+        with tarfile.open(found[-1]) as sdist:
+            members = [sdist.getmember(f"{root.name}/{name}") for name in WHISPER_FILES]
+            sdist.extractall(downloads, members=members, filter="data")
+    return root
+
+
+def whisper_specials(sources: Path) -> list[str]:
+    """The added tokens of multilingual Whisper in id order, as openai-whisper makes them:
+    ``<|endoftext|>`` (50257), ``<|startoftranscript|>``, the 99 languages, ``<|translate|>``,
+    ``<|transcribe|>``, ``<|startoflm|>``, ``<|startofprev|>``, ``<|nospeech|>``,
+    ``<|notimestamps|>`` (50363), then the timestamps ``<|0.00|>`` to ``<|30.00|>``."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("whisper_tokenizer", sources / WHISPER_FILES[0])
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    encoding = module.get_encoding("multilingual", num_languages=WHISPER_LANGUAGES)
+    return [token for token, _ in sorted(encoding._special_tokens.items(), key=lambda t: t[1])]
+
+
+def write_whisper_tokenizer(target: Path, sources: Path) -> None:
+    """Hugging Face's Whisper tokenizer (byte-level BPE) from the tiktoken vocabulary, by
+    transformers' TikTokenConverter; the added tokens in openai-whisper's order (timestamps
+    not special, as on the Hub, so that they follow every special id); prefix tokens set."""
+    from tokenizers import AddedToken
+    from transformers import WhisperTokenizer
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    vocabulary = str(sources / WHISPER_FILES[1])
+    vocab, merges = TikTokenConverter(vocab_file=vocabulary).extract_vocab_merges_from_model(
+        vocabulary
+    )
+    tokenizer = WhisperTokenizer(vocab=vocab, merges=merges)
+    specials = whisper_specials(sources)
+    added = [AddedToken(t, special=not t[2].isdigit(), normalized=False) for t in specials[1:]]
+    tokenizer.add_tokens(added)
+    tokenizer.set_prefix_tokens()  # the post-processor names tokens that exist only now
+    assert len(tokenizer) == len(vocab) + len(specials), len(tokenizer)
+    tokenizer.save_pretrained(target)
+
+
+def build_whisper(target: Path) -> None:
+    """whisper-tiny's layout (80 mel bins, 1,500 audio positions, 448 text positions, the
+    real vocabulary and feature extractor) with a tiny random body (d_model 64, 2+2 layers):
+    vLLM serves it for transcriptions and translations; its text is noise, its counts real."""
+    import torch
+    from transformers import WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
+
+    write_whisper_tokenizer(target, whisper_sources(target.parent / ".downloads"))
+    WhisperFeatureExtractor(feature_size=80).save_pretrained(target)
+    torch.manual_seed(8)
+    config = WhisperConfig(
+        vocab_size=51865,
+        num_mel_bins=80,
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        max_source_positions=1500,
+        max_target_positions=448,
+        pad_token_id=50257,
+        bos_token_id=50257,
+        eos_token_id=50257,
+        decoder_start_token_id=50258,
+    )
+    model = WhisperForConditionalGeneration(config)
+    model.config.architectures = ["WhisperForConditionalGeneration"]
+    model.save_pretrained(target, safe_serialization=True)
+    _patch_config(target)
+
+
+# --- voxtral-realtime-tiny (issue #49) -------------------------------------------------
+
+# vLLM serves /v1/realtime only for realtime models (Voxtral realtime, Qwen3-ASR realtime;
+# Qwen3-ASR imports torchvision, which a CPU environment here cannot load). Voxtral
+# realtime is served from Mistral-format files: tekken.json (the tokenizer, with its audio
+# section) and params.json. The vocabulary is the Tekken one mistral_common ships
+# (mistral_common/data/tekken_240911.json, a vLLM dependency from PyPI); these are its
+# special tokens, in this order, for tokenizer version v13.
+VOXTRAL_SPECIALS = (
+    *("<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]"),
+    *("[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[IMG]", "<pad>", "[IMG_BREAK]"),
+    *("[IMG_END]", "[PREFIX]", "[MIDDLE]", "[SUFFIX]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]"),
+    *("[TOOL_CONTENT]", "[ARGS]", "[CALL_ID]", "[AUDIO]", "[BEGIN_AUDIO]", "[TRANSCRIBE]"),
+    *("[THINK]", "[/THINK]", "[STREAMING_PAD]", "[STREAMING_WORD]"),
+)
+# A streaming audio tokenizer: 12.5 audio tokens a second (80 ms, 1,280 samples each),
+# 480 ms of delay, 32 tokens of left padding: each utterance's prompt is BOS + 32 + 6 = 39.
+VOXTRAL_AUDIO = {
+    "sampling_rate": 16000,
+    "frame_rate": 12.5,
+    "audio_encoding_config": {"num_mel_bins": 128, "hop_length": 160, "window_size": 400},
+    "transcription_format": "streaming",
+    "transcription_delay_ms": 480.0,
+    "streaming_look_ahead_ms": 2.5,
+    "streaming_look_back_ms": 52.5,
+    "streaming_n_left_pad_tokens": 32,
+}
+VOXTRAL_ENCODER = {
+    "audio_encoding_args": {
+        "sampling_rate": 16000,
+        "num_mel_bins": 128,
+        "hop_length": 160,
+        "window_size": 400,
+        "global_log_mel_max": 1.5,
+    },
+    **{"dim": 64, "n_layers": 2, "hidden_dim": 128, "n_heads": 2, "head_dim": 32},
+    **{"vocab_size": 131072, "causal": True, "sliding_window": 750, "pos_embed": "rope"},
+    "max_source_positions": 1500,
+}
+
+
+def build_voxtral_realtime(target: Path) -> None:
+    """voxtral-realtime-tiny: Voxtral realtime's layout (a causal Whisper encoder pooled 4:1
+    into a small Mistral decoder, ``VoxtralRealtimeGeneration``) as params.json, and a
+    streaming tekken.json. No weights are written: it is served with ``--load-format
+    dummy`` (vLLM initialises the tiny body at random; ``scripts/vllm_cpu.REALTIME_ARGS``),
+    its text is noise, its token counts real."""
+    import mistral_common
+
+    vocabulary = Path(mistral_common.__file__).parent / "data" / "tekken_240911.json"
+    tekken = json.loads(vocabulary.read_text())
+    tekken.pop("image", None)
+    tekken["config"]["version"] = "v13"
+    tekken["special_tokens"] = [
+        {"rank": rank, "token_str": token, "is_control": True}
+        for rank, token in enumerate(VOXTRAL_SPECIALS)
+    ]
+    tekken["audio"] = VOXTRAL_AUDIO
+    (target / "tekken.json").write_text(json.dumps(tekken))
+    params = {
+        **{"dim": 64, "n_layers": 2, "head_dim": 32, "hidden_dim": 128, "n_heads": 2},
+        **{"n_kv_heads": 1, "rope_theta": 1e6, "norm_eps": 1e-5, "vocab_size": 131072},
+        **{"tied_embeddings": True, "max_position_embeddings": 4096, "max_seq_len": 4096},
+        "multimodal": {
+            "whisper_model_args": {
+                "encoder_args": VOXTRAL_ENCODER,
+                "downsample_args": {"downsample_factor": 4},
+            }
+        },
+    }
+    (target / "params.json").write_text(json.dumps(params, indent=2))
+
+
 # name -> builder(target); the BERT models also take the MiniLM directory.
 FAMILY_BUILDERS = {
     "xlmr-ce-tiny": build_xlmr_ce,
@@ -649,6 +833,8 @@ FAMILY_BUILDERS = {
     "jina-v3-tiny": build_jina_v3,
     "modernbert-colbert-tiny": build_modernbert_colbert,
     "qwen3-gen-tiny": build_qwen3_generate,
+    "whisper-tiny": build_whisper,
+    "voxtral-realtime-tiny": build_voxtral_realtime,
 }
 MINILM_BUILDERS = {"cross-encoder-tiny": build_cross_encoder, "colbert-tiny": build_colbert}
 NAMES = (*MINILM_BUILDERS, *FAMILY_BUILDERS)

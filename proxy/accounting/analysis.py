@@ -126,7 +126,7 @@ def _understand(body: bytes, path: str, lookup: Lookup) -> Analysis | Countable:
     if model is None:
         return Analysis(request, None, None, f"unknown model {request.model!r}")
     if model.profile is None or model.tokenizer is None:
-        return Analysis(request, model, None, model.problem)
+        return Analysis(request, model, None, model.problem or "the server scores no text with it")
     if request.pairing is None:
         return Analysis(request, model, None, "invalid pairing")
     return Countable(request, model, model.profile, model.tokenizer)

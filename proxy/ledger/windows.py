@@ -14,7 +14,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict
 
-from proxy.accounting.routes import CHOICES_OPERATIONS
+from proxy.accounting.routes import CHOICES_OPERATIONS, FORM_OPERATIONS
 from proxy.ledger.records import SCHEMA_VERSION, UsageRecord, new_record_id
 
 PROMPT_COUNTER = "vllm:prompt_tokens_total"
@@ -88,6 +88,9 @@ class Tally:
     refused: int = 0  # answered by the proxy itself, never forwarded: no engine work
     # Records billed in seconds of audio: the engine counts their tokens, no token bill does.
     in_seconds: int = 0
+    # Streamed transcriptions and translations: their usage counts the audio as prompt
+    # tokens, which the engine's prompt counter never sees (``causes``).
+    audio_streams: int = 0
     verdicts: dict[str, int] = field(default_factory=dict)
 
     def merge(self, other: Tally) -> None:
@@ -96,7 +99,7 @@ class Tally:
             *("records", "prompt_reported", "prompt_billed", "prompt_expected"),
             *("completion_reported", "completion_billed", "unproven", "aborted"),
             *("upstream_errors", "refused"),
-            "in_seconds",
+            *("in_seconds", "audio_streams"),
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for verdict, count in other.verdicts.items():
@@ -115,6 +118,8 @@ class Tally:
         self.unproven += verdict in UNPROVEN
         self.aborted += record.aborted
         self.in_seconds += record.units.audio_seconds is not None
+        audio = record.operation in FORM_OPERATIONS
+        self.audio_streams += audio and record.units.prompt_tokens is not None
 
 
 class SettledWindow(BaseModel):
@@ -262,6 +267,8 @@ def causes(reset: bool, unbilled: int, overbilled: int, tally: Tally) -> list[st
             "of audio; the engine counted their tokens (decoder prompt and text), no token "
             "bill shows them"
         )
+    if (unbilled or overbilled) and tally.audio_streams:
+        found.append(AUDIO_TOKENS.format(tally.audio_streams))
     if unbilled:
         found.append(
             "unmetered_traffic: engine work without a record of this proxy (requests that "
@@ -272,6 +279,17 @@ def causes(reset: bool, unbilled: int, overbilled: int, tally: Tally) -> list[st
             f"unproven_records: {tally.unproven} record(s) billed as reported without proof "
             "(mismatch, unaudited or invalid: tokenizer, family or release assumptions)"
         )
-    if overbilled and not tally.unproven:
+    if overbilled and not tally.unproven and not tally.audio_streams:
         found.append("overbilled: records exceed the engine's count (a counting defect)")
     return found
+
+
+# Measured on real vLLM 0.29.0 and 0.32.0 with Whisper (issue #49): a stream's usage is the
+# last clip's decoder prompt plus ceil(seconds * 100) audio tokens (0.8.5: the audio tokens
+# alone), while vllm:prompt_tokens_total grows by every clip's decoder prompt (4 tokens).
+AUDIO_TOKENS = (
+    "audio_tokens: {} streamed transcription(s) or translation(s) billed vLLM's usage, whose "
+    "prompt tokens count the audio (Whisper: one per log-mel frame, 100 a second) that the "
+    "engine's prompt counter does not, and only the last 30-second clip's decoder prompt; "
+    "without a language, Whisper also runs a one-token language detection no usage shows"
+)

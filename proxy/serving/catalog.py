@@ -131,6 +131,10 @@ def build_model(
     if not decision.countable:
         return broken(decision.warning or "the engine's inputs cannot be known")
     if family is None:
+        if config is None and served is not None and not (served.embed or served.classify):
+            # Nothing to audit: the server scores nothing with it (a Mistral-format model
+            # such as Voxtral has params.json, no config.json); its usage is metered as sent.
+            return ServedModel(name, root, max_model_len, None, None, task=task)
         if config is None:
             return broken(f"no readable config.json at {source}; set models.{name}.family")
         return broken("model has no score API (classifier with more than one label)")

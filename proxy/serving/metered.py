@@ -63,6 +63,22 @@ from proxy.wire.usage import (
 
 log = structlog.get_logger("proxy.serving.metered")
 
+
+def unbillable_message(feature: str) -> str:
+    """Why a feature whose answer does not show the engine work it makes (no usage, or a
+    usage that leaves work out) is refused, and the opt-in that relays it."""
+    return (
+        f"{feature}: vLLM's answer does not show all the engine work it makes, so the "
+        f"proxy cannot bill it; an operator may relay it unmetered with "
+        f"--allow-unmetered {feature}"
+    )
+
+
+def feature_param(feature: str) -> str:
+    """The request field a feature's refusal names (vLLM's ``param``)."""
+    return FEATURE_FIELDS.get(feature, feature.partition(".")[2])
+
+
 # Metered answers larger than this (below --max-answer-bytes) are not held either: they are
 # passed on as they arrive and billed from the usage at their end, so a large batch of
 # embeddings takes neither the proxy's memory nor the event loop's time to parse it
@@ -141,9 +157,10 @@ class MeteredRelay:
         """Forward ``prepared`` and record the usage of a successful answer: refused for its
         fields, kept apart from other tenants (even when relayed unmetered), admitted."""
         if prepared.refusal is not None:
-            return error_response(400, prepared.refusal.message, param=prepared.refusal.param)
+            return self._refuse(exchange, prepared.refusal.message, prepared.refusal.param)
         if prepared.unbillable is not None and prepared.unbillable not in self._unmetered.features:
-            return self._unbillable_refusal(prepared.unbillable)
+            feature = prepared.unbillable
+            return self._refuse(exchange, unbillable_message(feature), feature_param(feature))
         sent = await self._isolate(exchange, prepared)
         if isinstance(sent, web.Response):
             return sent
@@ -294,17 +311,20 @@ class MeteredRelay:
             await reply.write_eof()
         return reply
 
-    @staticmethod
-    def _unbillable_refusal(feature: str) -> web.Response:
-        """A request whose answer will not show the engine work it makes (no usage, or a
-        usage that leaves work out), refused (400)."""
-        return error_response(
-            400,
-            f"{feature}: vLLM's answer does not show all the engine work it makes, so the "
-            f"proxy cannot bill it; an operator may relay it unmetered with "
-            f"--allow-unmetered {feature}",
-            param=FEATURE_FIELDS.get(feature, feature.partition(".")[2]),
+    def _refuse(self, exchange: Exchange, message: str, param: str) -> web.Response:
+        """A request refused before forwarding (400, vLLM's error shape): counted and
+        logged, so that an operator sees what clients were refused and why (no record is
+        made: the engine did no work)."""
+        self._metrics.refused.labels("400").inc()
+        log.warning(
+            "request_refused",
+            path=exchange.path,
+            status=400,
+            tenant=exchange.who.tenant,
+            param=param,
+            reason=message,
         )
+        return error_response(400, message, param=param)
 
     async def _unbillable(
         self, exchange: Exchange, sent: bytes, feature: str

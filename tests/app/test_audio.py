@@ -11,17 +11,21 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
+from structlog.testing import capture_logs
 
 from proxy.limits.meters import BudgetMeter
 from proxy.serving.admission import ADMISSION
 from proxy.serving.tenancy import key_digest
-from tests.support.fakevllm.audio import AUDIO_PROMPT, wav
+from tests.support.fakevllm.audio import AUDIO_PROMPT, audio_tokens, wav
 from tests.support.proxies import fake_and_proxy
 from tests.support.records import journal_records
 
 ACME = {"Authorization": "Bearer sk-acme"}
 TRANSCRIPTIONS = "/v1/audio/transcriptions"
 TRANSLATIONS = "/v1/audio/translations"
+# What real vLLM reports as a stream's prompt for the 2.5 s of ``form()``: Whisper's decoder
+# prompt and the audio's 250 log-mel frames (the engine's prompt counter grows by 4).
+STREAM_PROMPT = AUDIO_PROMPT + audio_tokens(2.5)
 
 
 def form(seconds: float = 2.5, **fields: str) -> aiohttp.FormData:
@@ -87,7 +91,7 @@ async def test_a_streamed_transcription_is_billed_in_tokens_and_its_usage_hidden
     assert [e["choices"][0]["delta"]["content"] for e in seen[:-1]] == ["t0", "t1", "t2"]
     (record,) = journal_records(journal)
     assert (record.operation, record.verdict) == ("transcriptions", "reported")
-    assert (record.prompt_tokens_billed, record.completion_tokens_billed) == (AUDIO_PROMPT, 3)
+    assert (record.prompt_tokens_billed, record.completion_tokens_billed) == (STREAM_PROMPT, 3)
     assert record.units.audio_seconds is None
     sent = fake.last_body
     assert sent.count(b'name="stream_include_usage"') == 1
@@ -156,6 +160,26 @@ async def test_whole_answers_without_a_usage_are_refused(
     assert feature in error["message"]
     assert error["param"] == ("stream" if feature.endswith("whole") else "response_format")
     assert len(fake.seen_headers) == before
+    assert journal_records(journal) == []
+
+
+async def test_a_refused_whole_translation_leaves_a_trace(audio: Any) -> None:
+    """Regression (issue #49): a client's whole translation got 400 and left nothing an
+    operator could see. The refusal is vLLM's error shape naming the opt-in and its
+    feature; it is counted (``usage_proxy_refused_requests_total{status="400"}``) and
+    logged with the tenant and the reason; still no usage record (no engine work)."""
+    _fake, client, journal = audio
+    with capture_logs() as logs:
+        resp = await client.post(TRANSLATIONS, data=form(), headers=ACME)
+    assert resp.status == 400
+    body = await resp.json()
+    assert sorted(body["error"]) == ["code", "message", "param", "type"]
+    assert "--allow-unmetered translations.whole" in body["error"]["message"]
+    (event,) = [e for e in logs if e["event"] == "request_refused"]
+    assert (event["path"], event["tenant"], event["status"]) == (TRANSLATIONS, "acme", 400)
+    assert event["reason"] == body["error"]["message"]
+    metrics = await (await client.get("/metrics")).text()
+    assert 'usage_proxy_refused_requests_total{status="400"} 1.0' in metrics
     assert journal_records(journal) == []
 
 
@@ -281,7 +305,7 @@ async def test_audio_is_admitted_on_request_limits_and_settles_at_its_tokens(
     resp = await client.post(TRANSCRIPTIONS, data=form(stream="true"), headers=acme)
     assert resp.status == 200
     await resp.read()
-    assert (meter.used, meter.reserved) == (AUDIO_PROMPT + 3, 0)
+    assert (meter.used, meter.reserved) == (STREAM_PROMPT + 3, 0)
     resp = await client.post(TRANSCRIPTIONS, data=form(), headers=acme)
     assert resp.status == 429
     seconds = [r.units.audio_seconds for r in journal_records(tmp_path / "journal.sqlite")]

@@ -17,7 +17,7 @@ from proxy.ledger.records import UsageRecord
 from proxy.limits.meters import BudgetMeter
 from proxy.serving import realtime as realtime_module
 from proxy.serving.admission import ADMISSION
-from tests.support.fakevllm.audio import AUDIO_PROMPT, SAMPLES_PER_AUDIO_TOKEN
+from tests.support.fakevllm.audio import realtime_usage
 from tests.support.proxies import fake_and_proxy
 from tests.support.records import journal_records
 
@@ -77,9 +77,10 @@ async def test_a_session_is_billed_its_transcription_usage(realtime: Any) -> Non
         assert created["type"] == "session.created"
         await ws.send_str(UPDATE)
         seen = await utterance(ws, 16000)
-        assert [e["type"] for e in seen] == [*["transcription.delta"] * 3, "transcription.done"]
+        prompt, completion = realtime_usage(16000)  # 39 and 23
+        deltas = ["transcription.delta"] * completion
+        assert [e["type"] for e in seen] == [*deltas, "transcription.done"]
         assert journal_records(journal) == []  # billed when the session ends
-    prompt = 16000 // SAMPLES_PER_AUDIO_TOKEN + AUDIO_PROMPT
     assert seen[-1]["usage"]["prompt_tokens"] == prompt
     (record,) = await recorded(journal)
     assert (record.tenant, record.operation, record.endpoint) == (
@@ -88,7 +89,7 @@ async def test_a_session_is_billed_its_transcription_usage(realtime: Any) -> Non
         "/v1/realtime",
     )
     assert (record.model, record.verdict, record.status) == ("minilm", "reported", 101)
-    assert (record.prompt_tokens_billed, record.completion_tokens_billed) == (prompt, 3)
+    assert (record.prompt_tokens_billed, record.completion_tokens_billed) == (prompt, completion)
     assert not record.aborted  # a client ends every session: only one cut short is aborted
     assert fake.prompt_tokens_total == prompt
 
@@ -102,9 +103,8 @@ async def test_a_session_of_several_utterances_bills_their_sum(realtime: Any) ->
         await utterance(ws, 12800)
         await utterance(ws, 25600)
     (record,) = await recorded(journal)
-    expected = 12800 // SAMPLES_PER_AUDIO_TOKEN + 25600 // SAMPLES_PER_AUDIO_TOKEN
-    assert record.prompt_tokens_billed == expected + 2 * AUDIO_PROMPT
-    assert record.completion_tokens_billed == 6
+    (p1, c1), (p2, c2) = realtime_usage(12800), realtime_usage(25600)
+    assert (record.prompt_tokens_billed, record.completion_tokens_billed) == (p1 + p2, c1 + c2)
 
 
 async def test_a_client_that_leaves_mid_generation_is_billed_its_generation(
@@ -119,10 +119,10 @@ async def test_a_client_that_leaves_mid_generation_is_billed_its_generation(
         await ws.send_str(COMMIT)
         await ws.send_str(append(2560))
     (record,) = await recorded(journal)
-    assert fake.generation_tokens_total == 3
+    prompt, completion = realtime_usage(2560)
+    assert fake.generation_tokens_total == completion
     assert (record.verdict, record.aborted) == ("reported", False)
-    assert record.prompt_tokens_billed == 2560 // SAMPLES_PER_AUDIO_TOKEN + AUDIO_PROMPT
-    assert record.completion_tokens_billed == 3
+    assert (record.prompt_tokens_billed, record.completion_tokens_billed) == (prompt, completion)
     assert record.latency_ms < realtime_module.FINAL_WAIT_SECONDS * 1000  # not kept longer
 
 
@@ -160,8 +160,8 @@ async def test_a_client_that_leaves_with_no_generation_running_is_not_kept(
         await utterance(ws, 1280)
         await ws.send_str(append(1280))  # audio no commit started a generation for
     (record,) = await recorded(journal)
-    assert record.completion_tokens_billed == 3
-    assert fake.generation_tokens_total == 3
+    assert record.completion_tokens_billed == realtime_usage(1280)[1]
+    assert fake.generation_tokens_total == realtime_usage(1280)[1]
     assert record.latency_ms < 1000
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +15,14 @@ import yaml
 
 from proxy.ledger.records import UsageRecord
 from proxy.serving.admission import ADMISSION
-from tests.support.fakevllm import FakeVLLM
-from tests.support.fakevllm.audio import AUDIO_PROMPT, wav
+from tests.support.fakevllm.audio import AUDIO_PROMPT, audio_tokens, realtime_usage, wav
 from tests.support.proxies import fake_and_proxy
 from tests.support.records import journal_records
 from tests.support.redisserver import Store
 
 ACME = {"Authorization": "Bearer sk-acme"}
+# A 2.5 s stream's prompt as vLLM reports it: decoder prompt and audio tokens.
+STREAM_PROMPT = AUDIO_PROMPT + audio_tokens(2.5)
 TRANSCRIPTIONS = "/v1/audio/transcriptions"
 COMMIT = json.dumps({"type": "input_audio_buffer.commit"})
 FINAL = json.dumps({"type": "input_audio_buffer.commit", "final": True})
@@ -90,7 +90,7 @@ async def test_review_a_stream_with_an_epilogue_delimiter_is_billed(fake_vllm: A
     assert fake.generation_tokens_total > 0
     (record,) = journal_records(journal)
     assert record.verdict == "reported"
-    assert (record.prompt_tokens_billed, record.completion_tokens_billed) == (AUDIO_PROMPT, 3)
+    assert (record.prompt_tokens_billed, record.completion_tokens_billed) == (STREAM_PROMPT, 3)
 
 
 async def test_review_a_done_event_in_flight_when_the_client_closes_is_billed(
@@ -100,7 +100,7 @@ async def test_review_a_done_event_in_flight_when_the_client_closes_is_billed(
     sends transcription.done before it reads the close. The proxy reads that event off
     the socket, so the session must bill it."""
     fake, client, journal = fake_vllm
-    fake.delay = 0.05  # the engine needs a moment: its deltas and done follow the close
+    fake.delay = 0.01  # the engine needs a moment: its deltas and done follow the close
     async with client.ws_connect("/v1/realtime", headers=ACME) as ws:
         await ws.receive(timeout=5)
         await ws.send_str(UPDATE)
@@ -108,9 +108,10 @@ async def test_review_a_done_event_in_flight_when_the_client_closes_is_billed(
         await ws.send_str(append(16000))
         await ws.send_str(FINAL)
     (record,) = await recorded(journal)
-    assert fake.generation_tokens_total == 3  # vLLM did the work and reported it
+    completion = realtime_usage(16000)[1]
+    assert fake.generation_tokens_total == completion  # vLLM did the work and reported it
     assert record.verdict == "reported"
-    assert record.completion_tokens_billed == 3
+    assert record.completion_tokens_billed == completion
 
 
 async def test_review_a_long_session_keeps_its_concurrency_hold_on_the_store(
@@ -157,36 +158,17 @@ async def test_review_a_long_session_keeps_its_concurrency_hold_on_the_store(
         assert status == 429
 
 
-@dataclass
-class StreamingRealtimeFake(FakeVLLM):
-    """vLLM's RealtimeConnection as it streams: a non-final commit starts the generation,
-    which reads the audio as it is appended and sends a transcription.delta for what it
-    decodes (one token per append here); transcription.done (counting every delta) comes
-    only after the final commit, which leaves no audio to decode (``chunks`` 0), and a
-    client that leaves first has the generation cancelled (no done)."""
-
-    chunks: int = 0
-
-    async def _realtime_event(self, ws: Any, session: Any, event: dict[str, Any]) -> None:
-        if event.get("type") == "input_audio_buffer.append" and session.generating:
-            self.generation_tokens_total += 1
-            session.streamed += 1
-            session.text += "w"
-            await ws.send_str(json.dumps({"type": "transcription.delta", "delta": "w"}))
-        await super()._realtime_event(ws, session, event)
-
-
 async def test_review_a_session_closed_without_its_final_commit_is_billed(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, api_keys: Any, tmp_path: Path
 ) -> None:
-    """Twenty appends transcribed as they arrive (twenty deltas read by the client), then
-    the client closes: the engine decoded twenty tokens, and the session must bill them
-    (or at least something), not record them as free."""
+    """Twenty appends transcribed as they arrive (the client reads the deltas vLLM sends
+    once the audio fills its first step), then the client closes: the engine decoded
+    those tokens, and the session must bill them, not record them as free (the proxy's
+    final commit lets vLLM finish the utterance and report it)."""
     fake, client = await fake_and_proxy(
         aiohttp_server,
         aiohttp_client,
         minilm_path,
-        fake_class=StreamingRealtimeFake,
         version="0.32.0",
         api_keys=api_keys(acme="sk-acme"),
         journal=str(tmp_path / "journal.sqlite"),
@@ -197,11 +179,11 @@ async def test_review_a_session_closed_without_its_final_commit_is_billed(
         await ws.send_str(COMMIT)  # the generation starts
         for _ in range(20):
             await ws.send_str(append(1600))
-            delta = json.loads((await ws.receive(timeout=5)).data)
-            assert delta["type"] == "transcription.delta"
+        delta = json.loads((await ws.receive(timeout=5)).data)
+        assert delta["type"] == "transcription.delta"
     (record,) = await recorded(tmp_path / "journal.sqlite")
-    assert fake.generation_tokens_total == 20
-    assert (record.completion_tokens_billed or 0) > 0
+    assert fake.generation_tokens_total == realtime_usage(20 * 1600)[1]
+    assert record.completion_tokens_billed == fake.generation_tokens_total
 
 
 async def test_review_a_session_is_billed_under_the_model_that_served_it(

@@ -8,19 +8,18 @@ from pathlib import Path
 from scripts.vllm_cpu import Process, _spawn, free_port, start_proxy
 
 
-def start_fake(root: Path, workdir: Path) -> Process:
-    """``python -m tests.support.fakevllm`` (0.29.0, the tokenizer in ``root``), ready."""
+def start_fake(root: Path, workdir: Path, version: str = "0.29.0", name: str = "minilm") -> Process:
+    """``python -m tests.support.fakevllm`` (``version``, the tokenizer in ``root``, the
+    model served as ``name``), ready."""
     port = free_port()
     argv = [
         sys.executable,
         "-m",
         "tests.support.fakevllm",
-        "--port",
-        str(port),
-        "--root",
-        str(root),
+        *("--port", str(port), "--root", str(root), "--version", version, "--name", name),
     ]
-    fake = _spawn("fake-vllm", argv, {"HF_HUB_OFFLINE": "1"}, workdir / "fake.log", port)
+    log = workdir / ("fake.log" if version == "0.29.0" else f"fake-{version}.log")
+    fake = _spawn("fake-vllm", argv, {"HF_HUB_OFFLINE": "1"}, log, port)
     try:
         fake.wait_ready("/health", 60)
     except BaseException:

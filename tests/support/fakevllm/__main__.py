@@ -17,8 +17,10 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--root", type=Path, required=True)
     parser.add_argument("--version", default="0.29.0")
+    parser.add_argument("--name", default="minilm", help="the served model's name")
     args = parser.parse_args()
-    fake = FakeVLLM(AutoTokenizer.from_pretrained(str(args.root)), args.root, version=args.version)
+    tokenizer = AutoTokenizer.from_pretrained(str(args.root))
+    fake = FakeVLLM(tokenizer, args.root, version=args.version, name=args.name)
     web.run_app(
         fake.app(),
         host="127.0.0.1",

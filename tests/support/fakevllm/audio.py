@@ -5,6 +5,12 @@
 The form is read by the standard library's MIME parser (not the proxy's), as FastAPI fills
 a ``Form()`` model: each field's last value, an empty one as absent, booleans in lax mode. The audio
 is a WAV file whose length is its duration (vLLM decodes it; the fake reads the header).
+
+The counts are Whisper's as real vLLM 0.29.0 and 0.32.0 serve it (tests/e2e/test_audio_real_vllm.py,
+issue #49): the engine reads a 4-token decoder prompt and generates text for each 30-second
+clip of the audio (its counters grow by those alone), after a one-token language detection
+when the form names no language (0.19 on); a stream's usage reports the last clip's decoder
+prompt plus one audio token per log-mel frame (100 a second), the text tokens of every clip.
 """
 
 from __future__ import annotations
@@ -28,9 +34,19 @@ from pydantic import TypeAdapter, ValidationError
 from tests.support.fakevllm.base import FakeState, dumps, error
 
 LAX_BOOL: TypeAdapter[bool] = TypeAdapter(bool)
-# A streamed transcription's prompt: Whisper's decoder prompt (<|startoftranscript|>,
-# language, task, <|notimestamps|>); the audio itself is encoder input, not prompt tokens.
+# Whisper's decoder prompt (<|startoftranscript|>, language, task, <|notimestamps|>): what
+# the engine's prompt counter grows by for each clip; the audio is encoder input.
 AUDIO_PROMPT = 4
+# vLLM's Whisper.get_num_audio_tokens: ceil(seconds * 16000 / hop length 160), which a
+# stream's usage adds to its prompt tokens (the engine's counter never counts them).
+MEL_FRAMES_PER_SECOND = 100
+# Whisper reads the audio in clips of up to 30 s (vLLM splits longer audio).
+CLIP_SECONDS = 30
+
+
+def audio_tokens(seconds: float) -> int:
+    """The audio tokens vLLM reports in a stream's prompt tokens for ``seconds`` of audio."""
+    return math.ceil(seconds * MEL_FRAMES_PER_SECOND)
 
 
 def wav(seconds: float, rate: int = 16000) -> bytes:
@@ -102,6 +118,13 @@ class AudioAPI(FakeState):
             )
         return ("text", "json"), "Currently only support response_format `text` or `json`"
 
+    def _unknown(self, model: str) -> str:
+        """vLLM's ``_check_model`` refusal of a name it does not serve."""
+        message = f"The model `{model}` does not exist."
+        if self._since(0, 32):
+            message += f" Valid aliases: {', '.join(self.names)}."
+        return message
+
     def _since(self, major: int, minor: int) -> bool:
         found = tuple(int(x) for x in self.version.split(".")[:2])
         return found >= (major, minor)
@@ -119,11 +142,16 @@ class AudioAPI(FakeState):
         if any(bool(_last(form, o)) for o in options) and not _last(form, "stream"):
             asked = next(o for o in options if _last(form, o))
             message = "Stream options can only be defined when `stream=True`."
+            if self._since(0, 15):  # a VLLMValidationError names its parameter
+                message += f" (parameter={asked})"
             return error(400, message, "BadRequestError", asked)
         try:
             stream, include, continuous = (_flag(_last(form, n)) for n in ("stream", *options))
         except ValidationError:
             return error(400, "1 validation error:\n  stream: not a boolean", "Bad Request")
+        model = _last(form, "model")
+        if model is not None and model not in self.names:
+            return error(404, self._unknown(model), "NotFoundError", "model")
         response_format = _last(form, "response_format") or "json"
         formats, message = self._formats()
         if response_format not in formats:
@@ -136,17 +164,35 @@ class AudioAPI(FakeState):
                 duration = w.getnframes() / w.getframerate()
         except (wave.Error, EOFError):
             return error(400, "Invalid or unsupported audio file.", "BadRequestError")
-        model = _last(form, "model") or self.name
-        self.prompt_tokens_total += AUDIO_PROMPT
-        self.generation_tokens_total += self.chunks
+        model = model or self.name
+        clips = _Clips(max(1, math.ceil(duration / CLIP_SECONDS)), self._per_clip(form))
+        if _last(form, "language") is None and self._since(0, 19):  # language detection
+            self.prompt_tokens_total += 1
+            self.generation_tokens_total += 1
+        self.prompt_tokens_total += AUDIO_PROMPT * clips.count
+        self.generation_tokens_total += clips.tokens
         if stream:
-            return await self._stream(request, task, model, include, continuous)
-        return self.answer(dumps(self._whole(task, response_format, duration)))
+            prompt = self._stream_prompt(duration)
+            return await self._stream(request, task, model, (include, continuous), prompt, clips)
+        return self.answer(dumps(self._whole(task, response_format, duration, clips)))
 
-    def _whole(self, task: str, response_format: str, duration: float) -> dict[str, Any]:
+    def _per_clip(self, form: list[tuple[str, str | Upload]]) -> int:
+        """Text tokens generated for each clip: ``max_completion_tokens`` when the form sets
+        it (a random model never stops before it), else the fake's ``chunks``."""
+        cap = _last(form, "max_completion_tokens")
+        return int(cap) if isinstance(cap, str) and cap.isdigit() else self.chunks
+
+    def _stream_prompt(self, duration: float) -> int:
+        """A stream's prompt tokens: the last clip's decoder prompt and the audio's tokens
+        (0.8.5 leaves the 4 decoder tokens out)."""
+        return (AUDIO_PROMPT if self._since(0, 10) else 0) + audio_tokens(duration)
+
+    def _whole(
+        self, task: str, response_format: str, duration: float, clips: _Clips
+    ) -> dict[str, Any]:
         """A whole answer: a transcription's usage in seconds of audio, rounded up (0.10.2
         on; 0.8.5 answers the text alone); none in verbose_json, none for a translation."""
-        text = " ".join(f"t{i}" for i in range(self.chunks))
+        text = " ".join(f"t{i}" for i in range(clips.tokens))
         if response_format == "verbose_json":
             return {"duration": duration, "language": "en", "text": text, "segments": []}
         if task == "translation" or not self._since(0, 10):
@@ -165,28 +211,48 @@ class AudioAPI(FakeState):
         return {"text": text, "usage": usage}
 
     async def _stream(
-        self, request: web.Request, task: str, model: str, include: bool, continuous: bool
+        self,
+        request: web.Request,
+        task: str,
+        model: str,
+        options: tuple[bool, bool],
+        prompt: int,
+        clips: _Clips,
     ) -> web.StreamResponse:
         """``_speech_to_text_stream_generator``: a chunk per token, usage per chunk with
-        both options, a last usage chunk (``choices: []``) with include_usage, [DONE]."""
+        both ``options`` (include, continuous), a last usage chunk (``choices: []``) with
+        include_usage, [DONE]."""
+        include, continuous = options
         reply = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await reply.prepare(request)
         head = {"id": f"{task}-1", "object": f"{task}.chunk", "created": 1, "model": model}
-        for i in range(self.chunks):
+        for i in range(clips.tokens):
             choice: dict[str, Any] = {"delta": {"content": f"t{i}"}}
-            if i == self.chunks - 1:
+            if (i + 1) % clips.per_clip == 0:  # each clip's generation ends
                 choice.update(finish_reason="stop", stop_reason=None)
             chunk: dict[str, Any] = {**head, "choices": [choice]}
             if include and continuous:
-                chunk["usage"] = _usage(AUDIO_PROMPT, i + 1)
+                chunk["usage"] = _usage(prompt, i + 1)
             await reply.write(b"data: " + dumps(chunk) + b"\n\n")
             await asyncio.sleep(self.delay)
         if include:
-            last = {**head, "choices": [], "usage": _usage(AUDIO_PROMPT, self.chunks)}
+            last = {**head, "choices": [], "usage": _usage(prompt, clips.tokens)}
             await reply.write(b"data: " + dumps(last) + b"\n\n")
         await reply.write(b"data: [DONE]\n\n")
         await reply.write_eof()
         return reply
+
+
+@dataclass(frozen=True)
+class _Clips:
+    """The clips Whisper reads the audio in, and the text tokens generated for each."""
+
+    count: int
+    per_clip: int
+
+    @property
+    def tokens(self) -> int:
+        return self.count * self.per_clip
 
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:
@@ -198,8 +264,30 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
 
 
 # Realtime (``speech_to_text/realtime/connection.py``, 0.20.2 to 0.32.0): PCM16 at 16 kHz,
-# appended base64; the fake's engine reads one audio token per 80 ms (1280 samples).
+# appended base64. The counts are those of the tiny Voxtral realtime that real vLLM 0.32.0
+# serves here (scripts/prepare_models.py; tests/e2e/test_audio_real_vllm.py): one audio
+# token per 80 ms (1,280 samples); each utterance's prompt is the streaming prefix (BOS,
+# 32 tokens of left padding, 6 of delay), the only prompt tokens the engine counts; the
+# generation makes one token per audio token step over the padded audio (vLLM's
+# VoxtralRealtimeBuffer), each its own transcription.delta.
 SAMPLES_PER_AUDIO_TOKEN = 1280
+REALTIME_PROMPT = 1 + 32 + 6
+_LEFT_PAD = 32 * SAMPLES_PER_AUDIO_TOKEN
+_RIGHT_PAD = 17 * SAMPLES_PER_AUDIO_TOKEN  # mistral_common's right padding, 480 ms of delay
+_LOOK_AHEAD = 40  # 2.5 ms
+
+
+def realtime_usage(samples: int) -> tuple[int, int]:
+    """The prompt and completion tokens of one utterance of ``samples`` (both counters grow
+    by them): the first step reads the prefix, each later one 1,280 samples more."""
+    return REALTIME_PROMPT, _steps(_LEFT_PAD + samples + _RIGHT_PAD)
+
+
+def _steps(audio: int) -> int:
+    """Generation steps vLLM's buffer has audio for: the first needs the prefix's samples
+    and the look-ahead, each later one 1,280 more."""
+    first = REALTIME_PROMPT * SAMPLES_PER_AUDIO_TOKEN + _LOOK_AHEAD
+    return 0 if audio < first else 1 + (audio - first) // SAMPLES_PER_AUDIO_TOKEN
 
 
 class RealtimeAPI(FakeState):
@@ -247,6 +335,8 @@ class RealtimeAPI(FakeState):
                 session.samples += len(base64.b64decode(event["audio"], validate=True)) // 2
             except (KeyError, ValueError):
                 await _send_error(ws, "Invalid audio data", "invalid_audio")
+            if session.generating:  # the generation decodes the audio as it arrives
+                await self._decode(ws, session, _steps(_LEFT_PAD + session.samples))
         elif kind == "input_audio_buffer.commit":
             if not session.validated:
                 message = (
@@ -262,20 +352,30 @@ class RealtimeAPI(FakeState):
         else:
             await _send_error(ws, f"Unknown event type: {kind}", "unknown_event")
 
-    async def _transcribe(self, ws: web.WebSocketResponse, session: _Session) -> None:
-        """The generation the final commit completes: deltas for the audio left (``chunks``
-        tokens), then the usage of the whole generation (the tokens it already streamed
-        too, as vLLM counts every delta's tokens)."""
-        prompt = session.samples // SAMPLES_PER_AUDIO_TOKEN + AUDIO_PROMPT
-        self.prompt_tokens_total += prompt
-        self.generation_tokens_total += self.chunks
-        for i in range(self.chunks):
+    async def _decode(self, ws: web.WebSocketResponse, session: _Session, steps: int) -> None:
+        """The generation steps the audio so far allows: the first reads the prompt (the
+        engine counts it then), each makes one token, sent as its own delta."""
+        if steps and not session.emitted:
+            self.prompt_tokens_total += REALTIME_PROMPT
+        for i in range(session.emitted, steps):
+            self.generation_tokens_total += 1
+            session.emitted += 1
             await ws.send_str(json.dumps({"type": "transcription.delta", "delta": f"t{i}"}))
             await asyncio.sleep(self.delay)
-        usage = _usage(prompt, session.streamed + self.chunks)
-        text = session.text + "".join(f"t{i}" for i in range(self.chunks))
+
+    async def _transcribe(self, ws: web.WebSocketResponse, session: _Session) -> None:
+        """The generation the final commit completes: the right padding's steps, then the
+        usage of the whole generation (``realtime_usage``; vLLM's ``UsageInfo``)."""
+        prompt, completion = realtime_usage(session.samples)
+        await self._decode(ws, session, completion)
+        usage = {
+            **_usage(prompt, completion),
+            "prompt_tokens_details": None,
+            "completion_tokens_details": None,
+        }
+        text = "".join(f"t{i}" for i in range(completion))
         await ws.send_str(json.dumps({"type": "transcription.done", "text": text, "usage": usage}))
-        session.generating, session.samples, session.streamed, session.text = False, 0, 0, ""
+        session.generating, session.samples, session.emitted = False, 0, 0
 
 
 @dataclass
@@ -283,10 +383,7 @@ class _Session:
     validated: bool = False
     generating: bool = False
     samples: int = 0
-    # what the running generation sent before the final commit (a fake that decodes the
-    # audio as it arrives): counted in its transcription.done
-    streamed: int = 0
-    text: str = ""
+    emitted: int = 0  # tokens the running generation has sent
     task: asyncio.Task[None] | None = None
 
 

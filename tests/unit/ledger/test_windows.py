@@ -266,3 +266,70 @@ def test_drift_from_transcriptions_billed_in_seconds_is_named() -> None:
     )
     assert window.unbilled_prompt_tokens == 4
     assert [c.split(":")[0] for c in window.causes] == ["billed_in_seconds", "unmetered_traffic"]
+
+
+def _audio(operation: str, prompt: int | None = None, seconds: int | None = None) -> UsageRecord:
+    """An audio record as the proxy writes it: streamed (tokens) or whole (seconds)."""
+    from proxy.ledger.records import Units
+
+    return UsageRecord(
+        tenant="t",
+        endpoint=f"/v1/audio/{operation}",
+        operation=operation,
+        prompt_tokens_reported=prompt,
+        prompt_tokens_billed=prompt,
+        completion_tokens_reported=None if prompt is None else 8,
+        completion_tokens_billed=None if prompt is None else 8,
+        status=200,
+        latency_ms=1.0,
+        instance="i",
+        units=Units(audio_seconds=seconds),
+    )
+
+
+@pytest.mark.parametrize(
+    ("engine", "over", "unbilled", "names"),
+    [
+        (4, 360, 0, ["audio_tokens"]),
+        (369, 0, 5, ["audio_tokens", "unmetered_traffic"]),
+    ],
+    ids=["audio-tokens-billed", "more-engine-work"],
+)
+def test_drift_from_streamed_audio_names_its_audio_tokens(
+    engine: int, over: int, unbilled: int, names: list[str]
+) -> None:
+    """A streamed transcription as real vLLM answers it (issue #49: 3.6 s of audio, usage
+    364 prompt tokens, the engine's counter +4): the 360 audio tokens billed are named as
+    the cause, not as a counting defect; engine work beyond the usage still shows as
+    traffic the proxy did not see."""
+    tally = Tally()
+    tally.add(_audio("transcriptions", prompt=364))
+    window = settle(
+        EngineReading(100, 0, 1.0),
+        EngineReading(100 + engine, 0, 1.0),
+        tally,
+        start=NOW,
+        end=NOW,
+        instance="i",
+        upstream="u",
+    )
+    assert (window.overbilled_prompt_tokens, window.unbilled_prompt_tokens) == (over, unbilled)
+    assert [c.split(":")[0] for c in window.causes] == names
+    assert window.causes[0].startswith("audio_tokens: 1 streamed transcription(s)")
+
+
+def test_only_streamed_audio_counts_as_audio_tokens() -> None:
+    """A whole transcription (seconds) and a stream recorded without usage are no audio
+    streams, nor a chat stream; merging carries the count."""
+    chat = _audio("translations", prompt=5).model_dump(exclude={"record_id", "operation"})
+    records = [
+        _audio("transcriptions", seconds=3),
+        _audio("translations"),
+        UsageRecord(**chat, operation="chat"),
+        _audio("translations", prompt=5),
+    ]
+    tally, other = Tally(), Tally()
+    for one in records:
+        tally.add(one)
+    other.merge(tally)
+    assert (tally.audio_streams, other.audio_streams) == (1, 1)

@@ -1,6 +1,10 @@
-"""Model discovery: a release outside the proven range is announced once."""
+"""Model discovery: a release outside the proven range is announced once; what a model
+needs to be ready."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
 
 from proxy.accounting.types import Release
 
@@ -16,3 +20,25 @@ def test_unproven_release_is_announced() -> None:
         warn_if_unproven(Release("0.32.0"))
     assert [e["event"] for e in logs] == ["release_outside_proven_range"]
     assert logs[0]["upstream_version"] == "0.33.0"
+
+
+def test_a_model_the_server_scores_nothing_with_needs_no_config(tmp_path: Path) -> None:
+    """Issue #49: Voxtral realtime is served from Mistral-format files (params.json,
+    tekken.json; no config.json). The server's router offers no pooling route for it, so
+    there is nothing to recount: the model is ready, its usage metered as vLLM reports it.
+    Where the router does not say, or scores with it, the missing config is a problem."""
+    from proxy.accounting.family import ServedTasks
+    from proxy.serving.catalog import build_model
+
+    (tmp_path / "params.json").write_text("{}")
+    entry = {"id": "voxtral", "root": str(tmp_path), "max_model_len": 4096}
+
+    def load(source: str, legacy: bool) -> Any:
+        raise AssertionError("no tokenizer is loaded for it")
+
+    generates = ServedTasks(embed=False, classify=False, generate=True)
+    model = build_model(entry, Release("0.32.0"), None, load, generates)
+    assert (model.problem, model.task, model.tokenizer) == (None, "generate", None)
+    for served in (None, ServedTasks(embed=True, classify=False, generate=False)):
+        model = build_model(entry, Release("0.32.0"), None, load, served)
+        assert model.problem == f"no readable config.json at {tmp_path}; set models.voxtral.family"
