@@ -16,6 +16,10 @@ UNIT = ROOT / "tests" / "unit"
 
 TESTED_THROUGH_THE_APP = {
     "accounting/analysis": "glue of shapes, counts and verdicts: tests/app/test_hot_path.py",
+    "accounting/chatfields": "rows of the field table: unit/accounting/test_fields.py",
+    "accounting/fieldkinds": "the field table's kinds: unit/accounting/test_fields.py",
+    "accounting/generationfields": "rows of the field table: unit/accounting/test_fields.py",
+    "accounting/poolingfields": "rows of the field table: unit/accounting/test_fields.py",
     "ledger/recorder": "journal and subscribers of a running app: app/test_metering.py",
     "ledger/sqlite": "the journal's file: unit/ledger/test_journal.py, test_journal_files.py",
     "limitstore/tickets": "what limiter and store exchange, no behaviour: test_redislimiter.py",
