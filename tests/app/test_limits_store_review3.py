@@ -498,3 +498,78 @@ async def test_review3_a_reservation_before_the_first_contribution_is_counted_on
     assert await r0.contribute() is True
     billed = await charge(redis_store, r0)
     assert (in_flight, billed) == ([0, 100], [10, 0])
+
+
+# --- F9: a refusal by the share quotes the share, not the whole limit ---
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review3 F9: once a replica's share is spent, local mode's 429 quotes the share "
+    "(limit 100) as the limit, not the whole 300 the docs promise",
+)
+async def test_review3_a_refusal_beyond_the_share_quotes_the_whole_limit(
+    make: Make, redis_store: Store
+) -> None:
+    """300 tokens a day, --limits-replicas 3, the heartbeats read 300 left; the store
+    dies. r0 admits its share, 100, and is asked 10 more: refused 429 to retry, which
+    docs/reliability.md says quotes the whole limit ('a request beyond the share but
+    within the limit is refused 429 to retry, quoting the whole limit'). The refusal
+    says amount 100 ('Rate limit reached for prompt_tokens_per_day of tenant:acme:
+    limit 100'), and the x-ratelimit-limit-tokens standing 100 too: only a request whose
+    cost alone exceeds the share (``alone``) is rewritten by ``_beyond_share``. A client
+    told its limit is 100 of a 300 budget, or a money budget of 0.15 for 0.45, is told
+    a number that is not its limit. Should: amount 300 (the standings too)."""
+    replicas = [make(policies(prompt_tokens_per_day=300), f"r{i}", replicas=3) for i in range(3)]
+    for replica in replicas:
+        await replica.restore([], time.time())
+        await replica.contribute()
+    r0 = replicas[0]
+    assert await r0.beat(TTL) is not None
+    redis_store.kill()
+    assert await spend_locally(r0, 100) == 100
+    beyond = await r0.reserve(ACME, Cost(10, 0), time.time())
+    assert beyond.refusal is not None
+    assert not beyond.refusal.unavailable
+    assert beyond.tokens is not None
+    assert (beyond.refusal.amount, beyond.tokens.limit) == (300, 300)
+
+
+# --- F10: requests the breaker skips are counted as 'rebuilding' once a heartbeat answers ---
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review3 F10: the fail mode's reason is read from 'reachable', which a heartbeat "
+    "sets while the breaker still skips requests: counted as 'rebuilding'",
+)
+async def test_review3_requests_the_breaker_skips_are_not_counted_as_rebuilding(
+    make: Make,
+) -> None:
+    """One replica, 300 tokens a day, the store whole. Three admissions time out (50 ms on
+    a loaded host) and open the breaker; the heartbeat (its own 1 s timeout) reaches the
+    store meanwhile and sets ``reachable``. The next admission, skipped by the breaker,
+    is counted in usage_proxy_limits_fail_mode_admissions_total with reason
+    'rebuilding' (the help: 'the store was found empty'), though no generation is
+    being rebuilt: an operator's alert on rebuilds fires, and the outage is not seen
+    as one. Should: reason 'unreachable' (the reason taken from why the store was not
+    asked, not from the last call's outcome)."""
+    from proxy.metrics import Metrics
+    from proxy.settings import Settings
+
+    metrics = Metrics(Settings(upstream="http://x"))
+    limiter = make(policies(prompt_tokens_per_day=300), "r0", replicas=1, metrics=metrics)
+    await limiter.restore([], time.time())
+    assert await limiter.contribute() is True
+    cut_off(limiter, True)  # three failures: the breaker open for its cooldown
+    limiter.reachable = False
+    assert await limiter.beat(TTL) == 1  # the heartbeat reaches the store
+    decision = await limiter.reserve(ACME, Cost(10, 0), time.time())
+    assert decision.ticket is not None  # by local mode
+    assert limiter.complete
+    name = "usage_proxy_limits_fail_mode_admissions_total"
+    counted = {
+        reason: metrics.registry.get_sample_value(name, {"mode": "local", "reason": reason})
+        for reason in ("rebuilding", "unreachable")
+    }
+    assert counted == {"rebuilding": None, "unreachable": 1.0}
