@@ -7,9 +7,9 @@ heartbeat in the registry (``BEAT``).
 A budget's hash holds ``u:<replica>``, what that replica's journal billed in the period,
 ``used``, their sum, and ``reserved``, what requests in flight hold: those the store
 admitted, and those a replica admitted without it, taken by its next contribution
-(``SYNC``) and given back by their end. A contribution (a reservation's or ``SYNC``'s) only ever raises the replica's
-own field to its own total, so writing it twice, or after a retry, or out of order,
-counts nothing twice. A settlement adds its billed units to that field in the same step
+(``SYNC``) and given back by their end. A contribution (a reservation's or ``SYNC``'s)
+only ever raises the replica's own field to its own total, so writing it twice, or after
+a retry, or out of order, counts nothing twice. A settlement adds its billed units to that field in the same step
 that gives its reservation back, once per id; the total a replica contributes leaves out
 its settlements on their way to the store, so no settlement is in ``used`` and in
 ``reserved`` at once (which refused requests the budget had room for), nor lost to a
