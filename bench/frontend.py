@@ -111,7 +111,7 @@ def workloads(scale: float) -> list[Workload]:
         Workload("rerank 1x64, documents seen before", rerank_path, (rerank,), n(40)),
         Workload("rerank 1x64, all documents new", rerank_path, new, n(20)),
         Workload("score N:N 32", score_path, (score,), n(20)),
-        Workload(SMALL, "/v1/embeddings", (embeddings(1),), n(150), small=True),
+        Workload(SMALL, "/v1/embeddings", (embeddings(1),), n(300), small=True),
         Workload("embeddings, 256 inputs", "/v1/embeddings", (embeddings(256),), n(10)),
     ]
 
