@@ -74,31 +74,47 @@ async def charged(store: Store) -> int:
         await client.aclose()
 
 
+@contextlib.contextmanager
+def three_replicas(
+    fake: Process, store: Store, tmp: Path, tenants: dict[str, object], *options: str
+) -> Iterator[list[Process]]:
+    """Three ``usage-proxy serve`` processes (each its own journal) on one store, with
+    ``tenants``' limits, ready; stopped (SIGTERM: a graceful stop flushes the journal)."""
+    limits = tmp / "limits.yaml"
+    limits.write_text(yaml.safe_dump({"tenants": tenants}))
+    proxies: list[Process] = []
+    try:
+        for i in range(3):
+            work = tmp / f"replica{i}"
+            work.mkdir()
+            proxies.append(
+                start_proxy(
+                    fake.url,
+                    work,
+                    *("--journal", str(work / "j.sqlite"), "--instance", f"replica{i}"),
+                    *("--tenant-header", "X-Tenant-Id", "--limits", str(limits)),
+                    *("--limits-store", store.url, *options),
+                )
+            )
+        for proxy in proxies:
+            proxy.wait_ready("/readyz", 60)
+        yield proxies
+    finally:
+        for proxy in proxies:
+            proxy.stop()
+
+
 async def test_three_proxy_processes_share_one_budget(
     fake_upstream: Process, redis_store: Store, tmp_path: Path
 ) -> None:
     """Zero overshoot at the engine, every admitted request journaled once, the store's
     charge equal to the journals' sum, over three processes."""
-    limits = tmp_path / "limits.yaml"
-    limits.write_text(yaml.safe_dump({"tenants": {"acme": {"prompt_tokens_per_day": BUDGET}}}))
-    proxies: list[Process] = []
-    try:
-        for i in range(3):
-            work = tmp_path / f"replica{i}"
-            work.mkdir()
-            proxies.append(
-                start_proxy(
-                    fake_upstream.url,
-                    work,
-                    *("--journal", str(work / "j.sqlite"), "--instance", f"replica{i}"),
-                    *("--tenant-header", "X-Tenant-Id", "--limits", str(limits)),
-                    *("--limits-store", redis_store.url, "--limits-replicas", "3"),
-                    # a store answer late on this loaded 2-core box is a 503, never a pass
-                    *("--limits-fail-mode", "closed", "--limits-store-timeout", "2"),
-                )
-            )
-        for proxy in proxies:
-            proxy.wait_ready("/readyz", 60)
+    tenants: dict[str, object] = {"acme": {"prompt_tokens_per_day": BUDGET}}
+    # a store answer late on this loaded 2-core box is a 503, never a pass
+    closed = ("--limits-replicas", "3", "--limits-fail-mode", "closed")
+    with three_replicas(
+        fake_upstream, redis_store, tmp_path, tenants, *closed, "--limits-store-timeout", "2"
+    ) as proxies:
         deadline = time.monotonic() + 30
         while not all(whole(body := readiness(p)) for p in proxies):
             if time.monotonic() > deadline:
@@ -121,9 +137,6 @@ async def test_three_proxy_processes_share_one_budget(
         assert set(statuses) <= {200, 429, 503}, statuses
         assert engine == 3 * admitted <= BUDGET
         assert admitted >= 100  # the budget is used, not refused wholesale
-    finally:
-        for proxy in proxies:
-            proxy.stop()  # SIGTERM: a graceful stop flushes the journal
     journaled = [r for i in range(3) for r in journal_records(tmp_path / f"replica{i}/j.sqlite")]
     assert len(journaled) == admitted
     assert sum(r.prompt_tokens_billed or 0 for r in journaled) == engine
@@ -141,35 +154,14 @@ RERANK = {
 MONTH = 762  # 30 such reranks and a little
 
 
-@contextlib.contextmanager
 def local_replicas(
     fake: Process, store: Store, tmp: Path, *options: str
-) -> Iterator[list[Process]]:
-    """Three ``usage-proxy serve`` processes in local fail mode on one store, tenant bob
-    on a monthly budget of MONTH total tokens; stopped (SIGTERM) afterwards."""
-    limits = tmp / "limits.yaml"
-    limits.write_text(yaml.safe_dump({"tenants": {"bob": {"total_tokens_per_month": MONTH}}}))
-    proxies: list[Process] = []
-    try:
-        for i in range(3):
-            work = tmp / f"replica{i}"
-            work.mkdir()
-            proxies.append(
-                start_proxy(
-                    fake.url,
-                    work,
-                    *("--journal", str(work / "j.sqlite"), "--instance", f"replica{i}"),
-                    *("--tenant-header", "X-Tenant-Id", "--limits", str(limits)),
-                    *("--limits-store", store.url, "--limits-fail-mode", "local"),
-                    *("--limits-store-timeout", "0.5", *options),
-                )
-            )
-        for proxy in proxies:
-            proxy.wait_ready("/readyz", 60)
-        yield proxies
-    finally:
-        for proxy in proxies:
-            proxy.stop()  # SIGTERM: a graceful stop flushes the journal
+) -> contextlib.AbstractContextManager[list[Process]]:
+    """Three replicas in local fail mode, tenant bob on a monthly budget of MONTH total
+    tokens."""
+    tenants: dict[str, object] = {"bob": {"total_tokens_per_month": MONTH}}
+    local = ("--limits-fail-mode", "local", "--limits-store-timeout", "0.5")
+    return three_replicas(fake, store, tmp, tenants, *local, *options)
 
 
 async def until_whole(proxies: list[Process], store: Store, seconds: float = 60) -> None:
