@@ -404,8 +404,8 @@ def small_table(result: dict[str, Any]) -> list[str]:
     sync, late = verdicts(row)
     out = [
         "",
-        f"{SMALL}, in {ROUNDS} alternating blocks of {row['requests']} requests per target "
-        "in all (issue #51):",
+        f"{SMALL}: {row['requests']} requests per target, in {ROUNDS} alternating blocks "
+        "(issue #51):",
         "",
         f"| target | CPU ms/request | / vLLM's API server | / the {DURABLE} | goal | met |",
         "|---|---|---|---|---|---|",
