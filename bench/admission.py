@@ -56,8 +56,8 @@ BENCH_POLICIES = {
 def limiter_cost(repeat: int) -> float:
     """Microseconds of CPU for one reserve + settle at three levels (tenant, model, key)."""
     from proxy.limits.limiter import Cost, Who
-    from proxy.limits.memory import InProcessLimiter
     from proxy.limits.policy import Policies
+    from proxy.limitstore.memory import InProcessLimiter
 
     policies = Policies.model_validate(BENCH_POLICIES)
     limiter = InProcessLimiter(policies)
@@ -89,7 +89,7 @@ async def _store_pairs(url: str, repeat: int) -> dict[str, float]:
 
     from proxy.limits.limiter import Cost, Who
     from proxy.limits.policy import Policies
-    from proxy.serving.sharedlimits import RedisLimiter
+    from proxy.limitstore.redislimiter import RedisLimiter
 
     client = Redis.from_url(url)
     limiter = RedisLimiter(Policies.model_validate(BENCH_POLICIES), client, grace=0.0)
@@ -182,8 +182,8 @@ async def _through_proxy(
             await one(i)
         cpu = (time.process_time() - started) / requests * 1000
         if store is not None:  # every admission was the store's, none the fail mode's
+            from proxy.limitstore.guard import GuardedLimiter
             from proxy.serving.admission import ADMISSION
-            from proxy.serving.storeguard import GuardedLimiter
 
             guarded = proxy.app[ADMISSION].limiter
             assert isinstance(guarded, GuardedLimiter)

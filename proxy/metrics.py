@@ -367,7 +367,7 @@ SPECS: dict[str, _Spec] = {
         "usage_proxy_prices_reload_failures",
         "Price files that could not be loaded (the prices in use stay).",
     ),
-    # The shared limits store (--limits-store, proxy.serving.storeguard).
+    # The shared limits store (--limits-store, proxy.limitstore.guard).
     "store_seconds": _Spec(
         Histogram,
         "usage_proxy_limits_store_seconds",

@@ -11,7 +11,8 @@ from pathlib import Path
 from packaging.version import Version
 
 from proxy.accounting.dispatch import CACHE_SALT_FROM, ECHO_MAX_BYTES, ECHOED
-from proxy.accounting.fields import FIELDS, Effect, Field
+from proxy.accounting.fieldkinds import Effect, Field
+from proxy.accounting.fields import FIELDS
 from proxy.accounting.routes import BY_PATH, INVOCATIONS_PATH, SCORING_OPERATIONS
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,8 +16,13 @@ UNIT = ROOT / "tests" / "unit"
 
 TESTED_THROUGH_THE_APP = {
     "accounting/analysis": "glue of shapes, counts and verdicts: tests/app/test_hot_path.py",
+    "accounting/chatfields": "rows of the field table: unit/accounting/test_fields.py",
+    "accounting/fieldkinds": "the field table's kinds: unit/accounting/test_fields.py",
+    "accounting/generationfields": "rows of the field table: unit/accounting/test_fields.py",
+    "accounting/poolingfields": "rows of the field table: unit/accounting/test_fields.py",
     "ledger/recorder": "journal and subscribers of a running app: app/test_metering.py",
     "ledger/sqlite": "the journal's file: unit/ledger/test_journal.py, test_journal_files.py",
+    "limitstore/tickets": "what limiter and store exchange, no behaviour: test_redislimiter.py",
     "serving/admin": "the proxy's own endpoints: app/test_app.py, app/test_metrics.py",
     "serving/app": "the wiring: every test under tests/app",
     "serving/attribution": "who pays, per request: app/test_attribution.py",
@@ -28,10 +33,13 @@ TESTED_THROUGH_THE_APP = {
     "serving/lifetimes": "resources' cleanup contexts: app/test_metering.py, process tests",
     "serving/realtime": "the realtime session handler: app/test_realtime.py",
     "serving/metered": "the metered handler: app/test_metering.py, app/test_generation.py",
-    "serving/storescripts": "the store's Lua, run by serving/sharedlimits: test_sharedlimits.py",
     "serving/relayed": "the transparent handler: app/test_app.py, app/test_security.py",
     "serving/routing": "the route table applied to requests: app/test_security.py",
     "serving/upstream": "the session and its errors: app/test_faults.py, app/test_odd_answers.py",
+    "settings/choices": "the values options take: unit/settings/test_model.py, test_reference",
+    "settings/counting": "options declared, no behaviour: unit/settings/test_reference.py",
+    "settings/recording": "options declared, no behaviour: unit/settings/test_reference.py",
+    "settings/traffic": "options declared, no behaviour: unit/settings/test_reference.py",
 }
 
 
@@ -107,3 +115,13 @@ def test_no_module_waits_with_asyncio_wait_for() -> None:
         _module(path, SOURCE) for path in SOURCE.rglob("*.py") if "wait_for(" in path.read_text()
     ]
     assert users == []
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """A module's name says which one it is: ``shares`` or ``memory`` in two packages had
+    a reader open the wrong one."""
+    names: dict[str, list[str]] = {}
+    for path in SOURCE.rglob("*.py"):
+        if path.name not in ("__init__.py", "__main__.py"):
+            names.setdefault(path.stem, []).append(_module(path, SOURCE))
+    assert sorted(m for m in names.values() if len(m) > 1) == []

@@ -14,7 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
 
-from proxy.accounting.fields import FIELDS, Effect, Field
+from proxy.accounting.fieldkinds import Effect, Field
+from proxy.accounting.fields import FIELDS
 from proxy.accounting.routes import CHOICES_OPERATIONS, STREAMING_OPERATIONS, operation_of
 from proxy.accounting.shapes import ambiguity, parse_rerank, parse_score
 from proxy.accounting.types import Family, Release

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from proxy.limits.history import History
 from proxy.limits.limiter import Usage
-from proxy.limits.memory import History
 from proxy.limits.periods import period
 from proxy.limits.policy import Level, Policies
 

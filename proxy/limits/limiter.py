@@ -1,7 +1,7 @@
 """The limiter seam: what admission asks of a limiter (reserve, settle, release, restore)
-and what it answers. The in-process limiter (``proxy.limits.memory``) implements it now;
-a shared store (one atomic script per admission) can take it over without touching
-serving."""
+and what it answers. The limiters that implement it live in ``proxy.limitstore``: in this
+process's memory, or on a store shared by replicas (one atomic script per admission),
+which serving uses without knowing which."""
 
 from __future__ import annotations
 

@@ -29,8 +29,8 @@ from proxy.ledger.journal import Journal, UsageSum
 from proxy.ledger.records import UsageRecord
 from proxy.limits.costs import billed, reserved
 from proxy.limits.headers import duration, ratelimit_headers
+from proxy.limits.history import BUCKET_SECONDS
 from proxy.limits.limiter import Cost, Decision, Limiter, Usage, Who
-from proxy.limits.memory import BUCKET_SECONDS
 from proxy.limits.periods import earliest_start
 from proxy.limits.pricing import Price, price_metered, price_scoring
 from proxy.metrics import Metrics

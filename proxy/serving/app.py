@@ -22,9 +22,11 @@ from proxy.ledger.recorder import Recorder, Subscriber
 from proxy.ledger.sinks import Sink
 from proxy.limits.costs import unpriced
 from proxy.limits.limiter import Limiter
-from proxy.limits.memory import InProcessLimiter
 from proxy.limits.policy import Policies
 from proxy.limits.problems import read_limits
+from proxy.limitstore.guard import GuardedLimiter
+from proxy.limitstore.memory import InProcessLimiter
+from proxy.limitstore.wiring import build_shared_limiter, store_context
 from proxy.metrics import Metrics
 from proxy.serving import admin
 from proxy.serving.admission import ADMISSION, Admission, add_headers, restore_context
@@ -38,7 +40,6 @@ from proxy.serving.keyfile import KEYFILE, KeyFile, key_file_context
 from proxy.serving.keys import METRICS, OUTBOX, POOL, RECONCILER, RECORDER
 from proxy.serving.lifetimes import counters_reader, ledger_context, reconciler_context
 from proxy.serving.limitsfile import LIMITSFILE, LimitsFile, limits_file_context
-from proxy.serving.limitsstore import build_shared_limiter, store_context
 from proxy.serving.metered import METERED, MeteredRelay
 from proxy.serving.pricesfile import (
     PRICESFILE,
@@ -52,8 +53,7 @@ from proxy.serving.relayed import Relay
 from proxy.serving.routing import Invocations, Router, guard
 from proxy.serving.sendwatch import SendWatch, send_watch_context
 from proxy.serving.shares import TenantShares
-from proxy.serving.startup import file_problem
-from proxy.serving.storeguard import GuardedLimiter
+from proxy.serving.startup import file_problem, store_password
 from proxy.serving.tenancy import TenantResolver
 from proxy.serving.tracing import tell_trace
 from proxy.serving.unmetered import Unmetered
@@ -174,7 +174,8 @@ def build_admission(
         raise file_problem(ValueError(problem), "--limits", path, fix)
     limiter: Limiter = InProcessLimiter(policies)
     if settings.limits_store is not None:
-        limiter = build_shared_limiter(settings, policies, metrics)
+        password = store_password(settings)
+        limiter = build_shared_limiter(settings, policies, metrics, password=password)
     timeout = settings.accounting_timeout
     return Admission(limiter, catalog, pool, metrics, count_timeout=timeout, prices=prices)
 

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import structlog
 from aiohttp import web
 
-from proxy.serving.memory import malloc_trim
+from proxy.serving.allocator import malloc_trim
 from proxy.serving.upstream import error_response
 
 log = structlog.get_logger("proxy.serving.bodies")

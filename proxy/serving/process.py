@@ -19,12 +19,12 @@ from aiohttp import web
 from proxy import __version__
 from proxy.logs import configure_logging
 from proxy.metrics import Metrics
+from proxy.serving.allocator import tune_allocator
 from proxy.serving.app import create_app
 from proxy.serving.catalog import CATALOG, Catalog
 from proxy.serving.keyfile import KEYFILE
 from proxy.serving.keys import METRICS
 from proxy.serving.limitsfile import LIMITSFILE
-from proxy.serving.memory import tune_allocator
 from proxy.serving.pricesfile import PRICESFILE
 from proxy.serving.startup import StartupError, key_file_problem, listen
 from proxy.serving.tenancy import KeyFileError

@@ -3,8 +3,9 @@ aiohttp's client and server WebSockets, one record per session.
 
 Each direction reads its next message only once the last one was sent on, so a slow
 reader slows its sender (back-pressure through both sockets, nothing queued here). The
-session bills the sum of the ``transcription.done`` usages vLLM sent (``proxy.wire.realtime``)
-to the key's tenant, under the served model, recorded when the session ends.
+session bills the sum of the ``transcription.done`` usages vLLM sent
+(``proxy.wire.realtime_events``) to the key's tenant, under the served model, recorded
+when the session ends.
 
 vLLM sends a generation's ``transcription.done`` only after the client's final commit, and
 cancels the generation when its client leaves. So when a client leaves while a generation
@@ -39,7 +40,7 @@ from proxy.serving.upstream import (
     upstream_failure,
 )
 from proxy.settings import Settings
-from proxy.wire.realtime import FINAL_COMMIT, SessionUsage
+from proxy.wire.realtime_events import FINAL_COMMIT, SessionUsage
 from proxy.wire.usage import Reading
 
 log = structlog.get_logger("proxy.serving.realtime")

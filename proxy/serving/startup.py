@@ -13,6 +13,7 @@ import sqlite3
 from aiohttp import web
 
 from proxy.serving.tenancy import KeyFileError
+from proxy.settings import ENV_PREFIX, Settings
 
 
 class StartupError(Exception):
@@ -76,3 +77,16 @@ def file_problem(exc: Exception, flag: str, path: object, fix: str) -> StartupEr
     else:
         reason = " ".join(str(exc).split())  # one line
     return StartupError(f"cannot read {flag} {path}: {reason}; {fix}")
+
+
+def store_password(settings: Settings) -> str | None:
+    """The store's password: from the environment, or a file (never the command line)."""
+    password = os.environ.get(ENV_PREFIX + "LIMITS_STORE_PASSWORD")
+    path = settings.limits_store_password_file
+    if path is not None:
+        try:
+            password = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            fix = "mount the store's password there as a UTF-8 text file (one line)"
+            raise file_problem(exc, "--limits-store-password-file", path, fix) from None
+    return password or None

@@ -13,8 +13,8 @@ import pytest
 import yaml
 from aiohttp import web
 
-from proxy.limits.memory import InProcessLimiter
 from proxy.limits.meters import BudgetMeter, Gate
+from proxy.limitstore.memory import InProcessLimiter
 from proxy.serving.admission import ADMISSION
 from proxy.serving.app import EXCHANGES
 from proxy.serving.keys import METRICS

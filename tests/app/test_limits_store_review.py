@@ -19,9 +19,9 @@ from redis.asyncio import Redis
 
 from proxy.limits.limiter import Cost, Who
 from proxy.limits.policy import FailMode, Policies
-from proxy.serving.limitsstore import connect
-from proxy.serving.sharedlimits import RedisLimiter
-from proxy.serving.storeguard import GuardedLimiter
+from proxy.limitstore.client import connect
+from proxy.limitstore.guard import GuardedLimiter
+from proxy.limitstore.redislimiter import RedisLimiter
 from tests.support.redisserver import Store
 
 ACME = Who("acme", "m", "k1")
@@ -327,9 +327,9 @@ async def test_review2_holds_are_renewed_every_third_of_the_ttl_as_documented(
     """Time scaled down (a 0.05 s heartbeat, a 3 s TTL: TTL / 3 = 1 s): over 0.35 s the
     heartbeat task renews the holds once (at its start), as documented, not every
     heartbeat (7 times)."""
-    from proxy.serving import limitsstore
+    from proxy.limitstore import wiring
 
-    monkeypatch.setattr(limitsstore, "HEARTBEAT_SECONDS", 0.05)
+    monkeypatch.setattr(wiring, "HEARTBEAT_SECONDS", 0.05)
     limiter = make(policies(concurrency=1), "r0", replicas=1)
     limiter.shared.reservation_ttl = 3.0
     renewals = 0
@@ -341,7 +341,7 @@ async def test_review2_holds_are_renewed_every_third_of_the_ttl_as_documented(
         return await renew()
 
     monkeypatch.setattr(limiter, "renew", counted)
-    ctx = limitsstore.store_context(limiter, journaled=False)(None)
+    ctx = wiring.store_context(limiter, journaled=False)(None)
     await ctx.__anext__()
     await asyncio.sleep(0.35)
     with contextlib.suppress(StopAsyncIteration):

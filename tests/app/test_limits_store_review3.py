@@ -18,9 +18,9 @@ from redis.asyncio import Redis
 
 from proxy.limits.limiter import Cost, Ticket, Who
 from proxy.limits.policy import FailMode, Policies
-from proxy.serving.limitsstore import connect
-from proxy.serving.sharedlimits import RedisLimiter
-from proxy.serving.storeguard import GuardedLimiter
+from proxy.limitstore.client import connect
+from proxy.limitstore.guard import GuardedLimiter
+from proxy.limitstore.redislimiter import RedisLimiter
 from tests.support.redisserver import Store
 
 ACME = Who("acme", "m", "k1")

@@ -22,6 +22,7 @@ from transformers import AutoTokenizer
 from proxy.accounting.money import nanos_up
 from proxy.accounting.pricefile import load_prices
 from proxy.ledger.charges import charge
+from proxy.limitstore.guard import GuardedLimiter
 from proxy.serving.admission import ADMISSION
 from proxy.serving.app import create_app
 from proxy.serving.catalog import CATALOG
@@ -29,7 +30,6 @@ from proxy.serving.keys import METRICS
 from proxy.serving.limitsfile import LIMITSFILE
 from proxy.serving.pricesfile import PRICESFILE
 from proxy.serving.startup import StartupError
-from proxy.serving.storeguard import GuardedLimiter
 from proxy.settings import Settings
 from tests.support.fakevllm import FakeVLLM
 from tests.support.proxies import fake_and_proxy

@@ -17,10 +17,10 @@ from aiohttp import web
 from redis.asyncio import Redis
 from transformers import AutoTokenizer
 
+from proxy.limitstore.guard import GuardedLimiter
 from proxy.serving.admission import ADMISSION
 from proxy.serving.app import create_app
 from proxy.serving.catalog import CATALOG
-from proxy.serving.storeguard import GuardedLimiter
 from proxy.settings import Settings
 from scripts.vllm_cpu import free_port
 from tests.support.fakevllm import FakeVLLM

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.accounting.fields import FIELDS, Effect, field_of
+from proxy.accounting.fieldkinds import Effect
+from proxy.accounting.fields import FIELDS, field_of
 from proxy.accounting.routes import BY_PATH, INVOCATIONS_PATH, ROUTES, Handling
 
 DATA = json.loads((Path(__file__).parents[2] / "data" / "vllm_request_fields.json").read_text())

@@ -8,8 +8,8 @@ from zoneinfo import ZoneInfo
 
 from proxy.limits.budgets import budget_use
 from proxy.limits.limiter import Cost, Usage, Who
-from proxy.limits.memory import InProcessLimiter
 from proxy.limits.policy import Policies
+from proxy.limitstore.memory import InProcessLimiter
 
 BERLIN = ZoneInfo("Europe/Berlin")
 

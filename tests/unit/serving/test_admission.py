@@ -11,9 +11,9 @@ from aiohttp.test_utils import make_mocked_request
 
 from proxy.ledger.records import UsageRecord
 from proxy.limits.limiter import Cost, Who
-from proxy.limits.memory import InProcessLimiter
 from proxy.limits.meters import BudgetMeter
 from proxy.limits.policy import Policies
+from proxy.limitstore.memory import InProcessLimiter
 from proxy.serving.admission import HOLD, Admission, add_headers
 from proxy.serving.exchange import Hold
 

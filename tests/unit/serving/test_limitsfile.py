@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from proxy.limits.memory import InProcessLimiter
 from proxy.limits.policy import Policies, load_policies
+from proxy.limitstore.memory import InProcessLimiter
 from proxy.metrics import Metrics
 from proxy.serving.limitsfile import LimitsFile, read_stamp
 from proxy.settings import Settings

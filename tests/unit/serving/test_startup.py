@@ -6,11 +6,19 @@ import errno
 import os
 import socket
 import sqlite3
+from pathlib import Path
 
 import pytest
 from aiohttp import web
 
-from proxy.serving.startup import StartupError, journal_problem, listen, listen_problem
+from proxy.serving.startup import (
+    StartupError,
+    journal_problem,
+    listen,
+    listen_problem,
+    store_password,
+)
+from proxy.settings import Settings
 
 
 @pytest.mark.parametrize(
@@ -64,3 +72,23 @@ def test_journal_advice_fits_the_cause(error: Exception, advice: str) -> None:
     advice about writable volumes."""
     assert isinstance(error, OSError | sqlite3.Error)
     assert advice in str(journal_problem(error, "/j/x"))
+
+
+def test_the_password_comes_from_the_environment_or_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store's password is read from USAGE_PROXY_LIMITS_STORE_PASSWORD, or from the
+    file, which wins; none when neither is set."""
+    settings = Settings(upstream="http://127.0.0.1:8000", limits_store="redis://127.0.0.1:6379/0")
+    monkeypatch.delenv("USAGE_PROXY_LIMITS_STORE_PASSWORD", raising=False)
+    assert store_password(settings) is None
+    monkeypatch.setenv("USAGE_PROXY_LIMITS_STORE_PASSWORD", "from-env")
+    assert store_password(settings) == "from-env"
+    secret = tmp_path / "password"
+    secret.write_text("from-file\n")
+    filed = Settings(
+        upstream="http://127.0.0.1:8000",
+        limits_store="redis://127.0.0.1:6379/0",
+        limits_store_password_file=secret,
+    )
+    assert store_password(filed) == "from-file"

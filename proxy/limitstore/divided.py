@@ -1,0 +1,95 @@
+"""A replica's share of the limits while the shared store cannot answer (``local`` fail
+mode): the in-process limiter on the limits divided by the replica count, whose calendar
+budgets divide what was *left* of each budget in the store when it last said so, rather
+than the whole limit.
+
+A budget admits ``floor(remainder / replicas)`` against what this replica admitted
+without the store since the store said it, and never more than the limit's share against
+this replica's own usage in the period (``meters.BudgetMeter``): a remainder is as old as
+the store's last answer to this replica, and the others may have spent from it since,
+while the limit's share is exact when the replicas' usage is even. A budget without a
+remainder admits nothing (the guard refuses it first: whatever the others spent is not
+known). Rates and concurrency keep dividing the limit: their windows refill, and a gate's
+holders end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from zoneinfo import ZoneInfo
+
+from proxy.limits.meters import HELD_RETRY_SECONDS, BudgetMeter, Meter, UsedIn
+from proxy.limits.policy import Limit, Policies
+from proxy.limitstore.memory import InProcessLimiter
+
+# What is left of a budget's period starting at ``start`` for this replica: (its room in
+# its share of the store's last remainder, that remainder), or None without one.
+LeftIn = Callable[[float], tuple[int, int] | None]
+# The same for any budget: by its scope, its limit and its period's start.
+LeftOf = Callable[[tuple[str, ...], Limit, float], tuple[int, int] | None]
+# Units a reservation takes from a budget's period starting at ``start``.
+TookIn = Callable[[float, int], None]
+# The same for any budget, by its scope, its limit, its period's start and the units.
+TookOf = Callable[[tuple[str, ...], Limit, float, int], None]
+
+
+class ShareMeter(BudgetMeter):
+    """A budget in local fail mode: this replica's share of the remainder the store last
+    told (``left_in``), and of the whole limit against its own usage (the base meter,
+    whose counters are kept either way). What it takes is told to ``took_in``, which
+    counts it against the remainder (before the standing is read)."""
+
+    def __init__(
+        self, limit: Limit, zone: ZoneInfo, used_in: UsedIn, left_in: LeftIn, took_in: TookIn
+    ) -> None:
+        super().__init__(limit, zone, used_in)
+        self._left_in = left_in
+        self._took_in = took_in
+
+    def take(self, cost: int, now: float) -> None:
+        super().take(cost, now)
+        self._took_in(self.start, cost)
+
+    def wait(self, cost: int, now: float) -> float:
+        self._current(now)
+        left = self._left_in(self.start)
+        whole = super().wait(cost, now)  # the limit's share against own usage
+        if cost > self.amount:
+            return whole
+        if left is None:  # nothing known to divide: maybe once the store answers
+            return max(whole, min(HELD_RETRY_SECONDS, self.end - now))
+        room, remainder = left
+        if cost <= room and whole == 0.0:
+            return 0.0
+        if cost <= remainder:  # within what the store had left: maybe once it answers
+            return min(HELD_RETRY_SECONDS, self.end - now)
+        return self.end - now
+
+    def standing(self, now: float) -> tuple[int, int, float]:
+        self._current(now)
+        left = self._left_in(self.start)
+        amount, remaining, reset = super().standing(now)
+        if left is None:
+            return amount, remaining, reset
+        return self.amount, max(min(left[0], remaining), 0), self.end - now
+
+
+class ShareLimiter(InProcessLimiter):
+    """The in-process limiter on divided limits whose budgets are ``ShareMeter``s."""
+
+    def __init__(self, policies: Policies, left_of: LeftOf, took_of: TookOf) -> None:
+        super().__init__(policies)
+        self._left_of = left_of
+        self._took_of = took_of
+
+    def _new(self, scope: tuple[str, ...], limit: Limit) -> Meter:
+        if limit.window is None or not limit.window.budget:
+            return super()._new(scope, limit)
+        unit = limit.unit
+        return ShareMeter(
+            limit,
+            self.policies.zone,
+            lambda start, end: self.history.used(scope, unit, start, end),
+            lambda start: self._left_of(scope, limit, start),
+            lambda start, units: self._took_of(scope, limit, start, units),
+        )

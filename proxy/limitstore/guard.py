@@ -1,0 +1,175 @@
+"""The shared limiter as admission uses it: behind a short timeout and a circuit breaker,
+with each tenant's fail mode while the store cannot answer for the budgets (unreachable,
+or rebuilding after it was found empty), this replica's heartbeat in the store, and its
+contribution of its journal to the store's budgets. ``wiring`` builds it.
+
+Local fail mode divides; it never multiplies. A replica admits by its share only when it
+knows both what to divide and by how many: the replica count (``--limits-replicas``, else
+the live count of the last heartbeat the store answered once this replica had stayed a
+whole registry TTL in it, so that every replica that stayed as long is in the count) and,
+for a budget, what the store last told it was left of it (or the whole amount for a
+period that began after the store last answered it). A limit it cannot divide refuses
+(503), logged and counted.
+
+The class is built in layers, one concern a module, each on the one before: its state and
+the remainders (``remainders``), the store calls (``calls``), the missed ends sent again
+(``replay``), the contribution (``contribution``), the heartbeat (``heartbeat``) and the
+fail modes (``failmodes``); here, admission and the ends of reservations."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from proxy.limits.limiter import Cost, Decision, Ticket, Who
+from proxy.limitstore.breaker import STORE_ERRORS
+from proxy.limitstore.failmodes import FailModes
+from proxy.limitstore.replay import _op
+from proxy.limitstore.tickets import LocalTicket, Rebuilding, StoreTicket, Taken
+
+NOTHING = Cost(0, 0, 0)
+
+
+class GuardedLimiter(FailModes):
+    """The shared limiter behind a short timeout and a circuit breaker, with the fail
+    mode of each tenant while the store cannot answer: ``closed`` refuses (503),
+    ``open`` admits, ``local`` enforces this replica's share in process (of what the
+    store last said was left of each budget, else of the limit: ``proxy.limitstore.divided``).
+    What is billed meanwhile is contributed to the store when it answers again (as this
+    replica's total: a retry counts nothing twice)."""
+
+    async def reserve(self, who: Who, cost: Cost, now: float) -> Decision:
+        """The store's decision within one ``timeout`` in all (a reservation, and on a
+        store found empty this replica's contribution and a second try), else the fail
+        mode's."""
+        try:
+            async with self.slots:
+                await asyncio.sleep(0)  # the tasks queued before this one run first
+                async with asyncio.timeout(self.timeout):  # from here: a slot held
+                    decision = await self._reserve_in_store(who, cost, now)
+        except TimeoutError as exc:  # the round trips together outlasted the timeout
+            self._failed("reserve", exc)
+            decision = None
+        return decision if decision is not None else await self._fail(who, cost, now)
+
+    async def _reserve_in_store(self, who: Who, cost: Cost, now: float) -> Decision | None:
+        """The store's decision; None when it cannot answer for the budgets (unreachable,
+        or their generation incomplete: every tenant then has its fail mode). A
+        reservation whose answer is lost is cancelled once the store answers again."""
+        for attempt in (0, 1):
+            if not self.breaker.allows(self._clock()):
+                return None
+            if self.missed:  # the tenant's ends the store missed free their holds first
+                await self._replay(who.tenant)
+            seq, left = self.seq, dict[str, tuple[int, float, Taken]]()
+            ticket = self.shared.ticket(who, cost, now)
+            try:
+                decision = await self._call("reserve", self.shared.reserve_ticket(ticket, left))
+            except Rebuilding as exc:
+                self._back()
+                self.complete = False
+                if attempt or exc.contributed:
+                    return None
+                await self.contribute()
+            except STORE_ERRORS as exc:
+                self._miss(ticket, NOTHING, "cancel")
+                self._failed("reserve", exc)
+                return None
+            except BaseException:  # cancelled (the admission's timeout, or shutdown)
+                self._miss(ticket, NOTHING, "cancel")
+                raise
+            else:
+                self._back()
+                self.complete = True
+                self._remember(left, seq)
+                return decision
+        return None
+
+    async def settle(self, ticket: Ticket, billed: Cost, now: float) -> None:
+        await self._end(ticket, billed, now, settle=True)
+
+    async def release(self, ticket: Ticket, now: float) -> None:
+        await self._end(ticket, Cost(0, 0, 0), now, settle=False)
+
+    async def _end(self, ticket: Ticket, billed: Cost, now: float, *, settle: bool) -> None:
+        if not ticket.open:
+            return
+        if isinstance(ticket, LocalTicket):
+            await self._end_local(ticket, billed, now, settle=settle)
+            return
+        if settle:
+            self.shared.note(ticket, billed, now)
+            self.local.history.note(ticket.who, billed, now)
+            self._stale = True  # a settlement after an outage began counts in its share
+            self._beyond_reserved(ticket, billed)
+        mode = "settle" if settle else "release"
+        orphan = isinstance(ticket, StoreTicket) and ticket.generation != self.shared.generation
+        self.shared.ended(ticket)  # else the store's reservation expires by its TTL
+        if orphan:  # reserved in a store state that is gone: it was in this replica's part
+            self.shared.sending.pop(getattr(ticket, "id", ""), None)  # its bill is, now
+            mode = "late" if settle else mode
+            self.dirty = True
+        if self.breaker.allows(self._clock()):
+            try:
+                async with self.slots:
+                    await self._call(_op(mode), self.shared.finish(ticket, billed, mode))
+            except STORE_ERRORS as exc:
+                self._failed(_op(mode), exc)
+            except BaseException:  # cancelled (shutdown): kept to send, as a failure is
+                self._unconfirmed(ticket, billed, mode, settle)
+                raise
+            else:
+                self._back()
+                if orphan:
+                    self._contribute_soon()
+                if settle and _crossed(ticket, now):
+                    # the store added it to the period it was reserved in; the journal
+                    # bills it in this one: this replica's part of it, at once
+                    self.dirty = True
+                    await self.contribute(now)
+                return
+        self._unconfirmed(ticket, billed, mode, settle)
+
+    def _unconfirmed(self, ticket: Ticket, billed: Cost, mode: str, settle: bool) -> None:
+        """An end the store did not confirm: a settlement is in this replica's part from
+        now on (contributed as its total) and sent again ``late``, a release again as it
+        is (see RedisLimiter.finish)."""
+        self.shared.sending.pop(getattr(ticket, "id", ""), None)
+        self._miss(ticket, billed, "late" if settle else mode)
+        if settle and isinstance(ticket, StoreTicket):  # its first sending may still land
+            self.shared.unclaimed[ticket.id] = ticket
+        self.dirty = self.dirty or settle
+
+    async def _end_local(
+        self, ticket: LocalTicket, billed: Cost, now: float, *, settle: bool
+    ) -> None:
+        ticket.open = False
+        for left, unit, units in ticket.charged:  # held until now; billed from now on
+            left.spent += (billed.of(unit) if settle else 0) - units
+        if ticket.inner is not None:
+            if settle:
+                await self.local.settle(ticket.inner, billed, now)
+            else:
+                await self.local.release(ticket.inner, now)
+        elif settle:
+            self.local.history.note(ticket.who, billed, now)
+        if settle:
+            self.shared.history.note(ticket.who, billed, now)
+        del self.shared.holds[ticket.id]  # billed now, or given back
+        self.dirty = True
+        if self.breaker.allows(self._clock()):
+            self._contribute_soon()
+
+    async def close(self) -> None:
+        for task in (self._syncing, self._replaying):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await self.shared.client.aclose()
+
+
+def _crossed(ticket: Ticket, now: float) -> bool:
+    """Whether a store reservation is settled after a budget period it was reserved in
+    ended (a stream across midnight)."""
+    return any(p.kind == "b" and not p.start <= now < p.span for p in getattr(ticket, "parts", ()))

@@ -1,0 +1,132 @@
+"""The in-process limiter: every level's meters in this process's memory, plus the usage
+history the budgets are rebuilt from (the journal's records, ``proxy.limits.history``).
+
+All methods run to completion without suspending, so on one event loop each reservation
+is atomic: concurrent requests cannot all pass before any is charged.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from proxy.limits.history import BUCKET_SECONDS, History
+from proxy.limits.limiter import Cost, Decision, Refusal, Standing, Ticket, Usage, Who, decision_of
+from proxy.limits.meters import BudgetMeter, Gate, Meter, RateMeter
+from proxy.limits.periods import earliest_start
+from proxy.limits.policy import Limit, Policies
+
+MeterKey = tuple[tuple[str, ...], str]
+
+
+class InProcessLimiter:
+    """``proxy.limits.limiter.Limiter`` in this process's memory."""
+
+    def __init__(self, policies: Policies) -> None:
+        self.policies = policies
+        self.history = History()
+        self.meters: dict[MeterKey, Meter] = {}
+        self._pruned = -math.inf
+
+    def replace(self, policies: Policies) -> None:
+        self.policies = policies
+
+    def wants_tokens(self, tenant: str) -> bool:
+        return self.policies.wants_tokens(tenant)
+
+    async def reserve(self, who: Who, cost: Cost, now: float) -> Decision:
+        plan = [
+            (level.scope, limit, self.meter(level.scope, limit), cost.of(limit.unit))
+            for level in self.policies.levels(who.tenant, who.model, who.key)
+            for limit in level.limits
+        ]
+        refusals = [
+            Refusal(limit.name, scope, wait, units, limit.amount, limit.budget)
+            for scope, limit, meter, units in plan
+            if (wait := meter.wait(units, now)) > 0
+        ]
+        if refusals:
+            worst = max(refusals, key=lambda r: r.wait)
+            return _decision(None, worst, plan, now)
+        ticket = Ticket(who, cost)
+        for scope, limit, meter, units in plan:
+            meter.take(units, now)
+            ticket.taken.append((scope, limit.name, limit.unit))
+        return _decision(ticket, None, plan, now)
+
+    async def settle(self, ticket: Ticket, billed: Cost, now: float) -> None:
+        if not ticket.open:
+            return
+        ticket.open = False
+        self.history.note(ticket.who, billed, now)
+        for scope, name, unit in ticket.taken:
+            meter = self.meters.get((scope, name))
+            if meter is not None:
+                meter.adjust(ticket.cost.of(unit), billed.of(unit), now)
+        self._prune(now)
+
+    async def release(self, ticket: Ticket, now: float) -> None:
+        if not ticket.open:
+            return
+        ticket.open = False
+        for scope, name, unit in ticket.taken:
+            meter = self.meters.get((scope, name))
+            if meter is not None:
+                meter.give(ticket.cost.of(unit), now)
+
+    async def restore(self, history: Iterable[Usage], now: float) -> int:
+        taken = 0
+        for usage in history:
+            self.history.note(usage.who, usage.cost, usage.at)
+            taken += 1
+        for meter in self.meters.values():  # re-read their period from the history
+            if isinstance(meter, BudgetMeter):
+                meter.start = meter.end = -math.inf
+        return taken
+
+    def meter(self, scope: tuple[str, ...], limit: Limit) -> Meter:
+        """The meter of ``limit`` at ``scope``, made on first use; a reload that changes
+        its amount keeps a budget's usage and a gate's holders, and restarts a rate."""
+        key = (scope, limit.name)
+        meter = self.meters.get(key)
+        if meter is not None and meter.amount == limit.amount:
+            if isinstance(meter, BudgetMeter) and meter.zone != self.policies.zone:
+                meter.zone, meter.start, meter.end = self.policies.zone, -math.inf, -math.inf
+            return meter
+        if isinstance(meter, BudgetMeter | Gate):
+            meter.amount = limit.amount
+            return meter
+        self.meters[key] = meter = self._new(scope, limit)
+        return meter
+
+    def _new(self, scope: tuple[str, ...], limit: Limit) -> Meter:
+        if limit.window is None:
+            return Gate(limit)
+        if not limit.window.budget:
+            return RateMeter(limit)
+        unit = limit.unit
+        return BudgetMeter(
+            limit,
+            self.policies.zone,
+            lambda start, end: self.history.used(scope, unit, start, end),
+        )
+
+    def _prune(self, now: float) -> None:
+        """Forget history older than any period (at most once a quarter hour)."""
+        if now - self._pruned < BUCKET_SECONDS:
+            return
+        self._pruned = now
+        self.history.prune(earliest_start(now, self.policies.zone))
+
+
+Plan = list[tuple[tuple[str, ...], Limit, Meter, int]]
+
+
+def _decision(ticket: Ticket | None, refusal: Refusal | None, plan: Plan, now: float) -> Decision:
+    """The decision with the standings of every limit of ``plan`` (``decision_of``)."""
+    standings = [
+        (scope, limit, Standing(*meter.standing(now)))
+        for scope, limit, meter, _ in plan
+        if limit.window is not None
+    ]
+    return decision_of(ticket, refusal, standings)
