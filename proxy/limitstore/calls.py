@@ -34,6 +34,8 @@ class StoreCalls(Remainders):
         kind = "timeout" if isinstance(exc, TimeoutError) else type(exc).__name__
         self.errors[kind] = self.errors.get(kind, 0) + 1
         self.reachable = False
+        if self.failing_since is None:  # the store stopped answering this replica
+            self.failing_since = self._clock()
         self.breaker.failed(self._clock())
         if self.metrics is not None:
             self.metrics.store_errors.labels(kind).inc()
@@ -43,6 +45,7 @@ class StoreCalls(Remainders):
     def _succeeded(self) -> bool:
         """The store answered; whether the breaker was open (it is back)."""
         self.reachable = True
+        self.failing_since = None
         if self.metrics is not None:
             self.metrics.store_breaker.set(0)
         return self.breaker.succeeded()

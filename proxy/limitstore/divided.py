@@ -18,7 +18,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from zoneinfo import ZoneInfo
 
-from proxy.limits.meters import HELD_RETRY_SECONDS, BudgetMeter, Meter, UsedIn
+from proxy.limits.limiter import Cost, Who
+from proxy.limits.meters import (
+    GATE_RETRY_SECONDS,
+    HELD_RETRY_SECONDS,
+    BudgetMeter,
+    Gate,
+    Meter,
+    RateMeter,
+    UsedIn,
+)
 from proxy.limits.policy import Limit, Policies
 from proxy.limitstore.memory import InProcessLimiter
 
@@ -31,6 +40,10 @@ LeftOf = Callable[[tuple[str, ...], Limit, float], tuple[int, int] | None]
 TookIn = Callable[[float, int], None]
 # The same for any budget, by its scope, its limit, its period's start and the units.
 TookOf = Callable[[tuple[str, ...], Limit, float, int], None]
+# The amount in force of a limit at a scope (a meter here holds the replica's share).
+WholeOf = Callable[[tuple[str, ...], Limit], int]
+# This replica's requests in flight through the store at a scope.
+InFlight = Callable[[tuple[str, ...]], int]
 
 
 class ShareMeter(BudgetMeter):
@@ -40,11 +53,18 @@ class ShareMeter(BudgetMeter):
     counts it against the remainder (before the standing is read)."""
 
     def __init__(
-        self, limit: Limit, zone: ZoneInfo, used_in: UsedIn, left_in: LeftIn, took_in: TookIn
+        self,
+        limit: Limit,
+        zone: ZoneInfo,
+        used_in: UsedIn,
+        left_in: LeftIn,
+        took_in: TookIn,
+        whole: Callable[[], int],
     ) -> None:
         super().__init__(limit, zone, used_in)
         self._left_in = left_in
         self._took_in = took_in
+        self._whole = whole
 
     def take(self, cost: int, now: float) -> None:
         super().take(cost, now)
@@ -68,23 +88,68 @@ class ShareMeter(BudgetMeter):
     def standing(self, now: float) -> tuple[int, int, float]:
         self._current(now)
         left = self._left_in(self.start)
-        amount, remaining, reset = super().standing(now)
+        _, remaining, reset = super().standing(now)
         if left is None:
-            return amount, remaining, reset
-        return self.amount, max(min(left[0], remaining), 0), self.end - now
+            return self._whole(), remaining, reset
+        return self._whole(), max(min(left[0], remaining), 0), self.end - now
+
+
+class ShareGate(Gate):
+    """A concurrency limit in local fail mode: this replica's share, its requests in flight
+    through the store counted in it (they hold the store's gate: an outage does not let
+    as many more in). Its standing quotes the whole limit."""
+
+    def __init__(self, limit: Limit, whole: Callable[[], int], in_flight: Callable[[], int]):
+        super().__init__(limit)
+        self._whole = whole
+        self._in_flight = in_flight
+
+    def wait(self, cost: int, now: float) -> float:
+        fits = self.held + self._in_flight() + cost <= self.amount
+        return 0.0 if fits else GATE_RETRY_SECONDS
+
+    def standing(self, now: float) -> tuple[int, int, float]:
+        return self._whole(), max(self.amount - self.held - self._in_flight(), 0), 0.0
+
+
+class ShareRate(RateMeter):
+    """A rate in local fail mode: this replica's share; its standing quotes the whole."""
+
+    def __init__(self, limit: Limit, whole: Callable[[], int]) -> None:
+        super().__init__(limit)
+        self._whole = whole
+
+    def standing(self, now: float) -> tuple[int, int, float]:
+        _, remaining, reset = super().standing(now)
+        return self._whole(), remaining, reset
 
 
 class ShareLimiter(InProcessLimiter):
-    """The in-process limiter on divided limits whose budgets are ``ShareMeter``s."""
+    """The in-process limiter on divided limits: its budgets ``ShareMeter``s, its gates
+    ``ShareGate``s, its rates ``ShareRate``s."""
 
-    def __init__(self, policies: Policies, left_of: LeftOf, took_of: TookOf) -> None:
+    def __init__(
+        self,
+        policies: Policies,
+        left_of: LeftOf,
+        took_of: TookOf,
+        whole_of: WholeOf,
+        in_flight: InFlight,
+    ) -> None:
         super().__init__(policies)
         self._left_of = left_of
         self._took_of = took_of
+        self._whole_of = whole_of
+        self._in_flight = in_flight
 
     def _new(self, scope: tuple[str, ...], limit: Limit) -> Meter:
-        if limit.window is None or not limit.window.budget:
-            return super()._new(scope, limit)
+        def whole() -> int:
+            return self._whole_of(scope, limit)
+
+        if limit.window is None:
+            return ShareGate(limit, whole, lambda: self._in_flight(scope))
+        if not limit.window.budget:
+            return ShareRate(limit, whole)
         unit = limit.unit
         return ShareMeter(
             limit,
@@ -92,4 +157,18 @@ class ShareLimiter(InProcessLimiter):
             lambda start, end: self.history.used(scope, unit, start, end),
             lambda start: self._left_of(scope, limit, start),
             lambda start, units: self._took_of(scope, limit, start, units),
+            whole,
         )
+
+    def count_rates(self, who: Who, cost: Cost, now: float) -> None:
+        """A request the store admitted, taken in this replica's shares of its rates as
+        far as they have room (so an outage right after it does not admit the share
+        again on top of it; never beyond full, which would refuse for longer than a
+        window)."""
+        for level in self.policies.levels(who.tenant, who.model, who.key):
+            for limit in level.limits:
+                if limit.window is not None and not limit.window.budget:
+                    meter = self.meter(level.scope, limit)
+                    units = cost.of(limit.unit)
+                    if meter.wait(units, now) == 0.0:
+                        meter.take(units, now)

@@ -36,7 +36,7 @@ class FailModes(Heartbeat):
         if not self.beating or self.breaker.open:
             if self.fail_mode is FailMode.CLOSED:
                 return "unreachable: limited tenants refused (fail mode closed)", True
-            if local and not self.counted:
+            if local and not self._counted():
                 return f"unreachable: limited tenants refused: {UNCOUNTED}", True
             if local:
                 return (
@@ -57,10 +57,23 @@ class FailModes(Heartbeat):
         if self.metrics is not None:
             self.metrics.fail_admissions.labels(mode.value, reason).inc()
 
-    async def _fail(self, who: Who, cost: Cost, now: float) -> Decision:
+    def _counted(self) -> bool:
+        """Whether this replica knows how many divide: the count is declared, or read by
+        its last heartbeat, which was no longer than the registry's TTL before the store
+        stopped answering (a replica whose heartbeat was late longer than that may be
+        missing from the others' counts, which then divide by fewer)."""
+        if self.configured:
+            return True
+        since, beaten = self.failing_since, self.beaten
+        late = since is not None and beaten is not None and since - beaten > self.registry_ttl
+        return self.counted and not late
+
+    async def _fail(self, who: Who, cost: Cost, now: float, reason: str) -> Decision:
+        """The fail mode's decision; ``reason``: why the store did not decide
+        (``unreachable``, or ``rebuilding``: its budgets not whole yet)."""
         mode = self.shared.policies.fail_mode(who.tenant, self.fail_mode)
         levels = self.shared.policies.levels(who.tenant, who.model, who.key)
-        if mode is FailMode.LOCAL and not self.counted and any(x.limits for x in levels):
+        if mode is FailMode.LOCAL and not self._counted() and any(x.limits for x in levels):
             # no share can be computed: dividing by what it saw may give it the whole budget
             return self._undivided(who, "replicas_unknown", UNCOUNTED)
         if mode is FailMode.LOCAL and (budget := self._undividable(levels, now)) is not None:
@@ -71,12 +84,12 @@ class FailModes(Heartbeat):
                 "before it said what was left)"
             )
             return self._undivided(who, "no_remainder", why, f"{':'.join(scope)}:{limit.name}")
-        self._count_fail(mode, "rebuilding" if self.reachable else "unreachable")
+        self._count_fail(mode, reason)
         if mode is FailMode.CLOSED:
             why = "the limits store is unreachable and this tenant's limits fail closed"
             return self._refused(who, why)
         if mode is FailMode.OPEN:
-            return self._held(LocalTicket(who, cost, id=uuid.uuid4().hex), None)
+            return self._held(LocalTicket(who, cost, id=uuid.uuid4().hex), None, now)
         if self._stale:  # this replica's usage billed through the store counts here too
             self._stale = False
             await self.local.restore((), now)
@@ -84,7 +97,7 @@ class FailModes(Heartbeat):
         if decision.ticket is None:
             return self._beyond_share(who, decision)
         ticket = LocalTicket(who, cost, id=uuid.uuid4().hex, inner=decision.ticket)
-        return self._held(ticket, decision)
+        return self._held(ticket, decision, now)
 
     def _undividable(
         self, levels: tuple[Level, ...], now: float
@@ -120,30 +133,24 @@ class FailModes(Heartbeat):
         share but within the limit is refused for now (to retry once the store answers),
         not as one that can never be admitted."""
         refusal = decision.refusal
-        if refusal is None or not refusal.alone or self.replicas <= 1:
+        if refusal is None or self.replicas <= 1:
             return decision
-        levels = self.shared.policies.levels(who.tenant, who.model, who.key)
-        whole = next(
-            (
-                limit.amount
-                for level in levels
-                if level.scope == refusal.scope
-                for limit in level.limits
-                if limit.name == refusal.limit
-            ),
-            refusal.amount,
-        )
-        wait = refusal.wait if refusal.cost > whole else self.breaker.cooldown
-        refusal = Refusal(refusal.limit, refusal.scope, wait, refusal.cost, whole, False)
+        whole = self._whole_named(refusal.scope, refusal.limit, refusal.amount)
+        if refusal.alone and refusal.cost <= whole:  # within the whole: once the store is back
+            refusal = dataclasses.replace(refusal, wait=self.breaker.cooldown, budget=False)
+        refusal = dataclasses.replace(refusal, amount=whole)
         return dataclasses.replace(decision, refusal=refusal)
 
-    def _held(self, ticket: LocalTicket, decision: Decision | None) -> Decision:
+    def _held(self, ticket: LocalTicket, decision: Decision | None, now: float) -> Decision:
+        """Admitted without the store: held in this process, and in the store from this
+        replica's next contribution on (at once while the store is being rebuilt)."""
         self.seq += 1
         ticket.seq = self.seq
         ticket.charged, self._taking = self._taking, []
+        ticket.parts = [p for p in self.shared.parts(ticket.who, now) if p.kind != "r"]
         self.shared.holds[ticket.id] = ticket
-        if self.reachable and not self.breaker.open:  # rebuilding: the store learns of
-            self.dirty = True  # the hold at once
+        self.dirty = True  # the store learns of its holds by the next contribution
+        if self.reachable and not self.breaker.open:  # rebuilding: at once
             self._contribute_soon()
         if decision is None:
             return Decision(ticket, None, None, None)

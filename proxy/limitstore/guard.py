@@ -22,12 +22,20 @@ import asyncio
 import contextlib
 
 from proxy.limits.limiter import Cost, Decision, Ticket, Who
+from proxy.limits.policy import FailMode
 from proxy.limitstore.breaker import STORE_ERRORS
 from proxy.limitstore.failmodes import FailModes
 from proxy.limitstore.replay import _op
 from proxy.limitstore.tickets import LocalTicket, Rebuilding, StoreTicket, Taken
 
 NOTHING = Cost(0, 0, 0)
+INLINE_ENDS = 8  # a tenant's missed ends sent before its admission; the rest in the background
+
+
+def _before(deadline: float) -> None:
+    """A round trip is only begun before the admission's deadline."""
+    if asyncio.get_running_loop().time() >= deadline:
+        raise TimeoutError
 
 
 class GuardedLimiter(FailModes):
@@ -42,25 +50,34 @@ class GuardedLimiter(FailModes):
         """The store's decision within one ``timeout`` in all (a reservation, and on a
         store found empty this replica's contribution and a second try), else the fail
         mode's."""
+        reason = "unreachable"
         try:
             async with self.slots:
                 await asyncio.sleep(0)  # the tasks queued before this one run first
-                async with asyncio.timeout(self.timeout):  # from here: a slot held
-                    decision = await self._reserve_in_store(who, cost, now)
+                deadline = asyncio.get_running_loop().time() + self.timeout
+                async with asyncio.timeout_at(deadline):  # from here: a slot held
+                    decision, reason = await self._reserve_in_store(who, cost, now, deadline)
         except TimeoutError as exc:  # the round trips together outlasted the timeout
             self._failed("reserve", exc)
             decision = None
-        return decision if decision is not None else await self._fail(who, cost, now)
+        if decision is not None:
+            return decision
+        return await self._fail(who, cost, now, reason)
 
-    async def _reserve_in_store(self, who: Who, cost: Cost, now: float) -> Decision | None:
-        """The store's decision; None when it cannot answer for the budgets (unreachable,
-        or their generation incomplete: every tenant then has its fail mode). A
-        reservation whose answer is lost is cancelled once the store answers again."""
+    async def _reserve_in_store(
+        self, who: Who, cost: Cost, now: float, deadline: float
+    ) -> tuple[Decision | None, str]:
+        """The store's decision, or None and why the store did not decide (unreachable,
+        or its budgets' generation incomplete: every tenant then has its fail mode). A
+        reservation whose answer is lost is cancelled once the store answers again. The
+        deadline is checked between round trips too (on Python 3.11 a timeout's cancel
+        can be lost inside the client's own wait)."""
         for attempt in (0, 1):
             if not self.breaker.allows(self._clock()):
-                return None
+                return None, "unreachable"
             if self.missed:  # the tenant's ends the store missed free their holds first
-                await self._replay(who.tenant)
+                await self._replay(who.tenant, INLINE_ENDS, deadline)
+            _before(deadline)
             seq, left = self.seq, dict[str, tuple[int, float, Taken]]()
             ticket = self.shared.ticket(who, cost, now)
             try:
@@ -69,12 +86,13 @@ class GuardedLimiter(FailModes):
                 self._back()
                 self.complete = False
                 if attempt or exc.contributed:
-                    return None
+                    return None, "rebuilding"
+                _before(deadline)
                 await self.contribute()
             except STORE_ERRORS as exc:
                 self._miss(ticket, NOTHING, "cancel")
                 self._failed("reserve", exc)
-                return None
+                return None, "unreachable"
             except BaseException:  # cancelled (the admission's timeout, or shutdown)
                 self._miss(ticket, NOTHING, "cancel")
                 raise
@@ -82,8 +100,13 @@ class GuardedLimiter(FailModes):
                 self._back()
                 self.complete = True
                 self._remember(left, seq)
-                return decision
-        return None
+                if decision.ticket is not None and self._local_mode(who):
+                    self.local.count_rates(who, cost, now)
+                return decision, ""
+        return None, "rebuilding"
+
+    def _local_mode(self, who: Who) -> bool:
+        return self.shared.policies.fail_mode(who.tenant, self.fail_mode) is FailMode.LOCAL
 
     async def settle(self, ticket: Ticket, billed: Cost, now: float) -> None:
         await self._end(ticket, billed, now, settle=True)
@@ -144,8 +167,13 @@ class GuardedLimiter(FailModes):
         self, ticket: LocalTicket, billed: Cost, now: float, *, settle: bool
     ) -> None:
         ticket.open = False
-        for left, unit, units in ticket.charged:  # held until now; billed from now on
-            left.spent += (billed.of(unit) if settle else 0) - units
+        for key, left, unit, units in ticket.charged:  # held until now; billed from now on
+            spent = (billed.of(unit) if settle else 0) - units
+            current = self.left.get(key)
+            if current is left:
+                left.spent += spent
+            elif current is not None:  # read since, its hold in it: only a bill beyond it
+                current.spent += max(spent, 0)
         if ticket.inner is not None:
             if settle:
                 await self.local.settle(ticket.inner, billed, now)
@@ -157,8 +185,25 @@ class GuardedLimiter(FailModes):
             self.shared.history.note(ticket.who, billed, now)
         del self.shared.holds[ticket.id]  # billed now, or given back
         self.dirty = True
+        if ticket.adopting:  # its holds in the store given back; its bill in the part
+            await self._send_end(ticket, NOTHING, "late" if settle else "release")
         if self.breaker.allows(self._clock()):
             self._contribute_soon()
+
+    async def _send_end(self, ticket: LocalTicket, billed: Cost, mode: str) -> None:
+        """An end sent to the store now, else kept to send again."""
+        if self.breaker.allows(self._clock()):
+            try:
+                async with self.slots:
+                    await self._call(_op(mode), self.shared.finish(ticket, billed, mode))
+            except STORE_ERRORS as exc:
+                self._failed(_op(mode), exc)
+            except BaseException:  # cancelled (shutdown): kept to send, as a failure is
+                self._miss(ticket, billed, mode)
+                raise
+            else:
+                return
+        self._miss(ticket, billed, mode)
 
     async def close(self) -> None:
         for task in (self._syncing, self._replaying):

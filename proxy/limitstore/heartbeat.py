@@ -34,6 +34,11 @@ class Heartbeat(Contribution):
             self.beating = False
             return None
         self.reachable = self.beating = True  # the breaker: requests' calls
+        clock = self._clock()
+        # beat within the registry's TTL of the last: the others have counted this
+        # replica all along (a stay that began anew is the store's registry lost)
+        continuous = self.beaten is not None and clock - self.beaten <= ttl
+        self.beaten, self.failing_since, self.registry_ttl = clock, None, ttl
         self.heard = max(self.heard, beat.now)
         self._warned.clear()
         generation, complete = beat.generation, beat.complete
@@ -45,7 +50,7 @@ class Heartbeat(Contribution):
                 "its budgets are rebuilt from every replica's journal",
             )
             generation, complete = None, False
-        self._count(beat.count, beat.stayed >= ttl)
+        self._count(beat.count, beat.stayed >= ttl, continuous)
         stale = generation is None or generation != self.generation or not beat.contributed
         if stale or self.dirty or not complete:
             complete = await self.contribute()
@@ -70,13 +75,20 @@ class Heartbeat(Contribution):
             log.warning("limits_holds_lost", asked=asked, renewed=renewed)
         return renewed
 
-    def _count(self, live: int, settled: bool) -> None:
+    def _count(self, live: int, settled: bool, continuous: bool) -> None:
         """Divide by the configured count, else by the live one once this replica has
         stayed a registry TTL in the store (every replica that stayed as long is in it;
         one that joined later has not stayed as long, and refuses); before that the count
-        is not known."""
+        is not known, but for a replica that was counted and has beaten all along: its
+        stay began anew because the store lost its registry (restarted empty), and the
+        count read before still divides (by no fewer than the live one) until its new
+        stay is a TTL long."""
         if self.configured:
             self.set_replicas(self.configured)
             return
-        self.counted = settled
-        self.set_replicas(live if settled else max(self.replicas, live))
+        if settled:
+            self.counted = True
+            self.set_replicas(live)
+            return
+        self.counted = self.counted and continuous
+        self.set_replicas(max(self.replicas, live))

@@ -1,13 +1,13 @@
 """This replica's part of each budget in the store: what its journal billed in the
-period and what it holds in reservations made without the store, less the settlements on
-their way there (``own``); the budgets it has a part in or watches for an outage; and its
-contribution of every part as its total (``sync``), which starts a generation, the
-rebuild, on a store found empty."""
+period, less the settlements on their way there (``own``); the budgets it has a part in
+or watches for an outage; and its contribution of every part as its total, with the
+holds of its requests in flight (``sync``), which starts a generation, the rebuild, on a
+store found empty."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from proxy.limits.history import bucket_of, matches
@@ -17,6 +17,7 @@ from proxy.limitstore.tickets import (
     BUDGET_GRACE_SECONDS,
     DONE_SECONDS,
     GENERATION_SECONDS,
+    LocalTicket,
     StoreTicket,
     Synced,
     Taken,
@@ -27,20 +28,19 @@ class ReplicaParts(StoreLayout):
     """What this replica contributes to the store's budgets (``RedisLimiter``'s base)."""
 
     def own(self, part: Taken) -> int:
-        """This replica's part of a budget: what it billed in the period, and what it
-        holds in reservations it made without the store; settlements the store has not
-        confirmed are left out (each adds itself there, see ``scripts``)."""
+        """This replica's part of a budget: what it billed in the period, less the
+        settlements the store has not confirmed (each adds itself there, see
+        ``scripts``). Its requests in flight are held in the store apart (``sync``)."""
         if part.kind != "b":
             return 0
         unit = part.limit.unit
         billed = self.history.used(part.scope, unit, part.start, part.span)
-        held = sum(t.cost.of(unit) for t in self.holds.values() if matches(part.scope, t.who))
         sending = sum(
             cost.of(unit)
             for who, cost, at in self.sending.values()
             if matches(part.scope, who) and part.start <= bucket_of(at) < part.span
         )
-        return billed + held - sending + self.orphaned(part)
+        return billed - sending
 
     def _claimed(self, claims: list[str]) -> None:
         for rid in claims:
@@ -87,39 +87,41 @@ class ReplicaParts(StoreLayout):
 
     async def sync(self, known: int, now: float) -> Synced:
         """Contribute this replica's part of every budget to the store (one round trip),
-        starting a generation if the store has none; ``known``: the replicas the operator
-        declared (0: none), whom a new generation waits for (else for its grace)."""
+        starting a generation if the store has none, and take the holds of its requests in
+        flight there: those admitted without the store, and, in a generation new to this
+        replica, those reserved in the store state that is gone. ``known``: the replicas
+        the operator declared (0: none), whom a new generation waits for (else its grace)."""
         parts = self.budgets(now)
         claims = list(self.unclaimed)
+        local = [t for t in self.holds.values() if isinstance(t, LocalTicket) and t.open]
+        stored = [t for t in self.live.values() if t.open]
+        held: list[tuple[StoreTicket | LocalTicket, Taken, int]] = [
+            (t, p, 1) for t in local for p in t.parts
+        ]
+        held += [(t, p, 0) for t in stored for p in t.parts if p.kind != "r"]
         keys = [self.generation_key, self.registry_key]
         keys += [self.done_key(rid) for rid in claims] + [p.key for p in parts]
         args: list[Any] = [self.replica, known, self.grace, GENERATION_SECONDS]
         args += [uuid.uuid4().hex, len(parts), self.generation or ""]
-        args += [len(claims), DONE_SECONDS]
+        args += [len(claims), DONE_SECONDS, self.reservation_ttl, len(held)]
         for part in parts:
-            own = self.own(part)
-            # in a generation new to this replica, every request in flight it reserved in
-            # the store is in its part: the store that held those reservations is gone
-            fresh = own - self.orphaned(part) + self.in_flight(part, lambda _: True)
-            args += [own, fresh, part.span + BUDGET_GRACE_SECONDS]
+            args += [self.own(part), part.span + BUDGET_GRACE_SECONDS]
+        for ticket, part, always in held:
+            keys += [part.key, part.holds, self.done_key(ticket.id)]
+            units = ticket.cost.of(part.limit.unit)
+            expire = part.span + BUDGET_GRACE_SECONDS if part.kind == "b" else 0
+            args += [f"{ticket.id}|{units}", units, expire, always]
+        for ticket in local:
+            ticket.adopting = True  # its end gives a hold back, should this have taken it
         out = await self._sync(keys=keys, args=args)
         self._claimed(claims)
         generation = out[0].decode() if isinstance(out[0], bytes) else str(out[0])
+        for ticket in local:
+            ticket.adopted = ticket.open  # renewed while it runs
+        for reserved in stored:  # held in this generation now, whichever it was made in
+            reserved.generation = generation
         self.generation = generation
         return Synced(generation, bool(int(out[1])), bool(int(out[2])), len(parts))
-
-    def orphaned(self, part: Taken) -> int:
-        """What the requests in flight this replica reserved in a store state that is gone
-        (a generation before the current one) hold of a budget."""
-        return self.in_flight(part, lambda t: t.generation != self.generation)
-
-    def in_flight(self, part: Taken, which: Callable[[StoreTicket], bool]) -> int:
-        unit = part.limit.unit
-        return sum(
-            t.cost.of(unit)
-            for t in self.live.values()
-            if t.open and which(t) and matches(part.scope, t.who)
-        )
 
     async def restore(self, history: Iterable[Usage], now: float) -> int:
         taken = 0

@@ -46,6 +46,7 @@ from proxy.limitstore.tickets import (
     DONE_SECONDS,
     GENERATION_SECONDS,
     Beat,
+    LocalTicket,
     Rebuilding,
     StoreTicket,
     Taken,
@@ -195,15 +196,16 @@ class RedisLimiter(ReplicaParts):
         expired first, e.g. the store was unreachable for a TTL) is not taken again."""
         keys: list[str] = []
         args: list[Any] = [self.reservation_ttl]
-        for rid, ticket in list(self.live.items()):
-            if not ticket.open:
-                del self.live[rid]
-                continue
-            for part in ticket.parts:
+        for rid in [rid for rid, t in self.live.items() if not t.open]:
+            del self.live[rid]
+        adopted = [t for t in self.holds.values() if isinstance(t, LocalTicket) and t.adopted]
+        alive: list[StoreTicket | LocalTicket] = [*self.live.values(), *adopted]
+        for each in alive:
+            for part in each.parts:
                 if part.kind == "r":
                     continue
                 keys += [part.key, part.holds]
-                args.append(f"{rid}|{ticket.cost.of(part.limit.unit)}")
+                args.append(f"{each.id}|{each.cost.of(part.limit.unit)}")
         if not keys:
             return 0, 0
         renewed = int(await self._renew(keys=keys, args=args))
@@ -218,8 +220,10 @@ class RedisLimiter(ReplicaParts):
         units are in this replica's part by then (contributed as its total, see ``own``),
         so it adds nothing; ``cancel`` ends a reservation whose answer was lost (it may
         never have been made): its holds given back, the reservation refused should it
-        arrive later, its rates left as they are (they refill)."""
-        if not isinstance(ticket, StoreTicket) or not ticket.parts:
+        arrive later, its rates left as they are (they refill). A request admitted
+        without the store ends as ``late`` or ``release``: its holds (taken by a
+        contribution) given back, its bill in this replica's part."""
+        if not isinstance(ticket, StoreTicket | LocalTicket) or not ticket.parts:
             return False
         keys = [self.done_key(ticket.id)]
         args: list[Any] = [ticket.id, self.replica, len(ticket.parts), DONE_SECONDS, mode]

@@ -1,17 +1,19 @@
-"""The guarded limiter's state, and what the store last said was left of each budget,
-kept for local fail mode: from each
-admission's answer and each heartbeat's read, ordered by the store's clock, and only when
-the store knows every admission this replica made without it; a replica's share is of
-these remainders, less what it admitted without the store since."""
+"""The guarded limiter's state, and what the store last said was used of each budget,
+kept for local fail mode: from each admission's answer and each heartbeat's read, ordered
+by the store's clock, and only when the store knows every admission this replica made
+without it (contributed); a replica's share is of what is left of the amount in force,
+less what it admitted without the store since."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 
 import structlog
 
+from proxy.limits.history import matches
 from proxy.limits.limiter import Cost, Ticket
 from proxy.limits.periods import period
 from proxy.limits.policy import FailMode, Limit, Policies, Unit
@@ -51,13 +53,23 @@ class Remainders:
         self.configured = max(replicas, 0)  # --limits-replicas (0: read from the store)
         self.replicas = max(self.configured, 1)  # what local fail mode divides by
         self.local = ShareLimiter(
-            shared.policies.divided(self.replicas), self._left_of, self._took_of
+            shared.policies.divided(self.replicas),
+            self._left_of,
+            self._took_of,
+            self._whole_of,
+            self._in_flight,
         )
-        self._taking: list[tuple[Left, Unit, int]] = []  # the local admission being made
+        self._taking: list[tuple[str, Left, Unit, int]] = []  # the local admission being made
         # what was left of each budget in the store when it last said so, by its key
         self.left: dict[str, Left] = {}
         self.seq = 0  # local admissions so far (a remainder is after those up to its own)
         self.heard = float("-inf")  # the store's time when it last answered this replica
+        # this replica's last successful heartbeat and when the store stopped answering
+        # since (this process's clock), and the registry's TTL: a replica silent longer
+        # than it may be missing from the others' count
+        self.beaten: float | None = None
+        self.failing_since: float | None = None
+        self.registry_ttl = 15.0
         self.errors: dict[str, int] = {}  # store failures by kind
         self.fail_admissions: dict[FailMode, int] = dict.fromkeys(FailMode, 0)
         self.rebuilds = 0  # generations this replica started (the store was found empty)
@@ -111,7 +123,7 @@ class Remainders:
             return
         for key, (remaining, at, part) in left.items():
             self.heard = max(self.heard, at)
-            self._keep(key, Left(remaining, at, seq, part.span))
+            self._keep(key, Left(part.limit.amount - remaining, at, seq, part.span))
 
     def _keep(self, key: str, left: Left) -> None:
         old = self.left.get(key)
@@ -119,12 +131,13 @@ class Remainders:
             self.left[key] = left
 
     def _remainder(self, key: str, limit: Limit, start: float, end: float) -> Left | None:
-        """What the store last said was left of a budget's period; for a period that began
-        after the store last answered this replica, its whole amount (nothing was spent
-        in it through the store as far as this replica can know); else None."""
+        """What the store last said was used of a budget's period; for a period that began
+        after the store last answered this replica (it has, since this process started),
+        nothing (nothing was spent in it through the store as far as this replica can
+        know); else None."""
         left = self.left.get(key)
-        if left is None and start > self.heard:
-            left = self.left[key] = Left(limit.amount, start, self.seq, end)
+        if left is None and math.isfinite(self.heard) and start > self.heard:
+            left = self.left[key] = Left(0, start, self.seq, end)
         return left
 
     def _period_left(self, scope: tuple[str, ...], limit: Limit, start: float) -> Left | None:
@@ -140,7 +153,27 @@ class Remainders:
         left = self._period_left(scope, limit, start)
         if left is None:
             return None
-        return left.remaining // self.replicas - left.spent, left.remaining
+        remainder = max(self._whole_of(scope, limit) - left.consumed, 0)
+        return remainder // self.replicas - left.spent, remainder
+
+    def _whole_of(self, scope: tuple[str, ...], limit: Limit) -> int:
+        """The amount in force of ``limit`` at ``scope`` (local mode's meters hold its
+        share: a refusal and the headers quote the whole)."""
+        return self._whole_named(scope, limit.name, limit.amount)
+
+    def _whole_named(self, scope: tuple[str, ...], name: str, default: int) -> int:
+        levels = self.shared.policies.levels(scope[1], *_model_key(scope))
+        for level in levels:
+            if level.scope == scope:
+                for whole in level.limits:
+                    if whole.name == name:
+                        return whole.amount
+        return default
+
+    def _in_flight(self, scope: tuple[str, ...]) -> int:
+        """The requests this replica has in flight through the store at ``scope``: local
+        mode's gate counts them with its own (they hold the store's gate)."""
+        return sum(1 for t in self.shared.live.values() if t.open and matches(scope, t.who))
 
     def _beyond_reserved(self, ticket: Ticket, billed: Cost) -> None:
         """A store reservation billed beyond what it reserved: the excess is not in the
@@ -158,7 +191,8 @@ class Remainders:
         left = self._period_left(scope, limit, start)
         if left is not None:
             left.spent += units
-            self._taking.append((left, limit.unit, units))
+            key = self.shared.budget_key(scope, limit, start)
+            self._taking.append((key, left, limit.unit, units))
 
     async def _read_left(self) -> None:
         """Read what is left of every budget this replica watches (one round trip, apart
@@ -166,7 +200,7 @@ class Remainders:
         when every admission it made without the store is in the store (contributed);
         remainders of periods past are dropped."""
         shared, seq = self.shared, self.seq
-        if shared.holds or self.dirty or (self._syncing and not self._syncing.done()):
+        if self.dirty or (self._syncing and not self._syncing.done()):
             return
         watched = shared.watched(time.time())
         try:
@@ -183,7 +217,13 @@ class Remainders:
             return
         now = float(result[0][0]) + float(result[0][1]) / 1e6
         for part, (used, reserved) in zip(watched, result[1:], strict=True):
-            remaining = part.limit.amount - int(used or 0) - int(reserved or 0)
-            self._keep(part.key, Left(max(remaining, 0), now, seq, part.span))
+            consumed = int(used or 0) + int(reserved or 0)
+            self._keep(part.key, Left(consumed, now, seq, part.span))
         for key in [k for k, left in self.left.items() if left.end <= now]:
             del self.left[key]
+
+
+def _model_key(scope: tuple[str, ...]) -> tuple[str | None, str | None]:
+    """The model and key a level's scope names (for ``Policies.levels``)."""
+    kind = scope[0]
+    return (scope[2] if kind == "model" else None, scope[2] if kind == "key" else None)

@@ -4,6 +4,8 @@ before its next admission, the rest in the background. Each end is idempotent by
 
 from __future__ import annotations
 
+import asyncio
+
 from proxy.limits.limiter import Cost, Ticket
 from proxy.limitstore.breaker import STORE_ERRORS
 from proxy.limitstore.calls import StoreCalls
@@ -24,11 +26,17 @@ class Replay(StoreCalls):
             del self.missed[next(iter(self.missed))]
         self.missed[key] = (ticket, billed, mode)
 
-    async def _replay(self, tenant: str | None) -> None:
-        """Send the missed ends again (a tenant's only, inline in its admission, or all,
-        each in a slot); one that fails is kept for the next time."""
+    async def _replay(
+        self, tenant: str | None, most: int | None = None, deadline: float | None = None
+    ) -> None:
+        """Send the missed ends again (a tenant's only, at ``most`` and before
+        ``deadline``, inline in its admission; or all, each in a slot); one that fails is
+        kept for the next time."""
         keys = [k for k, (t, _, _) in self.missed.items() if tenant in (None, t.who.tenant)]
-        for key in keys:
+        loop = asyncio.get_running_loop()
+        for key in keys[:most]:
+            if deadline is not None and loop.time() >= deadline:
+                return
             end = self.missed.get(key)
             if end is None:
                 continue

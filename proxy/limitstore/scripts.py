@@ -4,9 +4,10 @@ read once at import), each atomic on the store's clock (``TIME``): a reservation
 (``SYNC``), the renewal of the holds of its reservations still alive (``RENEW``), and its
 heartbeat in the registry (``BEAT``).
 
-A budget's hash holds ``u:<replica>``, what that replica's journal billed in the period
-(plus what it holds in reservations it made while the store was away), and ``used``,
-their sum. A contribution (a reservation's or ``SYNC``'s) only ever raises the replica's
+A budget's hash holds ``u:<replica>``, what that replica's journal billed in the period,
+``used``, their sum, and ``reserved``, what requests in flight hold: those the store
+admitted, and those a replica admitted without it, taken by its next contribution
+(``SYNC``) and given back by their end. A contribution (a reservation's or ``SYNC``'s) only ever raises the replica's
 own field to its own total, so writing it twice, or after a retry, or out of order,
 counts nothing twice. A settlement adds its billed units to that field in the same step
 that gives its reservation back, once per id; the total a replica contributes leaves out
@@ -22,7 +23,9 @@ operator declared (``--limits-replicas``) has contributed its journal (``c:<repl
 a grace of three heartbeats has passed and every replica alive in the registry has, the
 generation is incomplete and nothing is reserved on it: the replicas admit by their fail
 mode meanwhile (``local``: in process, each by its share of what the store last told it was
-left), and contribute what they admit so.
+left), and contribute what they admit so. A replica's first contribution to a generation
+new to it also takes again the holds of the requests it has in flight through the store
+(once: a hold already there is left).
 
 Ids: the first end of a reservation id (its done key, ``<ns>:done:<id>``, set if absent)
 is the one that adds units and gives rate capacity back; a hold is given back by removing

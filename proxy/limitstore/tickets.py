@@ -77,13 +77,14 @@ class StoreTicket(Ticket):
 
 @dataclass(slots=True)
 class Left:
-    """What was left of a budget's period (ending at ``end``) in the store (its amount
-    less its used and reserved units) when it last said so (``at``, on the store's clock:
-    answers read out of order do not replace a later one), after this replica's local
-    admissions up to ``seq``; ``spent``: what this replica admitted without the store
-    since (held, then billed)."""
+    """What the store said was used and reserved of a budget's period (ending at ``end``)
+    when it last said so (``at``, on the store's clock: answers read out of order do not
+    replace a later one), after this replica's local admissions up to ``seq``: what is left
+    is the amount in force less that (a reload that lowers a budget in an outage lowers
+    it); ``spent``: what this replica admitted without the store since (held, then
+    billed)."""
 
-    remaining: int
+    consumed: int
     at: float
     seq: int
     end: float
@@ -93,10 +94,16 @@ class Left:
 @dataclass(slots=True)
 class LocalTicket(Ticket):
     """A reservation made in this process while the store could not answer (``local`` or
-    ``open``): held in this replica's part of the store's budgets until it ends, then
-    billed there. ``charged``: the remainders it counts in (with its units there)."""
+    ``open``). Its holds at the budgets and gates of ``parts`` are taken in the store by
+    this replica's next contribution (``adopting``, then ``adopted`` once the store
+    confirmed), renewed while it runs and given back by its end; its bill is this
+    replica's part from then on. ``charged``: the remainders it counts in, by budget key
+    (with its units there)."""
 
     id: str = ""
     inner: Ticket | None = None
     seq: int = 0
-    charged: list[tuple[Left, Unit, int]] = field(default_factory=list)
+    parts: list[Taken] = field(default_factory=list)
+    adopting: bool = False
+    adopted: bool = False
+    charged: list[tuple[str, Left, Unit, int]] = field(default_factory=list)

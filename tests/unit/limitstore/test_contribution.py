@@ -23,6 +23,7 @@ async def test_usage_billed_without_the_store_is_contributed_once(
     limiter = make_guarded(pols, "r0", replicas=1)
     await billed_before(limiter, 40)
     assert await limiter.contribute() is True
+    assert await limiter.beat(15) is not None  # what is left: local mode divides it
     redis_store.kill()
     decision = await limiter.reserve(ACME, Cost(25, 0), time.time())
     assert decision.ticket is not None
@@ -42,11 +43,13 @@ async def test_an_open_reservation_without_the_store_counts_in_the_rebuild(
     make_guarded: MakeGuarded, redis_store: Store
 ) -> None:
     """A request admitted without the store and still in flight when the store is rebuilt
-    is held in this replica's part, so the others cannot spend it meanwhile."""
+    is held in the store by this replica's contribution (a reservation, given back by its
+    end), so the others cannot spend it meanwhile."""
     pols = policies(prompt_tokens_per_day=300)
     limiter = make_guarded(pols, "r0", replicas=1)
     await limiter.restore([], time.time())
     assert await limiter.contribute() is True
+    assert await limiter.beat(15) is not None  # what is left: local mode divides it
     redis_store.kill()
     decision = await limiter.reserve(ACME, Cost(50, 0), time.time())
     assert decision.ticket is not None
@@ -68,6 +71,7 @@ async def test_usage_billed_while_the_store_was_skipped_is_contributed_when_back
     limiter = make_guarded(pols, "r0", replicas=1)
     await limiter.restore([], time.time())
     assert await limiter.contribute() is True
+    assert await limiter.beat(15) is not None  # what is left: local mode divides it
     limiter.breaker.count, limiter.breaker.open_until = 3, time.monotonic() + 60
     decision = await limiter.reserve(ACME, Cost(30, 0), time.time())
     assert decision.ticket is not None

@@ -37,8 +37,16 @@ class Remainders:
 
 
 def share(remainders: Remainders, **tenant: object) -> ShareLimiter:
-    pols = Policies.model_validate({"tenants": {"acme": tenant}}).divided(remainders.replicas)
-    return ShareLimiter(pols, remainders.left_of, remainders.took_of)
+    """The share limiter of ``tenant``'s limits over ``remainders.replicas``, no request in
+    flight through the store."""
+    whole = Policies.model_validate({"tenants": {"acme": tenant}})
+
+    def whole_of(scope: Scope, limit: Limit) -> int:
+        (level,) = [v for v in whole.levels(scope[1], None, None) if v.scope == scope]
+        return next(x.amount for x in level.limits if x.name == limit.name)
+
+    pols = whole.divided(remainders.replicas)
+    return ShareLimiter(pols, remainders.left_of, remainders.took_of, whole_of, lambda _: 0)
 
 
 async def test_a_budget_with_a_remainder_admits_its_room_in_it() -> None:
@@ -75,5 +83,5 @@ async def test_without_a_remainder_a_budget_admits_nothing_and_a_rate_divides() 
     rated = share(remainders, requests_per_minute=10)
     admitted = [await rated.reserve(ACME, Cost(), NOW) for _ in range(4)]
     assert [d.ticket is not None for d in admitted] == [True, True, True, False]
-    assert admitted[0].requests is not None
-    assert admitted[0].requests.limit == 3
+    assert admitted[0].requests is not None  # the whole limit quoted, the share's room
+    assert (admitted[0].requests.limit, admitted[0].requests.remaining) == (10, 2)

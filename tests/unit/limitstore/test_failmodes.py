@@ -152,8 +152,11 @@ async def test_each_tenant_fails_by_its_own_mode(
             }
         }
     )
-    limiter = make_guarded(pols, "r0", replicas=2)
-    await limiter.restore([], time.time())
+    limiter, other = make_guarded(pols, "r0", replicas=2), make_guarded(pols, "r1", replicas=2)
+    for replica in (limiter, other):
+        await replica.restore([], time.time())
+        await replica.contribute()
+    assert await limiter.beat(15) is not None  # what is left of each named budget
     redis_store.kill()
     now = time.time()
     opened = [await limiter.reserve(Who("acme"), Cost(40, 0), now) for _ in range(4)]

@@ -12,8 +12,8 @@ import time
 import pytest
 from redis.exceptions import RedisError
 
-from proxy.limits.limiter import Cost, Ticket, Usage
-from proxy.limitstore.tickets import Rebuilding, StoreTicket
+from proxy.limits.limiter import Cost, Usage
+from proxy.limitstore.tickets import LocalTicket, Rebuilding, StoreTicket
 from tests.support.limitstores import ACME, MakeShared, joined, policies
 from tests.support.redisserver import Store
 
@@ -99,7 +99,7 @@ async def test_an_incomplete_generation_reserves_nothing_and_the_whole_sees_ever
     """While a store found empty waits for replicas, nothing is reserved on it (each
     replica admits by its fail mode meanwhile, in process); once every replica expected
     has contributed, their parts (billed, and held in requests admitted without the
-    store) are all in it."""
+    store: taken there as reservations) are all in it."""
     pols = policies(prompt_tokens_per_day=300)
     one, two, three = (make_shared(pols, f"r{i}", grace=60.0) for i in range(3))
     now = time.time()
@@ -109,8 +109,9 @@ async def test_an_incomplete_generation_reserves_nothing_and_the_whole_sees_ever
     with pytest.raises(Rebuilding) as raised:
         await one.reserve(ACME, Cost(1, 0), now)
     assert raised.value.contributed
-    local = Ticket(ACME, Cost(10, 0))  # admitted in process meanwhile, still running
-    three.holds["local"] = local
+    local = LocalTicket(ACME, Cost(10, 0), id="local")  # admitted in process meanwhile
+    local.parts = [p for p in three.parts(ACME, now) if p.kind != "r"]
+    three.holds[local.id] = local
     assert await joined(two, three, known=3) == [False, True]
     over = await two.reserve(ACME, Cost(1, 0), now)  # 270 billed + 10 held by r2
     assert over.tokens is not None
