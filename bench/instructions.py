@@ -5,12 +5,14 @@ where CPU time moves by 20 % from run to run and wall-clock time means little.
     python bench/instructions.py --targets proxy-sync --event-loops uvloop --keep DIR
 
     python bench/instructions.py --targets proxy-sync --scenario embeddings  # issue #42's x1
+    python bench/instructions.py --targets proxy-sync --scenario "rerank 1x64 unique docs"
 
 Each target runs under ``valgrind --tool=callgrind`` with collection off; after warm-up
 requests (count cache filled, code paths translated) collection is switched on and the
 counters zeroed, ``--requests`` requests of ``--scenario`` (cache-hit reranks 1x64 by
-default; ``embeddings``: one short input) are sent sequentially at 0 ms upstream, and the
-dump's total (all threads) is divided by their number. ``--keep`` keeps the
+default; ``embeddings``: one short input; ``rerank 1x64 unique docs``: documents no
+request sent before, each a full recount) are sent sequentially at 0 ms upstream, and
+the dump's total (all threads) is divided by their number. ``--keep`` keeps the
 dumps for ``callgrind_annotate``. The fake upstream and the client run outside valgrind.
 """
 
@@ -36,7 +38,7 @@ from bench.harness import (
     sequential,
     start_upstream,
 )
-from bench.workload import SCENARIOS, request
+from bench.workload import SCENARIOS, UNIQUE, request, unique_bodies
 from scripts.vllm_cpu import _spawn
 
 TARGETS = ("relay", "durable", "proxy-sync", "proxy-async")
@@ -91,13 +93,18 @@ async def count(
     try:
         process.wait_ready("/readyz" if target.startswith("proxy") else "/health", 600)
         path, body = request(scenario)
+        bodies = [body] * (30 + requests)
+        if scenario == UNIQUE:  # new texts in every request, the fake's answers cached
+            bodies = unique_bodies(port, 30 + requests)
+            async with aiohttp.ClientSession() as session:
+                await sequential(session, upstream.url + path, bodies)
         url = process.url + path
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
-            await sequential(session, url, [body] * 20)  # translated, cache filled
+            await sequential(session, url, bodies[:20])  # translated, cache filled
             control(process.popen.pid, "--instr=on")
-            await sequential(session, url, [body] * 10)
+            await sequential(session, url, bodies[20:30])
             control(process.popen.pid, "--zero")
-            await sequential(session, url, [body] * requests)
+            await sequential(session, url, bodies[30:])
             control(process.popen.pid, "--dump")
     finally:
         process.stop()

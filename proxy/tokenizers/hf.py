@@ -23,6 +23,7 @@ from typing import Any
 
 from proxy.accounting.types import NotCached, Tokenizer, Uncountable
 from proxy.tokenizers.cache import CountCache
+from proxy.tokenizers.words import WordCounts
 
 _keys = itertools.count()
 # The tokenizer library behaviour counts follow: the upstream's (see load_tokenizer).
@@ -128,6 +129,9 @@ class HFTokenizer:
         self._specials = int(tokenizer.num_special_tokens_to_add(pair=False))
         self.semantics = TRANSFORMERS_5  # which library behaviour the counts follow
         self._pair_specials = int(tokenizer.num_special_tokens_to_add(pair=True))
+        # Count-only lengths where they are exact (BERT WordPiece, plain ASCII texts); this
+        # copy's own, as its backend is.
+        self._words = WordCounts.of(tokenizer.backend_tokenizer)
 
     @property
     def pad_token_id(self) -> int | None:
@@ -161,10 +165,22 @@ class HFTokenizer:
     def _batch_lengths(self, texts: Sequence[str], max_length: int | None) -> list[int]:
         """Lengths with special tokens. Truncating one text to ``max_length`` (at least its
         special tokens, see accounting._MIN_CAP) keeps ``min(length, max_length)``."""
-        lengths = backend_lengths(self._tok, list(texts), add_special_tokens=True)
+        lengths = self._full_lengths(texts)
         if max_length is None:
             return lengths
         return [min(n, max_length) for n in lengths]
+
+    def _full_lengths(self, texts: Sequence[str]) -> list[int]:
+        """Untruncated lengths with special tokens: word by word where that is exact
+        (``WordCounts``), the rest in one backend batch."""
+        if self._words is None:
+            return backend_lengths(self._tok, list(texts), add_special_tokens=True)
+        counted = self._words.lengths(texts)
+        rest = [text for text, n in zip(texts, counted, strict=True) if n is None]
+        if not rest:
+            return counted  # type: ignore[return-value]
+        more = iter(backend_lengths(self._tok, rest, add_special_tokens=True))
+        return [next(more) if n is None else n for n in counted]
 
     def _is_long(self, text: str) -> bool:
         return self.bound is not None and len(text) > LONG_TEXT_CHARS

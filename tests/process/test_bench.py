@@ -50,7 +50,7 @@ def test_bench_smoke() -> None:
         check=True,
     ).stdout
     for heading in (
-        "## Goals (issue #42)",
+        "## Goals (issues #42 and #51)",
         "## Against vLLM's own front end (issue #42)",
         "## Against LiteLLM's proxy (issue #42)",
         "## Relay ratios (issue #29; retired as goals, information only)",
@@ -188,7 +188,7 @@ def test_comparison_tables_judge_only_what_was_measured() -> None:
     and a LiteLLM that is not installed are said so and never judged."""
     from bench import frontend, gateway
 
-    measured = {"workload": "embeddings, 1 input", "vllm_ms": 5.6, "proxy_ms": 2.9}
+    measured = {"workload": "score N:N 32", "vllm_ms": 5.6, "proxy_ms": 2.9}
     cheap = {**measured, "workload": "rerank", "proxy_ms": 1.0}
     rows = [
         {**measured, "ratio": 2.9 / 5.6},
@@ -205,6 +205,62 @@ def test_comparison_tables_judge_only_what_was_measured() -> None:
     out = gateway.table({"rows": [row], "skipped": "LiteLLM is not installed"})
     assert out[2].endswith("| not measured | not measured |")
     assert "LiteLLM not measured" in out[-1]
+
+
+def test_the_small_request_is_judged_per_durability() -> None:
+    """One short embedding is judged twice (issue #51): the sync proxy against the durable
+    relay in the same run (<= 1.2x), the async proxy against vLLM's API server (<= 0.30x);
+    without the durable relay it falls back to the 0.25x row, never judged on nothing."""
+    from bench import frontend
+
+    floors = {frontend.RELAY: 0.8, frontend.DURABLE: 1.3, frontend.ASYNC: 1.2}
+    row = {
+        "workload": frontend.SMALL,
+        "requests": 150,
+        "vllm_ms": 3.5,
+        "proxy_ms": 1.5,
+        "ratio": 1.5 / 3.5,
+        "floors_ms": floors,
+    }
+    sync, late = frontend.verdicts(row)
+    assert (round(sync.ratio, 2), sync.met) == (1.15, True)
+    assert (round(late.ratio, 2), late.met) == (0.34, False)
+    lines = frontend.table({"version": "0.29.0", "rows": [row]})
+    assert lines[2].endswith("| judged by durability (below) |")
+    assert (
+        "| proxy, --durability sync | 1.50 | 0.43x | 1.15x | <= 1.2x the durable relay | yes |"
+        in lines
+    )
+    assert lines[-1] == (
+        "| proxy, --durability async | 1.20 | 0.34x | 0.92x | <= 0.30x vLLM's API server | no |"
+    )
+    (alone,) = frontend.verdicts({**row, "floors_ms": {}})
+    assert alone.name.startswith(f"proxy CPU <= {frontend.GOAL}x")
+    assert alone.met is False
+
+
+def test_the_gateway_judges_the_async_proxy_and_shows_the_commit() -> None:
+    """The LiteLLM goal takes the async proxy's added p50; the sync proxy's is shown beside
+    it, with what its commit adds (sync less async p50), and judged nowhere."""
+    from bench import gateway
+
+    def f(p50: float) -> dict[str, float]:
+        return {"cpu_ms": 1.0, "p50_ms": p50}
+
+    row = {
+        "workload": "embeddings x1",
+        "relay": f(1.0),
+        "durable": f(1.5),
+        "proxy": f(2.0),
+        "proxy_sync": f(2.6),
+        "litellm": f(21.0),
+        "ratio": 0.05,
+    }
+    out = gateway.table({"rows": [row]})
+    assert out[2] == ("| embeddings x1 | 1.00 / 1.00 | 1.00 / 2.00 | 1.00 / 21.00 | 0.05x | yes |")
+    assert out[-1] == (
+        "| embeddings x1 | 1.00 / 1.50 | 1.00 / 2.60 | +1.60 ms | +0.60 ms | +0.50 ms |"
+    )
 
 
 def test_the_floors_table_shares_each_floor_of_the_api_server() -> None:
