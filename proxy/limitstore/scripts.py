@@ -9,13 +9,13 @@ A budget's hash holds ``u:<replica>``, what that replica's journal billed in the
 admitted, and those a replica admitted without it, taken by its next contribution
 (``SYNC``) and given back by their end. A contribution (a reservation's or ``SYNC``'s)
 only ever raises the replica's own field to its own total, so writing it twice, or after
-a retry, or out of order, counts nothing twice. A settlement adds its billed units to that field in the same step
-that gives its reservation back, once per id; the total a replica contributes leaves out
-its settlements on their way to the store, so no settlement is in ``used`` and in
-``reserved`` at once (which refused requests the budget had room for), nor lost to a
-concurrent one (a total that left it out, written after it). A settlement whose sending
-failed is in the replica's total from then on, and is sent again as ``late``: its hold
-given back, nothing added.
+a retry, or out of order, counts nothing twice. A settlement adds its billed units to
+that field in the same step that gives its reservation back, once per id; the total a
+replica contributes leaves out its settlements on their way to the store, so no
+settlement is in ``used`` and in ``reserved`` at once (which refused requests the budget
+had room for), nor lost to a concurrent one (a total that left it out, written after
+it). A settlement whose sending failed is in the replica's total from then on, and is
+sent again as ``late``: its hold given back, nothing added.
 
 The store's generation (``<ns>:gen``) says whether those fields are whole. A store found
 empty (started anew, or a fresh deployment) starts a generation: until every replica the
