@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 from proxy.limits.limiter import Cost, Decision, Ticket, Who
 from proxy.limits.policy import FailMode
@@ -132,26 +133,17 @@ class GuardedLimiter(FailModes):
             self.shared.sending.pop(getattr(ticket, "id", ""), None)  # its bill is, now
             mode = "late" if settle else mode
             self.dirty = True
-        if self.breaker.allows(self._clock()):
-            try:
-                async with self.slots:
-                    await self._call(_op(mode), self.shared.finish(ticket, billed, mode))
-            except STORE_ERRORS as exc:
-                self._failed(_op(mode), exc)
-            except BaseException:  # cancelled (shutdown): kept to send, as a failure is
-                self._unconfirmed(ticket, billed, mode, settle)
-                raise
-            else:
-                self._back()
-                if orphan:
-                    self._contribute_soon()
-                if settle and _crossed(ticket, now):
-                    # the store added it to the period it was reserved in; the journal
-                    # bills it in this one: this replica's part of it, at once
-                    self.dirty = True
-                    await self.contribute(now)
-                return
-        self._unconfirmed(ticket, billed, mode, settle)
+        if await self._send(
+            ticket, billed, mode, lambda: self._unconfirmed(ticket, billed, mode, settle)
+        ):
+            self._back()
+            if orphan:
+                self._contribute_soon()
+            if settle and _crossed(ticket, now):
+                # the store added it to the period it was reserved in; the journal bills
+                # it in this one: this replica's part of it, at once
+                self.dirty = True
+                await self.contribute(now)
 
     def _unconfirmed(self, ticket: Ticket, billed: Cost, mode: str, settle: bool) -> None:
         """An end the store did not confirm: a settlement is in this replica's part from
@@ -186,24 +178,30 @@ class GuardedLimiter(FailModes):
         del self.shared.holds[ticket.id]  # billed now, or given back
         self.dirty = True
         if ticket.adopting:  # its holds in the store given back; its bill in the part
-            await self._send_end(ticket, NOTHING, "late" if settle else "release")
+            mode = "late" if settle else "release"
+            await self._send(ticket, NOTHING, mode, lambda: self._miss(ticket, NOTHING, mode))
         if self.breaker.allows(self._clock()):
             self._contribute_soon()
 
-    async def _send_end(self, ticket: LocalTicket, billed: Cost, mode: str) -> None:
-        """An end sent to the store now, else kept to send again."""
+    async def _send(
+        self, ticket: Ticket, billed: Cost, mode: str, keep: Callable[[], None]
+    ) -> bool:
+        """Send an end to the store now; whether it got there. Else (the breaker skips the
+        store, the call failed, or it was cancelled: shutdown) ``keep`` keeps it to send
+        again."""
         if self.breaker.allows(self._clock()):
             try:
                 async with self.slots:
                     await self._call(_op(mode), self.shared.finish(ticket, billed, mode))
             except STORE_ERRORS as exc:
                 self._failed(_op(mode), exc)
-            except BaseException:  # cancelled (shutdown): kept to send, as a failure is
-                self._miss(ticket, billed, mode)
+            except BaseException:
+                keep()
                 raise
             else:
-                return
-        self._miss(ticket, billed, mode)
+                return True
+        keep()
+        return False
 
     async def close(self) -> None:
         for task in (self._syncing, self._replaying):
