@@ -29,29 +29,11 @@ from proxy.settings.tenants import TenantOptions
 from proxy.settings.traffic import TrafficOptions
 
 
-# pydantic orders the fields from the last base to the first: the groups are listed in
-# reverse, so that --help and the README read as before (traffic first, surface last).
-class Settings(
-    SurfaceOptions,
-    RecordingOptions,
-    TenantOptions,
-    RuntimeOptions,
-    CountingOptions,
-    TrafficOptions,
-    BaseSettings,
-):
-    """Every option of ``usage-proxy serve``."""
+class _FileSourced(BaseSettings):
+    """Flags (or values given to the constructor) > ``USAGE_PROXY_*`` environment > the
+    file in ``config_file``, where one is set (a subclass bound to one file sets it)."""
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
     config_file: ClassVar[Path | None] = None
-
-    @property
-    def metering(self) -> bool:
-        return self.journal.lower() != "off"
-
-    @property
-    def upstream_base(self) -> str:
-        return str(self.upstream).rstrip("/")
 
     @classmethod
     def settings_customise_sources(
@@ -66,6 +48,30 @@ class Settings(
         if cls.config_file is None:
             return init_settings, env_settings
         return init_settings, env_settings, file_source(settings_cls, cls.config_file)
+
+
+# pydantic orders the fields from the last base to the first: the groups are listed in
+# reverse, so that --help and the README read as before (traffic first, surface last).
+class Settings(
+    SurfaceOptions,
+    RecordingOptions,
+    TenantOptions,
+    RuntimeOptions,
+    CountingOptions,
+    TrafficOptions,
+    _FileSourced,
+):
+    """Every option of ``usage-proxy serve``."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
+
+    @property
+    def metering(self) -> bool:
+        return self.journal.lower() != "off"
+
+    @property
+    def upstream_base(self) -> str:
+        return str(self.upstream).rstrip("/")
 
 
 def load_settings(
@@ -86,31 +92,17 @@ def load_settings(
     return _Bound(**given)
 
 
-class Sources(BaseSettings):
+class Sources(_FileSourced):
     """The options ``usage-proxy report`` shares with ``serve``, read as ``serve`` reads
     them (flags > ``USAGE_PROXY_*`` environment > the ``--config`` file > default): where
     the records are and the limits file. Every other option of the file is ignored."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
-    config_file: ClassVar[Path | None] = None
 
     journal: str = Field(default_factory=lambda: str(default_journal_path()))
     journal_retention: float = Field(default=168.0, ge=0)
     ledger_dsn: str | None = None
     limits: Path | None = None
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        if cls.config_file is None:
-            return init_settings, env_settings
-        return init_settings, env_settings, file_source(settings_cls, cls.config_file)
 
 
 def load_sources(config_file: Path | None) -> Sources:

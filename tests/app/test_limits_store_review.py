@@ -19,12 +19,10 @@ from redis.asyncio import Redis
 
 from proxy.limits.limiter import Cost, Who
 from proxy.limits.policy import FailMode, Policies
-from proxy.limitstore.client import connect
 from proxy.limitstore.guard import GuardedLimiter
-from proxy.limitstore.redislimiter import RedisLimiter
+from tests.support.limitstores import ACME, Guards, policies, three_after_290
 from tests.support.redisserver import Store
 
-ACME = Who("acme", "m", "k1")
 Make = Callable[..., GuardedLimiter]
 
 
@@ -99,10 +97,6 @@ class Relay:
             await self._server.wait_closed()
 
 
-def policies(**tenant: object) -> Policies:
-    return Policies.model_validate({"tenants": {"acme": tenant}})
-
-
 @pytest.fixture
 async def relay(redis_store: Store) -> AsyncIterator[Relay]:
     made = Relay(redis_store.port)
@@ -113,18 +107,14 @@ async def relay(redis_store: Store) -> AsyncIterator[Relay]:
 
 @pytest.fixture
 async def make(redis_store: Store, relay: Relay) -> AsyncIterator[Make]:
-    made: list[GuardedLimiter] = []
+    guards = Guards()
 
     def build(pols: Policies, replica: str, *, via: str = "", **options: Any) -> GuardedLimiter:
         url = relay.url if via == "relay" else redis_store.url
-        shared = RedisLimiter(pols, connect(url, timeout=5.0), replica=replica, grace=60)
-        guarded = GuardedLimiter(shared, **{"timeout": 1.0, "fail_mode": FailMode.LOCAL, **options})
-        made.append(guarded)
-        return guarded
+        return guards.build(url, pols, replica, **options)
 
     yield build
-    for guarded in made:
-        await guarded.close()
+    await guards.close()
 
 
 async def charge(redis_store: Store, limiter: GuardedLimiter) -> list[int]:
@@ -356,16 +346,7 @@ async def test_review2_the_rebuild_keeps_the_total_within_the_budget(
     every heartbeat ran after it (each replica knows 10 are left). The store restarts
     empty; while the generation waits for r2's part, r0 and r1 admit by their share on
     the store: together they may admit at most the 10 left (before: r1 alone 100)."""
-    pols = policies(prompt_tokens_per_day=300)
-    replicas = [make(pols, f"r{i}", replicas=3) for i in range(3)]
-    for replica in replicas:
-        await replica.restore([], time.time())
-        await replica.contribute()
-    spent = await replicas[0].reserve(ACME, Cost(290, 0), time.time())
-    assert spent.ticket is not None
-    await replicas[0].settle(spent.ticket, Cost(290, 0), time.time())
-    for replica in replicas:
-        assert await replica.beat(15) is not None
+    replicas = await three_after_290(make, policies(prompt_tokens_per_day=300))
     redis_store.kill()
     redis_store.start()
     for replica in replicas[:2]:  # r2's heartbeat has not come round yet

@@ -9,44 +9,28 @@ them (``registry``), an outage is the store killed or the breaker held open
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
 from proxy.limits.limiter import Cost, Ticket, Who
 from proxy.limits.policy import FailMode, Policies
-from proxy.limitstore.client import connect
 from proxy.limitstore.guard import GuardedLimiter
-from proxy.limitstore.redislimiter import RedisLimiter
+from tests.support.limitstores import ACME, Guards, policies
 from tests.support.redisserver import Store
 
-ACME = Who("acme", "m", "k1")
 TTL = 15.0  # the registry's TTL in service (3 heartbeats of 5 s)
 Make = Callable[..., GuardedLimiter]
 
 
-def policies(**tenant: object) -> Policies:
-    return Policies.model_validate({"tenants": {"acme": tenant}})
-
-
 @pytest.fixture
 async def make(redis_store: Store) -> AsyncIterator[Make]:
-    made: list[GuardedLimiter] = []
-
-    def build(pols: Policies, replica: str, *, grace: float = 60, **options: Any) -> GuardedLimiter:
-        shared = RedisLimiter(
-            pols, connect(redis_store.url, timeout=5.0), replica=replica, grace=grace
-        )
-        guarded = GuardedLimiter(shared, **{"timeout": 1.0, "fail_mode": FailMode.LOCAL, **options})
-        made.append(guarded)
-        return guarded
-
-    yield build
-    for guarded in made:
-        await guarded.close()
+    guards = Guards()
+    yield functools.partial(guards.build, redis_store.url)
+    await guards.close()
 
 
 async def admin(redis_store: Store) -> Redis:

@@ -10,7 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 from proxy.limits.limiter import Cost, Usage, Who
-from proxy.limits.policy import Policies
+from proxy.limits.policy import FailMode, Policies
+from proxy.limitstore.client import connect
 from proxy.limitstore.guard import GuardedLimiter
 from proxy.limitstore.redislimiter import RedisLimiter
 from proxy.limitstore.wiring import build_shared_limiter
@@ -24,6 +25,28 @@ UPSTREAM = "http://127.0.0.1:8000"
 STORE_TIMEOUT = 5.0
 MakeShared = Callable[..., RedisLimiter]
 MakeGuarded = Callable[..., GuardedLimiter]
+
+
+class Guards:
+    """Guarded limiters (local fail mode, 1 s timeout unless told) on a store, each on the
+    product's client; the fixtures close them all at the end of a test."""
+
+    def __init__(self) -> None:
+        self.made: list[GuardedLimiter] = []
+
+    def build(
+        self, url: str, pols: Policies, replica: str, *, grace: float = 60, **options: Any
+    ) -> GuardedLimiter:
+        shared = RedisLimiter(
+            pols, connect(url, timeout=STORE_TIMEOUT), replica=replica, grace=grace
+        )
+        guarded = GuardedLimiter(shared, **{"timeout": 1.0, "fail_mode": FailMode.LOCAL, **options})
+        self.made.append(guarded)
+        return guarded
+
+    async def close(self) -> None:
+        for guarded in self.made:
+            await guarded.close()
 
 
 def policies(**tenant: object) -> Policies:

@@ -3,17 +3,17 @@ the end (the shared one alone, and guarded)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
-from proxy.limits.policy import FailMode, Policies
+from proxy.limits.policy import Policies
 from proxy.limitstore.client import connect
-from proxy.limitstore.guard import GuardedLimiter
 from proxy.limitstore.redislimiter import RedisLimiter
-from tests.support.limitstores import STORE_TIMEOUT, MakeGuarded, MakeShared
+from tests.support.limitstores import STORE_TIMEOUT, Guards, MakeGuarded, MakeShared
 from tests.support.redisserver import Store
 
 
@@ -33,16 +33,6 @@ async def make_shared(redis_store: Store) -> AsyncIterator[MakeShared]:
 
 @pytest.fixture
 async def make_guarded(redis_store: Store) -> AsyncIterator[MakeGuarded]:
-    made: list[GuardedLimiter] = []
-
-    def build(pols: Policies, replica: str, **options: Any) -> GuardedLimiter:
-        shared = RedisLimiter(
-            pols, connect(redis_store.url, timeout=5.0), replica=replica, grace=60
-        )
-        guarded = GuardedLimiter(shared, **{"timeout": 1.0, "fail_mode": FailMode.LOCAL, **options})
-        made.append(guarded)
-        return guarded
-
-    yield build
-    for guarded in made:
-        await guarded.close()
+    guards = Guards()
+    yield functools.partial(guards.build, redis_store.url)
+    await guards.close()
