@@ -26,6 +26,7 @@ LAYERS = {
     "harness": 0,
     "upstream": 0,
     "minimal_relay": 0,
+    "journal_workers": 0,
     "costs": 1,
     "admission": 1,
     "ratios": 1,
