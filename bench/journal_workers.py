@@ -1,7 +1,7 @@
 """The two choices ``serve --workers N`` (issue #61) rests on, measured with 1 and 2
 processes: where the workers journal, and which cross-process limiter admits for them.
 
-    .venv/bin/python -m bench.journal_workers [--seconds 3] [--dir /tmp]
+    .venv/bin/python -m bench.journal_workers [--seconds 2] [--rounds 3] [--dir /tmp]
 
 **Journal.** Durable appends of real usage records (``proxy.ledger.sqlite``'s schema,
 rows and multi-row INSERT, opened as ``proxy.ledger.journal.Journal._open`` opens its
@@ -21,8 +21,9 @@ round trip to reserve; the settle sent without waiting). Reported: reserve laten
 p50/p99, admissions/s, and a burst of 2 x 100 against 100 requests per minute, which
 must admit exactly 100.
 
-Loopback and local files only; stops by itself (about 45 s with the default 3 s per
-case). Prints markdown.
+Every case runs ``--rounds`` times, interleaved with the others (a shared disk drifts
+within minutes): the medians are printed. Loopback and local files only; stops by itself
+(about 90 s with the defaults, 3 rounds of 2 s per case). Prints markdown.
 """
 
 from __future__ import annotations
