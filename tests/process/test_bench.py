@@ -26,6 +26,8 @@ LAYERS = {
     "harness": 0,
     "upstream": 0,
     "minimal_relay": 0,
+    "journal_workers": 0,
+    "reuseport": 0,
     "costs": 1,
     "admission": 1,
     "ratios": 1,
