@@ -319,3 +319,16 @@ def test_a_missing_file_is_named_with_its_flag(
     err = capsys.readouterr().err
     assert said in err
     assert "Errno" not in err
+
+
+def test_a_refused_setting_is_said_without_pydantics_wording(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #59 item 4: a setting a validator refuses was said with pydantic's own
+    prefix (`Value error, must be one of ...`). Only the sentence is said, with where the
+    setting comes from."""
+    monkeypatch.setenv("USAGE_PROXY_LOG_LEVEL", "loud")
+    assert main(["serve", "--upstream", "http://x"]) == 2
+    err = capsys.readouterr().err
+    assert "USAGE_PROXY_LOG_LEVEL: must be one of debug, info, warning, error" in err
+    assert "Value error" not in err
