@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from pydantic_settings import CliSettingsSource
 
 from proxy import __version__
-from proxy.accounting.pricefile import load_prices, one_line
+from proxy.accounting.pricefile import PriceFile, load_price_file, one_line
 from proxy.accounting.prices import PriceTable
 from proxy.ledger.charges import charge
 from proxy.ledger.journal_files import (
@@ -34,8 +34,18 @@ from proxy.ledger.journal_files import (
 )
 from proxy.ledger.report import GROUPS, aggregate, row_key
 from proxy.ledger.report_formats import FORMATS
+from proxy.ledger.windows import SettledWindow
+from proxy.limits.costs import unpriced
 from proxy.limits.policy import Policies
-from proxy.limits.problems import LimitsFileError, mistakes, read_limits, summary
+from proxy.limits.problems import (
+    LimitsFileError,
+    mistakes,
+    name_mistakes,
+    names_of,
+    plain_message,
+    read_limits,
+    summary,
+)
 from proxy.reporting import (
     TIME_HELP,
     budget_rows,
@@ -134,46 +144,82 @@ def _add_limits(commands: Any) -> None:
     limits = commands.add_parser(
         "limits",
         help="check a limits file before the proxy loads it",
-        description="'check FILE' reads the limits file as serve does and says each problem "
-        "in one line (a misspelt limit or unit with what it probably meant, a value that is "
-        "no limit, a file that limits nothing; with --api-keys a tenant or key the key file "
-        "lacks; with --models or --upstream a model the upstream does not serve), then "
-        "exits 2; or prints what the file sets and exits 0.",
+        description="'check FILE' reads the limits file as serve does and says every "
+        "problem in one pass, one line each on stderr (a misspelt limit or unit with what "
+        "it probably meant, a value that is no limit, a name given twice, a file that "
+        "limits nothing; with --api-keys a tenant or key the key file lacks; with --models "
+        "or --upstream a model the upstream does not serve; a cost_per_* budget without "
+        "--prices, or on a model without a price in force), then exits 2; or prints what "
+        "the file sets and exits 0.",
         epilog="example: usage-proxy limits check limits.yaml --api-keys keys.yaml "
-        "--upstream http://127.0.0.1:8000",
+        "--prices prices.yaml --upstream http://127.0.0.1:8000",
     )
     limits.add_argument("action", choices=("check",))
     limits.add_argument("file", type=Path, metavar="FILE")
     limits.add_argument("--api-keys", type=Path, metavar="FILE", help="serve's --api-keys file")
+    limits.add_argument(
+        "--prices",
+        type=Path,
+        metavar="FILE",
+        help="serve's --prices file: every model a cost_per_* budget applies to must have "
+        "a price in force now (without it, a cost_per_* budget is a problem, as in serve)",
+    )
     served = limits.add_mutually_exclusive_group()
     served.add_argument("--models", help="the served model names, comma-separated")
     served.add_argument("--upstream", help="ask this vLLM's /v1/models for the served names")
 
 
 def run_limits(args: argparse.Namespace) -> int:
-    try:
-        policies = read_limits(args.file)
-    except LimitsFileError as exc:
-        for problem in exc.problems:
-            print(f"{args.file}: {problem}")
+    problems, policies = _limits_problems(args)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if problems or policies is None:
         return 2
+    print(f"{args.file}: OK, {summary(policies)}; periods in {policies.timezone}")
+    return 0
+
+
+def _limits_problems(args: argparse.Namespace) -> tuple[list[str], Policies | None]:
+    """Every problem of the file and of the files it is checked with, in one pass."""
+    found: list[str] = []
+    policies, names = None, {}
+    try:
+        policies = read_limits(_existing(args.file, "the limits file"))
+        names = names_of(policies)
+        found.extend(f"{args.file}: {p}" for p in mistakes(policies))
+    except LimitsFileError as exc:
+        found.extend(f"{args.file}: {p}" for p in exc.problems)
+        names = exc.names
     digests = None
     if args.api_keys:
         try:
             digests = load_api_keys(args.api_keys)
         except KeyFileError as exc:
-            raise ValueError(f"--api-keys {exc}") from None
+            found.append(f"--api-keys {exc}")
     models = _served(args.upstream) if args.upstream else None
     if args.models is not None:
         models = [m.strip() for m in args.models.split(",") if m.strip()]
     tenants = set(digests.values()) if digests is not None else None
-    problems = mistakes(policies, models=models, tenants=tenants, digests=digests)
-    for problem in problems:
-        print(f"{args.file}: {problem}")
-    if problems:
-        return 2
-    print(f"{args.file}: OK, {summary(policies)}; periods in {policies.timezone}")
-    return 0
+    near = name_mistakes(names, models=models, tenants=tenants, digests=digests)
+    found.extend(f"{args.file}: {p}" for p in near)
+    table = None
+    if args.prices:
+        try:
+            table = _prices(args.prices)
+        except ValueError as exc:
+            found.append(str(exc))
+            return found, policies
+    if policies is not None:
+        money = unpriced(policies, table, models or [], datetime.now(UTC))
+        found.extend([f"{args.file}: {money}"] if money else [])
+    return found, policies
+
+
+def _existing(path: Path, flag: str) -> Path:
+    """``path``, or ``ValueError`` naming the flag when no file is there (no [Errno 2])."""
+    if not path.exists():
+        raise ValueError(f"{flag} {path} does not exist: fix the path")
+    return path
 
 
 def _served(upstream: str) -> list[str]:
@@ -224,7 +270,8 @@ def run_reconcile(args: argparse.Namespace) -> int:
     utc = ZoneInfo("UTC")
     since, until = instant(args.since, utc), instant(args.until, utc)
     bodies = read_journal(path, since, until, kind="reconciliation")
-    windows = [json.loads(b) for b in bodies]
+    # Read as the model does: a window journaled before causes had codes gets them too.
+    windows = [SettledWindow.model_validate_json(b).model_dump(mode="json") for b in bodies]
     if not windows:
         print(nothing_reconciled(path, args.since, args.until), file=sys.stderr)
         return 1
@@ -236,7 +283,8 @@ def run_reconcile(args: argparse.Namespace) -> int:
         writer = csv.writer(out)
         writer.writerow([*WINDOW_COLUMNS, "causes"])
         for w in windows:
-            writer.writerow([*(w.get(c, 0) for c in WINDOW_COLUMNS), "; ".join(w["causes"])])
+            causes = "; ".join(f"{c['code']}: {c['message']}" for c in w["causes"])
+            writer.writerow([*(w.get(c, 0) for c in WINDOW_COLUMNS), causes])
         sys.stdout.write(out.getvalue())
         return 0
     titles = ("window end (UTC)", "status", "records", "engine", "reported", "billed")
@@ -256,7 +304,7 @@ def run_reconcile(args: argparse.Namespace) -> int:
             f"{w['end'][:26]:26} {w['status']:13} "
             + " ".join(f"{'-' if n is None else n:>9}" for n in numbers)
             + f" {w['unbilled_prompt_tokens']:>9} {w['overbilled_prompt_tokens']:>10}  "
-            + ("; ".join(c.split(":")[0] for c in w["causes"]) or "-")
+            + ("; ".join(c["code"] for c in w["causes"]) or "-")
         )
     drift = sum(w["unbilled_prompt_tokens"] + w["overbilled_prompt_tokens"] for w in windows)
     print(f"{len(windows)} window(s), prompt-token drift {drift}")
@@ -392,7 +440,7 @@ def _add_report(commands: Any) -> None:
         "--timezone",
         metavar="ZONE",
         help="read dates and group days in this zone, e.g. Europe/Paris (default: the "
-        "limits file's timezone with --limits, else UTC)",
+        "limits file's timezone with --limits, else the price file's with --prices, else UTC)",
     )
     report.add_argument(
         "--group-by",
@@ -436,10 +484,11 @@ def run_report(args: argparse.Namespace) -> int:
     source = choose_source(args.journal, args.ledger_dsn, options)
     limits = args.limits or options.limits
     policies = _policies(limits) if limits else None
-    table = _prices(args.prices) if args.prices else None
+    price_file = _price_file(args.prices) if args.prices else None
+    table = price_file.table() if price_file is not None else None
     if policies is not None and table is None and any(policies.budgeted_models()):
         raise ValueError(f"--limits {limits} has cost_per_* budgets: give --prices too")
-    zone, why = report_zone(args.timezone, policies)
+    zone, why = report_zone(args.timezone, policies, price_file)
     since, until = instant(args.since, zone), instant(args.until, zone)
     if since and until and datetime.fromisoformat(since) >= datetime.fromisoformat(until):
         raise ValueError(
@@ -479,15 +528,19 @@ def run_report(args: argparse.Namespace) -> int:
 
 
 def _prices(path: Path) -> PriceTable:
+    return _price_file(path).table()
+
+
+def _price_file(path: Path) -> PriceFile:
     try:
-        return load_prices(path)
+        return load_price_file(_existing(path, "--prices"))
     except (UnicodeDecodeError, yaml.YAMLError, ValidationError) as exc:
         raise ValueError(f"--prices {path} is not a valid price file: {one_line(exc)}") from None
 
 
 def _policies(path: Path) -> Policies:
     try:
-        return read_limits(path)
+        return read_limits(_existing(path, "--limits"))
     except (UnicodeDecodeError, LimitsFileError) as exc:
         raise ValueError(f"--limits {path} is not a valid limits file: {exc}") from None
 
@@ -505,7 +558,7 @@ def _format_errors(exc: ValidationError, config: Path | None) -> str:
         places = [] if name in FILE_ONLY else ["--" + str(name).replace("_", "-")]
         places.append(f"{ENV_PREFIX}{str(name).upper()}")
         listed = ", ".join(places) + (f" or `{where}` in {config}" if config else "")
-        lines.append(f"  {listed}: {err['msg']}")
+        lines.append(f"  {listed}: {plain_message(err)}")
     return "\n".join(lines)
 
 

@@ -270,6 +270,14 @@ SPECS: dict[str, _Spec] = {
         "Billed completion tokens in settled windows beyond what the engine generated.",
         (),
     ),
+    "unbilled_in_seconds": _Spec(
+        Counter,
+        "usage_proxy_unbilled_in_seconds_tokens",
+        "Engine tokens no record accounts for in settled windows with whole transcriptions "
+        "(billed in seconds of audio, their tokens counted by the engine): not drift, so "
+        "kept out of the unbilled counters; kind prompt or completion.",
+        ("kind",),
+    ),
     "windows": _Spec(
         Counter,
         "usage_proxy_reconcile_windows",
@@ -448,6 +456,7 @@ class Metrics:
     engine_completion: Counter
     unbilled_completion: Counter
     overbilled_completion: Counter
+    unbilled_in_seconds: Counter
     windows: Counter
     last_settled: Gauge
     dead_records: Gauge

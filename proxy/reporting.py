@@ -1,8 +1,8 @@
 """``usage-proxy report``'s choices, each said on the report: where its records come from
 (the ledger ``serve`` exports to, when a DSN is configured, else the local journal: one
 replica's records, pruned after ``--journal-retention``), the zone its dates are read in
-(``--timezone``, else the limits file's, else UTC), and each budget in the period holding
-the report's end and in the one it is in now."""
+(``--timezone``, else the limits file's, else the price file's, else UTC), and each budget
+in the period holding the report's end and in the one it is in now."""
 
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
+from proxy.accounting.pricefile import PriceFile
 from proxy.accounting.prices import PriceTable
+from proxy.accounting.zones import zone_named
 from proxy.ledger.charges import quantities
 from proxy.ledger.journal_files import list_exporters, read_journal
 from proxy.ledger.records import UsageRecord
@@ -29,7 +31,7 @@ from proxy.settings import Sources
 
 TIME_HELP = (
     "ISO 8601 date or time; one without a zone is read in the report's zone (--timezone, "
-    "else the limits file's, else UTC); or today, yesterday, 7d, 12h"
+    "else the limits file's, else the price file's, else UTC); or today, yesterday, 7d, 12h"
 )
 END, NOW = "report end", "now"
 
@@ -109,17 +111,20 @@ def redacted(dsn: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
-def report_zone(name: str | None, policies: Policies | None) -> tuple[ZoneInfo, str]:
-    """The zone the report reads dates and groups days in, and why that one."""
+def report_zone(
+    name: str | None, policies: Policies | None, prices: PriceFile | None = None
+) -> tuple[ZoneInfo, str]:
+    """The zone the report reads dates and groups days in, and why that one:
+    ``--timezone``, else the limits file's, else the price file's, else UTC."""
     if name:
         try:
-            return ZoneInfo(name), "--timezone"
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError(
-                f"--timezone {name!r} is not a time zone (e.g. Europe/Paris)"
-            ) from None
+            return zone_named(name), "--timezone"
+        except ValueError as exc:
+            raise ValueError(f"--timezone {exc}") from None
     if policies is not None:
         return policies.zone, "the limits file's timezone"
+    if prices is not None:
+        return ZoneInfo(prices.timezone), "the price file's timezone"
     return ZoneInfo("UTC"), "the default"
 
 

@@ -55,7 +55,7 @@ def amount(value: object) -> Decimal:
     else:
         raise ValueError(f"{value!r} is not a number")
     if not found.is_finite():
-        raise ValueError(f"{value!r} is not a finite number")
+        raise ValueError(f"{str(value)!r} is not a finite number")
     if found < 0:
         raise ValueError(f"{value} is negative")
     digits = found.as_tuple()
@@ -103,7 +103,38 @@ def due(value: Decimal, decimals: int) -> Decimal:
     return value.quantize(Decimal(1).scaleb(-decimals), context=ROUNDING)
 
 
-class _DecimalLoader(yaml.SafeLoader):
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A mapping that names one key twice: YAML would keep the later silently."""
+
+    def __init__(self, key: object, first: yaml.Mark, again: yaml.Mark) -> None:
+        self.key = key
+        self.lines = (first.line + 1, again.line + 1)
+        problem = f"{key!r} is given twice, at lines {self.lines[0]} and {self.lines[1]}"
+        super().__init__(None, None, problem, again)
+
+    def said(self) -> str:
+        """The problem in one sentence, with why it is one."""
+        return f"{self.problem}: a name may appear once only (YAML would silently keep the later)"
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a mapping that names a key twice (an operator's
+    tenant listed twice must not have its first block silently dropped)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[object, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark)
+            except TypeError:  # an unhashable key: PyYAML's own error says so
+                continue
+            if first is not key_node.start_mark:
+                raise DuplicateKeyError(key, first, key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+class _DecimalLoader(UniqueKeyLoader):
     """PyYAML's safe loader, but a number with a fraction or an exponent is the Decimal
     written, not a float (``0.1`` is exactly one tenth; ``3e-08`` is a string to PyYAML's
     YAML 1.1 rules either way, and ``amount`` reads it)."""
@@ -121,5 +152,6 @@ _DecimalLoader.add_constructor("tag:yaml.org,2002:float", _decimal)
 
 
 def read_yaml(text: str) -> Any:
-    """A YAML (or JSON) document whose fractional numbers are Decimals."""
+    """A YAML (or JSON) document whose fractional numbers are Decimals; a key given twice
+    in one mapping is refused (``DuplicateKeyError``)."""
     return yaml.load(text, Loader=_DecimalLoader)  # a SafeLoader subclass

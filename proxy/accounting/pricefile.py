@@ -5,11 +5,12 @@ in force at once refuse it, and the table in use stays."""
 
 from __future__ import annotations
 
+import difflib
 from datetime import UTC, date, datetime, time
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
 from pydantic import (
     BaseModel,
@@ -22,8 +23,9 @@ from pydantic import (
     model_validator,
 )
 
-from proxy.accounting.money import Amount, decimals_of, read_yaml
+from proxy.accounting.money import Amount, DuplicateKeyError, decimals_of, read_yaml
 from proxy.accounting.prices import PricedUnit, PriceTable, Rate
+from proxy.accounting.zones import TimeZone
 
 # LiteLLM's model price table (model_prices_and_context_window.json) names the same prices:
 # per token, and per second of input audio (``input_cost_per_second`` is what it gives
@@ -35,7 +37,6 @@ LITELLM_NAMES = {
     "input_cost_per_second": PricedUnit.AUDIO,
     "input_cost_per_audio_per_second": PricedUnit.AUDIO,
 }
-BOUNDS = ("from", "until")
 
 
 def _moment(value: object) -> date | datetime:
@@ -69,38 +70,28 @@ class Version(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _our_names(cls, data: Any) -> Any:
+        """LiteLLM's names as ours; an unknown name is left for ``extra="forbid"`` to
+        refuse (so a price the proxy cannot meter is never dropped), each said with what
+        it probably meant (``explain``)."""
         if not isinstance(data, dict):
             return data
         out: dict[str, Any] = {}
         for name, value in data.items():
-            unit = _unit_named(str(name))
+            unit = LITELLM_NAMES.get(str(name))
             key = unit.value if unit is not None else str(name)
             if key in out:
                 raise ValueError(f"{name}: the price of {key} is given twice")
             out[key] = value
-        if not any(u.value in out for u in PricedUnit):
-            raise ValueError("no price: name at least one unit")
         return out
+
+    @model_validator(mode="after")
+    def _priced(self) -> Version:
+        if not self.prices():
+            raise ValueError("no price: name at least one unit")
+        return self
 
     def prices(self) -> tuple[tuple[PricedUnit, Decimal], ...]:
         return tuple((u, p) for u in PricedUnit if (p := getattr(self, u.value)) is not None)
-
-
-def _unit_named(name: str) -> PricedUnit | None:
-    """The unit a price's name names (None for ``from``/``until``); an unknown name is
-    refused, so that a price the proxy cannot meter is never silently dropped."""
-    if name in BOUNDS:
-        return None
-    if name in LITELLM_NAMES:
-        return LITELLM_NAMES[name]
-    try:
-        return PricedUnit(name)
-    except ValueError:
-        ours = ", ".join(u.value for u in PricedUnit)
-        theirs = ", ".join(LITELLM_NAMES)
-        raise ValueError(
-            f"unknown unit {name!r}: a price names one of {ours} (or LiteLLM's {theirs})"
-        ) from None
 
 
 Versions = list[Version]
@@ -113,7 +104,7 @@ class PriceFile(BaseModel):
 
     currency: str
     decimals: int | None = Field(None, ge=0, le=6)  # absent: the currency's (ISO 4217)
-    timezone: str = "UTC"  # a date, or a time without an offset, is local to it
+    timezone: TimeZone = "UTC"  # a date, or a time without an offset, is local to it
     default: Versions | None = None
     models: dict[str, Versions] = Field(default_factory=dict)
 
@@ -124,15 +115,6 @@ class PriceFile(BaseModel):
     def _code(cls, value: str) -> str:
         if len(value) != 3 or not value.isascii() or not value.isalpha() or not value.isupper():
             raise ValueError(f"{value!r} is not an ISO 4217 currency code (e.g. USD, EUR)")
-        return value
-
-    @field_validator("timezone")
-    @classmethod
-    def _zone(cls, value: str) -> str:
-        try:
-            ZoneInfo(value)
-        except (ZoneInfoNotFoundError, ValueError) as exc:
-            raise ValueError(f"unknown time zone {value!r}") from exc
         return value
 
     @field_validator("default", mode="before")
@@ -202,16 +184,80 @@ def _said(moment: datetime | None) -> str:
 
 def load_prices(path: Path) -> PriceTable:
     """Read and validate a price file (YAML or JSON); raises on anything wrong."""
+    return load_price_file(path).table()
+
+
+def load_price_file(path: Path) -> PriceFile:
+    """The price file as written (its ``timezone`` too); raises on anything wrong."""
     data = read_yaml(path.read_text(encoding="utf-8"))
-    return PriceFile.model_validate(data if data is not None else {}).table()
+    return PriceFile.model_validate(data if data is not None else {})
 
 
 def one_line(exc: Exception) -> str:
     """A refused file said in one line: each problem with where it is."""
     if isinstance(exc, ValidationError):
-        said = []
-        for e in exc.errors():
-            where = ".".join(str(p) for p in e["loc"]) or "file"
-            said.append(f"{where}: {e['msg'].removeprefix('Value error, ')}")
-        return "; ".join(said)
+        return "; ".join(explain(exc))
+    if isinstance(exc, DuplicateKeyError):
+        return exc.said()
     return " ".join(str(exc).split())
+
+
+# The keys of a LiteLLM model entry that are no prices (model_prices_and_context_window.json).
+LITELLM_OTHER = frozenset(
+    {
+        "max_tokens",
+        "max_input_tokens",
+        "max_output_tokens",
+        "litellm_provider",
+        "mode",
+        "source",
+        "metadata",
+        "deprecation_date",
+        "output_vector_size",
+        "tool_use_system_prompt_tokens",
+    }
+)
+TOP = ("currency", "decimals", "timezone", "default", "models")
+UNIT_NAMES = (*(u.value for u in PricedUnit), *LITELLM_NAMES)
+
+
+def explain(exc: ValidationError) -> list[str]:
+    """Every problem of a refused file, one sentence each, in the file's words: a name it
+    does not know with what it probably meant, a LiteLLM entry pasted whole said once."""
+    said: list[str] = []
+    pasted: dict[str, list[str]] = {}
+    for e in exc.errors():
+        loc = [str(p) for p in e["loc"]]
+        where, name = ".".join(loc[:-1]), loc[-1] if loc else ""
+        litellm = name in LITELLM_OTHER or name.startswith("supports_")
+        if e["type"] == "extra_forbidden" and litellm:
+            pasted.setdefault(where, []).append(name)
+        elif e["type"] == "extra_forbidden":
+            said.append(_unknown(where, name))
+        else:
+            message = e["msg"].removeprefix("Value error, ")
+            said.append(f"{'.'.join(loc) or 'file'}: {message}")
+    for where, names in pasted.items():
+        said.append(
+            f"{where}: {', '.join(names)} are no prices: a LiteLLM entry is pasted whole; "
+            "copy its price fields only (input_cost_per_token, output_cost_per_token, ...)"
+        )
+    return said
+
+
+def _unknown(where: str, name: str) -> str:
+    """A name the file's shape does not have, and the one it probably meant."""
+    if not where:
+        near = difflib.get_close_matches(name, TOP, n=1, cutoff=0.6)
+        known = ", ".join(TOP)
+        return f"{name!r} is not a key of a price file ({known}){_meant(near)}"
+    near = difflib.get_close_matches(name, UNIT_NAMES, n=1, cutoff=0.8)
+    ours = ", ".join(u.value for u in PricedUnit)
+    return (
+        f"{where}: unknown unit {name!r}: a price names one of {ours} (or LiteLLM's "
+        f"{', '.join(LITELLM_NAMES)}){_meant(near)}"
+    )
+
+
+def _meant(near: list[str]) -> str:
+    return f"; did you mean {near[0]!r}?" if near else ""

@@ -16,7 +16,14 @@ import structlog
 
 from proxy.ledger.journal import Journal, JournalError
 from proxy.ledger.records import UsageRecord
-from proxy.ledger.windows import EngineReading, SettledWindow, Tally, parse_engine_counters, settle
+from proxy.ledger.windows import (
+    CauseCode,
+    EngineReading,
+    SettledWindow,
+    Tally,
+    parse_engine_counters,
+    settle,
+)
 from proxy.metrics import Metrics
 
 log = structlog.get_logger("proxy.ledger.reconciler")
@@ -168,9 +175,15 @@ class Reconciler:
         # After a restart the counter's value is what the new engine has done so far.
         m.engine_prompt.inc(reading.prompt if grown_p is None else grown_p)
         m.engine_completion.inc(reading.generation if grown_c is None else grown_c)
-        m.unbilled_prompt.inc(window.unbilled_prompt_tokens)
+        if any(cause.code is CauseCode.BILLED_IN_SECONDS for cause in window.causes):
+            # Whole transcriptions are billed in seconds; the engine counts their tokens.
+            # No token bill can match them, so they are not drift (nor the drift alert's).
+            m.unbilled_in_seconds.labels("prompt").inc(window.unbilled_prompt_tokens)
+            m.unbilled_in_seconds.labels("completion").inc(window.unbilled_completion_tokens)
+        else:
+            m.unbilled_prompt.inc(window.unbilled_prompt_tokens)
+            m.unbilled_completion.inc(window.unbilled_completion_tokens)
         m.overbilled_prompt.inc(window.overbilled_prompt_tokens)
-        m.unbilled_completion.inc(window.unbilled_completion_tokens)
         m.overbilled_completion.inc(window.overbilled_completion_tokens)
         m.windows.labels(window.status).inc()
         m.last_settled.set(window.end.timestamp())
@@ -184,5 +197,5 @@ def _summary(window: SettledWindow) -> dict[str, object]:
         "billed": window.billed_prompt_tokens,
         "unbilled": window.unbilled_prompt_tokens,
         "overbilled": window.overbilled_prompt_tokens,
-        "causes": window.causes,
+        "causes": [cause.code.value for cause in window.causes],
     }

@@ -9,10 +9,12 @@ means exact: zero drift is zero.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from proxy.accounting.routes import CHOICES_OPERATIONS, FORM_OPERATIONS
 from proxy.ledger.records import SCHEMA_VERSION, UsageRecord, new_record_id
@@ -122,6 +124,32 @@ class Tally:
         self.audio_streams += audio and record.units.prompt_tokens is not None
 
 
+class CauseCode(enum.StrEnum):
+    """What can explain a window's drift: a stable code for programs (docs/metering.md,
+    "Reconciliation", lists them)."""
+
+    COUNTER_RESET = "counter_reset"
+    UPSTREAM_ERRORS = "upstream_errors"
+    BILLED_IN_SECONDS = "billed_in_seconds"
+    AUDIO_TOKENS = "audio_tokens"
+    UNMETERED_TRAFFIC = "unmetered_traffic"
+    UNPROVEN_RECORDS = "unproven_records"
+    OVERBILLED = "overbilled"
+    SHARED_UPSTREAM = "shared_upstream"
+
+
+class Cause(BaseModel):
+    """One cause of a window: its code, and the sentence for a person."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    code: CauseCode
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
 class SettledWindow(BaseModel):
     """One reconciliation window: the engine's growth against this proxy's records."""
 
@@ -151,7 +179,15 @@ class SettledWindow(BaseModel):
     # engine work nor a record, so they explain no drift (0 in windows of older proxies).
     refused_requests: int = 0
     verdicts: dict[str, int]
-    causes: list[str]
+    causes: list[Cause]
+
+    @field_validator("causes", mode="before")
+    @classmethod
+    def _coded(cls, value: Any) -> Any:
+        """A window journaled before causes had codes: ``"code: sentence"``."""
+        if not isinstance(value, list):
+            return value
+        return [_split(c) if isinstance(c, str) else c for c in value]
 
     def to_json(self) -> str:
         return self.model_dump_json()
@@ -235,11 +271,17 @@ def settle(
     )
 
 
-def _shared_cause(prompt: int, completion: int) -> str:
-    return (
-        f"shared_upstream: {prompt} prompt and {completion} completion token(s) of the "
-        "engine beyond this proxy's records: other proxies' requests, or unbilled work, "
-        "not told apart (no unbilled tokens are claimed)"
+def _split(text: str) -> dict[str, str]:
+    code, _, message = text.partition(": ")
+    return {"code": code, "message": message}
+
+
+def _shared_cause(prompt: int, completion: int) -> Cause:
+    return Cause(
+        code=CauseCode.SHARED_UPSTREAM,
+        message=f"{prompt} prompt and {completion} completion token(s) of the engine beyond "
+        "this proxy's records: other proxies' requests, or unbilled work, not told apart "
+        "(no unbilled tokens are claimed)",
     )
 
 
@@ -250,45 +292,60 @@ def _drift(engine: int | None, billed: int) -> tuple[int, int]:
     return max(engine - billed, 0), max(billed - engine, 0)
 
 
-def causes(reset: bool, unbilled: int, overbilled: int, tally: Tally) -> list[str]:
+def causes(reset: bool, unbilled: int, overbilled: int, tally: Tally) -> list[Cause]:
     """What can explain a drift, from what the proxy saw in the window."""
-    found = []
+    found: list[tuple[CauseCode, str]] = []
     if reset:
-        found.append("counter_reset: the engine restarted; this window's growth is unknown")
+        restarted = "the engine restarted; this window's growth is unknown"
+        found.append((CauseCode.COUNTER_RESET, restarted))
     if unbilled and tally.upstream_errors:
         found.append(
-            f"upstream_errors: {tally.upstream_errors} metered request(s) reached the upstream "
-            "and failed there (work done before an error, e.g. prefill, is not billed; the "
-            "proxy's own refusals are not among them: they never reached the engine)"
+            (
+                CauseCode.UPSTREAM_ERRORS,
+                f"{tally.upstream_errors} metered request(s) reached the upstream and failed "
+                "there (work done before an error, e.g. prefill, is not billed; the proxy's "
+                "own refusals are not among them: they never reached the engine)",
+            )
         )
     if unbilled and tally.in_seconds:
         found.append(
-            f"billed_in_seconds: {tally.in_seconds} whole transcription(s) billed in seconds "
-            "of audio; the engine counted their tokens (decoder prompt and text), no token "
-            "bill shows them"
+            (
+                CauseCode.BILLED_IN_SECONDS,
+                f"{tally.in_seconds} whole transcription(s) billed in seconds of audio; the "
+                "engine counted their tokens (decoder prompt and text), no token bill shows "
+                "them",
+            )
         )
     if (unbilled or overbilled) and tally.audio_streams:
-        found.append(AUDIO_TOKENS.format(tally.audio_streams))
+        found.append((CauseCode.AUDIO_TOKENS, AUDIO_TOKENS.format(tally.audio_streams)))
     if unbilled:
         found.append(
-            "unmetered_traffic: engine work without a record of this proxy (requests that "
-            "bypassed it, or paths it does not meter)"
+            (
+                CauseCode.UNMETERED_TRAFFIC,
+                "engine work without a record of this proxy (requests that bypassed it, or "
+                "paths it does not meter)",
+            )
         )
     if (unbilled or overbilled) and tally.unproven:
         found.append(
-            f"unproven_records: {tally.unproven} record(s) billed as reported without proof "
-            "(mismatch, unaudited or invalid: tokenizer, family or release assumptions)"
+            (
+                CauseCode.UNPROVEN_RECORDS,
+                f"{tally.unproven} record(s) billed as reported without proof (mismatch, "
+                "unaudited or invalid: tokenizer, family or release assumptions)",
+            )
         )
     if overbilled and not tally.unproven and not tally.audio_streams:
-        found.append("overbilled: records exceed the engine's count (a counting defect)")
-    return found
+        found.append(
+            (CauseCode.OVERBILLED, "records exceed the engine's count (a counting defect)")
+        )
+    return [Cause(code=code, message=message) for code, message in found]
 
 
 # Measured on real vLLM 0.29.0 and 0.32.0 with Whisper (issue #49): a stream's usage is the
 # last clip's decoder prompt plus ceil(seconds * 100) audio tokens (0.8.5: the audio tokens
 # alone), while vllm:prompt_tokens_total grows by every clip's decoder prompt (4 tokens).
 AUDIO_TOKENS = (
-    "audio_tokens: {} streamed transcription(s) or translation(s) billed vLLM's usage, whose "
+    "{} streamed transcription(s) or translation(s) billed vLLM's usage, whose "
     "prompt tokens count the audio (Whisper: one per log-mel frame, 100 a second) that the "
     "engine's prompt counter does not, and only the last 30-second clip's decoder prompt; "
     "without a language, Whisper also runs a one-token language detection no usage shows"

@@ -40,10 +40,11 @@ def unpriced(
     missing = sorted(m for m in wanted if table.rate(m, at) is None)
     if not missing:
         return None
+    # No time in the sentence: it is said again only when what is missing changes.
     return (
-        f"no price in force at {at.isoformat(timespec='seconds')} for "
-        f"{', '.join(repr(m) for m in missing)}, while a cost_per_* budget applies to "
-        "it: price it in the price file (or give a default)"
+        f"no price in force now for {', '.join(repr(m) for m in missing)}, while a "
+        "cost_per_* budget applies to it (its requests under that budget are refused): "
+        "price it in the price file (or give a default)"
     )
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
 from pydantic import (
     AfterValidator,
@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from proxy.accounting.money import MOST_BUDGET, Amount, from_nanos, nanos_up, read_yaml
+from proxy.accounting.zones import TimeZone
 
 
 class Unit(enum.StrEnum):
@@ -200,18 +201,9 @@ class Policies(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    timezone: str = "UTC"
+    timezone: TimeZone = "UTC"
     default: Limits | None = None
     tenants: dict[str, TenantLimits] = Field(default_factory=dict)
-
-    @field_validator("timezone")
-    @classmethod
-    def _known_zone(cls, value: str) -> str:
-        try:
-            ZoneInfo(value)
-        except (ZoneInfoNotFoundError, ValueError) as exc:
-            raise ValueError(f"unknown time zone {value!r}") from exc
-        return value
 
     # Levels already worked out, by (tenant, model, key); dropped whole past LEVELS_HELD.
     _levels: dict[tuple[str, str | None, str | None], tuple[Level, ...]] = PrivateAttr(

@@ -8,14 +8,16 @@ from __future__ import annotations
 import difflib
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
-from zoneinfo import available_timezones
 
 import yaml
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
+from proxy.accounting.money import DuplicateKeyError, read_yaml
+from proxy.accounting.zones import unknown_zone
 from proxy.limits.policy import (
     KEY_HASH_DIGITS,
     Limits,
@@ -23,7 +25,6 @@ from proxy.limits.policy import (
     TenantLimits,
     Unit,
     Window,
-    load_policies,
 )
 
 TOP = ("timezone", "default", "tenants")
@@ -35,12 +36,20 @@ UNITS = ", ".join(UNIT_NAMES)
 WINDOWS = ", ".join(WINDOW_NAMES)
 
 
-class LimitsFileError(ValueError):
-    """A limits file that cannot be used; ``problems`` holds one sentence each."""
+# What a limits file names, read even from a file that does not validate (so a check can
+# say a tenant or model is unknown in the same pass as a misspelt limit): tenant -> (its
+# models, its keys' hashes).
+Names = dict[str, tuple[tuple[str, ...], tuple[str, ...]]]
 
-    def __init__(self, path: Path, problems: list[str]) -> None:
+
+class LimitsFileError(ValueError):
+    """A limits file that cannot be used; ``problems`` holds one sentence each, ``names``
+    what it names (empty when it could not be read as a mapping)."""
+
+    def __init__(self, path: Path, problems: list[str], names: Names | None = None) -> None:
         self.problems = problems
         self.path = path
+        self.names: Names = names or {}
         count = f"{len(problems)} problems: " if len(problems) > 1 else ""
         super().__init__(count + "; ".join(problems))
 
@@ -49,14 +58,39 @@ def read_limits(path: Path) -> Policies:
     """Load and validate a limits file; every problem is a plain sentence of the
     ``LimitsFileError`` (OSError and UnicodeDecodeError pass as they are)."""
     try:
-        return load_policies(path)
+        data: Any = read_yaml(path.read_text(encoding="utf-8"))  # 250.00 is a Decimal
+    except DuplicateKeyError as exc:
+        raise LimitsFileError(path, [exc.said()]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" at line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or "unreadable"
         raise LimitsFileError(path, [f"not valid YAML or JSON{line} ({problem})"]) from None
+    try:
+        return Policies.model_validate(data if data is not None else {})
     except ValidationError as exc:
-        raise LimitsFileError(path, explain(exc)) from None
+        raise LimitsFileError(path, explain(exc), names_in(data)) from None
+
+
+def names_in(data: Any) -> Names:
+    """The tenants, models and keys a file's mapping names, however wrong its limits."""
+    tenants = data.get("tenants") if isinstance(data, dict) else None
+    if not isinstance(tenants, dict):
+        return {}
+    found: Names = {}
+    for tenant, own in tenants.items():
+        own = own if isinstance(own, dict) else {}
+        models, keys = own.get("models"), own.get("keys")
+        found[str(tenant)] = (
+            tuple(str(m) for m in models) if isinstance(models, dict) else (),
+            tuple(str(k).lower()[:KEY_HASH_DIGITS] for k in keys) if isinstance(keys, dict) else (),
+        )
+    return found
+
+
+def names_of(policies: Policies) -> Names:
+    """The tenants, models and keys valid policies name."""
+    return {t: (tuple(own.models), tuple(own.keys)) for t, own in policies.tenants.items()}
 
 
 def explain(exc: ValidationError) -> list[str]:
@@ -73,16 +107,27 @@ def _sentence(error: ErrorDetails) -> str:
     place = ".".join(loc) or "the file"
     value = error.get("input")
     if kind in ("greater_than", "int_parsing", "int_from_float", "int_type"):
-        return f"{place} is {value!r}: a limit is a whole number above 0"
+        return f"{place} is {said(value)}: a limit is a whole number above 0"
     if kind in ("dict_type", "model_type", "model_attributes_type"):
         what = "the file" if not loc else place
         return f"{what} must be a mapping of names to values, not {_kind(value)}"
     if kind == "enum":
-        return f"{place} is {value!r}: it takes closed, open or local"
+        return f"{place} is {said(value)}: it takes closed, open or local"
     if name == "timezone":
-        near = difflib.get_close_matches(str(value), sorted(available_timezones()), n=1)
-        return f"timezone {value!r} is not a time zone (e.g. Europe/Paris){_meant(near)}"
-    return f"{place}: {error['msg']}"
+        return f"timezone {unknown_zone(value)}"
+    return f"{place}: {plain_message(error)}"
+
+
+def said(value: Any) -> str:
+    """A value as the file wrote it: ``1.5``, not pydantic's ``Decimal('1.5')``."""
+    if isinstance(value, Decimal):
+        return str(value)
+    return repr(value)
+
+
+def plain_message(error: ErrorDetails) -> str:
+    """pydantic's message without its own wording (``Value error, ``)."""
+    return error["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
 
 
 def _kind(value: Any) -> str:
@@ -156,16 +201,29 @@ def mistakes(
     tenants: Collection[str] | None = None,
     digests: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """What validates but is probably wrong: a file that limits nothing, a model the
-    upstream does not serve (``models``: the served names), a tenant the key file does not
-    name (``tenants``: its tenants), a key it does not list for that tenant (``digests``:
-    digest -> tenant, as ``--api-keys`` is loaded)."""
+    """What validates but is probably wrong: a file that limits nothing, and what
+    ``name_mistakes`` finds in the names it uses."""
     found = []
     if not summary(policies).limits:
         found.append("the file sets no limit: every tenant is unlimited")
-    for tenant, own in policies.tenants.items():
+    found.extend(name_mistakes(names_of(policies), models=models, tenants=tenants, digests=digests))
+    return found
+
+
+def name_mistakes(
+    names: Names,
+    *,
+    models: Collection[str] | None = None,
+    tenants: Collection[str] | None = None,
+    digests: Mapping[str, str] | None = None,
+) -> list[str]:
+    """A model the upstream does not serve (``models``: the served names), a tenant the
+    key file does not name (``tenants``: its tenants), a key it does not list for that
+    tenant (``digests``: digest -> tenant, as ``--api-keys`` is loaded)."""
+    found = []
+    for tenant, (own_models, own_keys) in names.items():
         if models is not None:
-            found.extend(_model_mistakes(tenant, own, models))
+            found.extend(_model_mistakes(tenant, own_models, models))
         if tenants is not None and tenant not in tenants:
             near = difflib.get_close_matches(tenant, list(tenants), n=1)
             found.append(
@@ -177,17 +235,17 @@ def mistakes(
             found.extend(
                 f"tenants.{tenant}.keys.{key}: no key of {tenant!r} in the --api-keys file "
                 "has this digest"
-                for key in own.keys
+                for key in own_keys
                 if key not in mine
             )
     return found
 
 
-def _model_mistakes(tenant: str, own: TenantLimits, models: Collection[str]) -> list[str]:
+def _model_mistakes(tenant: str, own: Collection[str], models: Collection[str]) -> list[str]:
     served = ", ".join(sorted(models)) or "none"
     return [
         f"tenants.{tenant}.models.{model}: the upstream serves no model {model!r} (it "
         f"serves {served}){_meant(difflib.get_close_matches(model, list(models), n=1))}"
-        for model in own.models
+        for model in own
         if model not in models
     ]

@@ -24,13 +24,22 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 StoreProblem = Callable[[], tuple[str, bool] | None]
+# Why the price table in use lacks a price a money budget needs (PricesFile.unpriced).
+PricesProblem = Callable[[], str | None]
 
 
-def readiness(catalog: Catalog, journal: Journal | None, store: StoreProblem | None) -> Handler:
+def readiness(
+    catalog: Catalog,
+    journal: Journal | None,
+    store: StoreProblem | None,
+    prices: PricesProblem | None = None,
+) -> Handler:
     """Ready when discovery has reached the upstream, every served model can be audited,
     and records can be journaled (a load balancer then drains a pod whose disk failed).
     The limits store's problem is reported; it fails readiness only when ``store`` says
-    so (unreachable in closed mode)."""
+    so (unreachable in closed mode). A model a money budget applies to without a price in
+    force is reported (``prices``) and never fails readiness: every replica shares the
+    price file, so draining one helps nobody, and only that budget's requests are refused."""
 
     async def readyz(request: web.Request) -> web.Response:
         problems = {name: m.problem for name, m in catalog.models.items() if m.problem}
@@ -45,6 +54,9 @@ def readiness(catalog: Catalog, journal: Journal | None, store: StoreProblem | N
         if found is not None:
             problems["limits_store"], fails = found
             ready = ready and not fails
+        unpriced = prices() if prices is not None else None
+        if unpriced is not None:
+            problems["prices"] = unpriced
         body = {
             "status": "ready" if ready else "not ready",
             "upstream_version": catalog.release.version,
@@ -69,10 +81,11 @@ def add_routes(
     journal: Journal | None,
     metrics: Metrics | None = None,
     store: StoreProblem | None = None,
+    prices: PricesProblem | None = None,
 ) -> None:
     """Health and readiness; the metrics page too when ``metrics`` is given."""
     app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readiness(catalog, journal, store))
+    app.router.add_get("/readyz", readiness(catalog, journal, store, prices))
     if metrics is not None:
         app.router.add_get("/metrics", metrics_page(metrics))
 

@@ -292,6 +292,7 @@ def create_app(
         app.cleanup_ctx.append(key_file_context(app[KEYFILE]))
     limiter = admission.limiter if admission else None
     store = limiter.problem if isinstance(limiter, GuardedLimiter) else None
+    priced = app[PRICESFILE].unpriced if prices is not None else None
     for context in (
         # first in, last out: the metric is flushed after every exchange has its record
         *([usage[1]] if usage else []),
@@ -303,12 +304,12 @@ def create_app(
         reconciler_context(settings, reconciler),
         send_watch_context(sends),
         admin.admin_context(
-            settings, lambda a: admin.add_routes(a, catalog, journal, metrics, store)
+            settings, lambda a: admin.add_routes(a, catalog, journal, metrics, store, priced)
         ),
     ):
         app.cleanup_ctx.append(context)
     page = metrics if settings.admin_port is None else None
-    admin.add_routes(app, catalog, journal, page, store)
+    admin.add_routes(app, catalog, journal, page, store, priced)
     relay = Relay(settings.upstream_base, settings.body_read_timeout, metrics)
     admin_port = settings.admin_port is not None
     sessions = RealtimeRelay(settings, metrics, metered.settle, catalog.serves, admission)

@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from proxy.accounting.money import DuplicateKeyError, UniqueKeyLoader
+
 ANONYMOUS = "anonymous"
 KEY_HASH_CHARS = 12
 MAX_TENANT_CHARS = 200
@@ -68,11 +70,13 @@ DIGEST_RECIPE = "printf %s 'THE-KEY' | sha256sum"
 def load_api_keys(path: Path) -> dict[str, str]:
     """Read ``tenant: sha256-hex`` (or a list of digests) from YAML/JSON; digest -> tenant."""
     try:
-        data: Any = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data: Any = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader) or {}
     except FileNotFoundError:
         raise KeyFileError(f"{path}: no such file; create it or fix the path") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise KeyFileError(f"{path}: cannot be read ({exc})") from None
+    except DuplicateKeyError as exc:
+        raise KeyFileError(f"{path}: {exc.problem}: a tenant is listed once") from None
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         line = f" at line {where.line + 1}" if where is not None else ""

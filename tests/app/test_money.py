@@ -17,6 +17,7 @@ import pytest
 import yaml
 from aiohttp import web
 from redis.asyncio import Redis
+from structlog.testing import capture_logs
 from transformers import AutoTokenizer
 
 from proxy.accounting.money import nanos_up
@@ -180,6 +181,33 @@ async def test_a_model_without_a_price_never_reaches_the_engine(
     assert "'minilm'" in (client.app[PRICESFILE].unpriced() or "")
 
 
+async def test_a_model_without_a_price_is_named_by_readyz_and_logged_once(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """Issue #59 item 1: a default money budget and a served model whose only price starts
+    in 2027: serve starts (the served models are known only after discovery), /readyz
+    answered ready with no problem, and `prices_missing` was logged at every poll. Now
+    /readyz names it (and stays ready: every replica shares the price file, and only that
+    budget's requests are refused) and the log says it once however often it is asked."""
+    prices = price_file(tmp_path / "prices.yaml", ("2027-01-01", "0.001"))
+    limits = {"default": {"cost_per_month": "10"}}
+    _, client = await money_proxy(
+        aiohttp_server, aiohttp_client, minilm_path, tmp_path, limits, prices
+    )
+    with capture_logs() as logs:
+        first = await client.get("/readyz")
+        await asyncio.sleep(1.1)  # the old sentence changed every second
+        second = await client.get("/readyz")
+    for answer in (first, second):
+        assert answer.status == 200
+        body = await answer.json()
+        assert "no price in force now for 'minilm'" in body["problems"]["prices"]
+    assert [line["event"] for line in logs if line["event"] == "prices_missing"] == [
+        "prices_missing"
+    ]
+    assert (await client.post("/v1/embeddings", json=EMBED)).status == 400
+
+
 @pytest.mark.parametrize(
     ("limits", "prices", "said"),
     [
@@ -187,7 +215,7 @@ async def test_a_model_without_a_price_never_reaches_the_engine(
         (
             {"tenants": {"acme": {"models": {"big": {"cost_per_day": "1"}}}}},
             "minilm-only",
-            "no price in force at",
+            "no price in force now",
         ),
         ({"default": {"requests_per_day": 1}}, "bad", "unknown unit 'tokens'"),
     ],

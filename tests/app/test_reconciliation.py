@@ -87,7 +87,7 @@ async def test_bypass_traffic_shows_as_unbilled(rig: Any, aiohttp_client: Any) -
     assert window is not None
     assert window.unbilled_prompt_tokens == bypassed == 36
     assert window.overbilled_prompt_tokens == 0
-    assert any(c.startswith("unmetered_traffic") for c in window.causes)
+    assert any(c.code == "unmetered_traffic" for c in window.causes)
 
 
 async def test_restart_neither_invents_nor_hides_drift(rig: Any) -> None:
@@ -161,7 +161,7 @@ async def test_the_proxys_own_refusals_are_not_blamed_on_the_engine(
     assert window is not None
     assert (window.records, window.upstream_errors, window.refused_requests) == (1, 0, 3)
     assert window.unbilled_prompt_tokens == 36
-    assert not any(c.startswith("upstream_errors") for c in window.causes)
+    assert not any(c.code == "upstream_errors" for c in window.causes)
 
 
 async def test_several_proxies_in_front_of_one_vllm(
@@ -201,7 +201,7 @@ async def test_several_proxies_in_front_of_one_vllm(
         108,
     )
     assert (mine.unbilled_prompt_tokens, mine.overbilled_prompt_tokens) == (0, 0)
-    assert mine.causes[0].startswith("shared_upstream: 36 prompt and 0 completion token(s)")
+    assert str(mine.causes[0]).startswith("shared_upstream: 36 prompt and 0 completion token(s)")
     text = second.app[METRICS].render().decode()
     assert "usage_proxy_unbilled_prompt_tokens_total 0.0" in text
     assert 'usage_proxy_reconcile_windows_total{status="shared"} 1.0' in text

@@ -376,7 +376,7 @@ def test_reconciliation_names_the_audio_tokens(audio: dict[str, Audio], release:
     assert (window.engine_prompt_tokens, window.billed_prompt_tokens) == (4, 364)
     assert window.overbilled_prompt_tokens == 360
     assert (window.engine_completion_tokens, window.billed_completion_tokens) == (CAP, CAP)
-    assert [c.split(":")[0] for c in window.causes] == ["audio_tokens"]
+    assert [c.code for c in window.causes] == ["audio_tokens"]
 
 
 async def session(url: str, utterances: list[int], final: bool = True) -> list[dict[str, Any]]:

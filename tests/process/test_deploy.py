@@ -21,6 +21,7 @@ from tests.support.kustomize import render
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "kubernetes" / "base"
 REPLICAS = ROOT / "deploy" / "kubernetes" / "replicas"
+STORE_DIR = ROOT / "deploy" / "kubernetes" / "limits-store"
 
 
 def compose() -> dict[str, Any]:
@@ -77,13 +78,13 @@ STORE = "usage-limits-store"
 
 
 def scoring_documents() -> list[dict[str, Any]]:
-    """The manifests of the vLLM pod with its proxy (the limits store's are apart)."""
-    return [d for d in k8s_documents() if d["metadata"]["name"] != STORE]
+    """The manifests of the vLLM pod with its proxy (the base: no limits store)."""
+    return k8s_documents()
 
 
 def store_documents() -> dict[str, dict[str, Any]]:
-    """The limits store's manifests, by kind."""
-    return {d["kind"]: d for d in k8s_documents() if d["metadata"]["name"] == STORE}
+    """The limits store's manifests (deploy/kubernetes/limits-store), by kind."""
+    return {d["kind"]: d for d in render(REPLICAS) if d["metadata"]["name"] == STORE}
 
 
 def test_kubernetes_manifests_validate() -> None:
@@ -96,12 +97,9 @@ def test_kubernetes_manifests_validate() -> None:
         kubernetes_validate.validate(doc, "1.30", strict=True)
     assert sorted(kinds) == [
         "ConfigMap",
-        "Deployment",
-        "NetworkPolicy",
         "NetworkPolicy",
         "PersistentVolumeClaim",
         "PodMonitor",
-        "Service",
         "Service",
         "StatefulSet",
     ]
@@ -187,7 +185,8 @@ def test_the_limits_store_is_hardened_and_reached_only_by_the_proxies() -> None:
     (source,) = rule["from"]
     assert source["podSelector"]["matchLabels"].items() <= proxy_labels.items()
     assert [p["port"] for p in rule["ports"]] == ["valkey"]
-    settings = {d["kind"]: d for d in scoring_documents()}["ConfigMap"]["data"]
+    replicas = {(d["kind"], d["metadata"]["name"]): d for d in render(REPLICAS)}
+    settings = replicas["ConfigMap", "usage-proxy"]["data"]
     assert settings["USAGE_PROXY_LIMITS_STORE"] == "valkey://usage-limits-store:6379/0"
     secret_file = Path(settings["USAGE_PROXY_LIMITS_STORE_PASSWORD_FILE"])
     proxy = next(c for c in pod_spec()["containers"] if c["name"] == "usage-proxy")
@@ -195,7 +194,7 @@ def test_the_limits_store_is_hardened_and_reached_only_by_the_proxies() -> None:
     volume = next(v for v in pod_spec()["volumes"] if v["name"] == mount["name"])
     assert volume["secret"]["secretName"] == "usage-limits-store"
     assert volume["secret"]["items"] == [{"key": "password", "path": secret_file.name}]
-    example = yaml.safe_load((K8S / "limits-store.example.yaml").read_text())
+    example = yaml.safe_load((STORE_DIR / "limits-store.example.yaml").read_text())
     kubernetes_validate.validate(example, "1.30", strict=True)
     password = example["stringData"]["password"]
     assert example["stringData"]["valkey.conf"].strip() == f"requirepass {password}"
@@ -421,6 +420,32 @@ def test_the_example_limits_file_checks_clean(tmp_path: Path) -> None:
     assert mistakes(read_limits(path)) == []
 
 
+def test_the_base_applies_without_the_stores_secret() -> None:
+    """Issue #59 item 2: the base (one replica, no limits) deployed the Valkey limits store,
+    whose config volume required the Secret usage-limits-store, so applied without it the
+    store's pod never started. The base holds no store and nothing that needs its Secret
+    (every manifest valid against the Kubernetes 1.30 schemas, as the replicas example's);
+    the replicas example still runs the store."""
+    docs = render(K8S)
+    for doc in docs:
+        if not doc["apiVersion"].startswith("monitoring.coreos.com"):
+            kubernetes_validate.validate(doc, "1.30", strict=True)
+    assert STORE not in {d["metadata"]["name"] for d in docs}
+    for doc in docs:
+        spec = doc.get("spec", {}).get("template", {}).get("spec", {})
+        for volume in spec.get("volumes", []):
+            secret = volume.get("secret")
+            if secret is not None and secret["secretName"] == STORE:
+                assert secret.get("optional") is True, (doc["metadata"]["name"], volume["name"])
+    settings = {d["kind"]: d for d in docs}["ConfigMap"]["data"]
+    assert not any(name.startswith("USAGE_PROXY_LIMITS") for name in settings)
+    assert {d["kind"] for d in render(REPLICAS) if d["metadata"]["name"] == STORE} == {
+        "Deployment",
+        "Service",
+        "NetworkPolicy",
+    }
+
+
 def test_the_base_starts_without_the_stores_secret() -> None:
     """Issue #54 item 3: the limits store's Secret was required even without limits; it is
     optional (a proxy with a limits file and no Secret fails at start, naming the file)."""
@@ -436,7 +461,9 @@ def _normalized(docs: list[dict[str, Any]]) -> list[str]:
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="no kubectl here")
-@pytest.mark.parametrize("directory", [K8S, REPLICAS], ids=["base", "replicas"])
+@pytest.mark.parametrize(
+    "directory", [K8S, REPLICAS, STORE_DIR], ids=["base", "replicas", "limits-store"]
+)
 def test_the_offline_rendering_is_kubectls(directory: Path) -> None:
     """The manifests the tests hold are those `kubectl kustomize` renders."""
     out = subprocess.run(

@@ -222,7 +222,7 @@ def test_limits_check_says_each_problem_and_exits_2(
     finally:
         server.shutdown()
         server.server_close()
-    lines = capsys.readouterr().out.splitlines()
+    lines = capsys.readouterr().err.splitlines()
     assert lines == [
         f"{limits}: tenants.acme.models.e5-smal: the upstream serves no model 'e5-smal' (it "
         "serves bge, e5-small); did you mean 'e5-small'?",
@@ -231,12 +231,12 @@ def test_limits_check_says_each_problem_and_exits_2(
     ]
     limits.write_text("tenants:\n  acme: {prompt_token_per_minute: 5}\n")
     assert main(["limits", "check", str(limits)]) == 2
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err
     assert "did you mean 'prompt_tokens_per_minute'?" in out
     assert "pydantic" not in out
     limits.write_text("")
     assert main(["limits", "check", str(limits)]) == 2
-    assert "the file sets no limit" in capsys.readouterr().out
+    assert "the file sets no limit" in capsys.readouterr().err
     limits.write_text("timezone: Europe/Paris\ntenants:\n  acme: {requests_per_month: 300}\n")
     assert main(["limits", "check", str(limits), "--models", "e5-small"]) == 0
     assert capsys.readouterr().out == (
@@ -244,4 +244,91 @@ def test_limits_check_says_each_problem_and_exits_2(
         "periods in Europe/Paris\n"
     )
     assert main(["limits", "check", str(tmp_path / "none.yaml")]) == 2
-    assert "No such file" in capsys.readouterr().err
+    assert "none.yaml does not exist" in capsys.readouterr().err
+
+
+def test_limits_check_says_every_problem_in_one_pass_on_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #59 item 3: a misspelt limit, a tenant the key file lacks and a model the
+    upstream does not serve were found one rerun at a time (the first stopped the check),
+    on stdout. All three are said in one pass, on stderr, and the check exits 2."""
+    import hashlib
+
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"acme: {hashlib.sha256(b'k').hexdigest()}\n")
+    limits = tmp_path / "limits.yaml"
+    limits.write_text(
+        "tenants:\n"
+        "  acme: {prompt_token_per_minute: 5, models: {e5-smal: {requests_per_day: 1}}}\n"
+        "  acmee: {requests_per_day: 5}\n"
+    )
+    args = ["limits", "check", str(limits), "--api-keys", str(keys), "--models", "e5-small"]
+    assert main(args) == 2
+    said = capsys.readouterr()
+    assert said.out == ""
+    errors = said.err
+    assert "did you mean 'prompt_tokens_per_minute'?" in errors
+    assert "no tenant 'acmee' in the --api-keys file" in errors
+    assert "the upstream serves no model 'e5-smal'" in errors
+
+
+def test_limits_check_with_prices_holds_money_budgets_as_serve_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #59 item 3: a cost_per_month without a price file passed the check and then
+    failed serve. Without --prices it fails the check as serve fails; with a price file
+    that prices the served model now it passes; one that does not is named."""
+    limits = tmp_path / "limits.yaml"
+    limits.write_text("tenants:\n  acme: {cost_per_month: '10'}\n")
+    assert main(["limits", "check", str(limits)]) == 2
+    assert "cost_per_* budgets need a price file (--prices)" in capsys.readouterr().err
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("currency: USD\nmodels: {e5-small: {prompt_tokens: '0.000001'}}\n")
+    check = ["limits", "check", str(limits), "--prices", str(prices), "--models"]
+    assert main([*check, "e5-small"]) == 0
+    capsys.readouterr()
+    assert main([*check, "e5-small,bge"]) == 2
+    assert "no price in force now for 'bge'" in capsys.readouterr().err
+    prices.write_text("currency: USD\nmodels: {e5-small: {prompt_token: '0.000001'}}\n")
+    assert main([*check, "e5-small"]) == 2
+    assert "did you mean 'prompt_tokens'?" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["limits", "check", "nope.yaml"], "the limits file nope.yaml does not exist"),
+        (["report", "--limits", "nope.yaml"], "--limits nope.yaml does not exist"),
+        (["report", "--prices", "nope.yaml"], "--prices nope.yaml does not exist"),
+    ],
+)
+def test_a_missing_file_is_named_with_its_flag(
+    argv: list[str],
+    said: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Issue #59 item 4: a missing limits or price file printed a raw `[Errno 2]` without
+    naming the flag. It is named, and said not to exist."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("USAGE_PROXY_CONFIG", raising=False)
+    journal = ["--journal", str(tmp_path / "j.sqlite")] if argv[0] == "report" else []
+    assert main([*argv, *journal]) == 2
+    err = capsys.readouterr().err
+    assert said in err
+    assert "Errno" not in err
+
+
+def test_a_refused_setting_is_said_without_pydantics_wording(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #59 item 4: a setting a validator refuses was said with pydantic's own
+    prefix (`Value error, must be one of ...`). Only the sentence is said, with where the
+    setting comes from."""
+    monkeypatch.setenv("USAGE_PROXY_LOG_LEVEL", "loud")
+    assert main(["serve", "--upstream", "http://x"]) == 2
+    err = capsys.readouterr().err
+    assert "USAGE_PROXY_LOG_LEVEL: must be one of debug, info, warning, error" in err
+    assert "Value error" not in err

@@ -107,6 +107,25 @@ async def test_the_month_end_report_shows_the_month_in_the_limits_files_zone(
     assert table.startswith("Usage (Europe/Paris) from 2026-12-01T00:00:00+01:00")
 
 
+async def test_without_a_limits_file_dates_are_read_in_the_price_files_zone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #59 item 6: without --limits the report read dates in UTC although the price
+    file says its dates are Paris's: a record at 00:30 on 1 December in Paris fell out of
+    December. The price file's timezone is used then (--timezone still wins)."""
+    records = [rec(1, "acme", datetime(2026, 12, 1, 0, 30, tzinfo=PARIS), 5)]
+    path = await journal_of(tmp_path / "j.sqlite", records)
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("currency: EUR\ntimezone: Europe/Paris\ndefault: {prompt_tokens: '1'}\n")
+    args = ("--journal", str(path), "--prices", str(prices), "--format", "json")
+    out, err = report(capsys, *args, "--since", "2026-12-01", "--until", "2027-01-01")
+    assert json.loads(out)["totals"]["requests"] == 1
+    assert "dates read in Europe/Paris (the price file's timezone)" in err
+    out, err = report(capsys, *args, "--since", "2026-12-01", "--timezone", "UTC")
+    assert json.loads(out)["totals"]["requests"] == 0
+    assert "dates read in UTC (--timezone)" in err
+
+
 async def test_each_budget_is_shown_in_the_period_it_is_in_now(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

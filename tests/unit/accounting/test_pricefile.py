@@ -117,7 +117,7 @@ BAD: list[tuple[dict[str, Any], str]] = [
         "ends",
     ),
     ({"currency": "dollars", "default": {"prompt_tokens": "1"}}, "ISO 4217"),
-    ({"currency": "USD", "timezone": "Mars/Olympus"}, "unknown time zone"),
+    ({"currency": "USD", "timezone": "Mars/Olympus"}, "is not a time zone"),
     ({"currency": "USD", "default": {"from": "soon", "prompt_tokens": "1"}}, "ISO 8601"),
     ({"default": {"prompt_tokens": "1"}}, "currency"),
 ]
@@ -158,3 +158,51 @@ def test_invoice_rounding_uses_the_currencys_minor_unit() -> None:
     assert str(yen.due(Decimal("12.5"))) == "12"
     four = table_of({"currency": "USD", "decimals": 4, "default": {"prompt_tokens": "1"}})
     assert str(four.due(Decimal("0.00005"))) == "0.0000"
+
+
+def test_every_problem_of_a_price_file_is_named_with_what_it_meant() -> None:
+    """Issue #59 item 4: a file with the typo `prompt_token`, a negative price and a
+    LiteLLM entry pasted whole named only its first problem, with no "did you mean". Each
+    is named, in the file's words (no pydantic wording), the typo with its fix and the
+    pasted entry once."""
+    data = {
+        "currency": "USD",
+        "timezone": "Paris",
+        "models": {
+            "a": {"prompt_token": "0.1"},
+            "b": {"prompt_tokens": "-0.1"},
+            "c": {
+                "input_cost_per_token": 1.5e-07,
+                "output_cost_per_token": 6e-07,
+                "max_tokens": 8192,
+                "litellm_provider": "openai",
+                "mode": "chat",
+                "supports_vision": True,
+            },
+        },
+    }
+    with pytest.raises(ValidationError) as caught:
+        PriceFile.model_validate(data)
+    said = one_line(caught.value)
+    assert "models.a.0: unknown unit 'prompt_token'" in said
+    assert "did you mean 'prompt_tokens'?" in said
+    assert "models.b.0.prompt_tokens: -0.1 is negative" in said
+    assert "models.c.0: max_tokens, litellm_provider, mode, supports_vision are no prices" in said
+    assert "timezone: 'Paris' is not a time zone" in said
+    assert "did you mean 'Europe/Paris'?" in said
+    assert "Value error" not in said
+    assert "float" in said  # LiteLLM's floats are refused for what they are, not dropped
+
+
+def test_a_name_given_twice_refuses_the_price_file(tmp_path: Path) -> None:
+    """Issue #59 item 3: a model priced twice in one mapping kept the later silently. The
+    file is refused, naming it and both lines."""
+    from proxy.accounting.money import DuplicateKeyError
+
+    path = tmp_path / "prices.yaml"
+    path.write_text(
+        "currency: USD\nmodels:\n  a: {prompt_tokens: '1'}\n  a: {prompt_tokens: '2'}\n"
+    )
+    with pytest.raises(DuplicateKeyError) as caught:
+        load_prices(path)
+    assert one_line(caught.value).startswith("'a' is given twice, at lines 3 and 4")

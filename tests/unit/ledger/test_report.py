@@ -504,7 +504,9 @@ def test_a_bad_price_file_is_one_clear_line(
     bad.write_text("currency: USD\nmodels: {chat: {prompt_tokens: '-1', image_tokens: '1'}}\n")
     assert main(["report", "--journal", str(journal_path), "--prices", str(bad)]) == 2
     err = capsys.readouterr().err
-    assert f"--prices {bad} is not a valid price file: models.chat.0: unknown unit" in err
+    assert f"--prices {bad} is not a valid price file: " in err
+    assert "models.chat.0: unknown unit 'image_tokens'" in err
+    assert "models.chat.0.prompt_tokens: -1 is negative" in err
     assert len(err.strip().splitlines()) == 1
 
 

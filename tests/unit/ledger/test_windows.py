@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 import pytest
@@ -15,8 +16,10 @@ from proxy.ledger.windows import (
     PROMPT_COUNTER,
     START_TIME,
     EngineReading,
+    SettledWindow,
     Tally,
     parse_engine_counters,
+    parse_entry,
     settle,
 )
 
@@ -162,7 +165,7 @@ def test_settle_is_exact(
         upstream="u",
     )
     assert (window.unbilled_prompt_tokens, window.overbilled_prompt_tokens) == (unbilled, over)
-    assert [c.split(":")[0] for c in window.causes] == ([cause] if cause else [])
+    assert [c.code for c in window.causes] == ([cause] if cause else [])
     assert window.reported_prompt_tokens == billed + 21
 
 
@@ -265,7 +268,7 @@ def test_drift_from_transcriptions_billed_in_seconds_is_named() -> None:
         upstream="u",
     )
     assert window.unbilled_prompt_tokens == 4
-    assert [c.split(":")[0] for c in window.causes] == ["billed_in_seconds", "unmetered_traffic"]
+    assert [c.code for c in window.causes] == ["billed_in_seconds", "unmetered_traffic"]
 
 
 def _audio(operation: str, prompt: int | None = None, seconds: int | None = None) -> UsageRecord:
@@ -314,8 +317,8 @@ def test_drift_from_streamed_audio_names_its_audio_tokens(
         upstream="u",
     )
     assert (window.overbilled_prompt_tokens, window.unbilled_prompt_tokens) == (over, unbilled)
-    assert [c.split(":")[0] for c in window.causes] == names
-    assert window.causes[0].startswith("audio_tokens: 1 streamed transcription(s)")
+    assert [c.code for c in window.causes] == names
+    assert str(window.causes[0]).startswith("audio_tokens: 1 streamed transcription(s)")
 
 
 def test_only_streamed_audio_counts_as_audio_tokens() -> None:
@@ -333,3 +336,31 @@ def test_only_streamed_audio_counts_as_audio_tokens() -> None:
         tally.add(one)
     other.merge(tally)
     assert (tally.audio_streams, other.audio_streams) == (1, 1)
+
+
+def test_causes_are_codes_with_a_sentence() -> None:
+    """Issue #59 item 5: the window's JSON held each cause as a sentence ("shared_upstream:
+    9 prompt ...") that a program had to split. Each is now a stable ``code`` and its
+    ``message``; a window journaled before reads back with the same codes."""
+    tally = Tally()
+    tally.upstream_errors = 1
+    window = settle(
+        EngineReading(100, 0, 1.0),
+        EngineReading(109, 0, 1.0),
+        tally,
+        start=NOW,
+        end=NOW,
+        instance="i",
+        upstream="u",
+        shared=True,
+    )
+    causes = json.loads(window.to_json())["causes"]
+    assert [c["code"] for c in causes] == ["shared_upstream"]
+    assert causes[0]["message"].startswith("9 prompt and 0 completion token(s)")
+    old = json.loads(window.to_json())
+    old["causes"] = ["unmetered_traffic: engine work without a record of this proxy"]
+    again = parse_entry(json.dumps(old, separators=(",", ":")))  # as journaled
+    assert isinstance(again, SettledWindow)
+    assert [(c.code, c.message) for c in again.causes] == [
+        ("unmetered_traffic", "engine work without a record of this proxy")
+    ]

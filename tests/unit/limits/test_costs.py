@@ -55,6 +55,17 @@ def test_every_model_a_money_budget_applies_to_needs_a_price() -> None:
     assert unpriced(tokens, None, ["rerank"], NOW) is None
 
 
+def test_a_missing_price_is_the_same_sentence_until_what_is_missing_changes() -> None:
+    """Issue #59 item 1: the sentence held the time to the second, so the watch, which
+    logs it when it changes, logged `prices_missing` every 2 s for ever. The same models
+    missing an hour apart are the same sentence; another model missing is another."""
+    tenant_wide = Policies.model_validate({"tenants": {"a": {"cost_per_month": "10"}}})
+    first = unpriced(tenant_wide, table(), ["rerank"], NOW)
+    assert first is not None
+    assert unpriced(tenant_wide, table(), ["rerank"], NOW.replace(hour=1)) == first
+    assert unpriced(tenant_wide, table(), ["rerank", "embed"], NOW) != first
+
+
 def test_a_reservation_is_priced_at_its_time() -> None:
     """Its tokens at the price in force when it is made; no price then: None."""
     before = reserved(Cost(10, 5), table(), "chat", datetime(2026, 11, 1, tzinfo=UTC))

@@ -167,3 +167,37 @@ def test_models_tenants_and_keys_the_proxy_does_not_know() -> None:
         "billed to it; did you mean 'acme'?",
     ]
     assert mistakes(policies) == []
+
+
+def test_a_tenant_listed_twice_is_refused_with_both_lines(tmp_path: Path) -> None:
+    """Issue #59 item 3: a tenant listed twice was taken, its first block silently dropped.
+    The file is refused, naming the tenant and both lines."""
+    text = (
+        "tenants:\n"
+        "  acme: {requests_per_day: 5}\n"
+        "  globex: {requests_per_day: 5}\n"
+        "  acme: {requests_per_day: 50}\n"
+    )
+    (problem,) = problems_of(tmp_path, text)
+    assert problem.startswith("'acme' is given twice, at lines 2 and 4")
+
+
+@pytest.mark.parametrize(
+    ("text", "said", "leak"),
+    [
+        ("default: {requests_per_day: 1.5}", "default.requests_per_day is 1.5:", "Decimal("),
+        ("default: {cost_per_minute: '1'}", "cost_per_minute: money is budgeted", "Value error"),
+        ("default: {cost_per_day: '0'}", "default.cost_per_day: 0 is not above zero", "Value"),
+        ("timezone: Paris", "did you mean 'Europe/Paris'?", "Value error"),
+        ("timezone: new york", "did you mean 'America/New_York'?", "Value error"),
+    ],
+)
+def test_no_pydantic_wording_reaches_the_operator(
+    tmp_path: Path, text: str, said: str, leak: str
+) -> None:
+    """Issue #59 item 4: pydantic's wording leaked (`Value error, ...`, `Decimal('1.5')`),
+    and `timezone: Paris` got no suggestion (`Europe/Pariss` did). Each problem is said in
+    the file's words; a zone is matched by its last part too."""
+    (problem,) = problems_of(tmp_path, text)
+    assert said in problem
+    assert leak not in problem

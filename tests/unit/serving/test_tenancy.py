@@ -10,6 +10,7 @@ import pytest
 from proxy.serving.tenancy import (
     ANONYMOUS,
     Attribution,
+    KeyFileError,
     Refusal,
     TenantResolver,
     key_digest,
@@ -113,4 +114,14 @@ def test_api_keys_file(tmp_path: Path) -> None:
     }
     path.write_text("acme: sk-plaintext-key\n")
     with pytest.raises(ValueError, match="not a SHA-256"):
+        load_api_keys(path)
+
+
+def test_a_tenant_listed_twice_in_the_key_file_is_refused(tmp_path: Path) -> None:
+    """Issue #59 item 3: YAML keeps the later of two equal keys, so a tenant listed twice
+    lost its first keys without a word. The file is refused, naming both lines."""
+    path = tmp_path / "keys.yaml"
+    one, two = hashlib.sha256(b"a").hexdigest(), hashlib.sha256(b"b").hexdigest()
+    path.write_text(f"acme: {one}\nglobex: {two}\nacme: {two}\n")
+    with pytest.raises(KeyFileError, match="'acme' is given twice, at lines 1 and 3"):
         load_api_keys(path)
