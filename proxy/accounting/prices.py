@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from itertools import pairwise
 
 from proxy.accounting.money import EXACT, due, nanos_up
 
@@ -172,7 +173,7 @@ class PriceTable:
         rates = self.rates.get(model) if model is not None else None
         if rates is None:
             rates = self.rates.get(None, ())
-        for one, following in zip(rates, rates[1:], strict=False):
+        for one, following in pairwise(rates):
             if one.end is None or following.start is None or following.start <= one.end:
                 continue
             if following.start > after:

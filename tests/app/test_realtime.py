@@ -317,7 +317,8 @@ async def test_each_utterance_is_admitted_at_its_commit_and_a_spent_budget_ends_
             ran += 1
         closing = await ws.receive(timeout=5)
     assert ran == 2
-    assert refusal is not None and refusal["code"] == "rate_limit_exceeded"
+    assert refusal is not None
+    assert refusal["code"] == "rate_limit_exceeded"
     assert "cost_per_day" in refusal["error"]
     assert closing.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
     (record,) = await recorded(tmp_path / "journal.sqlite")

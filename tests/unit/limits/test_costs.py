@@ -72,9 +72,8 @@ def test_a_reservation_is_priced_at_the_dearest_price_before_its_timeout() -> No
     assert reserved(Cost(10, 5), table(), "chat", just_before) == Cost(10, 5, money=20_000)
     spans = reserved(Cost(10, 5), table(), "chat", just_before, within=timedelta(seconds=600))
     assert spans == Cost(10, 5, money=50_000)
-    ends = PriceFile.model_validate(
-        {"currency": "USD", "models": {"chat": {"until": "2026-11-20T00:10:00Z", "prompt_tokens": "1"}}}
-    ).table()
+    until = {"until": "2026-11-20T00:10:00Z", "prompt_tokens": "1"}
+    ends = PriceFile.model_validate({"currency": "USD", "models": {"chat": until}}).table()
     assert isinstance(reserved(Cost(1), ends, "chat", NOW, within=timedelta(hours=1)), Unpriced)
     assert reserved(Cost(1), ends, "chat", NOW, within=timedelta(minutes=5)) == Cost(1, money=10**9)
 
