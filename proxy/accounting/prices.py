@@ -115,20 +115,6 @@ class Rate:
         )
         return [unit for unit, quantity in held if quantity and self.price(unit) is None]
 
-    def bound(self, prompt: int, completion: int) -> Decimal:
-        """What a reservation of ``prompt`` and ``completion`` tokens may cost: each prompt
-        token at the dearer of the prompt and the cached price (which of them the engine's
-        cache serves is known only after); a unit without a price here counts nothing."""
-        prompt_price = max(
-            (p for p in (self.price(PricedUnit.PROMPT), self.price(PricedUnit.CACHED)) if p),
-            default=Decimal(0),
-        )
-        completion_price = self.price(PricedUnit.COMPLETION) or Decimal(0)
-        return EXACT.add(
-            EXACT.multiply(Decimal(prompt), prompt_price),
-            EXACT.multiply(Decimal(completion), completion_price),
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class PriceTable:

@@ -60,13 +60,6 @@ def test_cached_tokens_are_priced_apart_only_when_they_have_a_price() -> None:
     ]
 
 
-def test_the_reservation_bound_takes_the_dearer_prompt_price() -> None:
-    """Which prompt tokens the cache serves is known only after: each is reserved at the
-    dearer price; a unit without a price reserves nothing."""
-    rate = Rate(None, None, ((PricedUnit.PROMPT, Decimal(1)), (PricedUnit.CACHED, Decimal(3))))
-    assert rate.bound(10, 5) == Decimal(30)
-
-
 @given(
     st.integers(0, 10**6),
     st.integers(0, 10**6),
