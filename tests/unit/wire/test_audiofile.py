@@ -8,6 +8,8 @@ import io
 import numpy as np
 import pytest
 import soundfile
+from hypothesis import given
+from hypothesis import strategies as st
 
 from proxy.wire.audiofile import seconds
 from tests.support.fakevllm.audio import wav
@@ -30,3 +32,13 @@ def test_a_flac_is_read_too() -> None:
 def test_what_libsndfile_cannot_read_has_no_duration(data: bytes) -> None:
     """Nothing, a truncated header, zeros, an MP4 container: None (never an error)."""
     assert seconds(data) is None
+
+
+@given(st.binary(max_size=2048))
+def test_any_bytes_give_a_duration_or_none(data: bytes) -> None:
+    """Whatever a client uploads: a duration or None, never an error (a pricing job that
+    raised would fail the request instead of refusing it)."""
+    found = seconds(b"RIFF" + data)
+    assert found is None or found >= 0
+    found = seconds(data)
+    assert found is None or found >= 0
