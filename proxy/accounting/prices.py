@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from itertools import pairwise
 
 from proxy.accounting.money import EXACT, due, nanos_up
 
@@ -84,19 +85,35 @@ class Rate:
             out.append(Line(unit, quantity, price, EXACT.multiply(Decimal(quantity), price)))
         return tuple(out)
 
-    def bound(self, prompt: int, completion: int) -> Decimal:
-        """What a reservation of ``prompt`` and ``completion`` tokens may cost: each prompt
-        token at the dearer of the prompt and the cached price (which of them the engine's
-        cache serves is known only after); a unit without a price here counts nothing."""
-        prompt_price = max(
-            (p for p in (self.price(PricedUnit.PROMPT), self.price(PricedUnit.CACHED)) if p),
-            default=Decimal(0),
+    def most(self, q: Quantities) -> Decimal | None:
+        """The dearest ``q`` can cost here: each prompt token at the dearer of the prompt
+        and the cached price (which of them the engine's cache serves is known only
+        after); None when a unit it holds has no price here (a prompt token needs the
+        prompt price: the cached one covers only the tokens the cache serves)."""
+        prompt = self.price(PricedUnit.PROMPT)
+        cached = self.price(PricedUnit.CACHED)
+        wanted = (
+            (q.prompt_tokens, prompt if prompt is None or cached is None else max(prompt, cached)),
+            (q.completion_tokens, self.price(PricedUnit.COMPLETION)),
+            (q.audio_seconds, self.price(PricedUnit.AUDIO)),
         )
-        completion_price = self.price(PricedUnit.COMPLETION) or Decimal(0)
-        return EXACT.add(
-            EXACT.multiply(Decimal(prompt), prompt_price),
-            EXACT.multiply(Decimal(completion), completion_price),
+        total = Decimal(0)
+        for quantity, price in wanted:
+            if quantity == 0:
+                continue
+            if price is None:
+                return None
+            total = EXACT.add(total, EXACT.multiply(Decimal(quantity), price))
+        return total
+
+    def unpriced(self, q: Quantities) -> list[PricedUnit]:
+        """The units ``q`` holds that have no price here."""
+        held = (
+            (PricedUnit.PROMPT, q.prompt_tokens),
+            (PricedUnit.COMPLETION, q.completion_tokens),
+            (PricedUnit.AUDIO, q.audio_seconds),
         )
+        return [unit for unit, quantity in held if quantity and self.price(unit) is None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +135,35 @@ class PriceTable:
         i = bisect_right(starts, at.timestamp()) - 1
         if i >= 0 and rates[i].covers(at):
             return rates[i]
+        return None
+
+    def over(self, model: str | None, start: datetime, end: datetime) -> list[Rate] | None:
+        """Every rate in force for ``model`` at some instant from ``start`` to ``end``
+        (both included), in time order; None when some instant of it has none (a gap
+        between two prices, or after the last)."""
+        found: list[Rate] = []
+        at = start
+        while True:
+            rate = self.rate(model, at)
+            if rate is None:
+                return None
+            found.append(rate)
+            if rate.end is None or rate.end > end:
+                return found
+            at = rate.end
+
+    def gap(self, model: str | None, after: datetime) -> tuple[datetime, datetime] | None:
+        """The first stretch after ``after`` when ``model`` has no price although a later
+        price of it starts (one price's ``until`` before the next one's ``from``): its
+        start and end; None when there is none (after the last price is no gap)."""
+        rates = self.rates.get(model) if model is not None else None
+        if rates is None:
+            rates = self.rates.get(None, ())
+        for one, following in pairwise(rates):
+            if one.end is None or following.start is None or following.start <= one.end:
+                continue
+            if following.start > after:
+                return one.end, following.start
         return None
 
     def cuts(self) -> list[datetime]:

@@ -10,10 +10,11 @@ upstream error, client disconnect and cancellation all end the reservation.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import structlog
@@ -27,12 +28,13 @@ from proxy.accounting.prices import PriceTable, Quantities
 from proxy.ledger.charges import quantities
 from proxy.ledger.journal import Journal, UsageSum
 from proxy.ledger.records import UsageRecord
-from proxy.limits.costs import billed, reserved
+from proxy.limits.costs import Unpriced, billed, reserved
 from proxy.limits.headers import duration, ratelimit_headers
 from proxy.limits.history import BUCKET_SECONDS
-from proxy.limits.limiter import Cost, Decision, Limiter, Usage, Who
+from proxy.limits.limiter import Cost, Decision, Limiter, Ticket, Usage, Who
 from proxy.limits.periods import earliest_start
 from proxy.limits.pricing import Price, price_metered, price_scoring
+from proxy.limits.speech import SPEECH, price_speech
 from proxy.metrics import Metrics
 from proxy.serving.catalog import Catalog
 from proxy.serving.exchange import Exchange, Hold
@@ -62,6 +64,7 @@ class Admission:
         *,
         count_timeout: float,
         prices: Prices | None = None,
+        horizon: float = 600.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.limiter = limiter
@@ -70,6 +73,9 @@ class Admission:
         self._metrics = metrics
         self._count_timeout = count_timeout
         self.prices = prices  # the money budgets' prices (cost_per_*)
+        # how long after its admission a request's record may be made (--read-timeout): a
+        # reservation is priced at the dearest price in force until then
+        self._horizon = timedelta(seconds=horizon)
         self._clock = clock
 
     @property
@@ -109,6 +115,8 @@ class Admission:
         model = served.name if served else prepared.model
         if not self.limiter.wants_tokens(tenant):
             return await self.admit(exchange, model, Price(Cost(), "none"))
+        if prepared.operation in SPEECH:
+            return await self._admit_speech(exchange, prepared)
         count_with = self._pool.copy_for(tenant)
 
         def price() -> Price:
@@ -120,13 +128,89 @@ class Admission:
         job = self._pool.lane(len(prepared.body)).submit_for(tenant, price)
         return await self.admit(exchange, model, await asyncio.wrap_future(job))
 
-    async def admit(
-        self, exchange: Exchange, model: str | None, price: Price
-    ) -> web.Response | None:
-        """Reserve ``price`` at every level that applies; the refusal to answer, if any."""
-        who = Who(exchange.who.tenant, model, exchange.who.key_hash)
+    async def _admit_speech(self, exchange: Exchange, prepared: Prepared) -> web.Response | None:
+        """An audio request: priced by its audio's duration, read from its file in a
+        tokenizer thread (``limits.speech``); refused when that cannot be read."""
+        served = self.catalog.lookup(prepared.model)
+        model = served.name if served else prepared.model
+        kind = exchange.request.headers.get("Content-Type")
+        lane = self._pool.lane(len(prepared.body))
+        job = lane.submit_for(exchange.who.tenant, price_speech, prepared, kind, served)
+        speech = await asyncio.wrap_future(job)
+        if speech.refusal is not None:
+            self._metrics.refused.labels("400").inc()
+            log.warning("speech_unpriced", tenant=exchange.who.tenant, reason=speech.refusal)
+            return error_response(400, speech.refusal, param="file")
+        return await self.admit(exchange, model, speech.price, units=speech.bills)
+
+    async def admit_session(self, exchange: Exchange) -> web.Response | None:
+        """A realtime session's opening: its request limits (and concurrency, held for its
+        whole length), nothing else: each utterance is reserved at its commit."""
+        if not self.applies(exchange.who.tenant):
+            return None
+        exchange.hold.apart = True  # its utterances settle its units (``settle_utterance``)
+        model = self.catalog.model_name(None)
+        return await self.admit(exchange, model, Price(Cost(), "a session"), units=Quantities())
+
+    async def admit_utterance(self, exchange: Exchange, model: str | None) -> Ticket | str | None:
+        """One utterance of a realtime session, at the commit that starts it: every token
+        its generation can make (its prompt and completion within the model's context,
+        each reserved at the context). The ticket to settle at its ``transcription.done``;
+        why it is refused (the session ends); None when no limit applies."""
+        tenant = exchange.who.tenant
+        if not self.applies(tenant) or not self.limiter.wants_tokens(tenant):
+            return None
+        served = self.catalog.lookup(model)
+        name = served.name if served else self.catalog.model_name(model)
+        who = Who(tenant, name, exchange.who.key_hash)
+        context = served.max_model_len if served and served.max_model_len > 0 else None
+        if context is None:
+            return f"The model {name!r} has no known context to price an utterance by."
+        price = Price(Cost(context, context, requests=0), "bound: an utterance at the context")
         now = self._clock()
         cost = self._with_money(who, price.cost, now)
+        if isinstance(cost, web.Response):
+            return _message(cost)
+        decision = await self.limiter.reserve(who, cost, now)
+        if decision.refusal is not None:
+            return _message(self._refuse(who, decision, price))
+        assert decision.ticket is not None
+        return decision.ticket
+
+    async def settle_utterance(self, ticket: Ticket, usage: tuple[int, int] | None) -> None:
+        """An utterance ended: its reservation becomes its ``transcription.done`` usage at
+        the price in force now; without one (it never finished, or its usage could not be
+        read) it is charged what it reserved, never less than was known."""
+        now = self._clock()
+        if usage is None:
+            await self.limiter.settle(ticket, ticket.cost, now)
+            return
+        prompt, completion = usage
+        money, table = 0, self.table
+        if table is not None:
+            at = datetime.fromtimestamp(now, UTC)
+            q = Quantities(prompt, completion)
+            money = billed(table, ticket.who.model, q, at, ticket.cost.money)[0]
+        await self.limiter.settle(ticket, Cost(prompt, completion, 0, money), now)
+
+    async def release_utterance(self, ticket: Ticket) -> None:
+        """An utterance vLLM did not start (it refused the commit): nothing billed."""
+        await self.limiter.release(ticket, self._clock())
+
+    async def admit(
+        self,
+        exchange: Exchange,
+        model: str | None,
+        price: Price,
+        *,
+        units: Quantities | None = None,
+    ) -> web.Response | None:
+        """Reserve ``price`` at every level that applies (its money: ``units``, by default
+        its tokens, at the dearest price in force until its timeout); the refusal to
+        answer, if any."""
+        who = Who(exchange.who.tenant, model, exchange.who.key_hash)
+        now = self._clock()
+        cost = self._with_money(who, price.cost, now, units)
         if isinstance(cost, web.Response):
             return cost
         decision = await self.limiter.reserve(who, cost, now)
@@ -139,16 +223,21 @@ class Admission:
             return None
         return self._refuse(who, decision, price)
 
-    def _with_money(self, who: Who, cost: Cost, now: float) -> Cost | web.Response:
+    def _with_money(
+        self, who: Who, cost: Cost, now: float, units: Quantities | None = None
+    ) -> Cost | web.Response:
         """``cost`` with what it may cost in money when a money budget applies to ``who``
-        (its tokens at the price in force now); a refusal when it cannot be priced."""
+        (``units`` at the dearest price in force from now to its timeout); a refusal when
+        it cannot be priced."""
         policies = self.limiter.policies
         if not policies.money_applies(who.tenant, who.model, who.key):
             return cost
         table = self.table
         at = datetime.fromtimestamp(now, UTC)
-        priced = reserved(cost, table, who.model, at) if table is not None else None
-        if priced is not None:
+        priced: Cost | Unpriced = Unpriced(f"model {who.model!r} has no price in force")
+        if table is not None:
+            priced = reserved(cost, table, who.model, at, within=self._horizon, units=units)
+        if isinstance(priced, Cost):
             return priced
         budget = next(
             limit.name
@@ -157,10 +246,11 @@ class Admission:
             if limit.money
         )
         self._metrics.limited.labels(budget, *self._metrics.tenant(who.tenant)).inc()
-        why = f"model {who.model!r} has no price in force in the price file"
-        log.warning("unpriced_request", tenant=who.tenant, model=who.model, budget=budget)
+        log.warning(
+            "unpriced_request", tenant=who.tenant, model=who.model, budget=budget, why=priced.why
+        )
         refusal = error_response(
-            400, f"This request cannot be admitted under the {budget} budget: {why}."
+            400, f"This request cannot be admitted under the {budget} budget: {priced.why}."
         )
         refusal.headers["x-should-retry"] = "false"
         return refusal
@@ -230,6 +320,9 @@ class Admission:
         if record is None:
             await self.limiter.release(ticket, now)
             return
+        if hold.apart:  # its units were settled apart (a session's utterances)
+            await self.limiter.settle(ticket, Cost(), now)
+            return
         money = self._money(record, ticket.who, ticket.cost.money)
         bill = Cost(record.prompt_tokens_billed or 0, record.completion_tokens_billed or 0)
         await self.limiter.settle(ticket, replace(bill, money=money), now)
@@ -259,6 +352,13 @@ class Admission:
 
 
 ADMISSION = web.AppKey("admission", Admission)
+
+
+def _message(refusal: web.Response) -> str:
+    """The message of a refusal in OpenAI's error shape."""
+    assert isinstance(refusal.body, bytes)
+    message = json.loads(refusal.body)["error"]["message"]
+    return str(message)
 
 
 async def add_headers(request: web.Request, response: web.StreamResponse) -> None:

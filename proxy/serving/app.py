@@ -177,7 +177,15 @@ def build_admission(
         password = store_password(settings)
         limiter = build_shared_limiter(settings, policies, metrics, password=password)
     timeout = settings.accounting_timeout
-    return Admission(limiter, catalog, pool, metrics, count_timeout=timeout, prices=prices)
+    return Admission(
+        limiter,
+        catalog,
+        pool,
+        metrics,
+        count_timeout=timeout,
+        prices=prices,
+        horizon=settings.read_timeout,
+    )
 
 
 A, M, D = Handling.AUDITED, Handling.METERED, Handling.DISPATCHED

@@ -36,6 +36,9 @@ class Hold:
 
     decision: Decision | None = None
     record: UsageRecord | None = None
+    # Its record's units were settled apart (a realtime session's, utterance by utterance):
+    # the record settles its request alone.
+    apart: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,7 @@ class Form:
     boundary: bytes
     items: list[tuple[str, str | File]] = field(default_factory=list)
     charset: str = "utf-8"  # what names and values are decoded with (the Content-Type's)
+    kept: bytes | None = None  # the last file part of the name ``read_form`` was asked to keep
 
     def value(self, name: str) -> str | File | None:
         """The value vLLM reads for ``name`` (Starlette's ``FormData.get``: the last)."""
@@ -58,15 +59,16 @@ def is_multipart(content_type: str | None) -> bool:
     return kind == MULTIPART.encode()
 
 
-def read_form(body: bytes, content_type: str) -> Form:
-    """The text fields of a ``multipart/form-data`` body as Starlette reads them; raises
-    FormError with Starlette's message where it refuses the body."""
+def read_form(body: bytes, content_type: str, keep: str | None = None) -> Form:
+    """The text fields of a ``multipart/form-data`` body as Starlette reads them, and the
+    bytes of the last file part named ``keep`` (``Form.kept``; vLLM reads that one);
+    raises FormError with Starlette's message where it refuses the body."""
     _, params = parse_options_header(content_type)
     boundary = params.get(b"boundary")
     if not boundary:
         raise FormError("Missing boundary in multipart.")
     charset = _charset(params.get(b"charset", b"utf-8"))
-    reader = _Reader(Form(boundary, charset=charset), charset)
+    reader = _Reader(Form(boundary, charset=charset), charset, keep)
     try:
         parser = MultipartParser(
             boundary,
@@ -124,8 +126,8 @@ def _charset(raw: bytes) -> str:
 class _Reader:
     """Starlette's ``MultiPartParser`` callbacks, keeping text values and marking files."""
 
-    def __init__(self, form: Form, charset: str) -> None:
-        self.form, self._charset = form, charset
+    def __init__(self, form: Form, charset: str, keep: str | None = None) -> None:
+        self.form, self._charset, self._keep = form, charset, keep
         self._header_name = self._header_value = b""
         self._disposition = b""
         self._name = ""
@@ -138,12 +140,16 @@ class _Reader:
 
     def part_data(self, data: bytes, start: int, end: int) -> None:
         if self._file:
+            if self._name == self._keep:
+                self._data += data[start:end]
             return
         if len(self._data) + end - start > MAX_PART_BYTES:
             raise FormError(f"Part exceeded maximum size of {MAX_PART_BYTES // 1024}KB.")
         self._data += data[start:end]
 
     def part_end(self) -> None:
+        if self._file and self._name == self._keep:
+            self.form.kept = bytes(self._data)
         value = FILE if self._file else _decode(bytes(self._data), self._charset)
         self.form.items.append((self._name, value))
 

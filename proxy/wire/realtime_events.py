@@ -50,6 +50,7 @@ class SessionUsage:
     prompt: int = 0
     completion: int = 0
     done: int = 0  # transcription.done events with a usage
+    ended: int = 0  # transcription.done events, with a usage or not
     model: str | None = None
     problem: str | None = None
     # Whether a model name is one the upstream serves (session.update's other names are
@@ -57,6 +58,7 @@ class SessionUsage:
     serves: Callable[[str], bool] = lambda _name: True
     running: bool = False  # a commit since the last transcription.done: a generation may run
     final_sent: bool = False  # ... and its final commit was sent
+    last: tuple[int, int] | None = None  # the last transcription.done's prompt and completion
 
     def from_server(self, text: str) -> None:
         """A message vLLM sent: a ``transcription.done`` adds its usage (and ends the
@@ -72,6 +74,8 @@ class SessionUsage:
         if event.get("type") != DONE:
             return
         self.running = self.final_sent = False
+        self.ended += 1
+        self.last = None
         usage = event.get("usage")
         counts = (
             (token_count(usage.get("prompt_tokens")), token_count(usage.get("completion_tokens")))
@@ -83,6 +87,7 @@ class SessionUsage:
             return
         self.prompt += counts[0]
         self.completion += counts[1]
+        self.last = (counts[0], counts[1])
         self.done += 1
 
     def from_client(self, text: str) -> None:
@@ -106,6 +111,19 @@ class SessionUsage:
                 self.final_sent = self.running
             else:  # a commit while a generation runs is ignored by vLLM
                 self.running = True
+
+    def starts(self, text: str) -> bool:
+        """Whether a message the client sends starts a generation: a commit (not final,
+        read as vLLM reads it) while none runs."""
+        if self.running or len(text) > _MOST_PARSED or COMMIT not in text:
+            return False
+        event = _event(text)
+        if event is None or event.get("type") != COMMIT:
+            return False
+        try:
+            return not _Commit.model_validate(event).final
+        except ValidationError:
+            return False
 
     @property
     def why_unbilled(self) -> str | None:

@@ -396,3 +396,73 @@ async def test_a_large_reservation_is_held_exactly_on_the_store(
     ]
     assert statuses == [200] * 26 + [429]
     assert len(seen) == 26
+
+
+async def test_requests_reserved_before_a_price_rise_cannot_overspend(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """The price doubles in a second; ten requests sent now finish after it, so their
+    records are priced at the new price. Each is reserved at the dearer price in force
+    before its timeout: five fit 0.03 and the invoice is 0.03 (before: all ten were
+    reserved at the old price and invoiced 0.06, twice the budget)."""
+    rise = (datetime.now(UTC) + timedelta(seconds=1)).isoformat()
+    prices = price_file(tmp_path / "prices.yaml", (PAST, "0.001"), (rise, "0.002"))
+    limits = {"tenants": {"acme": {"cost_per_day": "0.03"}}}
+
+    @web.middleware
+    async def slow(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.method == "POST":
+            await asyncio.sleep(1.5)  # the engine finishes after the rise
+        return await handler(request)
+
+    (tmp_path / "limits.yaml").write_text(yaml.safe_dump(limits))
+    _, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        middlewares=(slow,),
+        tenant_header="X-Tenant-Id",
+        journal=str(tmp_path / "journal.sqlite"),
+        limits=str(tmp_path / "limits.yaml"),
+        prices=str(prices),
+    )
+
+    async def one() -> int:
+        resp = await client.post("/v1/embeddings", json=EMBED, headers=ACME)
+        await resp.read()
+        return resp.status
+
+    statuses = await asyncio.gather(*(one() for _ in range(10)))
+    assert statuses.count(200) == 5
+    assert priced(tmp_path, prices) == Decimal("0.03")
+
+
+async def test_a_price_file_with_a_gap_is_refused_under_a_money_budget(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """A price whose ``until`` ends before the next one's ``from``: requests in flight
+    then would be invoiced nothing, so under a money budget the file is refused as a
+    missing price is, at start and on reload (before: accepted, and requests then
+    invoiced 0)."""
+    path = tmp_path / "prices.yaml"
+    soon = datetime.now(UTC) + timedelta(hours=1)
+    gapped = {
+        "currency": "USD",
+        "models": {
+            "minilm": [
+                {"from": PAST, "until": soon.isoformat(), "prompt_tokens": "0.001"},
+                {"from": (soon + timedelta(hours=1)).isoformat(), "prompt_tokens": "0.001"},
+            ]
+        },
+    }
+    path.write_text(yaml.safe_dump(gapped))
+    limits = {"tenants": {"acme": {"models": {"minilm": {"cost_per_day": "1"}}}}}
+    with pytest.raises(StartupError) as caught:
+        await money_proxy(aiohttp_server, aiohttp_client, minilm_path, tmp_path, limits, path)
+    assert "no price in force from" in str(caught.value)
+    price_file(path, (PAST, "0.001"))
+    _, client = await money_proxy(
+        aiohttp_server, aiohttp_client, minilm_path, tmp_path, limits, path
+    )
+    path.write_text(yaml.safe_dump(gapped))
+    assert not client.app[PRICESFILE].reload("SIGHUP")

@@ -15,7 +15,6 @@ import yaml
 
 from proxy.ledger.records import UsageRecord
 from proxy.limits.meters import BudgetMeter
-from proxy.serving import realtime as realtime_module
 from proxy.serving.admission import ADMISSION
 from tests.support.fakevllm.audio import realtime_usage
 from tests.support.proxies import fake_and_proxy
@@ -123,17 +122,16 @@ async def test_a_client_that_leaves_mid_generation_is_billed_its_generation(
     assert fake.generation_tokens_total == completion
     assert (record.verdict, record.aborted) == ("reported", False)
     assert (record.prompt_tokens_billed, record.completion_tokens_billed) == (prompt, completion)
-    assert record.latency_ms < realtime_module.FINAL_WAIT_SECONDS * 1000  # not kept longer
+    assert record.latency_ms < 2000  # kept no longer than the generation takes
 
 
-async def test_a_session_whose_done_does_not_come_is_recorded_invalid(
-    realtime: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A client that leaves mid-generation and a done that does not come within
-    FINAL_WAIT_SECONDS: recorded invalid, aborted, with the session's duration, never
-    free and silent; the proxy waits no longer than that."""
-    monkeypatch.setattr(realtime_module, "FINAL_WAIT_SECONDS", 0.2)
-    fake, client, journal = realtime
+async def test_a_session_whose_done_does_not_come_is_recorded_invalid(exporting: Any) -> None:
+    """A client that leaves mid-generation and vLLM silent for --read-timeout: recorded
+    invalid, aborted, with the session's duration, never free and silent; the proxy
+    waits no longer than that."""
+    fake, client, journal, _ = await exporting(
+        {"acme": "sk-acme"}, version="0.32.0", read_timeout=0.2
+    )
     fake.delay = 5.0  # the engine's deltas are far slower than the proxy waits
     async with client.ws_connect("/v1/realtime", headers=ACME) as ws:
         await ws.receive(timeout=5)
@@ -261,9 +259,103 @@ async def test_a_side_that_does_not_read_holds_back_the_other() -> None:
         async def send_str(self, data: str) -> None:
             await asyncio.Event().wait()  # a peer that never reads
 
-    task = asyncio.create_task(pump(Source(), Stalled(), lambda _: None))  # type: ignore[arg-type]
+    async def note(_: str) -> bool:
+        return True
+
+    task = asyncio.create_task(pump(Source(), Stalled(), note))  # type: ignore[arg-type]
     await asyncio.sleep(0.1)
     assert taken == 1
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_each_utterance_is_admitted_at_its_commit_and_a_spent_budget_ends_the_session(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """A money budget that holds two utterances' reservations (each every token the
+    context allows, 0.0512) but not a third once two are billed (0.0062 each): the
+    third commit is not forwarded, the client gets vLLM's error event saying why and the
+    session ends; the two are billed and the budget is not passed (before: the session
+    was admitted once and ran all twenty utterances, past its budget)."""
+    prices = {
+        "currency": "USD",
+        "models": {"minilm": {"prompt_tokens": "0.0001", "completion_tokens": "0.0001"}},
+    }
+    (tmp_path / "prices.yaml").write_text(yaml.safe_dump(prices))
+    limits = tmp_path / "limits.yaml"
+    limits.write_text(yaml.safe_dump({"tenants": {"acme": {"cost_per_day": "0.06"}}}))
+    fake, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        version="0.32.0",
+        tenant_header="X-Tenant-Id",
+        journal=str(tmp_path / "journal.sqlite"),
+        limits=str(limits),
+        prices=str(tmp_path / "prices.yaml"),
+    )
+    ran, refusal = 0, None
+    async with client.ws_connect("/v1/realtime", headers={"X-Tenant-Id": "acme"}) as ws:
+        await ws.receive(timeout=5)
+        await ws.send_str(UPDATE)
+        for _ in range(20):
+            await ws.send_str(COMMIT)
+            await ws.send_str(append(1280))
+            await ws.send_str(FINAL)
+            while True:
+                message = await ws.receive(timeout=5)
+                if message.type is not aiohttp.WSMsgType.TEXT:
+                    break
+                event = json.loads(message.data)
+                if event["type"] == "error":
+                    refusal = event
+                if event["type"] in ("error", "transcription.done"):
+                    break
+            if refusal is not None or message.type is not aiohttp.WSMsgType.TEXT:
+                break
+            ran += 1
+        closing = await ws.receive(timeout=5)
+    assert ran == 2
+    assert refusal is not None
+    assert refusal["code"] == "rate_limit_exceeded"
+    assert "cost_per_day" in refusal["error"]
+    assert closing.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+    (record,) = await recorded(tmp_path / "journal.sqlite")
+    prompt, completion = realtime_usage(1280)
+    assert (record.prompt_tokens_billed, record.completion_tokens_billed) == (
+        2 * prompt,
+        2 * completion,
+    )
+    assert fake.generation_tokens_total == 2 * completion
+    (meter,) = [
+        m for m in client.app[ADMISSION].limiter.meters.values() if isinstance(m, BudgetMeter)
+    ]
+    assert meter.reserved == 0
+    assert meter.used == 2 * (prompt + completion) * 100_000  # 0.0001 in billionths
+
+
+async def test_a_client_that_leaves_while_the_engine_finishes_is_billed_when_it_does(
+    realtime: Any,
+) -> None:
+    """A client sends its final commit and leaves while the engine still works (twelve
+    steps of 0.5 s, longer than the 5 s the proxy used to wait): the proxy reads on
+    while vLLM's deltas keep coming and bills the transcription.done (before: it closed
+    after 5 s, vLLM cancelled, the utterance was recorded invalid and free)."""
+    fake, client, journal = realtime
+    fake.delay = 0.5
+    async with client.ws_connect("/v1/realtime", headers=ACME) as ws:
+        await ws.receive(timeout=5)
+        await ws.send_str(UPDATE)
+        await ws.send_str(COMMIT)
+        await ws.send_str(append(2560))
+        await ws.send_str(FINAL)
+    for _ in range(200):
+        if found := journal_records(journal):
+            break
+        await asyncio.sleep(0.05)
+    (record,) = found
+    prompt, completion = realtime_usage(2560)
+    assert completion * fake.delay > 5
+    assert (record.verdict, record.aborted) == ("reported", False)
+    assert (record.prompt_tokens_billed, record.completion_tokens_billed) == (prompt, completion)

@@ -60,13 +60,6 @@ def test_cached_tokens_are_priced_apart_only_when_they_have_a_price() -> None:
     ]
 
 
-def test_the_reservation_bound_takes_the_dearer_prompt_price() -> None:
-    """Which prompt tokens the cache serves is known only after: each is reserved at the
-    dearer price; a unit without a price reserves nothing."""
-    rate = Rate(None, None, ((PricedUnit.PROMPT, Decimal(1)), (PricedUnit.CACHED, Decimal(3))))
-    assert rate.bound(10, 5) == Decimal(30)
-
-
 @given(
     st.integers(0, 10**6),
     st.integers(0, 10**6),
@@ -93,3 +86,36 @@ def test_pricing_adds_up(p1: int, c1: int, p2: int, c2: int, cached: int) -> Non
     total = [sum((line.amount for line in x), Decimal(0)) for x in lines]
     assert total[0] + total[1] == total[2]
     assert all(line.amount == line.quantity * line.price for x in lines for line in x)
+
+
+def test_the_most_a_reservation_costs_needs_every_unit_it_holds_priced() -> None:
+    """Each unit at its price (prompt tokens at the dearer of prompt and cached); a unit
+    it holds without a price: None, and ``unpriced`` names it."""
+    rate = Rate(None, None, ((PricedUnit.PROMPT, Decimal(1)), (PricedUnit.CACHED, Decimal(3))))
+    assert rate.most(Quantities(prompt_tokens=10)) == Decimal(30)
+    assert rate.most(Quantities(prompt_tokens=10, audio_seconds=2)) is None
+    assert rate.unpriced(Quantities(completion_tokens=1, audio_seconds=2)) == [
+        PricedUnit.COMPLETION,
+        PricedUnit.AUDIO,
+    ]
+    seconds = Rate(None, None, ((PricedUnit.AUDIO, Decimal("0.05")),))
+    assert seconds.most(Quantities(audio_seconds=3600)) == Decimal(180)
+    assert seconds.most(Quantities()) == Decimal(0)
+
+
+def test_the_rates_over_a_stretch_and_the_gaps_ahead() -> None:
+    """Every rate in force from a start to an end (both included), None where an instant
+    of it has none; a gap is an end before the next start, found only ahead."""
+    later = datetime(2026, 12, 1, tzinfo=UTC)
+    rates = (
+        Rate(JAN, MID, per_token("1")),
+        Rate(MID, later, per_token("2")),
+        Rate(datetime(2026, 12, 2, tzinfo=UTC), None, per_token("3")),
+    )
+    table = PriceTable("USD", 2, {"chat": rates})
+    assert table.over("chat", JAN, MID) == list(rates[:2])
+    assert table.over("chat", JAN, JAN) == [rates[0]]
+    assert table.over("chat", MID, later) is None  # up to the gap's first instant
+    assert table.gap("chat", JAN) == (later, datetime(2026, 12, 2, tzinfo=UTC))
+    assert table.gap("chat", datetime(2026, 12, 3, tzinfo=UTC)) is None
+    assert table.gap("other", JAN) is None

@@ -3,11 +3,11 @@ a reservation is the dearest its tokens can cost; a bill is the record at its ti
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from proxy.accounting.pricefile import PriceFile
 from proxy.accounting.prices import PriceTable, Quantities
-from proxy.limits.costs import billed, reserved, unpriced
+from proxy.limits.costs import Unpriced, billed, reserved, unpriced
 from proxy.limits.limiter import Cost
 from proxy.limits.policy import Policies
 
@@ -72,7 +72,56 @@ def test_a_reservation_is_priced_at_its_time() -> None:
     after = reserved(Cost(10, 5), table(), "chat", NOW)
     assert before == Cost(10, 5, money=20_000)
     assert after == Cost(10, 5, money=50_000)
-    assert reserved(Cost(10, 5), table(), "rerank", NOW) is None
+    assert isinstance(reserved(Cost(10, 5), table(), "rerank", NOW), Unpriced)
+
+
+def test_a_reservation_is_priced_at_the_dearest_price_before_its_timeout() -> None:
+    """Reserved just before a price change, a request whose record may be made after it
+    is priced at the dearer of the two (the record is priced at its own time); a stretch
+    of its time without a price refuses it."""
+    just_before = CHANGE - timedelta(seconds=1)
+    assert reserved(Cost(10, 5), table(), "chat", just_before) == Cost(10, 5, money=20_000)
+    spans = reserved(Cost(10, 5), table(), "chat", just_before, within=timedelta(seconds=600))
+    assert spans == Cost(10, 5, money=50_000)
+    until = {"until": "2026-11-20T00:10:00Z", "prompt_tokens": "1"}
+    ends = PriceFile.model_validate({"currency": "USD", "models": {"chat": until}}).table()
+    assert isinstance(reserved(Cost(1), ends, "chat", NOW, within=timedelta(hours=1)), Unpriced)
+    assert reserved(Cost(1), ends, "chat", NOW, within=timedelta(minutes=5)) == Cost(1, money=10**9)
+
+
+def test_a_unit_without_a_price_refuses_the_reservation() -> None:
+    """Audio seconds on a model priced in tokens (or completion tokens on one priced for
+    prompts alone) are refused, naming the unit, never reserved at zero."""
+    seconds = Quantities(audio_seconds=60)
+    found = reserved(Cost(10, 5), table(), "chat", NOW, units=seconds)
+    assert isinstance(found, Unpriced)
+    assert "audio_seconds" in found.why
+    found = reserved(Cost(10, 5), table(), "later", datetime(2027, 2, 1, tzinfo=UTC))
+    assert isinstance(found, Unpriced)
+    assert "completion_tokens" in found.why
+
+
+def test_a_gap_between_prices_of_a_budgeted_model_is_refused() -> None:
+    """One price's ``until`` before the next one's ``from``: a money budget cannot be
+    used with it (its requests then would be billed at no price); a gap in the past, or
+    a model no budget applies to, is no problem."""
+    data = {
+        "currency": "USD",
+        "models": {
+            "chat": [
+                {"from": "2026-01-01", "until": "2026-12-01", "prompt_tokens": "1"},
+                {"from": "2026-12-02", "prompt_tokens": "2"},
+            ]
+        },
+    }
+    gapped = PriceFile.model_validate(data).table()
+    tenant_wide = Policies.model_validate({"tenants": {"a": {"cost_per_month": "10"}}})
+    problem = unpriced(tenant_wide, gapped, ["chat"], NOW)
+    assert problem is not None
+    assert "from 2026-12-01T00:00:00+00:00 to 2026-12-02T00:00:00+00:00" in problem
+    assert unpriced(tenant_wide, gapped, ["chat"], datetime(2026, 12, 3, tzinfo=UTC)) is None
+    tokens = Policies.model_validate({"tenants": {"a": {"total_tokens_per_day": 5}}})
+    assert unpriced(tokens, gapped, ["chat"], NOW) is None
 
 
 def test_a_bill_is_the_record_at_its_time_and_never_less_than_known() -> None:

@@ -65,3 +65,23 @@ async def test_headers_on_any_answer_that_holds_a_decision() -> None:
     request[HOLD] = Hold(await adm.limiter.reserve(Who("acme"), Cost(30, 0), 1e9))
     await add_headers(request, response)
     assert response.headers["x-ratelimit-remaining-tokens"] == "70"
+
+
+async def test_a_sessions_utterances_settle_apart_from_it() -> None:
+    """An utterance settles at its done's usage, or at its reservation when none came;
+    the session's own hold (``apart``) then settles its request alone, so its record's
+    sum is not counted twice."""
+    adm = admission()
+    session = Hold(await adm.limiter.reserve(Who("acme"), Cost(), 1e9), apart=True)
+    first = await adm.limiter.reserve(Who("acme"), Cost(20, 20, requests=0), 1e9)
+    second = await adm.limiter.reserve(Who("acme"), Cost(20, 20, requests=0), 1e9)
+    assert first.ticket is not None
+    assert second.ticket is not None
+    await adm.settle_utterance(first.ticket, (3, 4))
+    await adm.settle_utterance(second.ticket, None)  # its done never came
+    session.record = record(3, 4)
+    await adm.settle(session)
+    assert isinstance(adm.limiter, InProcessLimiter)
+    (meter,) = adm.limiter.meters.values()
+    assert isinstance(meter, BudgetMeter)
+    assert (meter.used, meter.reserved) == (7 + 40, 0)

@@ -102,3 +102,14 @@ def test_a_body_without_its_closing_delimiter_gets_no_part() -> None:
 def test_is_multipart(kind: str | None, expected: bool) -> None:
     """Only multipart/form-data (any case) is a form the proxy reads."""
     assert is_multipart(kind) is expected
+
+
+def test_the_last_file_part_of_a_name_is_kept_when_asked() -> None:
+    """``keep``: the bytes of the last file part of that name (the one vLLM reads),
+    every byte as sent; other file parts are still only marked."""
+    other = b'Content-Disposition: form-data; name="file"; filename="b.wav"\r\n\r\nWAVE'
+    form = read_form(body(FILE_PART, other, text("model", b"w")), KIND, keep="file")
+    assert form.kept == b"WAVE"
+    assert form.items == [("file", FILE), ("file", FILE), ("model", "w")]
+    assert read_form(body(FILE_PART), KIND, keep="audio").kept is None
+    assert read_form(body(FILE_PART), KIND).kept is None

@@ -109,3 +109,27 @@ def test_whether_a_generation_may_be_running(
     for event in server:
         session.from_server(event if isinstance(event, str) else json.dumps(event))
     assert (session.running, session.final_sent) == state
+
+
+def test_which_client_messages_start_a_generation() -> None:
+    """A commit that is not final while none runs starts one (its utterance is admitted
+    then); a final commit, a commit while one runs, an unreadable commit, or any other
+    event does not."""
+    session = SessionUsage()
+    assert session.starts(json.dumps(COMMIT))
+    assert not session.starts(json.dumps({**COMMIT, "final": True}))
+    assert not session.starts(json.dumps({**COMMIT, "final": "maybe"}))
+    assert not session.starts(json.dumps({"type": "session.update", "model": "m"}))
+    assert not session.starts('{"type": "input_audio_buffer.commit"')
+    session.from_client(json.dumps(COMMIT))
+    assert not session.starts(json.dumps(COMMIT))
+
+
+def test_each_done_is_counted_with_its_usage() -> None:
+    """``ended`` counts every done, ``last`` holds the last one's usage (None when it
+    could not be read): what settles each utterance."""
+    session = SessionUsage()
+    session.from_server(done(3, 4))
+    assert (session.ended, session.last) == (1, (3, 4))
+    session.from_server(json.dumps({"type": "transcription.done", "text": ""}))
+    assert (session.ended, session.last, session.done) == (2, None, 1)
