@@ -24,8 +24,8 @@ class SurfaceOptions(BaseModel):
     admin_host: str = Field("0.0.0.0", description="Address for --admin-port.")
     admin_tokens: Path | None = Field(
         None,
-        description="YAML/JSON file of SHA-256 hex digests of admin tokens (name: digest, or "
-        "a list), as --api-keys holds keys; reloaded on SIGHUP and when it changes. When set, "
+        description="YAML/JSON file mapping operator names to SHA-256 hex digests of admin "
+        "tokens (a digest or a list), as --api-keys holds keys; reloaded on SIGHUP and when it changes. When set, "
         "--admin-port also serves the read-only admin API under /usage-proxy/admin/v1 "
         "(every tenant's standing, the records of a range) to a bearer admin token.",
     )

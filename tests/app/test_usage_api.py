@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 import yaml
 from aiohttp import web
+from openapi_schema_validator import OAS31Validator
 
 from proxy.accounting.money import nanos_up
 from proxy.accounting.pricefile import load_prices
@@ -26,6 +27,7 @@ from proxy.reporting import budget_rows
 from proxy.serving.admission import ADMISSION
 from proxy.serving.pricesfile import PRICESFILE
 from proxy.serving.tenancy import key_digest
+from proxy.serving.usage_openapi import document
 from scripts.vllm_cpu import free_port
 from tests.support.proxies import fake_and_proxy
 from tests.support.records import journal_records
@@ -103,6 +105,14 @@ async def traffic(client: Any, headers: dict[str, str], n: int = 2) -> list[str]
     return ids
 
 
+def conforms(body: Any, name: str, which: str = "tenant") -> None:
+    """An answer is what the served OpenAPI description says of it."""
+    components = document(which)["components"]
+    OAS31Validator({"$ref": f"#/components/schemas/{name}", "components": components}).validate(
+        body
+    )
+
+
 def untimed(standing: dict[str, Any]) -> list[dict[str, Any]]:
     """A standing's limits without their moments (each read is its own)."""
     return [
@@ -127,6 +137,7 @@ async def test_a_standing_is_the_limiters_and_the_reports_after_a_price_change(
     resp = await client.get(STANDING, headers=ACME)
     assert resp.status == 200
     standing = await resp.json()
+    conforms(standing, "Standing")
     assert standing["tenant"] == "acme"
     limiter = client.app[ADMISSION].limiter
     assert isinstance(limiter, InProcessLimiter)
@@ -164,6 +175,7 @@ async def test_a_standing_is_the_limiters_and_the_reports_after_a_price_change(
 
     resp = await client.get(USAGE, headers=ACME)
     usage = await resp.json()
+    conforms(usage, "Usage")
     assert usage["source"] == "journal"
     assert usage["holds"] == "this replica's records only"
     group = ("model", "operation")
@@ -207,6 +219,8 @@ async def test_a_key_sees_its_own_tenant_only(
     )
     mine = await client.get(RECORDS + ids[0], headers=ACME)
     assert mine.status == 200
+    conforms(await mine.json(), "RecordAnswer")
+    conforms(body, "Error")
     record = (await mine.json())["record"]
     [journaled] = [r for r in journal_records(tmp_path / "journal.sqlite") if r.record_id == ids[0]]
     assert record["verdict"] == journaled.verdict
@@ -288,6 +302,8 @@ async def test_the_admin_api_needs_its_token_and_is_absent_from_the_main_port(
             assert resp.status == 200  # the rest of the port is as before
         async with http.get(base + "/standings", headers=ADMIN) as resp:
             everyone = await resp.json()
+        for standing in everyone:
+            conforms(standing, "Standing", "admin")
         assert [s["tenant"] for s in everyone] == ["acme", "globex"]
         async with http.get(base + "/standings/acme", headers=ADMIN) as resp:
             assert untimed(await resp.json()) == untimed(everyone[0])
