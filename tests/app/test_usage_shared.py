@@ -74,8 +74,7 @@ def limiter(client: Any) -> GuardedLimiter:
 def untimed(standing: dict[str, Any]) -> list[dict[str, Any]]:
     """A standing's limits without their moments (each read is its own)."""
     return [
-        {k: v for k, v in item.items() if not k.startswith("reset")}
-        for item in standing["limits"]
+        {k: v for k, v in item.items() if not k.startswith("reset")} for item in standing["limits"]
     ]
 
 
@@ -119,4 +118,3 @@ async def test_the_standing_is_the_stores_on_every_replica(
         for r in journal_records(tmp_path / f"journal{i}.sqlite")
     )
     assert told["tenant", "prompt_tokens_per_day"]["used"] == billed == 180
-

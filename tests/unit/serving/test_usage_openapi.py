@@ -35,9 +35,7 @@ def served(app: web.Application, prefix: str) -> set[tuple[str, str]]:
 
 def described(which: str) -> set[tuple[str, str]]:
     return {
-        (method.upper(), path)
-        for path, item in document(which)["paths"].items()
-        for method in item
+        (method.upper(), path) for path, item in document(which)["paths"].items() for method in item
     }
 
 
