@@ -26,8 +26,9 @@ class SurfaceOptions(BaseModel):
         None,
         description="YAML/JSON file mapping operator names to SHA-256 hex digests of admin "
         "tokens (a digest or a list), as --api-keys holds keys; reloaded on SIGHUP and when "
-        "it changes. When set, --admin-port also serves the read-only admin API under /usage-proxy/admin/v1 "
-        "(every tenant's standing, the records of a range) to a bearer admin token.",
+        "it changes. When set, --admin-port also serves the read-only admin API under "
+        "/usage-proxy/admin/v1 (every tenant's standing, the records of a range) to a bearer "
+        "admin token.",
     )
     metrics_tenant_label: bool = Field(
         False,
