@@ -109,10 +109,11 @@ class GuardedLimiter(FailModes):
     async def standing(self, tenant: str, now: float) -> list[LimitStanding]:
         """The store's reading (the same on every replica), within the timeout; nothing
         this replica holds alone stands in for it (``StandingUnknown``)."""
-        if not self.breaker.allows(self._clock()):
+        if self.breaker.open:  # a read never takes the half-open try admission waits for
             raise StandingUnknown("the limits store is unreachable")
         try:
-            return await self._call("standing", self.shared.standing(tenant, now))
+            async with self.slots:  # the store's connections are admission's first
+                return await self._call("standing", self.shared.standing(tenant, now))
         except STORE_ERRORS as exc:
             raise StandingUnknown("the limits store did not answer") from exc
 

@@ -12,7 +12,8 @@ import pytest
 from proxy.limits.limiter import Cost, LimitStanding, StandingUnknown
 from proxy.limitstore.memory import InProcessLimiter
 from proxy.limitstore.readings import tenant_parts
-from tests.support.limitstores import ACME, MakeShared, joined, policies
+from tests.support.limitstores import ACME, MakeGuarded, MakeShared, joined, policies
+from tests.support.redisserver import Store
 
 POLICIES = {
     "total_tokens_per_day": 1000,
@@ -104,3 +105,24 @@ def test_a_tenants_parts_are_every_level_once(make_shared: MakeShared) -> None:
         ]
     )
     assert len({p.key for p in parts}) == len(parts)
+
+
+async def test_the_guard_reads_the_store_or_says_it_cannot(
+    make_guarded: MakeGuarded, redis_store: Store
+) -> None:
+    """The guarded limiter's standing is the store's; with the store gone, or its
+    breaker open, it says it cannot (no replica's partial view stands in) and leaves
+    the breaker as admission left it."""
+    guarded = make_guarded(policies(total_tokens_per_day=100), "r1", replicas=1, timeout=0.5)
+    await guarded.restore([], time.time())
+    await guarded.contribute()
+    assert (await guarded.reserve(ACME, Cost(10, 0), time.time())).ticket is not None
+    read = await guarded.standing("acme", time.time())
+    assert figures(read) == figures(await guarded.shared.standing("acme", time.time()))
+    redis_store.kill()
+    with pytest.raises(StandingUnknown):
+        await guarded.standing("acme", time.time())
+    assert guarded.breaker.count == 0  # a failed read is no admission's failure
+    guarded.breaker.count = guarded.breaker.failures
+    with pytest.raises(StandingUnknown, match="unreachable"):
+        await guarded.standing("acme", time.time())
