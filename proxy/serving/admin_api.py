@@ -157,11 +157,11 @@ class AdminApi:
         except ValueError:
             return error_response(400, f"limit must be a whole number from 1 to {MOST}", "limit")
         source = self._figures.source
-        found = await asyncio.to_thread(
+        found = await self._figures.off_loop(
             source.page, since, until, query.get("tenant"), after, limit + 1
         )  # one more than the page: whether there is a next one
         page = found[:limit]
-        body = await asyncio.to_thread(lambda: "".join(r.to_json() + "\n" for r in page))
+        body = await self._figures.off_loop(lambda: "".join(r.to_json() + "\n" for r in page))
         headers = {f"x-usage-{k}": v for k, v in source.describe().items()}
         if len(found) > limit:
             last = page[-1]

@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
+from typing import Any, TypeVar
 from zoneinfo import ZoneInfo
 
 from proxy.accounting.money import plain
@@ -30,6 +31,10 @@ from proxy.serving.pricesfile import Prices
 from proxy.settings import Settings
 
 GROUP = ("model", "operation")
+# Questions read records in at most this many worker threads at once: the default
+# executor also parses large request bodies, which no question may starve.
+READS = 2
+T = TypeVar("T")
 
 
 class BadRange(ValueError):
@@ -44,6 +49,12 @@ class Figures:
     limiter: Callable[[], Limiter | None]
     table: Callable[[], PriceTable | None]
     source: RecordSource
+    reads: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(READS))
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in a worker thread, at most ``READS`` at once."""
+        async with self.reads:
+            return await asyncio.to_thread(fn, *args)
 
     @property
     def zone(self) -> ZoneInfo:
@@ -78,7 +89,7 @@ class Figures:
         """``tenant``'s billed units per model and operation in ``[since, until)``, and
         their amounts at the prices in force at each record's time."""
         table = self.table()
-        return await asyncio.to_thread(self._usage, tenant, since, until, table)
+        return await self.off_loop(self._usage, tenant, since, until, table)
 
     def _usage(
         self, tenant: str, since: str, until: str, table: PriceTable | None
@@ -119,7 +130,7 @@ class Figures:
         """A record by id; None when there is none, or it is another tenant's (the
         same answer: nothing leaks by existence)."""
         table = self.table()
-        return await asyncio.to_thread(self._record, tenant, record_id, table)
+        return await self.off_loop(self._record, tenant, record_id, table)
 
     def _record(
         self, tenant: str | None, record_id: str, table: PriceTable | None

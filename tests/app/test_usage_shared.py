@@ -30,7 +30,7 @@ POLICIES = {
     "tenants": {
         "acme": {
             "prompt_tokens_per_day": 3000,
-            "requests_per_hour": 1000,
+            "requests_per_hour": 100,  # 36 s a request back: no refill while the test reads
             "concurrency": 100,
             "models": {"minilm": {"total_tokens_per_week": 2000}},
         }

@@ -5,7 +5,9 @@ answered with its amount, or not at all to another tenant."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,7 +22,7 @@ from proxy.ledger.sqlite import as_row, create_schema
 from proxy.limits.periods import period
 from proxy.limits.policy import Policies, Window
 from proxy.limitstore.memory import InProcessLimiter
-from proxy.serving.usage_answers import BadRange, Figures, record_json
+from proxy.serving.usage_answers import READS, BadRange, Figures, record_json
 from tests.support.records import make_record
 
 PARIS = Policies.model_validate(
@@ -108,3 +110,21 @@ def test_a_record_states_reported_billed_units_and_amount() -> None:
     assert body["units"] == {"prompt_tokens": 36}
     assert body["verdict"] == "corrected"
     assert "amount" not in body
+
+
+async def test_questions_read_in_a_bounded_number_of_threads(tmp_path: Path) -> None:
+    """Many questions at once read records in at most ``READS`` worker threads, so they
+    never hold every thread the default executor also parses bodies in."""
+    answers = figures(tmp_path, [])
+    lock, running, most = threading.Lock(), [0], [0]
+
+    def read() -> None:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.05)
+        with lock:
+            running[0] -= 1
+
+    await asyncio.gather(*(answers.off_loop(read) for _ in range(8)))
+    assert most[0] == READS
