@@ -183,11 +183,16 @@ SCHEMAS: dict[str, Any] = {
     "Limit": LIMIT,
     "Standing": {
         "type": "object",
-        "required": ["tenant", "at", "limited", "limits"],
+        "required": ["tenant", "at", "limited", "read_from", "limits"],
         "properties": {
             "tenant": {"type": "string"},
             "at": {"type": "string", "format": "date-time"},
             "limited": {"type": "boolean", "description": "Whether --limits is in use."},
+            "read_from": {
+                "type": "string",
+                "enum": ["limits store", "this replica"],
+                "description": "The shared store (every replica's), or this process's limiter.",
+            },
             "limits": {"type": "array", "items": _ref("Limit")},
         },
     },

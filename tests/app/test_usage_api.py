@@ -139,6 +139,7 @@ async def test_a_standing_is_the_limiters_and_the_reports_after_a_price_change(
     standing = await resp.json()
     conforms(standing, "Standing")
     assert standing["tenant"] == "acme"
+    assert standing["read_from"] == "this replica"
     limiter = client.app[ADMISSION].limiter
     assert isinstance(limiter, InProcessLimiter)
     table = load_prices(prices)

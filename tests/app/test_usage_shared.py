@@ -94,6 +94,7 @@ async def test_the_standing_is_the_stores_on_every_replica(
         assert resp.status == 200
         readings.append(await resp.json())
     assert untimed(readings[0]) == untimed(readings[1]) == untimed(readings[2])
+    assert readings[0]["read_from"] == "limits store"
     told = {(item["level"], item["name"]): item for item in readings[0]["limits"]}
     assert told["tenant", "requests_per_hour"]["used"] == 60
     assert told["tenant", "concurrency"]["used"] == 0
