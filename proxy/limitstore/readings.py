@@ -1,5 +1,5 @@
-"""A tenant's standing read from the shared store, read only: every key of its limits and
-the store's clock in one transaction (a snapshot, on the store's ``TIME``), figured as
+"""A tenant's standing read from the shared store, read only: the store's clock
+(``TIME``), then every key of its limits in one transaction (a snapshot), figured as
 ``reserve.lua`` figures what it answers (holds past their expiry given back, a budget's
 ``used`` the replicas' parts together), so every replica reads the same."""
 
@@ -30,21 +30,20 @@ async def store_standing(layout: StoreLayout, tenant: str, now: float) -> list[L
     """What the store holds of ``tenant``'s limits now (``StandingUnknown`` while its
     budgets are being rebuilt: they are not whole)."""
     parts = tenant_parts(layout, tenant, now)
+    seconds, micros = await layout.client.time()
+    clock = float(seconds) + float(micros) / 1_000_000  # the store's, as its scripts read it
     async with layout.client.pipeline(transaction=True) as pipe:
-        pipe.time()
         pipe.hget(layout.generation_key, "complete")
         for part in parts:
             if part.kind == "r":
                 pipe.get(part.key)
-            else:
+            else:  # the holds expired by ``clock`` only: those in flight may be many
                 pipe.hmget(part.key, "used", "reserved")
-                pipe.zrange(part.holds, 0, -1, withscores=True)
+                pipe.zrangebyscore(part.holds, "-inf", clock)
         answers: list[Any] = await pipe.execute()
-    seconds, micros = answers[0]
-    clock = float(seconds) + float(micros) / 1_000_000
-    if answers[1] not in (b"1", "1"):
+    if answers[0] not in (b"1", "1"):
         raise StandingUnknown("the limits store's budgets are being rebuilt")
-    return _read(parts, answers[2:], clock)
+    return _read(parts, answers[1:], clock)
 
 
 def _read(parts: list[Taken], answers: list[Any], clock: float) -> list[LimitStanding]:
@@ -56,7 +55,7 @@ def _read(parts: list[Taken], answers: list[Any], clock: float) -> list[LimitSta
             at += 1
             continue
         used, reserved = (int(v or 0) for v in answers[at])
-        expired = sum(_units(m) for m, expiry in answers[at + 1] if expiry <= clock)
+        expired = sum(_units(member) for member in answers[at + 1])
         held = max(reserved - expired, 0)
         at += 2
         if part.kind == "g":
