@@ -60,6 +60,26 @@ class Standing:
 
 
 @dataclass(frozen=True, slots=True)
+class LimitStanding:
+    """One limit of one level as admission sees it now, nothing reserved: ``used`` is
+    what its budget billed in the period (a rate: what its window has yet to refill; a
+    gate: the requests in flight), ``held`` what requests in flight hold of a budget, and
+    ``standing`` the headers' limit, remaining and reset."""
+
+    scope: tuple[str, ...]  # ("tenant", t) | ("model", t, m) | ("key", t, key_hash)
+    limit: Limit
+    used: int
+    held: int
+    standing: Standing
+    start: float | None = None  # a budget's period, Unix seconds
+    end: float | None = None
+
+
+class StandingUnknown(Exception):
+    """The limiter cannot say how a tenant stands now (its shared store cannot answer)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Refusal:
     """Why a request is not admitted."""
 
@@ -164,6 +184,11 @@ class Limiter(Protocol):
 
     async def restore(self, history: Iterable[Usage], now: float) -> int:
         """Rebuild the budgets' period usage from the journal; the records taken."""
+        ...
+
+    async def standing(self, tenant: str, now: float) -> list[LimitStanding]:
+        """Every limit of ``tenant``'s levels (its own, its models', its keys') as the
+        next reservation would find it; reads only (raises ``StandingUnknown``)."""
         ...
 
     def replace(self, policies: Policies) -> None:

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-from proxy.limits.limiter import Cost, Decision, Ticket, Who
+from proxy.limits.limiter import Cost, Decision, LimitStanding, StandingUnknown, Ticket, Who
 from proxy.limits.policy import FailMode
 from proxy.limitstore.breaker import STORE_ERRORS
 from proxy.limitstore.failmodes import FailModes
@@ -105,6 +105,17 @@ class GuardedLimiter(FailModes):
                     self.local.count_rates(who, cost, now)
                 return decision, ""
         return None, "rebuilding"
+
+    async def standing(self, tenant: str, now: float) -> list[LimitStanding]:
+        """The store's reading (the same on every replica), within the timeout; nothing
+        this replica holds alone stands in for it (``StandingUnknown``)."""
+        if self.breaker.open:  # a read never takes the half-open try admission waits for
+            raise StandingUnknown("the limits store is unreachable")
+        try:
+            async with self.slots:  # the store's connections are admission's first
+                return await self._call("standing", self.shared.standing(tenant, now))
+        except STORE_ERRORS as exc:
+            raise StandingUnknown("the limits store did not answer") from exc
 
     def _local_mode(self, who: Who) -> bool:
         return self.shared.policies.fail_mode(who.tenant, self.fail_mode) is FailMode.LOCAL

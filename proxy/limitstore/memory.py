@@ -11,10 +11,21 @@ import math
 from collections.abc import Iterable
 
 from proxy.limits.history import BUCKET_SECONDS, History
-from proxy.limits.limiter import Cost, Decision, Refusal, Standing, Ticket, Usage, Who, decision_of
+from proxy.limits.limiter import (
+    Cost,
+    Decision,
+    LimitStanding,
+    Refusal,
+    Standing,
+    Ticket,
+    Usage,
+    Who,
+    decision_of,
+)
 from proxy.limits.meters import BudgetMeter, Gate, Meter, RateMeter
 from proxy.limits.periods import earliest_start
 from proxy.limits.policy import Limit, Policies
+from proxy.limits.standings import meter_standing, tenant_limits
 
 MeterKey = tuple[tuple[str, ...], str]
 
@@ -83,6 +94,12 @@ class InProcessLimiter:
             if isinstance(meter, BudgetMeter):
                 meter.start = meter.end = -math.inf
         return taken
+
+    async def standing(self, tenant: str, now: float) -> list[LimitStanding]:
+        return [
+            meter_standing(scope, limit, self.meter(scope, limit), now)
+            for scope, limit in tenant_limits(self.policies, tenant)
+        ]
 
     def meter(self, scope: tuple[str, ...], limit: Limit) -> Meter:
         """The meter of ``limit`` at ``scope``, made on first use; a reload that changes

@@ -38,9 +38,19 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from proxy.limits.limiter import Cost, Decision, Refusal, Standing, Ticket, Who, decision_of
+from proxy.limits.limiter import (
+    Cost,
+    Decision,
+    LimitStanding,
+    Refusal,
+    Standing,
+    Ticket,
+    Who,
+    decision_of,
+)
 from proxy.limits.meters import GATE_RETRY_SECONDS, HELD_RETRY_SECONDS
 from proxy.limitstore.parts import ReplicaParts
+from proxy.limitstore.readings import store_standing
 from proxy.limitstore.tickets import (
     BUDGET_GRACE_SECONDS,
     DONE_SECONDS,
@@ -123,6 +133,9 @@ class RedisLimiter(ReplicaParts):
         if any(p.kind != "r" for p in parts):  # holds to keep while the request lives
             self.live[ticket.id] = ticket
         return decision_of(ticket, None, told)
+
+    async def standing(self, tenant: str, now: float) -> list[LimitStanding]:
+        return await store_standing(self, tenant, now)
 
     async def settle(self, ticket: Ticket, billed: Cost, now: float) -> None:
         if not ticket.open:

@@ -29,6 +29,7 @@ from proxy.limitstore.memory import InProcessLimiter
 from proxy.limitstore.wiring import build_shared_limiter, store_context
 from proxy.metrics import Metrics
 from proxy.serving import admin
+from proxy.serving.admin_api import build_admin_api
 from proxy.serving.admission import ADMISSION, Admission, add_headers, restore_context
 from proxy.serving.attribution import attribution, build_resolver
 from proxy.serving.audited import AUDITOR, ScoringAuditor
@@ -58,6 +59,8 @@ from proxy.serving.tenancy import TenantResolver
 from proxy.serving.tracing import tell_trace
 from proxy.serving.unmetered import Unmetered
 from proxy.serving.upstream import SESSION, session_context
+from proxy.serving.usage_answers import build_figures
+from proxy.serving.usage_api import add_usage_routes
 from proxy.settings import CacheSalting, Durability, Settings
 from proxy.tokenizers.pool import TokenizerPool
 
@@ -248,6 +251,12 @@ def add_prices(
     app.cleanup_ctx.append(prices_file_context(app[PRICESFILE]))
 
 
+def known(resolver: TenantResolver, admission: Admission | None) -> list[str]:
+    """The tenants the key file and the limits file name."""
+    limited = admission.limiter.policies.tenants if admission is not None else {}
+    return [*resolver.key_tenants, *limited]
+
+
 def create_app(
     settings: Settings,
     *,
@@ -301,6 +310,13 @@ def create_app(
     limiter = admission.limiter if admission else None
     store = limiter.problem if isinstance(limiter, GuardedLimiter) else None
     priced = app[PRICESFILE].unpriced if prices is not None else None
+    figures = build_figures(settings, admission, prices)
+    admin_api = build_admin_api(app, settings, figures, lambda: known(resolver, admission))
+
+    def admin_routes(port: web.Application) -> None:
+        admin.add_routes(port, catalog, journal, metrics, store, priced)
+        admin_api(port)
+
     for context in (
         # first in, last out: the metric is flushed after every exchange has its record
         *([usage[1]] if usage else []),
@@ -311,13 +327,12 @@ def create_app(
         *([restore_context(admission, journal, metrics)] if admission else []),
         reconciler_context(settings, reconciler),
         send_watch_context(sends),
-        admin.admin_context(
-            settings, lambda a: admin.add_routes(a, catalog, journal, metrics, store, priced)
-        ),
+        admin.admin_context(settings, admin_routes),
     ):
         app.cleanup_ctx.append(context)
     page = metrics if settings.admin_port is None else None
     admin.add_routes(app, catalog, journal, page, store, priced)
+    add_usage_routes(app, figures)
     relay = Relay(settings.upstream_base, settings.body_read_timeout, metrics)
     admin_port = settings.admin_port is not None
     sessions = RealtimeRelay(settings, metrics, metered.settle, catalog.serves, admission)

@@ -19,6 +19,7 @@ from aiohttp import web
 from proxy import __version__
 from proxy.logs import configure_logging
 from proxy.metrics import Metrics
+from proxy.serving.admin_api import ADMIN_TOKENS
 from proxy.serving.allocator import tune_allocator
 from proxy.serving.app import create_app
 from proxy.serving.catalog import CATALOG, Catalog
@@ -132,9 +133,12 @@ def reload_on_hangup(app: web.Application) -> None:
     Prices first, so that limits with a budget on a newly priced model load; prices
     again when they failed, for prices of a model the new limits no longer budget."""
     keys, limits, prices = app.get(KEYFILE), app.get(LIMITSFILE), app.get(PRICESFILE)
+    tokens = app.get(ADMIN_TOKENS)
 
     def hangup() -> None:
-        if keys is None and limits is None and prices is None:
+        if tokens is not None:
+            tokens.reload("SIGHUP")
+        if keys is None and limits is None and prices is None and tokens is None:
             log.info("sighup_ignored", reason="no --api-keys, --limits or --prices to reload")
         if keys is not None:
             keys.reload("SIGHUP")

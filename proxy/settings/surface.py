@@ -4,6 +4,8 @@ that keeps tenants apart inside vLLM, and per-model overrides."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import BaseModel, Field, ValidationInfo, field_validator
 
 from proxy.accounting.dispatch import UNMETERED_FEATURES
@@ -20,6 +22,14 @@ class SurfaceOptions(BaseModel):
         description="Serve /metrics, /healthz, /readyz on this port instead of the main one.",
     )
     admin_host: str = Field("0.0.0.0", description="Address for --admin-port.")
+    admin_tokens: Path | None = Field(
+        None,
+        description="YAML/JSON file mapping operator names to SHA-256 hex digests of admin "
+        "tokens (a digest or a list), as --api-keys holds keys; reloaded on SIGHUP and when "
+        "it changes. When set, --admin-port also serves the read-only admin API under "
+        "/usage-proxy/admin/v1 (every tenant's standing, the records of a range) to a bearer "
+        "admin token.",
+    )
     metrics_tenant_label: bool = Field(
         False,
         description="Label token metrics by tenant (capped by --metrics-max-tenants); needs "
@@ -64,6 +74,16 @@ class SurfaceOptions(BaseModel):
                 "needs --admin-port: tenant names and their token volumes must not be served "
                 "on the main port, where /metrics needs no key and every tenant could read "
                 "them; put /metrics on a port tenants cannot reach"
+            )
+        return value
+
+    @field_validator("admin_tokens")
+    @classmethod
+    def _tokens_on_the_admin_port(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is not None and info.data.get("admin_port") is None:
+            raise ValueError(
+                "needs --admin-port: the admin API is served on the admin port only, never "
+                "on the main port tenants reach"
             )
         return value
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from proxy.accounting.routes import ROUTES, Handling, route_of
+from proxy.serving.usage_openapi import ADMIN_PATHS, TENANT_PATHS
 from proxy.wire.targets import normalize
 
 DATA = json.loads((Path(__file__).parent.parent / "data" / "vllm_routes.json").read_text())
@@ -54,3 +55,21 @@ def test_the_documented_route_table_is_the_code() -> None:
     text = (Path(__file__).parent.parent.parent / "docs" / "metering.md").read_text()
     start = text.index(routes_doc.START) + len(routes_doc.START)
     assert text[start : text.index(routes_doc.END)] == routes_doc.routes_reference()
+
+
+def release_pattern(path: str) -> re.Pattern[str]:
+    """A release's route as the widest pattern: any ``{name}`` (a segment, a mount's rest)
+    matches anything."""
+    return re.compile(re.sub(r"\\\{[a-z_]+\\\}", ".*", re.escape(path)))
+
+
+@pytest.mark.parametrize("path", sorted({*TENANT_PATHS, *ADMIN_PATHS}))
+def test_the_proxys_own_routes_are_no_vllm_route(path: str) -> None:
+    """The usage and admin APIs' paths are the proxy's own (issue #62): no route of any
+    release matches them, templated or mounted, nor does the route table, so a request
+    they do not answer (another method) is refused as unknown, never relayed."""
+    spelled = concrete(path)
+    assert route_of(spelled) is None
+    assert route_of(normalize(spelled).path) is None
+    clashes = [(m, p) for m, p in SERVED if release_pattern(p).fullmatch(spelled)]
+    assert clashes == []

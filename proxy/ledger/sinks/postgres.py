@@ -167,6 +167,50 @@ async def read_ledger(dsn: str, since: str | None, until: str | None) -> list[Us
     return [_record(dict(r)) for r in rows]
 
 
+async def read_page(
+    dsn: str,
+    since: str,
+    until: str,
+    tenant: str | None,
+    after: tuple[str, str] | None,
+    limit: int | None,
+) -> list[UsageRecord]:
+    """Records from the ledger in [since, until), of ``tenant`` (None: everyone's), after
+    the (time, record id) ``after``, at most ``limit``, in that order."""
+    from datetime import datetime
+
+    moment, last = after or (since, "00000000-0000-0000-0000-000000000000")
+    conn = await asyncpg.connect(dsn, timeout=10)
+    try:
+        rows = await conn.fetch(
+            f"SELECT {', '.join(COLUMNS)} FROM usage_records "
+            "WHERE time >= $1 AND time < $2 AND ($3::text IS NULL OR tenant = $3) "
+            "AND (time, record_id) > ($4, $5::uuid) ORDER BY time, record_id LIMIT $6",
+            _aware(datetime.fromisoformat(since)),
+            _aware(datetime.fromisoformat(until)),
+            tenant,
+            _aware(datetime.fromisoformat(moment)),
+            last,
+            limit,
+        )
+    finally:
+        await conn.close()
+    return [_record(dict(r)) for r in rows]
+
+
+async def read_record(dsn: str, record_id: str) -> UsageRecord | None:
+    """The ledger's record with this id (a UUID), if it has one."""
+    conn = await asyncpg.connect(dsn, timeout=10)
+    try:
+        row = await conn.fetchrow(
+            f"SELECT {', '.join(COLUMNS)} FROM usage_records WHERE record_id = $1::uuid",
+            record_id,
+        )
+    finally:
+        await conn.close()
+    return _record(dict(row)) if row is not None else None
+
+
 def _record(row: dict[str, Any]) -> UsageRecord:
     units = row.pop("units")
     row["record_id"] = str(row["record_id"])

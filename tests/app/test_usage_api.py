@@ -1,0 +1,329 @@
+"""Where a tenant stands, asked over HTTP (issue #62): the tenant's usage API on the main
+port (its own key), the operators' read-only admin API on the admin port (an admin
+token), both answered by the proxy itself from the limiter's and the report's own code.
+The whole proxy in front of the fake vLLM (real MiniLM tokenizer), with keys, limits and
+prices; before the issue every one of these paths was refused as unknown (404)."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from aiohttp import web
+from openapi_schema_validator import OAS31Validator
+
+from proxy.accounting.money import nanos_up
+from proxy.accounting.pricefile import load_prices
+from proxy.ledger.charges import charge
+from proxy.ledger.report import aggregate, row_key
+from proxy.limitstore.memory import InProcessLimiter
+from proxy.reporting import budget_rows
+from proxy.serving.admission import ADMISSION
+from proxy.serving.pricesfile import PRICESFILE
+from proxy.serving.tenancy import key_digest
+from proxy.serving.usage_openapi import document
+from scripts.vllm_cpu import free_port
+from tests.support.proxies import fake_and_proxy
+from tests.support.records import journal_records
+from tests.support.texts import RERANK
+
+ACME, GLOBEX = {"Authorization": "Bearer sk-acme"}, {"Authorization": "Bearer sk-globex"}
+ADMIN = {"Authorization": "Bearer admin-secret"}
+CHAT = {"model": "minilm", "messages": [{"role": "user", "content": "hello there"}]}
+PAST = "2026-01-01T00:00:00+00:00"
+STANDING, USAGE = "/usage-proxy/v1/standing", "/usage-proxy/v1/usage"
+RECORDS = "/usage-proxy/v1/records/"
+LIMITS = {
+    "tenants": {
+        "acme": {
+            "prompt_tokens_per_month": 100_000,
+            "total_tokens_per_day": 50_000,
+            "cost_per_month": "5",
+            "requests_per_hour": 100,
+            "concurrency": 8,
+        },
+        "globex": {"prompt_tokens_per_month": 1000},
+    }
+}
+
+
+def price_file(path: Path, *versions: tuple[str, str]) -> Path:
+    """minilm priced per prompt and completion token from each ``(from, price)``."""
+    models = {
+        "minilm": [
+            {"from": since, "prompt_tokens": price, "completion_tokens": price}
+            for since, price in versions
+        ]
+    }
+    path.write_text(yaml.safe_dump({"currency": "USD", "models": models}))
+    return path
+
+
+async def usage_proxy(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp: Path, **options: Any
+) -> tuple[list[str], Any]:
+    """The fake (listing every request that reaches it) and one proxy with keys, limits
+    and prices."""
+    seen: list[str] = []
+
+    @web.middleware
+    async def count(request: web.Request, handler: Any) -> web.StreamResponse:
+        seen.append(f"{request.method} {request.path}")
+        return await handler(request)  # type: ignore[no-any-return]
+
+    keys = tmp / "keys.yaml"
+    keys.write_text(f"acme: {key_digest('sk-acme')}\nglobex: {key_digest('sk-globex')}\n")
+    (tmp / "limits.yaml").write_text(yaml.safe_dump(LIMITS))
+    options.setdefault("api_keys", str(keys))
+    _, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        middlewares=(count,),
+        journal=str(tmp / "journal.sqlite"),
+        limits=str(tmp / "limits.yaml"),
+        prices=str(price_file(tmp / "prices.yaml", (PAST, "0.001"))),
+        **options,
+    )
+    return seen, client
+
+
+async def traffic(client: Any, headers: dict[str, str], n: int = 2) -> list[str]:
+    """Reranks and chats; the record ids their answers carry."""
+    ids = []
+    for _ in range(n):
+        for path, body in (("/rerank", RERANK), ("/v1/chat/completions", CHAT)):
+            resp = await client.post(path, json=body, headers=headers)
+            assert resp.status == 200, await resp.text()
+            ids.append(resp.headers["x-usage-record-id"])
+    return ids
+
+
+def conforms(body: Any, name: str, which: str = "tenant") -> None:
+    """An answer is what the served OpenAPI description says of it."""
+    components = document(which)["components"]
+    OAS31Validator({"$ref": f"#/components/schemas/{name}", "components": components}).validate(
+        body
+    )
+
+
+def untimed(standing: dict[str, Any]) -> list[dict[str, Any]]:
+    """A standing's limits without their moments (each read is its own)."""
+    return [
+        {k: v for k, v in item.items() if not k.startswith("reset")} for item in standing["limits"]
+    ]
+
+
+async def test_a_standing_is_the_limiters_and_the_reports_after_a_price_change(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """Reranks and chats, a price change (a reload), more of both: each budget's used
+    is the report's (``budget_rows``, the journal priced record by record), its
+    remaining the limiter's own meter's; the range's usage is the report's aggregate and
+    charges, per model and operation."""
+    _, client = await usage_proxy(aiohttp_server, aiohttp_client, minilm_path, tmp_path)
+    await traffic(client, ACME)
+    change = (datetime.now(UTC) + timedelta(milliseconds=1)).isoformat()
+    prices = price_file(tmp_path / "prices.yaml", (PAST, "0.001"), (change, "0.003"))
+    assert client.app[PRICESFILE].reload("SIGHUP")
+    await traffic(client, ACME)
+
+    resp = await client.get(STANDING, headers=ACME)
+    assert resp.status == 200
+    standing = await resp.json()
+    conforms(standing, "Standing")
+    assert standing["tenant"] == "acme"
+    assert standing["read_from"] == "this replica"
+    limiter = client.app[ADMISSION].limiter
+    assert isinstance(limiter, InProcessLimiter)
+    table = load_prices(prices)
+    records = journal_records(tmp_path / "journal.sqlite")
+    report = {
+        row.budget: row.used
+        for row in budget_rows(
+            limiter.policies,
+            lambda since, until: [r for r in records if r.time.isoformat() >= since],
+            None,
+            datetime.now(UTC),
+            table,
+        )
+        if row.scope == "acme"
+    }
+    told = {item["name"]: item for item in standing["limits"]}
+    assert set(told) == {
+        "prompt_tokens_per_month",
+        "total_tokens_per_day",
+        "cost_per_month",
+        "requests_per_hour",
+        "concurrency",
+    }
+    for name, used in report.items():
+        item = told[name]
+        money = name.startswith("cost_")
+        assert (nanos_up(Decimal(item["used"])) if money else item["used"]) == used, name
+        meter = limiter.meters[(("tenant", "acme"), name)]
+        remaining = meter.standing(time.time())[1]
+        assert (nanos_up(Decimal(item["remaining"])) if money else item["remaining"]) == remaining
+    assert told["cost_per_month"]["currency"] == "USD"
+    assert told["concurrency"]["remaining"] == 8
+    assert told["requests_per_hour"]["used"] == 8  # 4 reranks, 4 chats; none refilled yet
+
+    resp = await client.get(USAGE, headers=ACME)
+    usage = await resp.json()
+    conforms(usage, "Usage")
+    assert usage["source"] == "journal"
+    assert usage["holds"] == "this replica's records only"
+    group = ("model", "operation")
+    expected = aggregate(records, group_by=group)
+    charges = charge(records, table, lambda r: row_key(r, group))
+    assert [(r["model"], r["operation"]) for r in usage["rows"]] == [
+        (row.keys["model"], row.keys["operation"]) for row in expected.rows
+    ]
+    for got, row in zip(usage["rows"], expected.rows, strict=True):
+        assert got["prompt_tokens"] == row.prompt_tokens_billed
+        assert got["completion_tokens"] == row.completion_tokens_billed
+        amount = charges.rows[tuple(row.keys[g] for g in group)].total
+        assert Decimal(got["amount"]) == amount
+    assert Decimal(usage["amount"]) == charges.tenants[0].amount
+    assert usage["amount"] == told["cost_per_month"]["used"]  # one pricing, two answers
+
+
+async def test_a_key_sees_its_own_tenant_only(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """globex's key reads globex's standing and usage, never acme's; acme's record id
+    answers globex exactly as an id that does not exist (404), and acme its record."""
+    _, client = await usage_proxy(aiohttp_server, aiohttp_client, minilm_path, tmp_path)
+    ids = await traffic(client, ACME, n=1)
+
+    standing = await (await client.get(STANDING, headers=GLOBEX)).json()
+    assert standing["tenant"] == "globex"
+    assert [item["name"] for item in standing["limits"]] == ["prompt_tokens_per_month"]
+    assert standing["limits"][0]["used"] == 0
+    usage = await (await client.get(USAGE, headers=GLOBEX)).json()
+    assert usage["tenant"] == "globex"
+    assert usage["rows"] == []
+
+    theirs = await client.get(RECORDS + ids[0], headers=GLOBEX)
+    unknown = await client.get(RECORDS + "0190a0a0-0000-7000-8000-000000000000", headers=GLOBEX)
+    assert theirs.status == unknown.status == 404
+    body, other = await theirs.json(), await unknown.json()
+    assert body["error"]["type"] == other["error"]["type"]
+    assert body["error"]["message"].replace(ids[0], "ID") == other["error"]["message"].replace(
+        "0190a0a0-0000-7000-8000-000000000000", "ID"
+    )
+    mine = await client.get(RECORDS + ids[0], headers=ACME)
+    assert mine.status == 200
+    conforms(await mine.json(), "RecordAnswer")
+    conforms(body, "Error")
+    record = (await mine.json())["record"]
+    [journaled] = [r for r in journal_records(tmp_path / "journal.sqlite") if r.record_id == ids[0]]
+    assert record["verdict"] == journaled.verdict
+    assert record["billed"]["prompt_tokens"] == journaled.prompt_tokens_billed
+    assert record["reported"]["prompt_tokens"] == journaled.prompt_tokens_reported
+    assert Decimal(record["amount"]) == Decimal("0.001") * journaled.prompt_tokens_billed
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"allow_anonymous": True}, {"api_keys": None, "tenant_header": "X-Tenant-Id"}],
+    ids=["keys", "anonymous-allowed", "tenant-header"],
+)
+async def test_no_key_gets_401_in_vllms_shape(
+    aiohttp_server: Any,
+    aiohttp_client: Any,
+    minilm_path: Path,
+    tmp_path: Path,
+    options: dict[str, Any],
+) -> None:
+    """Every question without a key, or with a key the file does not list, is answered
+    401 as vLLM answers a missing key: also where anonymous requests are allowed to the
+    engine, and where a tenant header would name the tenant (only a key does here)."""
+    _, client = await usage_proxy(aiohttp_server, aiohttp_client, minilm_path, tmp_path, **options)
+    paths = (STANDING, USAGE, RECORDS + "x", "/usage-proxy/v1/openapi.json")
+    for path in paths:
+        for headers in ({}, {"Authorization": "Bearer sk-nobody"}, {"X-Tenant-Id": "acme"}):
+            resp = await client.get(path, headers=headers)
+            assert resp.status == 401, path
+            assert await resp.json() == {"error": "Unauthorized"}
+
+
+async def test_the_questions_make_no_record_and_reach_no_engine(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """Every question, answered or refused (another method included), reaches no
+    engine and journals no record."""
+    seen, client = await usage_proxy(aiohttp_server, aiohttp_client, minilm_path, tmp_path)
+    ids = await traffic(client, ACME, n=1)
+    before, journaled = len(seen), len(journal_records(tmp_path / "journal.sqlite"))
+    for path in (STANDING, USAGE, RECORDS + ids[0], "/usage-proxy/v1/openapi.json"):
+        assert (await client.get(path, headers=ACME)).status == 200
+        assert (await client.post(path, json={}, headers=ACME)).status == 404
+        assert (await client.get(path)).status == 401
+    assert seen[before:] == []
+    assert len(journal_records(tmp_path / "journal.sqlite")) == journaled
+
+
+async def test_the_admin_api_needs_its_token_and_is_absent_from_the_main_port(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """On the admin port, the admin API answers 401 without an admin token; with one,
+    every tenant's standing and the records of a range as JSON lines, a page at a time,
+    filtered by tenant. On the main port it is not served (404), whatever the key."""
+    tokens = tmp_path / "admin.yaml"
+    tokens.write_text(f"ops: {key_digest('admin-secret')}\n")
+    port = free_port()
+    _, client = await usage_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tmp_path,
+        admin_port=port,
+        admin_host="127.0.0.1",
+        admin_tokens=str(tokens),
+    )
+    await traffic(client, ACME, n=2)
+    await traffic(client, GLOBEX, n=1)
+    base = f"http://127.0.0.1:{port}/usage-proxy/admin/v1"
+    paths = ("/standings", "/standings/acme", "/records", "/openapi.json")
+    async with aiohttp.ClientSession() as http:
+        for path in paths:
+            for headers in ({}, ACME, {"Authorization": "Bearer wrong"}):
+                async with http.get(base + path, headers=headers) as resp:
+                    assert resp.status == 401, path
+            main = await client.get("/usage-proxy/admin/v1" + path, headers=ACME)
+            assert main.status == 404, path
+        async with http.get(f"http://127.0.0.1:{port}/healthz") as resp:
+            assert resp.status == 200  # the rest of the port is as before
+        async with http.get(base + "/standings", headers=ADMIN) as resp:
+            everyone = await resp.json()
+        for standing in everyone:
+            conforms(standing, "Standing", "admin")
+        assert [s["tenant"] for s in everyone] == ["acme", "globex"]
+        async with http.get(base + "/standings/acme", headers=ADMIN) as resp:
+            assert untimed(await resp.json()) == untimed(everyone[0])
+
+        pages, after = [], None
+        while True:
+            query = {"limit": "3", **({"after": after} if after else {})}
+            async with http.get(base + "/records", headers=ADMIN, params=query) as resp:
+                assert resp.headers["x-usage-source"] == "journal"
+                pages.append([yaml.safe_load(line) for line in (await resp.text()).splitlines()])
+                after = resp.headers.get("x-usage-next-page")
+            if after is None:
+                break
+        journaled = journal_records(tmp_path / "journal.sqlite")
+        assert [len(p) for p in pages] == [3, 3]
+        assert sorted(r["record_id"] for p in pages for r in p) == sorted(
+            r.record_id for r in journaled
+        )
+        async with http.get(base + "/records", headers=ADMIN, params={"tenant": "globex"}) as resp:
+            lines = (await resp.text()).splitlines()
+        assert len(lines) == 2
+        assert all('"tenant":"globex"' in line for line in lines)
