@@ -48,6 +48,7 @@ from proxy.serving.pricesfile import (
     prices_file_context,
     read_table,
 )
+from proxy.serving.prompts import PromptCounter
 from proxy.serving.realtime import RealtimeRelay
 from proxy.serving.relayed import Relay
 from proxy.serving.routing import Invocations, Router, guard
@@ -177,7 +178,10 @@ def build_admission(
         password = store_password(settings)
         limiter = build_shared_limiter(settings, policies, metrics, password=password)
     timeout = settings.accounting_timeout
-    return Admission(limiter, catalog, pool, metrics, count_timeout=timeout, prices=prices)
+    prompts = PromptCounter(settings.upstream_base, metrics, timeout=timeout)
+    return Admission(
+        limiter, catalog, pool, metrics, count_timeout=timeout, prices=prices, prompts=prompts
+    )
 
 
 A, M, D = Handling.AUDITED, Handling.METERED, Handling.DISPATCHED
