@@ -6,9 +6,10 @@ image), every sequence at the model's whole context. Pooling (embeddings, poolin
 classify): each text input counted with the model's tokenizer (special tokens added), each
 token-id input by its length, capped by ``truncate_prompt_tokens`` and the context; an
 input the proxy cannot count, at the whole context. Generation: the prompt exactly when it
-is token ids, else at most one token per byte of the body (the whole context when the body
-names images, audio or video), and the completion reservation: ``max_tokens`` (or its
-endpoint's name for it) times ``n``, else what the context leaves.
+is token ids or counted as vLLM renders it (``counted_prompt``: its ``/tokenize``), else at
+most one token per byte of the body (the whole context when the body names images, audio
+or video), and the completion reservation: ``max_tokens`` (or its endpoint's name for it)
+times ``n``, else what the context leaves.
 """
 
 from __future__ import annotations
