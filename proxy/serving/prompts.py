@@ -64,6 +64,8 @@ class PromptCounter:
         try:
             async with asyncio.timeout(self._timeout):
                 bodies, cut = await offload(lambda: _asked(prepared, release))
+                if bodies is None:  # a pooling request of inputs: counted by the proxy
+                    return None
                 if not bodies:
                     raise CountFailed("not_countable", "no prompt /tokenize can render")
                 answers = await asyncio.gather(*(self._ask(session, b, headers) for b in bodies))
@@ -99,13 +101,16 @@ class PromptCounter:
         return None
 
 
-def _asked(prepared: Prepared, release: Release) -> tuple[list[bytes], Any]:
-    """The /tokenize bodies for ``prepared`` and its ``truncate_prompt_tokens``."""
+def _asked(prepared: Prepared, release: Release) -> tuple[list[bytes] | None, Any]:
+    """The /tokenize bodies for ``prepared`` and its ``truncate_prompt_tokens``; None for a
+    pooling request that is no conversation (nothing to ask)."""
     try:
         payload = json.loads(prepared.body)
     except ValueError:
         return [], None
     if not isinstance(payload, dict):
         return [], None
+    if prepared.operation in POOLING_OPERATIONS and "messages" not in payload:
+        return None, None
     cut = payload.get("truncate_prompt_tokens")
     return requests_for(prepared.operation, payload, release), cut

@@ -53,7 +53,7 @@ def test_a_chat_is_asked_with_its_template_fields() -> None:
 
 def test_each_conversation_of_a_batch_is_asked_apart() -> None:
     """/v1/chat/completions/batch: one /tokenize per conversation."""
-    payload = {"messages": [HI, HI + [{"role": "assistant", "content": "yo"}]]}
+    payload = {"messages": [HI, [*HI, {"role": "assistant", "content": "yo"}]]}
     assert [len(r["messages"]) for r in asked("chat", payload)] == [1, 2]
 
 

@@ -133,3 +133,15 @@ async def test_an_unreachable_upstream_falls_back(unused_tcp_port: int) -> None:
     got, metrics = await count(f"http://127.0.0.1:{unused_tcp_port}", chat())
     assert got is None
     assert outcomes(metrics) == {"unreachable": 1}
+
+
+async def test_pooling_inputs_are_not_asked(aiohttp_server: Any, fake: FakeVLLM) -> None:
+    """Embeddings of texts (the proxy counts those itself): nothing asked, nothing counted;
+    given as a conversation, asked."""
+    server = await aiohttp_server(fake.app())
+    base = str(server.make_url(""))
+    got, metrics = await count(base, chat({"input": ["a b"]}, "embeddings"))
+    assert (got, outcomes(metrics), fake.tokenize_calls) == (None, {}, 0)
+    got, metrics = await count(base, chat({"messages": CHAT["messages"]}, "embeddings"))
+    assert got is not None
+    assert outcomes(metrics) == {"tokenize": 1}
