@@ -10,10 +10,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import yaml
 from transformers import AutoTokenizer
 
 from proxy.serving.keys import METRICS
-from tests.app.test_limits import ACME, limited_proxy
+from tests.support.proxies import fake_and_proxy
 from tests.support.records import journal_records
 
 CHATML = (
@@ -21,11 +22,30 @@ CHATML = (
     "{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+ACME = {"X-Tenant-Id": "acme"}
 TEXT = "the quick brown fox jumps over the lazy dog " * 6
 
 
 def chat(cap: int) -> dict[str, Any]:
     return {"model": "minilm", "messages": [{"role": "user", "content": TEXT}], "max_tokens": cap}
+
+
+async def limited_proxy(
+    aiohttp_server: Any, aiohttp_client: Any, root: Path, tmp: Path, policies: Any
+) -> tuple[Any, Any]:
+    """The fake vLLM (MiniLM, a ChatML template) and the proxy with ``policies``."""
+    limits = tmp / "limits.yaml"
+    limits.write_text(yaml.safe_dump(policies))
+    fake, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        root,
+        tenant_header="X-Tenant-Id",
+        journal=str(tmp / "journal.sqlite"),
+        limits=str(limits),
+    )
+    fake.tokenizer.chat_template = CHATML
+    return fake, client
 
 
 def rendered_tokens(minilm_path: Path, body: dict[str, Any]) -> int:
@@ -47,10 +67,7 @@ async def test_a_budget_is_spendable_to_its_last_token_by_chats(
     prompt = rendered_tokens(minilm_path, chat(cap))
     assert len(json.dumps(chat(cap))) > prompt + cap  # the byte bound cannot fit it
     budget = {"tenants": {"acme": {"total_tokens_per_day": prompt + cap}}}
-    fake, client = await limited_proxy(
-        aiohttp_server, aiohttp_client, minilm_path, tmp_path, budget
-    )
-    fake.tokenizer.chat_template = CHATML
+    _, client = await limited_proxy(aiohttp_server, aiohttp_client, minilm_path, tmp_path, budget)
     resp = await client.post("/v1/chat/completions", json=chat(cap), headers=ACME)
     assert resp.status == 200, await resp.text()
     await resp.read()
