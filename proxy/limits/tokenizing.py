@@ -145,10 +145,15 @@ def _response_item(item: Any) -> bool:
 
 
 def _response_message(item: dict[str, Any]) -> dict[str, Any]:
+    """An item as the route renders it; its ``input_text`` parts as the ``text`` parts
+    /tokenize's message model takes (vLLM's parser reads both alike)."""
     content = item.get("content")
-    if item.get("role") != "assistant" or not isinstance(content, list) or not content:
+    if not isinstance(content, list) or not content:
         return item
-    return {"role": "assistant", "content": content[0].get("text")}
+    if item.get("role") == "assistant":
+        return {"role": "assistant", "content": content[0].get("text")}
+    parts = [{"type": "text", "text": p.get("text")} for p in content]
+    return {**item, "content": parts}
 
 
 def _messages(payload: dict[str, Any], named: Request) -> list[Request]:

@@ -96,7 +96,8 @@ def test_completions_ask_each_text_prompt() -> None:
 
 def test_responses_become_the_messages_vllm_builds() -> None:
     """Instructions first as a system message, a string input as the user's; message
-    items as they are, an assistant's as its first text (construct_input_messages)."""
+    items as they are (input_text parts as text), an assistant's as its first text
+    (construct_input_messages)."""
     (request,) = asked("responses", {"instructions": "be brief", "input": "hi"})
     assert request["messages"] == [
         {"role": "system", "content": "be brief"},
@@ -105,7 +106,8 @@ def test_responses_become_the_messages_vllm_builds() -> None:
     said = {"role": "assistant", "content": [{"type": "output_text", "text": "yo"}]}
     user = {"role": "user", "content": [{"type": "input_text", "text": "and?"}]}
     (request,) = asked("responses", {"input": [user, said, user]})
-    assert request["messages"] == [user, {"role": "assistant", "content": "yo"}, user]
+    text = {"role": "user", "content": [{"type": "text", "text": "and?"}]}
+    assert request["messages"] == [text, {"role": "assistant", "content": "yo"}, text]
 
 
 def test_messages_become_the_chat_vllm_converts_them_to() -> None:
