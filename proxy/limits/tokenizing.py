@@ -23,8 +23,9 @@ POOLING_OPERATIONS = frozenset({"embeddings", "pooling", "classify"})
 # Content parts that are text alone (chat; Responses' input_text and output_text).
 TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
 # ``tools`` reaches the template through /tokenize from this series on (read from the
-# wheels: 0.32.0 and 0.34.0 have it, 0.8.5 not); before, a chat with tools is not counted.
-TOOLS_SINCE = (0, 32)
+# wheels: 0.10.2, 0.32.0 and 0.34.0 have it, 0.8.5 not; vLLM PR #18187, after 0.8.5);
+# before, a chat with tools is not counted.
+TOOLS_SINCE = (0, 10)
 # Chat fields /tokenize takes as they are (TokenizeChatRequest, 0.8.5 to 0.34.0).
 _CHAT_FIELDS = ("add_generation_prompt", "continue_final_message", "add_special_tokens")
 _TEMPLATE_FIELDS = ("chat_template", "chat_template_kwargs", "mm_processor_kwargs")
