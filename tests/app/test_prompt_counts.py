@@ -84,3 +84,25 @@ async def test_a_budget_is_spendable_to_its_last_token_by_chats(
     assert resp.headers["x-ratelimit-remaining-tokens"] == "0"
     sample = client.app[METRICS].registry.get_sample_value
     assert sample("usage_proxy_prompt_counts_total", {"outcome": "tokenize"}) == 3
+
+
+async def test_a_prompt_the_upstream_cannot_count_keeps_the_byte_bound(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """A model with no chat template (vLLM's /tokenize answers 400): the chat is priced by
+    its bytes as before, admitted, and the fallback is counted; the traffic goes on."""
+    budget = {"tenants": {"acme": {"total_tokens_per_day": 100_000}}}
+    fake, client = await limited_proxy(
+        aiohttp_server, aiohttp_client, minilm_path, tmp_path, budget
+    )
+    fake.tokenizer.chat_template = None
+    body = chat(20)
+    resp = await client.post("/v1/chat/completions", json=body, headers=ACME)
+    assert resp.status == 200, await resp.text()
+    await resp.read()
+    reserved = 100_000 - int(resp.headers["x-ratelimit-remaining-tokens"])
+    context = 256  # the fake's max_model_len: the bound is the bytes, within what it leaves
+    assert reserved == min(len(json.dumps(body)), context - 20) + 20
+    sample = client.app[METRICS].registry.get_sample_value
+    assert sample("usage_proxy_prompt_counts_total", {"outcome": "refused"}) == 1
+    assert sample("usage_proxy_prompt_counts_total", {"outcome": "tokenize"}) is None
