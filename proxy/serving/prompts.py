@@ -10,6 +10,7 @@ Bodies are parsed and answers read in worker threads; the loop only sends and re
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -22,7 +23,7 @@ from proxy.accounting.types import Release
 from proxy.limits.tokenizing import CHAT_OPERATIONS, POOLING_OPERATIONS, counted
 from proxy.limits.tokenizing import tokenize_requests as requests_for
 from proxy.metrics import Metrics
-from proxy.serving.upstream import read_answer
+from proxy.serving.upstream import LARGE_BODY_BYTES, read_answer
 
 log = structlog.get_logger("proxy.serving.prompts")
 COUNTED = "tokenize"
@@ -86,7 +87,10 @@ class PromptCounter:
 
     async def _ask(self, session: aiohttp.ClientSession, body: bytes, headers: Any) -> bytes:
         sent = {**headers, "Content-Type": "application/json"}
-        async with session.post(self._url, data=body, headers=sent) as answer:
+        data: bytes | io.BytesIO = body
+        if len(body) > LARGE_BODY_BYTES:  # written in chunks, as a forwarded body is
+            data = io.BytesIO(body)
+        async with session.post(self._url, data=data, headers=sent) as answer:
             if answer.status != 200:
                 raise CountFailed("refused", f"/tokenize answered {answer.status}")
             body, whole = await read_answer(answer, MOST_ANSWER_BYTES)

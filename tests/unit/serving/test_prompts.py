@@ -145,3 +145,11 @@ async def test_pooling_inputs_are_not_asked(aiohttp_server: Any, fake: FakeVLLM)
     got, metrics = await count(base, chat({"messages": CHAT["messages"]}, "embeddings"))
     assert got is not None
     assert outcomes(metrics) == {"tokenize": 1}
+
+
+async def test_a_long_prompt_is_counted_whole(aiohttp_server: Any, fake: FakeVLLM) -> None:
+    """A prompt past 1 MiB is sent in chunks, as a forwarded body is, and counted whole."""
+    server = await aiohttp_server(fake.app())
+    text = "word " * 300_000
+    got, _ = await count(str(server.make_url("")), chat({"prompt": text}, "completions"), 30)
+    assert got == len(fake.tokenizer(text)["input_ids"])
