@@ -113,7 +113,7 @@ class Admission:
         if not self.limiter.wants_tokens(tenant):
             return await self.admit(exchange, model, Price(Cost(), "none"))
         count_with = self._pool.copy_for(tenant)
-        counted = await self._count_prompt(exchange, prepared)
+        counted = await self._count_prompt(exchange, prepared) if served else None
 
         def price() -> Price:
             tok = served.tokenizer if served else None
