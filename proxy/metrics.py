@@ -327,6 +327,14 @@ SPECS: dict[str, _Spec] = {
         ("limit",),
         tenant=True,
     ),
+    "prompt_counts": _Spec(
+        Counter,
+        "usage_proxy_prompt_counts",
+        "Generation prompts priced before forwarding, by how: counted by the upstream's "
+        "/tokenize, or the byte bound (not_countable, refused, timeout, unreachable, "
+        "invalid).",
+        ("outcome",),
+    ),
     "budget_remaining": _Spec(
         Gauge,
         "usage_proxy_budget_remaining",
@@ -466,6 +474,7 @@ class Metrics:
     tasks: Gauge
     genai: Histogram
     limited: Counter
+    prompt_counts: Counter
     budget_remaining: Gauge
     limits_loaded_at: Gauge
     limits_reload_failures: Counter

@@ -6,9 +6,10 @@ image), every sequence at the model's whole context. Pooling (embeddings, poolin
 classify): each text input counted with the model's tokenizer (special tokens added), each
 token-id input by its length, capped by ``truncate_prompt_tokens`` and the context; an
 input the proxy cannot count, at the whole context. Generation: the prompt exactly when it
-is token ids, else at most one token per byte of the body (the whole context when the body
-names images, audio or video), and the completion reservation: ``max_tokens`` (or its
-endpoint's name for it) times ``n``, else what the context leaves.
+is token ids or counted as vLLM renders it (``counted_prompt``: its ``/tokenize``), else at
+most one token per byte of the body (the whole context when the body names images, audio
+or video), and the completion reservation: ``max_tokens`` (or its endpoint's name for it)
+times ``n``, else what the context leaves.
 """
 
 from __future__ import annotations
@@ -63,9 +64,16 @@ def price_scoring(analysis: Analysis | None) -> Price:
 
 
 def price_metered(
-    operation: str, body: bytes, model: ServedModel | None, tokenizer: Tokenizer | None
+    operation: str,
+    body: bytes,
+    model: ServedModel | None,
+    tokenizer: Tokenizer | None,
+    *,
+    counted_prompt: int | None = None,
 ) -> Price:
-    """A metered request (runs in a tokenizer thread when ``tokenizer`` is given)."""
+    """A metered request (runs in a tokenizer thread when ``tokenizer`` is given);
+    ``counted_prompt``: its text prompts' tokens as vLLM renders them (its ``/tokenize``),
+    which replaces the byte bound."""
     try:
         payload = json.loads(body)
     except ValueError:
@@ -74,9 +82,11 @@ def price_metered(
         return Price(UNPRICED, "unpriced: unknown model or unreadable body")
     context = model.max_model_len
     if operation in POOLING:
+        if "messages" in payload and counted_prompt is not None:
+            return Price(Cost(counted_prompt), "count (/tokenize)", exact=True)
         return _pooling(payload, context, tokenizer)
     if operation in GENERATION:
-        return _generation(operation, payload, body, context)
+        return _generation(operation, payload, body, context, counted_prompt)
     if operation == "decisions":
         return _decisions(payload, body, context)
     return Price(UNPRICED, f"unpriced: {operation}")
@@ -118,12 +128,16 @@ def _pooling(payload: dict[str, Any], context: int, tokenizer: Tokenizer | None)
     )
 
 
-def _generation(operation: str, payload: dict[str, Any], body: bytes, context: int) -> Price:
+def _generation(
+    operation: str, payload: dict[str, Any], body: bytes, context: int, counted: int | None
+) -> Price:
     prompts = _prompt_ids(payload)
     texts = _text_prompts(payload)
     count = len(prompts) if prompts else texts
     if prompts is not None:
         prompt, exact = sum(min(len(p), context) for p in prompts), True
+    elif counted is not None:
+        prompt, exact = counted, True
     elif any(m in body for m in MEDIA) or payload.get("previous_response_id") is not None:
         # media, or a stored conversation re-read (Responses): each prompt up to the context
         prompt, exact = context * count, False
@@ -139,7 +153,7 @@ def _generation(operation: str, payload: dict[str, Any], body: bytes, context: i
     choices = copies(operation, payload) * count
     if not exact:  # vLLM refuses a prompt that leaves no room for max_tokens
         prompt = min(prompt, max(context - completion, 1) * count)
-    rule = "prompt ids" if exact else "prompt bound"
+    rule = ("prompt ids" if prompts is not None else "prompt count") if exact else "prompt bound"
     if cap is None:
         return Price(Cost(prompt, completion * choices), f"{rule} + {UNCAPPED}", uncapped=True)
     return Price(Cost(prompt, completion * choices), f"{rule} + completion cap")

@@ -39,7 +39,8 @@ from proxy.metrics import Metrics
 from proxy.serving.catalog import Catalog
 from proxy.serving.exchange import Exchange, Hold
 from proxy.serving.pricesfile import Prices
-from proxy.serving.upstream import error_response
+from proxy.serving.prompts import PromptCounter
+from proxy.serving.upstream import SESSION, error_response
 from proxy.tokenizers.pool import TokenizerPool
 from proxy.wire.jsonio import top_members
 
@@ -65,6 +66,7 @@ class Admission:
         count_timeout: float,
         prices: Prices | None = None,
         horizon: float = 600.0,
+        prompts: PromptCounter | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.limiter = limiter
@@ -77,6 +79,7 @@ class Admission:
         # reservation is priced at the dearest price in force until then
         self._horizon = timedelta(seconds=horizon)
         self._clock = clock
+        self._prompts = prompts  # generation prompts counted by the upstream's /tokenize
 
     @property
     def table(self) -> PriceTable | None:
@@ -118,15 +121,35 @@ class Admission:
         if prepared.operation in SPEECH:
             return await self._admit_speech(exchange, prepared)
         count_with = self._pool.copy_for(tenant)
+        counted = await self._count_prompt(exchange, prepared) if served else None
 
         def price() -> Price:
             tok = served.tokenizer if served else None
             return price_metered(
-                prepared.operation, prepared.body, served, count_with(tok) if tok else None
+                prepared.operation,
+                prepared.body,
+                served,
+                count_with(tok) if tok else None,
+                counted_prompt=counted,
             )
 
         job = self._pool.lane(len(prepared.body)).submit_for(tenant, price)
         return await self.admit(exchange, model, await asyncio.wrap_future(job))
+
+    async def _count_prompt(self, exchange: Exchange, prepared: Prepared) -> int | None:
+        """A chat-like prompt's tokens as the upstream's /tokenize counts them, or None."""
+        if self._prompts is None:
+            return None
+        request = exchange.request
+        auth = request.headers.get("Authorization")
+        lane = self._pool.lane(len(prepared.body))
+
+        async def offload(fn: Callable[[], Any]) -> Any:
+            return await asyncio.wrap_future(lane.submit_for(exchange.who.tenant, fn))
+
+        headers = {"Authorization": auth} if auth else {}
+        release = self.catalog.release
+        return await self._prompts.count(request.app[SESSION], prepared, release, headers, offload)
 
     async def _admit_speech(self, exchange: Exchange, prepared: Prepared) -> web.Response | None:
         """An audio request: priced by its audio's duration, read from its file in a

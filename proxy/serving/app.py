@@ -49,6 +49,7 @@ from proxy.serving.pricesfile import (
     prices_file_context,
     read_table,
 )
+from proxy.serving.prompts import PromptCounter
 from proxy.serving.realtime import RealtimeRelay
 from proxy.serving.relayed import Relay
 from proxy.serving.routing import Invocations, Router, guard
@@ -180,6 +181,7 @@ def build_admission(
         password = store_password(settings)
         limiter = build_shared_limiter(settings, policies, metrics, password=password)
     timeout = settings.accounting_timeout
+    prompts = PromptCounter(settings.upstream_base, metrics, timeout=timeout)
     return Admission(
         limiter,
         catalog,
@@ -188,6 +190,7 @@ def build_admission(
         count_timeout=timeout,
         prices=prices,
         horizon=settings.read_timeout,
+        prompts=prompts,
     )
 
 

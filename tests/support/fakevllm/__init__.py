@@ -18,11 +18,20 @@ from tests.support.fakevllm.discovery import DiscoveryAPI
 from tests.support.fakevllm.generation import GenerationAPI
 from tests.support.fakevllm.pooling import EmbeddingsAPI
 from tests.support.fakevllm.scoring import RECEIVED, RERANK_PATHS, SCORE_PATHS, ScoringAPI
+from tests.support.fakevllm.tokenization import TokenizationAPI
 
 __all__ = ["VLLM_KEEP_ALIVE", "FakeState", "FakeVLLM", "dumps", "error"]
 
 
-class FakeVLLM(ScoringAPI, EmbeddingsAPI, GenerationAPI, AudioAPI, RealtimeAPI, DiscoveryAPI):
+class FakeVLLM(
+    ScoringAPI,
+    EmbeddingsAPI,
+    GenerationAPI,
+    TokenizationAPI,
+    AudioAPI,
+    RealtimeAPI,
+    DiscoveryAPI,
+):
     """Knobs: version, family, delays and faults are plain attributes tests may change."""
 
     def app(self) -> web.Application:
@@ -44,6 +53,7 @@ class FakeVLLM(ScoringAPI, EmbeddingsAPI, GenerationAPI, AudioAPI, RealtimeAPI, 
         posted["/v1/decisions"] = self.handle_openai_decisions
         posted["/v1/audio/transcriptions"] = self.handle_transcriptions
         posted["/v1/audio/translations"] = self.handle_translations
+        posted["/tokenize"] = self.handle_tokenize
         for path, handler in posted.items():
             app.router.add_post(path, handler)
         app.router.add_get("/v1/responses/{response_id}", self.handle_stored_response)

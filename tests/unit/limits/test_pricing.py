@@ -63,6 +63,27 @@ def test_chat_is_bounded_by_its_bytes_and_the_context() -> None:
     assert price_metered("chat", body(chat), MODEL, None).cost == Cost(256 - 8, 8)
 
 
+@pytest.mark.parametrize("operation", ["chat", "completions", "responses", "messages"])
+def test_a_counted_prompt_replaces_the_byte_bound(operation: str) -> None:
+    """A prompt counted as vLLM renders it (its /tokenize) is reserved at that count plus
+    the completion cap: a chat whose bytes pass the budget still fits it."""
+    long = "word " * 200
+    payload = {"messages": [{"role": "user", "content": long}], "prompt": long, "max_tokens": 8}
+    raw = body(payload)
+    price = price_metered(operation, raw, MODEL, None, counted_prompt=42)
+    assert price.cost == Cost(42, 8)
+    assert price.rule == "prompt count + completion cap"
+    assert price_metered(operation, raw, MODEL, None).cost.prompt > 42
+
+
+def test_a_counted_pooling_conversation_is_exact() -> None:
+    """Embeddings given as messages: the counted conversation, not the whole context."""
+    raw = body({"messages": [{"role": "user", "content": "hi"}]})
+    assert price_metered("embeddings", raw, MODEL, None).cost == Cost(256)
+    price = price_metered("embeddings", raw, MODEL, None, counted_prompt=9)
+    assert (price.cost, price.exact) == (Cost(9), True)
+
+
 def test_unknown_model_or_body_is_unpriced() -> None:
     """Nothing to price by (vLLM answers 404 or 400): one token of each kind reserved (so a
     spent budget refuses it), said so."""

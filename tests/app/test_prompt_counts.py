@@ -1,0 +1,108 @@
+"""Issue #58: a chat is reserved at its prompt as vLLM renders it (the upstream's own
+/tokenize) plus its cap, not at one token per body byte, so a tenant's whole budget is
+spendable by ordinary chats: a chat whose prompt is c tokens is admitted while c plus its
+cap is left, and refused once it is not. The whole proxy in front of the fake vLLM, whose
+tokenizer is given a ChatML template."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from transformers import AutoTokenizer
+
+from proxy.serving.keys import METRICS
+from tests.support.proxies import fake_and_proxy
+from tests.support.records import journal_records
+
+CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+ACME = {"X-Tenant-Id": "acme"}
+TEXT = "the quick brown fox jumps over the lazy dog " * 6
+
+
+def chat(cap: int) -> dict[str, Any]:
+    return {"model": "minilm", "messages": [{"role": "user", "content": TEXT}], "max_tokens": cap}
+
+
+async def limited_proxy(
+    aiohttp_server: Any, aiohttp_client: Any, root: Path, tmp: Path, policies: Any
+) -> tuple[Any, Any]:
+    """The fake vLLM (MiniLM, a ChatML template) and the proxy with ``policies``."""
+    limits = tmp / "limits.yaml"
+    limits.write_text(yaml.safe_dump(policies))
+    fake, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        root,
+        tenant_header="X-Tenant-Id",
+        journal=str(tmp / "journal.sqlite"),
+        limits=str(limits),
+    )
+    fake.tokenizer.chat_template = CHATML
+    return fake, client
+
+
+def rendered_tokens(minilm_path: Path, body: dict[str, Any]) -> int:
+    """The chat's prompt as the template renders it, in tokens (no special tokens added)."""
+    tokenizer = AutoTokenizer.from_pretrained(str(minilm_path))
+    text = tokenizer.apply_chat_template(
+        body["messages"], chat_template=CHATML, tokenize=False, add_generation_prompt=True
+    )
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+async def test_a_budget_is_spendable_to_its_last_token_by_chats(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """A budget of exactly c + cap admits the chat (its bytes alone pass the budget: the
+    byte bound refused it, 400); then, with R left, a chat of c + (R - c) is admitted and
+    one of c + (R - c + 1) is refused (429)."""
+    cap = 20
+    prompt = rendered_tokens(minilm_path, chat(cap))
+    assert len(json.dumps(chat(cap))) > prompt + cap  # the byte bound cannot fit it
+    budget = {"tenants": {"acme": {"total_tokens_per_day": prompt + cap}}}
+    _, client = await limited_proxy(aiohttp_server, aiohttp_client, minilm_path, tmp_path, budget)
+    resp = await client.post("/v1/chat/completions", json=chat(cap), headers=ACME)
+    assert resp.status == 200, await resp.text()
+    await resp.read()
+    assert resp.headers["x-ratelimit-remaining-tokens"] == "0"  # reserved at c + cap
+    (record,) = journal_records(tmp_path / "journal.sqlite")
+    billed = (record.prompt_tokens_billed or 0) + (record.completion_tokens_billed or 0)
+    fits = prompt + cap - billed - prompt  # the largest cap that fits what is left
+    assert fits > 0
+    resp = await client.post("/v1/chat/completions", json=chat(fits + 1), headers=ACME)
+    assert resp.status == 429, await resp.text()
+    resp = await client.post("/v1/chat/completions", json=chat(fits), headers=ACME)
+    assert resp.status == 200, await resp.text()
+    await resp.read()
+    assert resp.headers["x-ratelimit-remaining-tokens"] == "0"
+    sample = client.app[METRICS].registry.get_sample_value
+    assert sample("usage_proxy_prompt_counts_total", {"outcome": "tokenize"}) == 3
+
+
+async def test_a_prompt_the_upstream_cannot_count_keeps_the_byte_bound(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """A model with no chat template (vLLM's /tokenize answers 400): the chat is priced by
+    its bytes as before, admitted, and the fallback is counted; the traffic goes on."""
+    budget = {"tenants": {"acme": {"total_tokens_per_day": 100_000}}}
+    fake, client = await limited_proxy(
+        aiohttp_server, aiohttp_client, minilm_path, tmp_path, budget
+    )
+    fake.tokenizer.chat_template = None
+    body = chat(20)
+    resp = await client.post("/v1/chat/completions", json=body, headers=ACME)
+    assert resp.status == 200, await resp.text()
+    await resp.read()
+    reserved = 100_000 - int(resp.headers["x-ratelimit-remaining-tokens"])
+    context = 256  # the fake's max_model_len: the bound is the bytes, within what it leaves
+    assert reserved == min(len(json.dumps(body)), context - 20) + 20
+    sample = client.app[METRICS].registry.get_sample_value
+    assert sample("usage_proxy_prompt_counts_total", {"outcome": "refused"}) == 1
+    assert sample("usage_proxy_prompt_counts_total", {"outcome": "tokenize"}) is None

@@ -1,0 +1,155 @@
+"""A chat's prompt counted by the upstream's /tokenize (the fake answers as vLLM 0.32.0's
+does), and every way that can fail falling back to the byte bound: logged, counted in
+usage_proxy_prompt_counts_total, never raised."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from transformers import AutoTokenizer
+
+from proxy.accounting.dispatch import Prepared
+from proxy.accounting.types import Release
+from proxy.metrics import Metrics
+from proxy.serving.prompts import PromptCounter
+from proxy.settings import Settings
+from tests.support.fakevllm import FakeVLLM
+
+CHATML = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CHAT = {"model": "minilm", "messages": [{"role": "user", "content": "hello there"}]}
+
+
+async def inline(fn: Callable[[], Any]) -> Any:
+    return fn()
+
+
+def chat(payload: dict[str, Any] = CHAT, operation: str = "chat") -> Prepared:
+    return Prepared(json.dumps(payload).encode(), operation, "minilm")
+
+
+def outcomes(metrics: Metrics) -> dict[str, float]:
+    names = ("tokenize", "not_countable", "refused", "timeout", "unreachable", "invalid")
+    sample = metrics.registry.get_sample_value
+    counts = {n: sample("usage_proxy_prompt_counts_total", {"outcome": n}) for n in names}
+    return {n: v for n, v in counts.items() if v}
+
+
+async def count(base: str, prepared: Prepared, timeout: float = 2.0) -> tuple[Any, Metrics]:
+    metrics = Metrics(Settings(upstream=base))
+    counter = PromptCounter(base, metrics, timeout=timeout)
+    async with aiohttp.ClientSession() as session:
+        got = await counter.count(session, prepared, Release("0.32.0"), {}, inline)
+    return got, metrics
+
+
+@pytest.fixture
+def fake(minilm_path: Path) -> FakeVLLM:
+    tokenizer = AutoTokenizer.from_pretrained(str(minilm_path))
+    tokenizer.chat_template = CHATML
+    return FakeVLLM(tokenizer, minilm_path, version="0.32.0")
+
+
+async def test_a_chat_is_counted_as_the_upstream_renders_it(
+    aiohttp_server: Any, fake: FakeVLLM
+) -> None:
+    """The count is the template's rendering tokenized, as vLLM's /tokenize answers."""
+    server = await aiohttp_server(fake.app())
+    got, metrics = await count(str(server.make_url("")), chat())
+    rendered = fake.tokenizer.apply_chat_template(
+        CHAT["messages"], tokenize=False, add_generation_prompt=True
+    )
+    assert got == len(fake.tokenizer(rendered, add_special_tokens=False)["input_ids"])
+    assert outcomes(metrics) == {"tokenize": 1}
+
+
+async def test_a_batch_is_the_sum_of_its_prompts(aiohttp_server: Any, fake: FakeVLLM) -> None:
+    """Completions with a list of prompts: each counted (special tokens added), summed."""
+    server = await aiohttp_server(fake.app())
+    prompts = ["one two", "three four five"]
+    got, _ = await count(str(server.make_url("")), chat({"prompt": prompts}, "completions"))
+    assert got == sum(len(fake.tokenizer(p)["input_ids"]) for p in prompts)
+    assert fake.tokenize_calls == 2
+
+
+async def test_a_prompt_it_cannot_render_is_not_asked(aiohttp_server: Any, fake: FakeVLLM) -> None:
+    """An image part (which /tokenize would fetch): not asked, the byte bound stays."""
+    server = await aiohttp_server(fake.app())
+    image = {"type": "image_url", "image_url": {"url": "http://example.invalid/x.png"}}
+    payload = {"messages": [{"role": "user", "content": [image]}]}
+    got, metrics = await count(str(server.make_url("")), chat(payload))
+    assert (got, fake.tokenize_calls) == (None, 0)
+    assert outcomes(metrics) == {"not_countable": 1}
+
+
+async def slow(request: web.Request) -> web.Response:
+    await asyncio.sleep(5)
+    return web.json_response({"count": 1})
+
+
+def answering(body: bytes, status: int = 200) -> Callable[[web.Request], Any]:
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(body=body, status=status, content_type="application/json")
+
+    return handler
+
+
+@pytest.mark.parametrize(
+    ("handler", "outcome"),
+    [
+        (None, "refused"),  # a server without /tokenize: 404
+        (answering(b'{"error": {"message": "no template"}}', 400), "refused"),
+        (slow, "timeout"),
+        (answering(b"<html>gateway</html>"), "invalid"),
+        (answering(b'{"tokens": [1, 2]}'), "invalid"),
+    ],
+)
+async def test_every_failure_falls_back_to_the_byte_bound(
+    aiohttp_server: Any, handler: Any, outcome: str
+) -> None:
+    """No /tokenize (404), a refusal, no answer within the timeout, an answer that is not
+    vLLM's: None (priced by the byte bound), counted by outcome, never raised."""
+    app = web.Application()
+    if handler is not None:
+        app.router.add_post("/tokenize", handler)
+    server = await aiohttp_server(app)
+    got, metrics = await count(str(server.make_url("")), chat(), timeout=0.3)
+    assert got is None
+    assert outcomes(metrics) == {outcome: 1}
+
+
+async def test_an_unreachable_upstream_falls_back(unused_tcp_port: int) -> None:
+    """Nothing listening: None, counted as unreachable."""
+    got, metrics = await count(f"http://127.0.0.1:{unused_tcp_port}", chat())
+    assert got is None
+    assert outcomes(metrics) == {"unreachable": 1}
+
+
+async def test_pooling_inputs_are_not_asked(aiohttp_server: Any, fake: FakeVLLM) -> None:
+    """Embeddings of texts (the proxy counts those itself): nothing asked, nothing counted;
+    given as a conversation, asked."""
+    server = await aiohttp_server(fake.app())
+    base = str(server.make_url(""))
+    got, metrics = await count(base, chat({"input": ["a b"]}, "embeddings"))
+    assert (got, outcomes(metrics), fake.tokenize_calls) == (None, {}, 0)
+    got, metrics = await count(base, chat({"messages": CHAT["messages"]}, "embeddings"))
+    assert got is not None
+    assert outcomes(metrics) == {"tokenize": 1}
+
+
+async def test_a_long_prompt_is_counted_whole(aiohttp_server: Any, fake: FakeVLLM) -> None:
+    """A prompt past 1 MiB is sent in chunks, as a forwarded body is, and counted whole."""
+    server = await aiohttp_server(fake.app())
+    text = "word " * 300_000
+    got, _ = await count(str(server.make_url("")), chat({"prompt": text}, "completions"), 30)
+    assert got == len(fake.tokenizer(text)["input_ids"])
