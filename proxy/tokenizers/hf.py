@@ -17,7 +17,7 @@ import inspect
 import itertools
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +116,7 @@ def backend_lengths(tokenizer: Any, texts: list[str], *, add_special_tokens: boo
 class HFTokenizer:
     """Adapter from a transformers tokenizer to the accounting protocol."""
 
-    def __init__(self, tokenizer: Any, words: Mapping[str, int] | None = None) -> None:
+    def __init__(self, tokenizer: Any, words: frozenset[str] | None = None) -> None:
         self._tok = tokenizer
         self.key = next(_keys)
         # The count cache keeps each tenant's entries apart (``for_tenant``): a tenant

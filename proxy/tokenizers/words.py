@@ -22,7 +22,8 @@ count faster on words anyone had sent recently, so its timing told which those w
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tokenizers import models, normalizers, pre_tokenizers, processors
@@ -33,6 +34,8 @@ _OTHER = re.compile(r"[^\t\n\r -~]")
 _PUNCTUATION = r"!-/:-@\[-`{-~"
 _WORDS = re.compile(rf"[^\s{_PUNCTUATION}]+|[{_PUNCTUATION}]")
 _WORD = re.compile(rf"[^\s{_PUNCTUATION}]+")
+# Up to this many distinct unknown words in a text are tallied by one list scan each.
+FEW_UNKNOWN = 8
 # More added tokens than this (each looked for in every text) and the path is not taken.
 MOST_ADDED = 64
 _PROCESSORS = (processors.TemplateProcessing, processors.BertProcessing)
@@ -48,7 +51,7 @@ class WordCounts:
         lowercase: bool,
         added: list[str],
         specials: int,
-        public: Mapping[str, int],
+        public: frozenset[str],
     ) -> None:
         self._tokenize = model.tokenize
         self._lowercase = lowercase
@@ -58,7 +61,7 @@ class WordCounts:
         self.public = public
 
     @classmethod
-    def of(cls, backend: Any, public: Mapping[str, int] | None = None) -> WordCounts | None:
+    def of(cls, backend: Any, public: frozenset[str] | None = None) -> WordCounts | None:
         """The count-only path for a tokenizers ``Tokenizer``, or None when its pipeline is
         not BertNormalizer, BertPreTokenizer, WordPiece and a template post-processor, or an
         added token could match a text in a way this path does not see. ``public``: the
@@ -91,19 +94,25 @@ class WordCounts:
         if any(content in lowered for content in self._added):
             return None
         words = _WORDS.findall(lowered if self._lowercase else text)
-        counts = list(map(self.public.get, words))
-        if None in counts:
-            seen = {} if seen is None else seen
-            counts = [
-                self._count(w, seen) if n is None else n for w, n in zip(words, counts, strict=True)
-            ]
-        return sum(counts) + self._specials  # type: ignore[arg-type]
+        count = sum(map(self.public.__contains__, words))  # one token each
+        if count < len(words):
+            count += self._unknown(words, {} if seen is None else seen)
+        return count + self._specials
 
     def lengths(self, texts: Sequence[str]) -> list[int | None]:
         """Each text's length (None where the path cannot count it); a word the
         vocabulary does not hold is counted by the model once for all of ``texts``."""
         seen: dict[str, int] = {}
         return [self.length(text, seen) for text in texts]
+
+    def _unknown(self, words: list[str], seen: dict[str, int]) -> int:
+        """The tokens of the ``words`` the vocabulary does not hold, each distinct one
+        counted by the model once (C loops find and tally them: a few in most texts)."""
+        missing = set(words).difference(self.public)
+        if len(missing) <= FEW_UNKNOWN:
+            return sum(words.count(word) * self._count(word, seen) for word in missing)
+        tally = Counter(words)
+        return sum(tally[word] * self._count(word, seen) for word in missing)
 
     def _count(self, word: str, seen: dict[str, int]) -> int:
         count = seen.get(word)
@@ -112,17 +121,17 @@ class WordCounts:
         return count
 
 
-def public_words(vocabulary: Iterable[str]) -> dict[str, int]:
+def public_words(vocabulary: Iterable[str]) -> frozenset[str]:
     """Every vocabulary entry a word can be (printable ASCII, no whitespace, no
     punctuation), each one token: WordPiece matches the longest vocabulary prefix first,
     so a word that is an entry is that entry alone (and one past
     ``max_input_chars_per_word`` is one unknown token all the same). Public: the same
     for every tenant whatever anyone sends."""
-    return {
-        entry: 1
+    return frozenset(
+        entry
         for entry in vocabulary
         if _OTHER.search(entry) is None and _WORD.fullmatch(entry) is not None
-    }
+    )
 
 
 def _unseen(token: Any) -> bool:

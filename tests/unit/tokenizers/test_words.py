@@ -208,7 +208,7 @@ def test_what_a_text_holds_is_not_kept(minilm: HFTokenizer) -> None:
     same, exactly, every time."""
     words = WordCounts.of(minilm._tok.backend_tokenizer)
     assert words is not None
-    before = dict(words.public)
+    before = set(words.public)
     texts = ["the zqxwv of merger-memo 77421 by kjhgf", "zqxwv zqxwv wordpiece"]
     want = backend_lengths(minilm._tok, texts, add_special_tokens=True)
     assert words.lengths(texts) == want
@@ -223,3 +223,14 @@ def test_the_copies_share_one_vocabulary(minilm: HFTokenizer) -> None:
     twin = minilm.copy()
     assert twin._words is not None and minilm._words is not None
     assert twin._words.public is minilm._words.public
+
+
+def test_texts_of_many_unknown_words_count_exactly(minilm: HFTokenizer) -> None:
+    """A text with more distinct words outside the vocabulary than a list scan each is
+    meant for (names, ids, rare terms, some repeated) counts what the backend counts."""
+    words = WordCounts.of(minilm._tok.backend_tokenizer)
+    assert words is not None
+    unknown = [f"zq{i}x{'k' * (i % 5)}" for i in range(40)]
+    texts = [" ".join(unknown[: n + 1] * 3 + ["the", "tower"]) for n in (0, 5, 9, 39)]
+    want = backend_lengths(minilm._tok, texts, add_special_tokens=True)
+    assert words.lengths(texts) == want
