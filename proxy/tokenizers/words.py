@@ -22,8 +22,8 @@ count faster on words anyone had sent recently, so its timing told which those w
 from __future__ import annotations
 
 import re
-from collections import Counter
 from collections.abc import Iterable, Sequence
+from itertools import filterfalse
 from typing import Any
 
 from tokenizers import models, normalizers, pre_tokenizers, processors
@@ -34,8 +34,6 @@ _OTHER = re.compile(r"[^\t\n\r -~]")
 _PUNCTUATION = r"!-/:-@\[-`{-~"
 _WORDS = re.compile(rf"[^\s{_PUNCTUATION}]+|[{_PUNCTUATION}]")
 _WORD = re.compile(rf"[^\s{_PUNCTUATION}]+")
-# Up to this many distinct unknown words in a text are tallied by one list scan each.
-FEW_UNKNOWN = 8
 # More added tokens than this (each looked for in every text) and the path is not taken.
 MOST_ADDED = 64
 _PROCESSORS = (processors.TemplateProcessing, processors.BertProcessing)
@@ -94,9 +92,11 @@ class WordCounts:
         if any(content in lowered for content in self._added):
             return None
         words = _WORDS.findall(lowered if self._lowercase else text)
-        count = sum(map(self.public.__contains__, words))  # one token each
-        if count < len(words):
-            count += self._unknown(words, {} if seen is None else seen)
+        unknown = list(filterfalse(self.public.__contains__, words))  # a C loop
+        count = len(words) - len(unknown)  # the vocabulary's words: one token each
+        if unknown:
+            seen = {} if seen is None else seen
+            count += sum([self._count(word, seen) for word in unknown])
         return count + self._specials
 
     def lengths(self, texts: Sequence[str]) -> list[int | None]:
@@ -104,15 +104,6 @@ class WordCounts:
         vocabulary does not hold is counted by the model once for all of ``texts``."""
         seen: dict[str, int] = {}
         return [self.length(text, seen) for text in texts]
-
-    def _unknown(self, words: list[str], seen: dict[str, int]) -> int:
-        """The tokens of the ``words`` the vocabulary does not hold, each distinct one
-        counted by the model once (C loops find and tally them: a few in most texts)."""
-        missing = set(words).difference(self.public)
-        if len(missing) <= FEW_UNKNOWN:
-            return sum(words.count(word) * self._count(word, seen) for word in missing)
-        tally = Counter(words)
-        return sum(tally[word] * self._count(word, seen) for word in missing)
 
     def _count(self, word: str, seen: dict[str, int]) -> int:
         count = seen.get(word)

@@ -226,8 +226,8 @@ def test_the_copies_share_one_vocabulary(minilm: HFTokenizer) -> None:
 
 
 def test_texts_of_many_unknown_words_count_exactly(minilm: HFTokenizer) -> None:
-    """A text with more distinct words outside the vocabulary than a list scan each is
-    meant for (names, ids, rare terms, some repeated) counts what the backend counts."""
+    """Texts of many words outside the vocabulary (names, ids, rare terms, repeated
+    within a text and across texts) count what the backend counts."""
     words = WordCounts.of(minilm._tok.backend_tokenizer)
     assert words is not None
     unknown = [f"zq{i}x{'k' * (i % 5)}" for i in range(40)]
