@@ -117,9 +117,7 @@ async def test_usage_without_prompt_tokens_details_bills_as_before(
     """0.34.0 leaves ``usage.prompt_tokens_details`` out when there is none (0.32 sent
     ``null``): the client gets the member as vLLM wrote it or not at all, and the record
     bills the same prompt with no cached tokens either way."""
-    fake, client = await fake_and_proxy(
-        aiohttp_server, aiohttp_client, minilm_path, version=version
-    )
+    _, client = await fake_and_proxy(aiohttp_server, aiohttp_client, minilm_path, version=version)
     resp = await client.post(path, json=body)
     assert resp.status == 200, await resp.text()
     usage = (await resp.json())["usage"]

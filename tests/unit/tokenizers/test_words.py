@@ -221,7 +221,8 @@ def test_the_copies_share_one_vocabulary(minilm: HFTokenizer) -> None:
     """A counting thread's copy reads the same public words as its original (one dict
     per loaded tokenizer, not one per thread)."""
     twin = minilm.copy()
-    assert twin._words is not None and minilm._words is not None
+    assert twin._words is not None
+    assert minilm._words is not None
     assert twin._words.public is minilm._words.public
 
 
