@@ -210,3 +210,26 @@ async def test_a_document_of_several_images_is_billed_as_reported(
     (record,) = journal_records(tmp_path / "journal.sqlite")
     assert record.prompt_tokens_billed == 7 + 64 * 2
     assert record.verdict == "unaudited"
+
+
+@pytest.mark.parametrize("version", ["0.32.0", "0.34.0"])
+async def test_continuous_usage_the_client_did_not_get_is_not_asked_for(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path, version: str
+) -> None:
+    """Regression: a stream with ``continuous_usage_stats`` but no ``include_usage`` gets
+    no usage from vLLM (it needs both); the proxy asked for ``include_usage`` to bill it
+    and so turned the client's continuous usage on: every chunk reached the client with a
+    usage it would not have had (from 0.34.0 the first with the cached split). The proxy
+    asks for the last usage alone now: the client's chunks are vLLM's, and it is billed."""
+    fake, client = await fake_and_proxy(
+        aiohttp_server, aiohttp_client, minilm_path, version=version
+    )
+    fake.prompt_tokens_details = True
+    options = {"continuous_usage_stats": True}
+    body = {"model": "minilm", "messages": [], "stream": True, "stream_options": options}
+    resp = await client.post("/v1/chat/completions", json=body)
+    text = await resp.text()
+    assert '"usage"' not in text
+    assert text.endswith("data: [DONE]\n\n")
+    (record,) = journal_records(tmp_path / "journal.sqlite")
+    assert (record.prompt_tokens_billed, record.completion_tokens_billed) == (5, 3)

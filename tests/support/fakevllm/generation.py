@@ -79,7 +79,10 @@ class GenerationAPI(FakeState):
         reply = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await reply.prepare(request)
         options = body.get("stream_options") or {}
-        continuous = lax.validate_python(options.get("continuous_usage_stats") or False)
+        # vLLM's should_include_usage: continuous usage stats only along with include_usage
+        continuous = lax.validate_python(options.get("include_usage") or False) and (
+            lax.validate_python(options.get("continuous_usage_stats") or False)
+        )
         if continuous:
             await reply.write(b"data: " + dumps(self._role_chunk(answer_id, details)) + b"\n\n")
         for i in range(self.chunks):
