@@ -329,13 +329,14 @@ def prepare(
     adapter_names_model: bool = True,
 ) -> Prepared:
     """Read one metered request; for a stream that did not ask for
-    ``stream_options.include_usage``, the body to send asks for it (the proxy then hides
-    that chunk from the client). A direct endpoint's request is read for its deciding
-    members only; ``/invocations`` is dispatched by its whole body. From 0.11.1 vLLM's
-    ``/invocations`` (``inject_adapter_id``) sets the body's ``model`` to the SageMaker
-    ``adapter`` header's value, None without the header (the default model), whatever the
-    body names (``adapter_names_model``); so does the proxy, or a tenant could record any
-    model name."""
+    ``stream_options.include_usage``, the body to send asks for it, and for no continuous
+    usage stats (the proxy then hides the usage chunk from the client). A direct
+    endpoint's request is read for its deciding members only; ``/invocations`` is
+    dispatched by its whole body. From 0.11.1 vLLM's ``/invocations``
+    (``inject_adapter_id``) sets the body's ``model`` to the SageMaker ``adapter`` header's
+    value, None without the header (the default model), whatever the body names
+    (``adapter_names_model``); so does the proxy, or a tenant could record any model
+    name."""
     direct = operation_of(path)
     payload = as_sent = top_members(body, HEADS.get(direct, _Head)) if direct else load_object(body)
     if payload is None:
@@ -371,6 +372,9 @@ def prepare(
         return replace(prepared, streamed=True)
     options = dict(options) if isinstance(options, dict) else {}
     options["include_usage"] = True
+    # vLLM sends continuous usage stats only with include_usage: asked for by the client
+    # alone, they gave it no usage, and the proxy's include_usage must not turn them on.
+    options.pop("continuous_usage_stats", None)
     whole = load_object(body) if direct else as_sent
     if whole is None:  # cannot happen: its members were read, so it is an object
         return prepared

@@ -116,7 +116,7 @@ def backend_lengths(tokenizer: Any, texts: list[str], *, add_special_tokens: boo
 class HFTokenizer:
     """Adapter from a transformers tokenizer to the accounting protocol."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, words: frozenset[str] | None = None) -> None:
         self._tok = tokenizer
         self.key = next(_keys)
         # The count cache keeps each tenant's entries apart (``for_tenant``): a tenant
@@ -130,8 +130,9 @@ class HFTokenizer:
         self.semantics = TRANSFORMERS_5  # which library behaviour the counts follow
         self._pair_specials = int(tokenizer.num_special_tokens_to_add(pair=True))
         # Count-only lengths where they are exact (BERT WordPiece, plain ASCII texts); this
-        # copy's own, as its backend is.
-        self._words = WordCounts.of(tokenizer.backend_tokenizer)
+        # copy's own, as its backend is, over the vocabulary's words (``words``: another
+        # copy's, shared).
+        self._words = WordCounts.of(tokenizer.backend_tokenizer, words)
 
     @property
     def pad_token_id(self) -> int | None:
@@ -256,7 +257,8 @@ class HFTokenizer:
         return view
 
     def copy(self) -> HFTokenizer:
-        twin = HFTokenizer(copy.deepcopy(self._tok))
+        public = None if self._words is None else self._words.public
+        twin = HFTokenizer(copy.deepcopy(self._tok), public)
         twin.key, twin.cache_key = self.key, self.cache_key
         twin.cache = self.cache
         twin.bound = self.bound

@@ -370,7 +370,7 @@ class RealtimeAPI(FakeState):
         await self._decode(ws, session, completion)
         usage = {
             **_usage(prompt, completion),
-            "prompt_tokens_details": None,
+            **self.prompt_details(),
             "completion_tokens_details": None,
         }
         text = "".join(f"t{i}" for i in range(completion))

@@ -88,6 +88,18 @@ class FakeState:
         return response
 
     @property
+    def series(self) -> tuple[int, int]:
+        major, minor = (int(x) for x in self.version.split(".")[:2])
+        return major, minor
+
+    def prompt_details(self, details: dict[str, Any] | None = None) -> dict[str, Any]:
+        """``usage.prompt_tokens_details`` as the release writes it: ``null`` when there is
+        none, left out from 0.34.0 on (its UsageInfo excludes the member when None)."""
+        if details is None and self.series >= (0, 34):
+            return {}
+        return {"prompt_tokens_details": details}
+
+    @property
     def fixed(self) -> bool:
         major, minor = (int(x) for x in self.version.split(".")[:2])
         return (major, minor) >= (0, 30)

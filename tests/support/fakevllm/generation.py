@@ -31,6 +31,12 @@ def beam_search_work(prompt: int, beams: int, steps: int) -> tuple[int, int]:
     return sum(n * (prompt + t) for t, n in enumerate(live)), sum(live)
 
 
+def _running_usage(generated: int) -> dict[str, int]:
+    """A streamed chat's usage with continuous usage stats, ``generated`` tokens in."""
+    total = CHAT_PROMPT + generated
+    return {"prompt_tokens": CHAT_PROMPT, "completion_tokens": generated, "total_tokens": total}
+
+
 class GenerationAPI(FakeState):
     """The generating endpoints; the engine's counters grow as vLLM's do."""
 
@@ -60,35 +66,65 @@ class GenerationAPI(FakeState):
             return self.answer(dumps({"id": answer_id, "choices": [], "usage": usage}))
         self.prompt_tokens_total += CHAT_PROMPT * n
         self.generation_tokens_total += CHAT_COMPLETION * n
+        details = self._chat_details(request.path.endswith("/batch"))
         usage = {
             "prompt_tokens": CHAT_PROMPT,
             "completion_tokens": CHAT_COMPLETION * n,
             "total_tokens": CHAT_PROMPT + CHAT_COMPLETION * n,
+            **self.prompt_details(details),
         }
-        if self.prompt_tokens_details:
-            usage["prompt_tokens_details"] = {
-                "cached_tokens": self.cached_tokens,
-                "created_cache_tokens": None,
-                "multimodal_tokens": None,
-            }
         if not streamed:
             await asyncio.sleep(self.answer_delay)
             return self.answer(dumps({"id": answer_id, "choices": [], "usage": usage}))
         reply = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await reply.prepare(request)
+        options = body.get("stream_options") or {}
+        # vLLM's should_include_usage: continuous usage stats only along with include_usage
+        continuous = lax.validate_python(options.get("include_usage") or False) and (
+            lax.validate_python(options.get("continuous_usage_stats") or False)
+        )
+        if continuous:
+            await reply.write(b"data: " + dumps(self._role_chunk(answer_id, details)) + b"\n\n")
         for i in range(self.chunks):
-            chunk = {"id": answer_id, "choices": [{"index": 0, "delta": {"content": f"t{i}"}}]}
+            chunk: dict[str, Any] = {
+                "id": answer_id,
+                "choices": [{"index": 0, "delta": {"content": f"t{i}"}}],
+            }
+            if continuous:  # the content chunks' usage has no prompt_tokens_details
+                chunk["usage"] = _running_usage(i + 1)
             await reply.write(b"data: " + dumps(chunk) + b"\n\n")
             if self.gate is not None:
                 await self.gate.wait()
             await asyncio.sleep(self.delay)
-        options = body.get("stream_options") or {}
         if lax.validate_python(options.get("include_usage") or False):
             chunk = {"id": answer_id, "choices": [], "usage": usage}
             await reply.write(b"data: " + dumps(chunk) + b"\n\n")
         await reply.write(b"data: [DONE]\n\n")
         await reply.write_eof()
         return reply
+
+    def _chat_details(self, batch: bool) -> dict[str, Any] | None:
+        """``prompt_tokens_details`` with --enable-prompt-tokens-details: the cached
+        prompt tokens. ``/v1/chat/completions/batch`` reports them from 0.34.0 on (summed
+        over its conversations: here the fake's one prompt); before, never."""
+        if not self.prompt_tokens_details or (batch and self.series < (0, 34)):
+            return None
+        return {
+            "cached_tokens": self.cached_tokens,
+            "created_cache_tokens": None,
+            "multimodal_tokens": None,
+        }
+
+    def _role_chunk(self, answer_id: str, details: dict[str, Any] | None) -> dict[str, Any]:
+        """A stream's first chunk (the role) with continuous usage stats: no tokens
+        generated yet; from 0.34.0 on it carries the prompt's cached split, as the last
+        usage does (before, its ``prompt_tokens_details`` was null)."""
+        delta = {"role": "assistant", "content": ""}
+        usage = _running_usage(0)
+        if self.series >= (0, 34):
+            usage |= self.prompt_details(details)
+        choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]
+        return {"id": answer_id, "choices": choices, "usage": usage}
 
     async def _generate(self, request: web.Request) -> tuple[dict[str, Any], bool]:
         """The request, whether it streams; the engine's counters grow as vLLM's do."""

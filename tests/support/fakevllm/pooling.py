@@ -37,7 +37,7 @@ class EmbeddingsAPI(FakeState):
                 "prompt_tokens": sum(lengths),
                 "total_tokens": sum(lengths),
                 "completion_tokens": 0,
-                "prompt_tokens_details": None,
+                **self.prompt_details(),
             },
         }
         return self.answer(dumps(answer))

@@ -238,7 +238,7 @@ class ScoringAPI(FakeState):
                 "prompt_tokens": reported,
                 "total_tokens": reported,
                 "completion_tokens": 0,
-                "prompt_tokens_details": None,
+                **self.prompt_details(),
                 "completion_tokens_details": None,
             },
         }

@@ -40,6 +40,20 @@ def test_request_rewrite_only_for_streams_without_usage() -> None:
     assert prepare("/v1/chat/completions", b"{oops").body == b"{oops"
 
 
+def test_continuous_usage_asked_alone_is_not_sent() -> None:
+    """Regression (issue #59): ``continuous_usage_stats`` without ``include_usage`` gives
+    the client no usage in vLLM; sent beside the proxy's ``include_usage`` it gave every
+    chunk one. The body sent asks for the last usage alone; a client that asked for both
+    is sent as it came."""
+    options = {"continuous_usage_stats": True}
+    body = json.dumps({"stream": True, "messages": [], "stream_options": options}).encode()
+    prepared = prepare("/v1/chat/completions", body)
+    assert json.loads(prepared.body)["stream_options"] == {"include_usage": True}
+    both = {"include_usage": True, "continuous_usage_stats": True}
+    asked = json.dumps({"stream": True, "stream_options": both}).encode()
+    assert prepare("/v1/completions", asked).body == asked
+
+
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
@@ -185,6 +199,7 @@ def _as_before(path: str, body: bytes) -> Prepared:
     if isinstance(options, dict) and lax_bool(options.get("include_usage")):
         return Prepared(body, operation, model, streamed=True)
     options = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+    options.pop("continuous_usage_stats", None)  # vLLM reads them only with include_usage
     sent = json.dumps({**payload, "stream_options": options}).encode()
     return Prepared(sent, operation, model, streamed=True, strip_usage=True)
 
@@ -193,7 +208,9 @@ _LAX = st.sampled_from([True, False, "true", "false", 1, 0, "yes", None, "maybe"
 _FIELD_VALUES = st.one_of(
     _LAX,
     st.text(max_size=4),
-    st.dictionaries(st.sampled_from(["include_usage", "x"]), _LAX, max_size=2),
+    st.dictionaries(
+        st.sampled_from(["include_usage", "continuous_usage_stats", "x"]), _LAX, max_size=3
+    ),
     st.lists(st.text(max_size=3), max_size=3),
 )
 _FIELDS = st.lists(

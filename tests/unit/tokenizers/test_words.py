@@ -1,6 +1,7 @@
 """The count-only path (proxy/tokenizers/words.py): where it counts, it counts what the
 tokenizer's backend counts, on MiniLM and on BERT variants built from its file; it steps
-aside for every other text and tokenizer, and its word cache stays bounded."""
+aside for every other text and tokenizer, and what it knows of words before a text is
+counted is the vocabulary's alone."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.tokenizers.hf import HFTokenizer, backend_lengths, load_tokenizer
-from proxy.tokenizers.words import HELD_WORD_CHARS, HELD_WORDS, WordCounts
+from proxy.tokenizers.words import WordCounts
 
 PLAIN = [
     "a",
@@ -24,7 +25,7 @@ PLAIN = [
     "THE",
     "Eiffel",
     "tower's",
-    "x" * 70,  # held by the model's count only (longer than HELD_WORD_CHARS)
+    "x" * 70,  # no vocabulary entry: counted by the model
     "y" * 101,  # past WordPiece's max_input_chars_per_word: one [UNK]
     "2026",
     "3.14",
@@ -188,15 +189,49 @@ def test_an_added_token_that_normalizing_may_change_turns_the_path_off(
     assert WordCounts.of(tok._tok.backend_tokenizer) is None
 
 
-def test_the_word_cache_stays_bounded(minilm: HFTokenizer) -> None:
-    """However many distinct words pass, a copy holds at most two generations of
-    HELD_WORDS words, none longer than HELD_WORD_CHARS, and counts stay exact."""
+def test_every_public_word_is_one_token(variants: dict[str, HFTokenizer]) -> None:
+    """The words the path knows before any text (the vocabulary's entries a word can be)
+    are each one token as the model counts them, on every variant: so taking them from
+    the vocabulary keeps the count exact."""
+    for name, tok in variants.items():
+        words = WordCounts.of(tok._tok.backend_tokenizer)
+        assert words is not None
+        model = tok._tok.backend_tokenizer.model
+        assert len(words.public) > 20_000, name
+        assert all(len(model.tokenize(word)) == 1 for word in words.public), name
+
+
+def test_what_a_text_holds_is_not_kept(minilm: HFTokenizer) -> None:
+    """Regression (issue #59): the words of a counted text were kept in a cache every
+    tenant's counts share, so a word anyone had sent was counted faster. Counting leaves
+    what the path knows as it was (the vocabulary's words), and the same text counts the
+    same, exactly, every time."""
     words = WordCounts.of(minilm._tok.backend_tokenizer)
     assert words is not None
-    texts = [" ".join(f"w{i}x{j}" for j in range(200)) for i in range(2 * HELD_WORDS // 150)]
-    texts.append("z" * (HELD_WORD_CHARS + 1))
-    counted = words.lengths(texts)
-    assert counted == backend_lengths(minilm._tok, texts, add_special_tokens=True)
-    held = {**words._young, **words._old}
-    assert len(held) <= 2 * HELD_WORDS
-    assert max(map(len, held)) <= HELD_WORD_CHARS
+    before = set(words.public)
+    texts = ["the zqxwv of merger-memo 77421 by kjhgf", "zqxwv zqxwv wordpiece"]
+    want = backend_lengths(minilm._tok, texts, add_special_tokens=True)
+    assert words.lengths(texts) == want
+    assert words.lengths(texts) == want
+    assert words.public == before
+    assert "zqxwv" not in words.public
+
+
+def test_the_copies_share_one_vocabulary(minilm: HFTokenizer) -> None:
+    """A counting thread's copy reads the same public words as its original (one dict
+    per loaded tokenizer, not one per thread)."""
+    twin = minilm.copy()
+    assert twin._words is not None
+    assert minilm._words is not None
+    assert twin._words.public is minilm._words.public
+
+
+def test_texts_of_many_unknown_words_count_exactly(minilm: HFTokenizer) -> None:
+    """Texts of many words outside the vocabulary (names, ids, rare terms, repeated
+    within a text and across texts) count what the backend counts."""
+    words = WordCounts.of(minilm._tok.backend_tokenizer)
+    assert words is not None
+    unknown = [f"zq{i}x{'k' * (i % 5)}" for i in range(40)]
+    texts = [" ".join(unknown[: n + 1] * 3 + ["the", "tower"]) for n in (0, 5, 9, 39)]
+    want = backend_lengths(minilm._tok, texts, add_special_tokens=True)
+    assert words.lengths(texts) == want

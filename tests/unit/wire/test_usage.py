@@ -309,7 +309,22 @@ def test_input_and_output_tokens_are_the_prompt_and_the_completion(
         ),
         # without the flag vLLM sends null details: nothing is inferred
         ({"prompt_tokens": 40, "completion_tokens": 8, "prompt_tokens_details": None}, None),
+        # 0.34.0 leaves the member out when there is none
         ({"prompt_tokens": 40, "completion_tokens": 8}, None),
+        # 0.34.0's batch chat: cache writes and multimodal tokens beside the cached ones
+        (
+            {
+                "prompt_tokens": 40,
+                "completion_tokens": 8,
+                "prompt_tokens_details": {
+                    "cached_tokens": 16,
+                    "created_cache_tokens": 8,
+                    "multimodal_tokens": {"image": 12},
+                },
+                "completion_tokens_details": {"reasoning_tokens": 5},
+            },
+            16,
+        ),
         # details with multimodal_tokens only: cached_tokens null
         ({"prompt_tokens": 40, "prompt_tokens_details": {"cached_tokens": None}}, None),
         # Responses (ResponseUsage: input_tokens_details.cached_tokens is always sent)
