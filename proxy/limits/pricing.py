@@ -63,9 +63,18 @@ def price_scoring(analysis: Analysis | None) -> Price:
 
 
 def price_metered(
-    operation: str, body: bytes, model: ServedModel | None, tokenizer: Tokenizer | None
+    operation: str,
+    body: bytes,
+    model: ServedModel | None,
+    tokenizer: Tokenizer | None,
+    *,
+    counted_prompt: int | None = None,
 ) -> Price:
-    """A metered request (runs in a tokenizer thread when ``tokenizer`` is given)."""
+    """A metered request (runs in a tokenizer thread when ``tokenizer`` is given).
+
+    ``counted_prompt``: the exact total prompt tokens of a text generation request's
+    prompts as vLLM renders them (its chat template applied), counted by the caller; it
+    replaces the byte bound, and the prompt part of the price is then exact."""
     try:
         payload = json.loads(body)
     except ValueError:
@@ -76,7 +85,7 @@ def price_metered(
     if operation in POOLING:
         return _pooling(payload, context, tokenizer)
     if operation in GENERATION:
-        return _generation(operation, payload, body, context)
+        return _generation(operation, payload, body, context, counted_prompt)
     if operation == "decisions":
         return _decisions(payload, body, context)
     return Price(UNPRICED, f"unpriced: {operation}")
@@ -118,12 +127,16 @@ def _pooling(payload: dict[str, Any], context: int, tokenizer: Tokenizer | None)
     )
 
 
-def _generation(operation: str, payload: dict[str, Any], body: bytes, context: int) -> Price:
+def _generation(
+    operation: str, payload: dict[str, Any], body: bytes, context: int, counted: int | None
+) -> Price:
     prompts = _prompt_ids(payload)
     texts = _text_prompts(payload)
     count = len(prompts) if prompts else texts
     if prompts is not None:
         prompt, exact = sum(min(len(p), context) for p in prompts), True
+    elif counted is not None:
+        prompt, exact = counted, True
     elif any(m in body for m in MEDIA) or payload.get("previous_response_id") is not None:
         # media, or a stored conversation re-read (Responses): each prompt up to the context
         prompt, exact = context * count, False

@@ -128,3 +128,12 @@ def test_what_vllm_reads_loosely_is_priced_as_vllm_runs_it(
         assert price.cost.completion == cost.completion
     else:
         assert price.cost == cost
+
+
+def test_a_counted_prompt_replaces_the_byte_bound() -> None:
+    """A text generation prompt counted by the caller as vLLM renders it is the prompt
+    part of the price, exact (the byte bound is not used)."""
+    chat = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 8}
+    price = price_metered("chat", body(chat), MODEL, None, counted_prompt=7)
+    assert (price.cost.prompt, price.exact) == (7, True)
+    assert price_metered("chat", body(chat), MODEL, None).cost.prompt == len(body(chat))
