@@ -41,26 +41,29 @@ def test_embeddings_without_a_tokenizer_are_bounded() -> None:
     [
         ({"prompt": [1, 2, 3], "max_tokens": 10}, Cost(3, 10)),
         ({"prompt": [[1, 2], [3, 4, 5]], "max_tokens": 10}, Cost(5, 20)),
-        ({"prompt": [1, 2, 3]}, Cost(3, 253)),
+        ({"prompt": [1, 2, 3]}, Cost(3, 16)),
+        ({"prompt": [1, 2, 3], "max_tokens": None}, Cost(3, 253)),
         ({"prompt": [1, 2, 3], "max_tokens": 10, "n": 2}, Cost(3, 20)),
         ({"prompt": [1, 2, 3], "max_tokens": 1000}, Cost(3, 253)),
     ],
 )
 def test_completions_with_token_ids(payload: dict[str, Any], cost: Cost) -> None:
-    """Token-id prompts are exact; the completion is max_tokens times n per prompt, or
-    what the context leaves."""
+    """Token-id prompts are exact; the completion is max_tokens (16 when absent, as
+    CompletionRequest's default; null: what the context leaves) times n per prompt, at
+    most what the context leaves."""
     assert price_metered("completions", body(payload), MODEL, None).cost == cost
 
 
 def test_chat_is_bounded_by_its_bytes_and_the_context() -> None:
-    """A text prompt: at most one token per byte of the body; with images, the context
-    minus the completion cap."""
+    """A text prompt: at most one token per byte of the body; with images, the whole
+    context (vLLM 0.32 clamps the cap to what the prompt leaves: the prompt is not bounded
+    by the context less the cap)."""
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 8}
     raw = body(chat)
     assert price_metered("chat", raw, MODEL, None).cost == Cost(len(raw), 8)
     image = {"type": "image_url", "image_url": {"url": "http://x/y.png"}}
     chat["messages"] = [{"role": "user", "content": [image]}]
-    assert price_metered("chat", body(chat), MODEL, None).cost == Cost(256 - 8, 8)
+    assert price_metered("chat", body(chat), MODEL, None).cost == Cost(256, 8)
 
 
 def test_unknown_model_or_body_is_unpriced() -> None:
@@ -111,7 +114,7 @@ def test_an_openai_decision_is_bounded_per_question_of_its_list() -> None:
         (
             "responses",
             {"input": "x", "previous_response_id": "resp_1", "max_output_tokens": 6},
-            Cost(250, 6),
+            Cost(256, 6),
         ),
     ],
 )
