@@ -4,16 +4,25 @@ bound, never below what the engine can bill."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from transformers import AutoTokenizer
 
+from proxy.accounting.fieldkinds import Reads
+from proxy.accounting.fields import FIELDS
 from proxy.accounting.types import ServedModel
 from proxy.limits.limiter import Cost
 from proxy.limits.pricing import price_metered, price_scoring
 from proxy.tokenizers.hf import HFTokenizer
+from tests.support.fakevllm import FakeVLLM
+from tests.support.fakevllm.engine import EngineError
 
 MODEL = ServedModel("minilm", "minilm", 256, None, None)
+CAP_READS = (Reads.CAP, Reads.CAP_FALLBACK)
 
 
 def body(payload: dict[str, Any]) -> bytes:
@@ -140,3 +149,81 @@ def test_a_counted_prompt_replaces_the_byte_bound() -> None:
     price = price_metered("chat", body(chat), MODEL, None, counted_prompt=7)
     assert (price.cost.prompt, price.exact) == (7, True)
     assert price_metered("chat", body(chat), MODEL, None).cost.prompt == len(body(chat))
+
+
+# Every field any route reads as a cap, and each route's own multipliers, from the table:
+# a route is sent the caps of the others too (vLLM ignores a field its model lacks).
+CAP_FIELDS = sorted(
+    {f.name for fields in FIELDS.values() for f in fields.values() if f.reads in CAP_READS}
+)
+ROUTES = {
+    "/v1/chat/completions": "chat",
+    "/v1/chat/completions/batch": "chat",
+    "/v1/completions": "completions",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+    "/inference/v1/generate": "generate",
+    "/v2/embed": "embeddings",
+    "/v1/embeddings": "embeddings",
+    "/generative_scoring": "generative_scoring",
+}
+WORDS = st.lists(st.sampled_from(["hi", "there", "token", "x" * 30, "ünïcode"]), max_size=30)
+
+
+@pytest.fixture(scope="module")
+def engine(minilm_path: Path) -> FakeVLLM:
+    """The fake vLLM at its worst, its engine read without a server (``engine_work``)."""
+    tokenizer = AutoTokenizer.from_pretrained(str(minilm_path))
+    return FakeVLLM(tokenizer, minilm_path, version="0.32.0", to_cap=True)
+
+
+@st.composite
+def requests(draw: st.DrawFn, path: str) -> dict[str, Any]:
+    """A body for ``path``: its prompt or lists, and a random choice of cap and multiplier
+    fields (absent, null, or a count)."""
+    text = " ".join(draw(WORDS))
+    talk = [{"role": "user", "content": text}]
+    many = draw(st.integers(1, 4))
+    bodies: dict[str, dict[str, Any]] = {
+        "/v1/chat/completions": {"messages": talk},
+        "/v1/chat/completions/batch": {"messages": [talk] * many},
+        "/v1/completions": {"prompt": draw(st.sampled_from([text, [text] * many, [5] * many]))},
+        "/v1/responses": {"input": text},
+        "/v1/messages": {"messages": talk},
+        "/inference/v1/generate": {"token_ids": [7] * many, "sampling_params": {}},
+        "/v2/embed": {"texts": [text] * many},
+        "/v1/embeddings": {"messages": [talk] * many},
+        "/generative_scoring": {"query": text, "items": [text] * many, "label_token_ids": [1]},
+    }
+    payload = bodies[path]
+    operation = ROUTES[path]
+    multipliers = [f.name for f in FIELDS[operation].values() if f.reads is Reads.CHOICES]
+    for name in draw(st.lists(st.sampled_from([*CAP_FIELDS, *multipliers]), unique=True)):
+        low = 1 if name in multipliers else 0
+        payload[name] = draw(st.none() | st.integers(low, 300))
+    if path == "/inference/v1/generate":
+        for name in draw(st.lists(st.sampled_from(["max_tokens", "n"]), unique=True)):
+            payload["sampling_params"][name] = draw(st.integers(1, 300))
+    return payload
+
+
+@pytest.mark.parametrize("path", sorted(ROUTES))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_no_reservation_is_below_the_engines_work(
+    engine: FakeVLLM, minilm: HFTokenizer, path: str, data: st.DataObject
+) -> None:
+    """For every route, random combinations of its caps and multipliers (and the other
+    routes' caps) never reserve less prompt, nor less completion, than the worst engine
+    run vLLM 0.32.0 makes of the body reports (the prompt once per engine request, every
+    output); a body vLLM refuses (400) makes no work."""
+    payload = data.draw(requests(path))
+    served = ServedModel("minilm", "minilm", engine.max_model_len, None, None)
+    price = price_metered(ROUTES[path], body(payload), served, minilm)
+    try:
+        work = engine.engine_work(path, payload)
+    except EngineError:
+        return
+    assert price.refusal is None
+    assert price.cost.prompt >= sum(w.prompt for w in work)
+    assert price.cost.completion >= sum(w.generated * w.outputs for w in work)
