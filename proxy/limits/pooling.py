@@ -94,4 +94,4 @@ def _bounded(items: list[Any], context: int, tokenizer: Tokenizer | None) -> tup
     if tokenizer is not None:
         return lengths(items, context, tokenizer)
     out = [len(x) if is_ids(x) else len(str(x).encode()) + 2 for x in items]
-    return out, False
+    return out, all(is_ids(x) for x in items)

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from tests.app.test_limits import ACME, limited_proxy
 from tests.support.fakevllm import FakeVLLM
+from tests.support.proxies import fake_and_proxy
 
 LONG = " ".join(f"word{i}" for i in range(40))
 
@@ -48,17 +49,18 @@ async def burst(
 ) -> tuple[FakeVLLM, list[tuple[int, str]]]:
     """``times`` concurrent requests of one tenant under ``limits``: the fake and the
     answers the client saw (status, body)."""
-    policies = {"tenants": {"acme": limits}}
-    fake, client = await limited_proxy(
+    policies = tmp_path / "limits.yaml"
+    policies.write_text(yaml.safe_dump({"tenants": {"acme": limits}}))
+    fake, client = await fake_and_proxy(
         aiohttp_server,
         aiohttp_client,
         minilm_path,
-        tmp_path,
-        policies,
+        tenant_header="X-Tenant-Id",
+        limits=str(policies),
         version="0.32.0",
         fake_class=at_the_cap(context, media_tokens),
     )
-    headers = {**ACME, "Content-Type": "application/json"}
+    headers = {"X-Tenant-Id": "acme", "Content-Type": "application/json"}
 
     async def one() -> tuple[int, str]:
         resp = await client.post(path, data=body, headers=headers)
