@@ -87,26 +87,10 @@ class EngineAPI(FakeState):
 
     def read_generation(self, path: str, body: dict[str, Any]) -> tuple[list[int], int | None, int]:
         """(each engine request's prompt, the cap, outputs per prompt) of a generating route."""
-        if path in ("/v1/chat/completions", "/v1/chat/completions/batch"):
-            cap = body.get("max_completion_tokens")
-            cap = cap if cap is not None else body.get("max_tokens")
-            talks = body["messages"] if path.endswith("/batch") else [body["messages"]]
-            return [self.prompt_of(t) for t in talks], cap, int(body.get("n") or 1)
-        if path == "/v1/completions":
-            cap = body.get("max_tokens", 16)
-            prompt = body["prompt"]
-            batch = prompt if isinstance(prompt, list) and not _ids(prompt) else [prompt]
-            return [self.count(p) for p in batch], cap, int(body.get("n") or 1)
-        if path == "/v1/responses":
-            items = body["input"] if isinstance(body["input"], list) else [body["input"]]
-            return [self.prompt_of(items)], body.get("max_output_tokens"), 1
-        if path == "/v1/messages":
-            if body.get("max_tokens") is None:
-                raise EngineError("max_tokens: Field required")
-            talk = [{"content": body.get("system") or ""}, *body["messages"]]
-            return [self.prompt_of(talk)], body["max_tokens"], 1
-        params = body.get("sampling_params") or {}
-        return [len(body["token_ids"])], params.get("max_tokens"), int(params.get("n") or 1)
+        prompts, cap, outputs = read_generation(path, body)
+        if path in ("/v1/completions", "/inference/v1/generate"):
+            return [self.count(p) for p in prompts], cap, outputs
+        return [self.prompt_of(p) for p in prompts], cap, outputs
 
     def prompt_of(self, conversation: Any) -> int:
         """A rendered conversation's tokens: its texts, and ``media_tokens`` per media part;
@@ -136,6 +120,29 @@ class EngineAPI(FakeState):
         if _ids(prompt):
             return len(prompt)
         return len(self.tokenizer(str(prompt), add_special_tokens=special)["input_ids"])
+
+
+def read_generation(path: str, body: dict[str, Any]) -> tuple[list[Any], int | None, int]:
+    """(each engine request's prompt: a conversation, a text or token ids; the cap; outputs
+    per prompt) of a generating route, as vLLM 0.32.0 reads them."""
+    if path in ("/v1/chat/completions", "/v1/chat/completions/batch"):
+        cap = body.get("max_completion_tokens")
+        cap = cap if cap is not None else body.get("max_tokens")
+        talks = body["messages"] if path.endswith("/batch") else [body["messages"]]
+        return list(talks), cap, int(body.get("n") or 1)
+    if path == "/v1/completions":
+        prompt = body["prompt"]
+        batch = prompt if isinstance(prompt, list) and not _ids(prompt) else [prompt]
+        return list(batch), body.get("max_tokens", 16), int(body.get("n") or 1)
+    if path == "/v1/responses":
+        items = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        return [items], body.get("max_output_tokens"), 1
+    if path == "/v1/messages":
+        if body.get("max_tokens") is None:
+            raise EngineError("max_tokens: Field required")
+        return [[{"content": body.get("system") or ""}, *body["messages"]]], body["max_tokens"], 1
+    params = body.get("sampling_params") or {}
+    return [body["token_ids"]], params.get("max_tokens"), int(params.get("n") or 1)
 
 
 def _ids(value: Any) -> bool:
