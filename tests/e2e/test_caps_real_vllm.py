@@ -69,7 +69,10 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
         processes.append(server)
         server.wait_ready("/health", STARTUP_BUDGET_S)
         proxy = start_proxy(
-            server.url, logs, "--limits", str(limits), "--tenant-header", "X-Tenant-Id"
+            server.url,
+            logs,
+            *("--limits", str(limits), "--tenant-header", "X-Tenant-Id"),
+            *("--journal", str(logs / "journal.sqlite")),  # its own: no budget restored
         )
         processes.append(proxy)
         proxy.wait_ready("/readyz", 60)
