@@ -1,6 +1,7 @@
-"""The vocabulary of the field table (``fields``): a field's effects, the ``Kind`` of
-reason fields share (called with their names to classify them), and every named kind,
-each with its one line read from vLLM's code."""
+"""The vocabulary of the field table (``fields``): a field's effects, what admission's
+price reads of it (``Reads``), the ``Kind`` of reason fields share (called with their
+names to classify them), and every named kind, each with its one line read from vLLM's
+code."""
 
 from __future__ import annotations
 
@@ -18,15 +19,30 @@ class Effect(enum.StrEnum):
     # cache_salt, client-chosen ids (owned by the tenant)
 
 
+class Reads(enum.StrEnum):
+    """What the price before forwarding (``proxy.limits.pricing``) reads of a field."""
+
+    CAP = "cap"  # the completion cap the route's request model reads
+    CAP_FALLBACK = "cap fallback"  # the cap read when the CAP field is absent or null
+    CHOICES = "choices"  # outputs per prompt (the largest such field counts)
+    SAMPLING = "sampling"  # a nested SamplingParams: its max_tokens is the cap, its n choices
+    EACH = "each"  # a list: one engine request per member
+    PROMPTS = "prompts"  # a prompt (text or token ids), or a list of them: one request each
+    CONVERSATIONS = "conversations"  # one conversation, or a list of them (one request each)
+
+
 @dataclass(frozen=True, slots=True)
 class Field:
     name: str
     effects: frozenset[Effect]
     why: str  # one line, from vLLM's code
     feature: str | None = None  # for MULTIPLIES: the --allow-unmetered name
+    reads: Reads | None = None  # what admission's price reads of it
+    default: int | None = None  # for a cap: vLLM's value when the field is absent
 
 
 B, X, E, S = Effect.BILLED, Effect.MULTIPLIES, Effect.ECHOED, Effect.STATE
+R = Reads
 Group = tuple["Kind", tuple[str, ...]]
 
 
@@ -37,13 +53,22 @@ class Kind:
     effects: frozenset[Effect]
     why: str
     feature: str | None = None
+    reads: Reads | None = None
+    default: int | None = None
 
     def __call__(self, *names: str) -> Group:
         return self, names
 
 
-def kind(effects: set[Effect], why: str, feature: str | None = None) -> Kind:
-    return Kind(frozenset(effects), why, feature)
+def kind(
+    effects: set[Effect],
+    why: str,
+    feature: str | None = None,
+    *,
+    reads: Reads | None = None,
+    default: int | None = None,
+) -> Kind:
+    return Kind(frozenset(effects), why, feature, reads, default)
 
 
 def table(operation: str, *groups: Group) -> Mapping[str, Field]:
@@ -54,7 +79,7 @@ def table(operation: str, *groups: Group) -> Mapping[str, Field]:
         for name in names:
             if name in fields:
                 raise ValueError(f"{operation}.{name} is classified twice")
-            fields[name] = Field(name, kind.effects, kind.why, feature)
+            fields[name] = Field(name, kind.effects, kind.why, feature, kind.reads, kind.default)
     return MappingProxyType(fields)
 
 
@@ -115,6 +140,7 @@ PARALLEL = kind(
     {B},
     "n outputs of one prompt: usage counts the prompt once (as OpenAI) and all n outputs; "
     "the engine's vllm:prompt_tokens_total grows n x prompt",
+    reads=R.CHOICES,
 )
 BEAM_ONLY = kind({B}, "read only by to_beam_search_params (use_beam_search gates the work)")
 BEAM = kind(
@@ -128,6 +154,7 @@ BEST_OF = kind(
     "the V0 engine (0.8.5 on CPU; VLLM_USE_V1=0 to 0.10.2) makes best_of sequences, returns "
     "n, usage counts the n (V1 refuses best_of > 1)",
     "best_of",
+    reads=R.CHOICES,
 )
 PROMPT_BACK = kind(
     {E},
@@ -194,7 +221,9 @@ JOINT_READS = kind(
 GEN_SAMPLING = kind(
     {B},
     "vLLM SamplingParams of one engine request (no beam search; V1 refuses best_of > 1); "
-    "usage counts the prompt once and every output of n",
+    "usage counts the prompt once and every output of n; max_tokens absent: what the "
+    "context leaves (serving.py get_max_tokens)",
+    reads=R.SAMPLING,
 )
 STORED_ECHO = kind(
     {E, S},
@@ -209,6 +238,49 @@ DOCUMENTS_ECHO = kind(
 GENERATIVE = kind(
     {B},
     "query and items scored by label-token logprobs; the usage sums the engine requests",
+)
+GENERATIVE_ITEMS = kind(
+    {B},
+    "one engine request per item: the query and the item, cut to the context less one, "
+    "and one generated token (max_tokens=1); the usage sums them",
+    reads=R.EACH,
+)
+COMPLETION_CAP = kind(
+    {B},
+    "the completion's cap as this route's request model reads it: get_max_tokens clamps "
+    "it to what the context leaves after the prompt (0.32); absent, what the context leaves",
+    reads=R.CAP,
+)
+COMPLETION_CAP_16 = kind(
+    {B},
+    "the completion's cap (CompletionRequest.max_tokens = 16 when absent; null: what the "
+    "context leaves), clamped by get_max_tokens to what the context leaves",
+    reads=R.CAP,
+    default=16,
+)
+COMPLETION_CAP_FALLBACK = kind(
+    {B},
+    "the completion's cap when max_completion_tokens is absent or null (deprecated alias, "
+    "read second by get_max_tokens' caller)",
+    reads=R.CAP_FALLBACK,
+)
+CONVERSATIONS = kind(
+    {B},
+    "rendered into the prompt by the chat template; a list of conversations (the batch "
+    "request models) is one engine request per conversation",
+    reads=R.CONVERSATIONS,
+)
+PROMPTS = kind(
+    {B},
+    "the prompt the engine reads: text or token ids, or a list of them (one engine request "
+    "each); its tokens are usage.prompt_tokens",
+    reads=R.PROMPTS,
+)
+PROMPTS_EACH = kind(
+    {B},
+    "a list of inputs (Cohere /v2/embed texts, images, inputs): one engine request each, "
+    "its tokens in the usage",
+    reads=R.EACH,
 )
 
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from proxy.accounting.fieldkinds import (
     CHAT_PROMPT,
+    COMPLETION_CAP,
     CONSTRAINTS,
     DECISION_INPUTS,
     GEN_SAMPLING,
     GENERATIVE,
+    GENERATIVE_ITEMS,
     HISTORY,
     JOINT_READS,
     MM_FEATURES,
@@ -19,6 +21,7 @@ from proxy.accounting.fieldkinds import (
     PROMPT,
     PROMPT_BACK,
     PROMPT_SHAPING,
+    PROMPTS,
     REQUEST_ID,
     RESPONSE_ECHO,
     RESPONSE_ID,
@@ -36,6 +39,7 @@ from proxy.accounting.fieldkinds import (
 RESPONSES = table(
     "responses",
     CHAT_PROMPT("previous_input_messages"),
+    COMPLETION_CAP("max_output_tokens"),
     CONSTRAINTS("structured_outputs"),
     HISTORY("enable_response_messages"),
     MODEL("model"),
@@ -67,7 +71,6 @@ RESPONSES = table(
         "include_reasoning",
         "include_stop_str_in_output",
         "logit_bias",
-        "max_output_tokens",
         "min_p",
         "presence_penalty",
         "repetition_penalty",
@@ -119,7 +122,8 @@ GENERATE = table(
         "token_offsets",
     ),
     PRIORITY("priority"),
-    PROMPT("content_parts", "token_ids"),
+    PROMPT("content_parts"),
+    PROMPTS("token_ids"),
     PROMPT_BACK("return_token_ids"),
     REQUEST_ID("request_id"),
     SALT("cache_salt"),
@@ -129,7 +133,8 @@ GENERATE = table(
 
 GENERATIVE_SCORING = table(
     "generative_scoring",
-    GENERATIVE("apply_softmax", "item_first", "items", "label_token_ids", "query"),
+    GENERATIVE("apply_softmax", "item_first", "label_token_ids", "query"),
+    GENERATIVE_ITEMS("items"),
     MODEL("model"),
     PRIORITY("priority"),
     PROMPT_SHAPING("add_special_tokens"),

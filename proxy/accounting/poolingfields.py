@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from proxy.accounting.fieldkinds import (
     CHAT_PROMPT,
+    CONVERSATIONS,
     DOCUMENTS_ECHO,
     MODEL,
     POOLING_OUTPUT,
     PRIORITY,
     PROMPT,
     PROMPT_SHAPING,
+    PROMPTS_EACH,
     REQUEST_ID,
     SALT,
     SCORE_SHAPE,
@@ -62,7 +64,8 @@ RERANK = table(
 
 EMBEDDINGS = table(
     "embeddings",
-    CHAT_PROMPT("add_generation_prompt", "chat_template", "continue_final_message", "messages"),
+    CHAT_PROMPT("add_generation_prompt", "chat_template", "continue_final_message"),
+    CONVERSATIONS("messages"),
     MODEL("model"),
     POOLING_OUTPUT(
         "dimensions",
@@ -77,7 +80,8 @@ EMBEDDINGS = table(
         "use_activation",
     ),
     PRIORITY("priority"),
-    PROMPT("images", "input", "input_type", "inputs", "texts"),
+    PROMPT("input", "input_type"),
+    PROMPTS_EACH("images", "inputs", "texts"),
     PROMPT_SHAPING(
         "add_special_tokens",
         "chat_template_kwargs",

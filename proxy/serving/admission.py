@@ -134,7 +134,10 @@ class Admission:
             )
 
         job = self._pool.lane(len(prepared.body)).submit_for(tenant, price)
-        return await self.admit(exchange, model, await asyncio.wrap_future(job))
+        priced = await asyncio.wrap_future(job)
+        if priced.refusal is not None:
+            return self._unreadable(Who(tenant, model, exchange.who.key_hash), priced.refusal)
+        return await self.admit(exchange, model, priced)
 
     async def _count_prompt(self, exchange: Exchange, prepared: Prepared) -> int | None:
         """A chat-like prompt's tokens as the upstream's /tokenize counts them, or None."""
@@ -274,6 +277,19 @@ class Admission:
         )
         refusal = error_response(
             400, f"This request cannot be admitted under the {budget} budget: {priced.why}."
+        )
+        refusal.headers["x-should-retry"] = "false"
+        return refusal
+
+    def _unreadable(self, who: Who, why: str) -> web.Response:
+        """A request the pricing cannot read, under a limit that needs its price: it can
+        never be admitted (admitting it for a token would let its engine work go unbudgeted)."""
+        self._metrics.limited.labels("unpriced", *self._metrics.tenant(who.tenant)).inc()
+        log.info("unpriced_refused", tenant=who.tenant, model=who.model, why=why)
+        refusal = error_response(
+            400,
+            f"This request cannot be admitted under this tenant's token or cost limits: {why}, "
+            "so its cost is not known before it runs; send it in a shape the proxy prices.",
         )
         refusal.headers["x-should-retry"] = "false"
         return refusal

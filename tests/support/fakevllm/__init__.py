@@ -9,24 +9,39 @@ bodies. Each API family lives in its own module; this one assembles the routes.
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
 from tests.support.fakevllm.audio import AudioAPI, RealtimeAPI
 from tests.support.fakevllm.base import VLLM_KEEP_ALIVE, FakeState, dumps, error
 from tests.support.fakevllm.discovery import DiscoveryAPI
+from tests.support.fakevllm.engine import EngineAPI
 from tests.support.fakevllm.generation import GenerationAPI
 from tests.support.fakevllm.pooling import EmbeddingsAPI
 from tests.support.fakevllm.scoring import RECEIVED, RERANK_PATHS, SCORE_PATHS, ScoringAPI
 from tests.support.fakevllm.tokenization import TokenizationAPI
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 __all__ = ["VLLM_KEEP_ALIVE", "FakeState", "FakeVLLM", "dumps", "error"]
+
+
+# The routes that answer at the engine's worst when ``to_cap`` is set (``engine``).
+AT_THE_CAP = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/chat/completions/batch",
+    "/v1/messages",
+    "/v1/responses",
+    "/v1/embeddings",
+)
 
 
 class FakeVLLM(
     ScoringAPI,
     EmbeddingsAPI,
     GenerationAPI,
+    EngineAPI,
     TokenizationAPI,
     AudioAPI,
     RealtimeAPI,
@@ -54,6 +69,10 @@ class FakeVLLM(
         posted["/v1/audio/transcriptions"] = self.handle_transcriptions
         posted["/v1/audio/translations"] = self.handle_translations
         posted["/tokenize"] = self.handle_tokenize
+        for path in AT_THE_CAP:
+            posted[path] = self._at_the_cap(posted[path])
+        for path in ("/v2/embed", "/generative_scoring", "/inference/v1/generate"):
+            posted[path] = self.handle_engine
         for path, handler in posted.items():
             app.router.add_post(path, handler)
         app.router.add_get("/v1/responses/{response_id}", self.handle_stored_response)
@@ -72,6 +91,12 @@ class FakeVLLM(
 
         app.router.add_route("*", "/{tail:.*}", decoded)
         return app
+
+    def _at_the_cap(self, handler: Handler) -> Handler:
+        async def route(request: web.Request) -> web.StreamResponse:
+            return await (self.handle_engine if self.to_cap else handler)(request)
+
+        return route
 
     async def handle_invocations(self, request: web.Request) -> web.StreamResponse:
         """SageMaker dispatch for an embedding model: embeddings, then rerank, then score.

@@ -68,6 +68,11 @@ class FakeState:
     prompt_tokens_details: bool = False
     cached_tokens: int = 4
     cached_prompts: set[tuple[Any, str]] = field(default_factory=set)
+    # The engine at its worst (``engine.EngineAPI``): generation and pooling routes read
+    # as vLLM 0.32.0 reads them, each engine request generating to its cap; a media part
+    # costs media_tokens
+    to_cap: bool = False
+    media_tokens: int = 200
 
     @property
     def names(self) -> tuple[str, ...]:

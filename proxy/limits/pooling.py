@@ -1,0 +1,97 @@
+"""Prices of the routes whose engine requests each read an input and make at most one
+token: pooling (embeddings, Cohere's /v2/embed, classify, pooling) and generative scoring.
+Each input is one engine request, counted with the model's tokenizer where the proxy can,
+else bounded (docs/metering.md, "Prices before forwarding")."""
+
+from __future__ import annotations
+
+from typing import Any, TypeGuard
+
+from proxy.accounting.types import Tokenizer
+from proxy.limits.limiter import Cost
+from proxy.limits.reading import conversations, each, media
+
+
+def is_ids(value: Any) -> TypeGuard[list[int]]:
+    """A token-id prompt: a non-empty list of ints."""
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    )
+
+
+def truncation(value: Any, context: int) -> int:
+    """vLLM's ``truncate_prompt_tokens``: k keeps the last k tokens, -1 the context."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return min(value, context)
+    return context
+
+
+def lengths(items: list[Any], context: int, tokenizer: Tokenizer | None) -> tuple[list[int], bool]:
+    """Each input's tokens, at most the context: a text counted by ``tokenizer`` (special
+    tokens added), token ids by their length, anything else (media, a part list) at the
+    whole context. Whether every one was counted."""
+    texts = [x for x in items if isinstance(x, str)]
+    counted = iter(tokenizer.lengths(texts, max_length=None) if tokenizer and texts else [])
+    out, exact = [], True
+    for item in items:
+        if isinstance(item, str) and tokenizer is not None:
+            out.append(min(next(counted), context))
+        elif is_ids(item):
+            out.append(min(len(item), context))
+        else:
+            out.append(context)
+            exact = False
+    return out, exact
+
+
+def pooling_cost(
+    operation: str, payload: dict[str, Any], context: int, tokenizer: Tokenizer | None
+) -> tuple[Cost, bool] | None:
+    """A pooling request's prompt tokens and whether they are exact; None when the proxy
+    cannot read its inputs (a plugin's ``data``, no input at all)."""
+    cap = truncation(payload.get("truncate_prompt_tokens"), context)
+    talks = conversations(operation, payload)
+    lists = each(operation, payload)
+    inputs = payload.get("input")
+    if talks is None and "messages" in payload:  # classify, pooling: one conversation
+        talks = [payload["messages"]]
+    if talks is not None:  # each conversation rendered: up to the context
+        return Cost(len(talks) * min(cap, context)), False
+    if lists:  # /v2/embed: texts counted, images and input parts at the context
+        total, exact = 0, True
+        for name, items in lists.items():
+            texts = items if name == "texts" else [None] * len(items)
+            counted, whole = lengths(texts, context, tokenizer)
+            total, exact = total + sum(min(n, cap) for n in counted), exact and whole
+        return Cost(total), exact
+    if inputs is None:
+        return None
+    items = inputs if isinstance(inputs, list) and not is_ids(inputs) else [inputs]
+    counted, exact = lengths(items, context, tokenizer)
+    exact = exact and not media(items)
+    return Cost(sum(min(n, cap) for n in counted)), exact
+
+
+def generative_scoring_cost(
+    payload: dict[str, Any], context: int, tokenizer: Tokenizer | None
+) -> tuple[Cost, bool] | None:
+    """``/generative_scoring`` (0.20+): one engine request per item, its prompt the query
+    and the item cut to the context less one, one generated token (``max_tokens=1``).
+    Texts counted with special tokens (vLLM adds none to an item: at most their count
+    over), or bounded by their UTF-8 bytes when no tokenizer is at hand."""
+    items, query = payload.get("items"), payload.get("query")
+    if not isinstance(items, list) or not items or not (isinstance(query, str) or is_ids(query)):
+        return None
+    counted, exact = _bounded([query, *items], context, tokenizer)
+    first, rest = counted[0], counted[1:]
+    prompt = sum(min(first + n, context - 1) for n in rest)
+    return Cost(prompt, len(items)), exact
+
+
+def _bounded(items: list[Any], context: int, tokenizer: Tokenizer | None) -> tuple[list[int], bool]:
+    if tokenizer is not None:
+        return lengths(items, context, tokenizer)
+    out = [len(x) if is_ids(x) else len(str(x).encode()) + 2 for x in items]
+    return out, all(is_ids(x) for x in items)

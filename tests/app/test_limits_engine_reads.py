@@ -1,0 +1,230 @@
+"""Issue #58: a request is priced as vLLM reads it, so no budget goes into debt. The
+whole proxy in front of the fake vLLM at its worst (``to_cap``: every engine request
+generates to the cap vLLM 0.32.0 gives it, read from vLLM's source), real MiniLM: a burst
+of a tenant's requests never makes the engine do more than the tenant's budget."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.fakevllm import FakeVLLM
+from tests.support.proxies import fake_and_proxy
+
+LONG = " ".join(f"word{i}" for i in range(40))
+
+
+def at_the_cap(context: int, media_tokens: int = 200) -> Any:
+    """A fake vLLM 0.32.0 whose engine works to every cap, with a ``context`` window."""
+
+    def build(tokenizer: Any, root: Path, **options: Any) -> FakeVLLM:
+        return FakeVLLM(
+            tokenizer,
+            root,
+            **options,
+            max_model_len=context,
+            to_cap=True,
+            media_tokens=media_tokens,
+        )
+
+    return build
+
+
+async def burst(
+    aiohttp_server: Any,
+    aiohttp_client: Any,
+    minilm_path: Path,
+    tmp_path: Path,
+    limits: dict[str, int],
+    path: str,
+    body: bytes,
+    times: int,
+    context: int = 1024,
+    media_tokens: int = 200,
+) -> tuple[FakeVLLM, list[tuple[int, str]]]:
+    """``times`` concurrent requests of one tenant under ``limits``: the fake and the
+    answers the client saw (status, body)."""
+    policies = tmp_path / "limits.yaml"
+    policies.write_text(yaml.safe_dump({"tenants": {"acme": limits}}))
+    fake, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tenant_header="X-Tenant-Id",
+        limits=str(policies),
+        version="0.32.0",
+        fake_class=at_the_cap(context, media_tokens),
+    )
+    headers = {"X-Tenant-Id": "acme", "Content-Type": "application/json"}
+
+    async def one() -> tuple[int, str]:
+        resp = await client.post(path, data=body, headers=headers)
+        return int(resp.status), await resp.text()
+
+    statuses = list(await asyncio.gather(*(one() for _ in range(times))))
+    return fake, statuses
+
+
+def work(fake: FakeVLLM) -> int:
+    """The engine's work so far: its prompt and generation counters together."""
+    return fake.prompt_tokens_total + fake.generation_tokens_total
+
+
+def chat(**fields: Any) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": "hi"}], "ignore_eos": True, **fields}
+
+
+CAPS = [
+    # (path, body, total token budget): the issue's table, each field the route lacks
+    ("/v1/chat/completions", chat(max_output_tokens=1), 300),
+    ("/v1/completions", {"prompt": "hi", "max_completion_tokens": 1, "max_tokens": 250}, 300),
+    ("/v1/responses", {"input": "hi", "max_tokens": 1}, 300),
+    (
+        "/inference/v1/generate",
+        {"token_ids": [1, 2, 3], "max_tokens": 1, "sampling_params": {"max_tokens": 250}},
+        300,
+    ),
+    ("/v1/messages", {**chat(), "max_tokens": 250, "max_completion_tokens": 1}, 300),
+]
+
+
+@pytest.mark.parametrize(("path", "payload", "budget"), CAPS)
+async def test_a_cap_is_read_from_the_field_the_route_has(
+    aiohttp_server: Any,
+    aiohttp_client: Any,
+    minilm_path: Path,
+    tmp_path: Path,
+    path: str,
+    payload: dict[str, Any],
+    budget: int,
+) -> None:
+    """A cap in a field the route's request model does not have is ignored, as vLLM
+    ignores it: the request is priced at the cap vLLM reads (or the context), so ten at
+    once never take the engine past the budget (they reserved one token: 4x to 50x)."""
+    fake, statuses = await burst(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tmp_path,
+        {"total_tokens_per_day": budget},
+        path,
+        json.dumps(payload).encode(),
+        10,
+    )
+    assert work(fake) <= budget, [s for s, _ in statuses]
+
+
+def batch(conversations: int) -> bytes:
+    talk = [{"role": "user", "content": "hi"}]
+    return json.dumps({"messages": [talk] * conversations, "max_tokens": 5}).encode()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "budget"),
+    [
+        ("/v1/chat/completions/batch", batch(200), 2000),
+        ("/v2/embed", json.dumps({"texts": [LONG] * 400, "input_type": "x"}).encode(), 2000),
+        (
+            "/v1/embeddings",
+            json.dumps({"messages": [[{"role": "user", "content": LONG}]] * 400}).encode(),
+            2000,
+        ),
+        (
+            "/generative_scoring",
+            json.dumps({"query": LONG, "items": [LONG] * 400, "label_token_ids": [1]}).encode(),
+            2000,
+        ),
+    ],
+)
+async def test_a_list_is_one_engine_request_per_member(
+    aiohttp_server: Any,
+    aiohttp_client: Any,
+    minilm_path: Path,
+    tmp_path: Path,
+    path: str,
+    body: bytes,
+    budget: int,
+) -> None:
+    """Batch chat's conversations (33x), /v2/embed's texts (11x), an embeddings
+    ``messages`` list of conversations (11x) and /generative_scoring's items (192x) were
+    priced as one input: each member is one engine request, priced as such."""
+    fake, statuses = await burst(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tmp_path,
+        {"total_tokens_per_day": budget},
+        path,
+        body,
+        10,
+        context=256,
+    )
+    assert work(fake) <= budget, [s for s, _ in statuses]
+
+
+async def test_an_escaped_image_part_is_priced_as_an_image(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """``"\\u0069mage_url"`` is ``image_url`` to a JSON parser: the media part reserves
+    the context as the plain spelling does (it was priced by its body's bytes: 12x)."""
+    part = '{"type": "\\u0069mage_url", "\\u0069mage_url": {"url": "http://x/y.png"}}'
+    body = ('{"messages": [{"role": "user", "content": [' + part + ']}], "max_tokens": 1}').encode()
+    fake, statuses = await burst(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tmp_path,
+        {"prompt_tokens_per_day": 4096},
+        "/v1/chat/completions",
+        body,
+        12,
+        context=4096,
+        media_tokens=4000,
+    )
+    assert fake.prompt_tokens_total <= 4096, [s for s, _ in statuses]
+
+
+async def test_a_clamped_cap_does_not_let_prompts_through_a_prompt_limit(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """vLLM 0.32 clamps a cap the prompt leaves no room for: a prompt is never priced at
+    the context less the cap (20 chats put 4,840 prompt tokens through a 500 limit)."""
+    payload = {"messages": [{"role": "user", "content": LONG * 3}], "max_tokens": 1024}
+    fake, statuses = await burst(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tmp_path,
+        {"prompt_tokens_per_minute": 500},
+        "/v1/chat/completions",
+        json.dumps(payload).encode(),
+        20,
+        context=1024,
+    )
+    assert fake.prompt_tokens_total <= 500, [s for s, _ in statuses]
+
+
+async def test_a_shape_the_pricing_cannot_read_is_refused(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """A /pooling request for an IO processor plugin (``data``) has no price the proxy can
+    know: refused 400 in vLLM's shape under a token budget, never admitted for a token."""
+    fake, statuses = await burst(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tmp_path,
+        {"total_tokens_per_day": 1000},
+        "/pooling",
+        json.dumps({"data": {"anything": 1}}).encode(),
+        1,
+    )
+    ((status, text),) = statuses
+    assert status == 400
+    assert "its cost is not known before it runs" in json.loads(text)["error"]["message"]
+    assert fake.seen_headers == []  # nothing forwarded

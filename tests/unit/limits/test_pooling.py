@@ -1,0 +1,39 @@
+"""Prices of pooling and generative scoring: one engine request per input or item."""
+
+from __future__ import annotations
+
+from proxy.limits.limiter import Cost
+from proxy.limits.pooling import generative_scoring_cost, pooling_cost
+from proxy.tokenizers.hf import HFTokenizer
+
+
+def test_cohere_lists_are_counted_per_member(minilm: HFTokenizer) -> None:
+    """/v2/embed's texts counted one by one; images and input parts at the context."""
+    texts = minilm.lengths(["hello there", "hi"], max_length=None)
+    assert pooling_cost("embeddings", {"texts": ["hello there", "hi"]}, 256, minilm) == (
+        Cost(sum(texts)),
+        True,
+    )
+    assert pooling_cost("embeddings", {"images": ["a", "b"]}, 256, minilm) == (Cost(512), False)
+
+
+def test_a_list_of_conversations_is_a_context_each() -> None:
+    """Embeddings' ``messages`` holding conversations: each rendered, up to the context."""
+    talk = [{"role": "user", "content": "hi"}]
+    assert pooling_cost("embeddings", {"messages": [talk] * 3}, 100, None) == (Cost(300), False)
+    assert pooling_cost("classify", {"messages": talk}, 100, None) == (Cost(100), False)
+
+
+def test_inputs_the_proxy_cannot_read_have_no_price() -> None:
+    """A plugin's ``data`` (or no input): None, refused under a budget."""
+    assert pooling_cost("pooling", {"data": {"x": 1}}, 100, None) is None
+
+
+def test_generative_scoring_is_one_request_per_item(minilm: HFTokenizer) -> None:
+    """Each item: the query and the item cut to the context less one, one token out."""
+    query, item = minilm.lengths(["a query", "an item"], max_length=None)
+    payload = {"query": "a query", "items": ["an item"] * 3, "label_token_ids": [1]}
+    assert generative_scoring_cost(payload, 256, minilm) == (Cost(3 * (query + item), 3), True)
+    ids = {"query": [1] * 10, "items": [[2] * 10], "label_token_ids": [1]}
+    assert generative_scoring_cost(ids, 12, None) == (Cost(11, 1), True)
+    assert generative_scoring_cost({"query": "q", "items": []}, 12, None) is None
