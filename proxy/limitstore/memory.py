@@ -8,10 +8,21 @@ is atomic: concurrent requests cannot all pass before any is charged.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
 
 from proxy.limits.history import BUCKET_SECONDS, History
-from proxy.limits.limiter import Cost, Decision, Refusal, Standing, Ticket, Usage, Who, decision_of
+from proxy.limits.limiter import (
+    Cost,
+    Decision,
+    Lifetime,
+    Refusal,
+    Standing,
+    Ticket,
+    Usage,
+    Who,
+    decision_of,
+)
 from proxy.limits.meters import BudgetMeter, Gate, Meter, RateMeter
 from proxy.limits.periods import earliest_start
 from proxy.limits.policy import Limit, Policies
@@ -34,6 +45,12 @@ class InProcessLimiter:
     def wants_tokens(self, tenant: str) -> bool:
         return self.policies.wants_tokens(tenant)
 
+    def problem(self) -> tuple[str, bool] | None:
+        return None
+
+    def lifetime(self, *, journaled: bool) -> Lifetime:
+        return still
+
     async def reserve(self, who: Who, cost: Cost, now: float) -> Decision:
         plan = [
             (level.scope, limit, self.meter(level.scope, limit), cost.of(limit.unit))
@@ -55,9 +72,8 @@ class InProcessLimiter:
         return _decision(ticket, None, plan, now)
 
     async def settle(self, ticket: Ticket, billed: Cost, now: float) -> None:
-        if not ticket.open:
+        if not ticket.end():
             return
-        ticket.open = False
         self.history.note(ticket.who, billed, now)
         for scope, name, unit in ticket.taken:
             meter = self.meters.get((scope, name))
@@ -66,9 +82,8 @@ class InProcessLimiter:
         self._prune(now)
 
     async def release(self, ticket: Ticket, now: float) -> None:
-        if not ticket.open:
+        if not ticket.end():
             return
-        ticket.open = False
         for scope, name, unit in ticket.taken:
             meter = self.meters.get((scope, name))
             if meter is not None:
@@ -117,6 +132,11 @@ class InProcessLimiter:
             return
         self._pruned = now
         self.history.prune(earliest_start(now, self.policies.zone))
+
+
+async def still(app: Any) -> AsyncIterator[None]:
+    """A limiter's lifetime with nothing to run while the application serves."""
+    yield
 
 
 Plan = list[tuple[tuple[str, ...], Limit, Meter, int]]

@@ -119,7 +119,7 @@ async def make(redis_store: Store, relay: Relay) -> AsyncIterator[Make]:
 
 async def charge(redis_store: Store, limiter: GuardedLimiter) -> list[int]:
     """The budget's ``used`` and ``reserved`` as the other replicas see them."""
-    (budget,) = limiter.shared.budgets(time.time())
+    (budget,) = limiter.shared.book.budgets(time.time())
     client = Redis.from_url(redis_store.url)
     try:
         return [int(v or 0) for v in await client.hmget(budget.key, "used", "reserved")]
@@ -157,7 +157,7 @@ async def test_review2_a_request_in_flight_when_the_store_restarts_empty_still_h
     whole = False
     for _ in range(3):  # the first call after the restart may meet a dead connection
         for replica in (r0, r1):
-            replica.breaker.count, replica.breaker.open_until = 0, 0.0
+            replica.calls.breaker.count, replica.calls.breaker.open_until = 0, 0.0
             whole = await replica.contribute() or whole
         if whole:
             break
@@ -181,12 +181,12 @@ async def test_review2_a_reservation_whose_answer_was_lost_does_not_hold_the_gat
     relay.mode, relay.match, relay.delay = "late", b"", 0.4
     lost = await limiter.reserve(ACME, Cost(0, 0), time.time())
     assert lost.ticket is not None  # by the local share, after the timeout
-    assert limiter.errors == {"timeout": 1}
+    assert limiter.calls.errors == {"timeout": 1}
     relay.mode = None
     await asyncio.sleep(0.6)  # the script has reached the store: it reserved
     await limiter.release(lost.ticket, time.time())
     after = await limiter.reserve(ACME, Cost(0, 0), time.time())
-    assert limiter.errors == {"timeout": 1}  # the store answered this one
+    assert limiter.calls.errors == {"timeout": 1}  # the store answered this one
     assert after.ticket is not None, after.refusal
 
 
@@ -203,12 +203,12 @@ async def test_review2_a_late_settlement_after_the_contribution_counts_once(
     assert decision.ticket is not None
     relay.mode, relay.match, relay.delay = "late", b"settle", 0.5
     await limiter.settle(decision.ticket, Cost(30, 0), time.time())
-    assert limiter.missed  # timed out: kept to send again, late
+    assert limiter.replay.missed  # timed out: kept to send again, late
     assert await limiter.contribute() is True  # carries the 30 in this replica's total
     await asyncio.sleep(0.7)  # the first sending reaches the store
     relay.mode = None
-    await limiter._replay(None)
-    assert not limiter.missed
+    await limiter.replay.replay(None)
+    assert not limiter.replay.missed
     assert await charge(redis_store, limiter) == [30, 0]
 
 
@@ -225,13 +225,13 @@ async def test_review2_a_missed_release_survives_an_admission_timeout(
     assert first.ticket is not None
     relay.mode, relay.match = "lost", b""
     await limiter.release(first.ticket, time.time())
-    assert len(limiter.missed) == 1
+    assert len(limiter.replay.missed) == 1
     during = await limiter.reserve(ACME, Cost(0, 0), time.time())  # replays, times out
     assert during.ticket is not None  # by the local share
     relay.mode = None
     await limiter.release(during.ticket, time.time())
     after = await limiter.reserve(ACME, Cost(0, 0), time.time())
-    assert after.ticket is not None, (after.refusal, limiter.missed)
+    assert after.ticket is not None, (after.refusal, limiter.replay.missed)
 
 
 async def test_review2_a_settlement_across_the_period_end_counts_in_the_new_period(
@@ -252,7 +252,7 @@ async def test_review2_a_settlement_across_the_period_end_counts_in_the_new_peri
     decision = await r0.reserve(ACME, Cost(60, 0), before)
     assert decision.ticket is not None
     await r0.settle(decision.ticket, Cost(60, 0), after)
-    assert r0.shared.history.used(part.scope, part.limit.unit, part.span, part.span + 86_400)
+    assert r0.shared.book.history.used(part.scope, part.limit.unit, part.span, part.span + 86_400)
     other = await r1.reserve(ACME, Cost(100, 0), after)
     assert other.ticket is None, "r1 admitted 100 of a budget r0 already billed 60 of"
 
@@ -271,7 +271,7 @@ async def test_review2_the_heartbeat_keeps_the_generation_alive(
     r0 = make(pols, "r0", replicas=1)
     await r0.restore([], time.time())
     assert await r0.contribute() is True
-    key = r0.shared.generation_key
+    key = r0.shared.keys.generation
     client = Redis.from_url(redis_store.url)
     try:
         await client.expire(key, 10)  # as 40 days after the last contribution, less 10 s
@@ -279,7 +279,7 @@ async def test_review2_the_heartbeat_keeps_the_generation_alive(
         assert await client.ttl(key) > 39 * 86_400
         await client.delete(key)
         await r0.beat(15)  # it contributes again: a new generation (a store found empty)
-        assert r0.rebuilds == 2
+        assert r0.contribution.rebuilds == 2
     finally:
         await client.aclose()
 
@@ -297,18 +297,18 @@ async def test_review2_a_settlement_cancelled_before_it_is_sent_still_counts(
     assert await limiter.contribute() is True
     decision = await limiter.reserve(ACME, Cost(100, 0), time.time())
     assert decision.ticket is not None
-    await limiter.slots.acquire()  # the one slot busy
+    await limiter.calls.slots.acquire()  # the one slot busy
     settling = asyncio.create_task(limiter.settle(decision.ticket, Cost(100, 0), time.time()))
     await asyncio.sleep(0.01)
     settling.cancel()  # e.g. the exchange's task cancelled
     with contextlib.suppress(asyncio.CancelledError):
         await settling
-    limiter.slots.release()
+    limiter.calls.slots.release()
     await asyncio.sleep(0.4)  # the settlement's hold expires by its TTL
     assert await limiter.contribute() is True
     after = await limiter.reserve(ACME, Cost(0, 0), time.time())
     assert after.tokens is not None
-    assert after.tokens.remaining == 200, (after.tokens, limiter.shared.sending)
+    assert after.tokens.remaining == 200, (after.tokens, limiter.shared.book.sending)
 
 
 async def test_review2_holds_are_renewed_every_third_of_the_ttl_as_documented(
@@ -317,9 +317,9 @@ async def test_review2_holds_are_renewed_every_third_of_the_ttl_as_documented(
     """Time scaled down (a 0.05 s heartbeat, a 3 s TTL: TTL / 3 = 1 s): over 0.35 s the
     heartbeat task renews the holds once (at its start), as documented, not every
     heartbeat (7 times)."""
-    from proxy.limitstore import wiring
+    from proxy.limitstore import lifetime
 
-    monkeypatch.setattr(wiring, "HEARTBEAT_SECONDS", 0.05)
+    monkeypatch.setattr(lifetime, "HEARTBEAT_SECONDS", 0.05)
     limiter = make(policies(concurrency=1), "r0", replicas=1)
     limiter.shared.reservation_ttl = 3.0
     renewals = 0
@@ -331,7 +331,7 @@ async def test_review2_holds_are_renewed_every_third_of_the_ttl_as_documented(
         return await renew()
 
     monkeypatch.setattr(limiter, "renew", counted)
-    ctx = wiring.store_context(limiter, journaled=False)(None)
+    ctx = limiter.lifetime(journaled=False)(None)
     await ctx.__anext__()
     await asyncio.sleep(0.35)
     with contextlib.suppress(StopAsyncIteration):
@@ -351,23 +351,23 @@ async def test_review2_the_rebuild_keeps_the_total_within_the_budget(
     redis_store.start()
     for replica in replicas[:2]:  # r2's heartbeat has not come round yet
         for _ in range(3):  # the first call after the restart may meet a dead connection
-            replica.breaker.count, replica.breaker.open_until = 0, 0.0
+            replica.calls.breaker.count, replica.calls.breaker.open_until = 0, 0.0
             assert await replica.contribute() is False  # incomplete: r2 not yet
-            if replica.reachable:
+            if replica.calls.reachable:
                 break
     admitted = 0
     for replica in replicas[:2]:
         for _ in range(10):
             decision = await replica.reserve(ACME, Cost(10, 0), time.time())
             admitted += 10 if decision.ticket is not None else 0
-    assert replicas[1].fail_admissions[FailMode.LOCAL] > 0  # by the share: rebuilding
+    assert replicas[1].mode.fail_admissions[FailMode.LOCAL] > 0  # by the share: rebuilding
     assert 290 + admitted <= 300, f"{admitted} admitted while the store was rebuilt"
 
 
 def cut_off(limiter: GuardedLimiter, cut: bool) -> None:
     """The store skipped (the breaker open: unreachable for this replica), or back."""
-    limiter.breaker.count = limiter.breaker.failures if cut else 0
-    limiter.breaker.open_until = time.monotonic() + 600 if cut else 0.0
+    limiter.calls.breaker.count = limiter.calls.breaker.failures if cut else 0
+    limiter.calls.breaker.open_until = time.monotonic() + 600 if cut else 0.0
 
 
 async def spend_locally(limiter: GuardedLimiter) -> int:
@@ -398,7 +398,7 @@ async def test_review2_a_second_outage_does_not_spend_what_the_first_spent(
         await replica.contribute()
     for replica in replicas:
         assert await replica.beat(15) is not None
-        assert replica.left  # the remainder each keeps for an outage
+        assert replica.mode.remainders.left  # the remainder each keeps for an outage
     for replica in replicas:
         cut_off(replica, True)
     first = sum([await spend_locally(replica) for replica in replicas])

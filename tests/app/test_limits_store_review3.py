@@ -52,20 +52,20 @@ async def counted(redis_store: Store, replicas: list[GuardedLimiter]) -> None:
     try:
         now = await store_now(client)
         since = {r.shared.replica: f"{now - 100:.6f}" for r in replicas}
-        await client.hset(replicas[0].shared.joined_key, mapping=since)
+        await client.hset(replicas[0].shared.keys.joined, mapping=since)
     finally:
         await client.aclose()
     for replica in replicas:
         assert await replica.beat(TTL) == len(replicas)
-        assert replica.counted
-        assert replica.replicas == len(replicas)
-        assert replica.left  # what local fail mode divides
+        assert replica.heartbeat.counted
+        assert replica.mode.replicas == len(replicas)
+        assert replica.mode.remainders.left  # what local fail mode divides
 
 
 def cut_off(limiter: GuardedLimiter, cut: bool) -> None:
     """The store skipped (the breaker open: unreachable for this replica), or back."""
-    limiter.breaker.count = limiter.breaker.failures if cut else 0
-    limiter.breaker.open_until = time.monotonic() + 600 if cut else 0.0
+    limiter.calls.breaker.count = limiter.calls.breaker.failures if cut else 0
+    limiter.calls.breaker.open_until = time.monotonic() + 600 if cut else 0.0
 
 
 async def spend(limiter: GuardedLimiter, who: Who, units: int) -> Ticket:
@@ -123,15 +123,15 @@ async def test_review3_a_late_heartbeat_does_not_let_the_others_divide_by_fewer(
     r0, r1, r2 = replicas
     client = await admin(redis_store)
     try:  # r2's last beat 20 s ago: its heartbeat late (its loop stalled: by its clock too)
-        await client.zadd(r0.shared.registry_key, {"r2": await store_now(client) - 20})
+        await client.zadd(r0.shared.keys.registry, {"r2": await store_now(client) - 20})
     finally:
         await client.aclose()
-    assert r2.beaten is not None
-    r2.beaten -= 20
+    assert r2.heartbeat.beaten is not None
+    r2.heartbeat.beaten -= 20
     for replica in (r0, r1):
         assert await replica.beat(TTL) == 2
-    assert (r0.replicas, r1.replicas, r2.replicas) == (2, 2, 3)
-    assert r2.counted
+    assert (r0.mode.replicas, r1.mode.replicas, r2.mode.replicas) == (2, 2, 3)
+    assert r2.heartbeat.counted
     redis_store.kill()
     each = [await spend_locally(replica) for replica in replicas]
     assert sum(each) <= 300, f"{sum(each)} admitted of 300 ({each})"
@@ -162,7 +162,7 @@ async def test_review3_an_empty_restart_does_not_make_local_mode_refuse_while_re
     await r0.shared.client.flushall()  # the store restarted empty
     r0.shared.grace = 60  # the rebuild waits (in service: 15 s, or the declared count)
     assert await r0.beat(TTL) == 1
-    assert not r0.complete
+    assert not r0.contribution.complete
     decision = await r0.reserve(ACME, Cost(10, 0), time.time())
     assert decision.ticket is not None, decision.refusal
 
@@ -290,7 +290,7 @@ async def test_review3_requests_in_flight_through_the_store_count_in_the_local_g
     assert first.ticket is not None  # in flight, held by the store's gate
     redis_store.kill()
     second = await limiter.reserve(ACME, Cost(0, 0), time.time())
-    assert limiter.errors  # decided by local mode
+    assert limiter.calls.errors  # decided by local mode
     assert second.ticket is None, "2 requests in flight of concurrency 1"
 
 
@@ -313,7 +313,7 @@ async def test_review3_a_request_admitted_in_an_outage_holds_the_store_gate_when
     cut_off(limiter, False)
     assert await limiter.contribute() is True
     second = await limiter.reserve(ACME, Cost(0, 0), time.time())
-    assert limiter.fail_admissions[FailMode.LOCAL] == 1  # the second asked the store
+    assert limiter.mode.fail_admissions[FailMode.LOCAL] == 1  # the second asked the store
     assert second.ticket is None, "2 requests in flight of concurrency 1"
 
 
@@ -332,7 +332,7 @@ async def test_review3_a_rate_spent_through_the_store_is_not_spent_again_locally
         await spend(limiter, ACME, 0)
     redis_store.kill()
     more = [await limiter.reserve(ACME, Cost(0, 0), time.time()) for _ in range(2)]
-    assert limiter.errors  # decided by local mode
+    assert limiter.calls.errors  # decided by local mode
     admitted = sum(d.ticket is not None for d in more)
     assert admitted == 0, f"{2 + admitted} requests in a minute of 2"
 
@@ -414,14 +414,14 @@ async def test_review3_a_reservation_before_the_first_contribution_is_counted_on
     r0, r1 = make(pols, "r0", grace=0), make(pols, "r1", grace=0)
     await r1.restore([], time.time())
     assert await r1.contribute() is True
-    r0.timeout = 1e-6  # its first contribution times out
+    r0.calls.timeout = 1e-6  # its first contribution times out
     await r0.restore([], time.time())
     assert await r0.contribute() is False
     assert r0.shared.generation is None
-    r0.timeout = 1.0
+    r0.calls.timeout = 1.0
     decision = await r0.reserve(ACME, Cost(100, 0), time.time())
     assert decision.ticket is not None
-    assert r0.fail_admissions[FailMode.LOCAL] == 0  # reserved by the store
+    assert r0.mode.fail_admissions[FailMode.LOCAL] == 0  # reserved by the store
     assert await r0.contribute() is True
     in_flight = await charge(redis_store, r0)
     await r0.settle(decision.ticket, Cost(10, 0), time.time())
@@ -482,11 +482,11 @@ async def test_review3_requests_the_breaker_skips_are_not_counted_as_rebuilding(
     await limiter.restore([], time.time())
     assert await limiter.contribute() is True
     cut_off(limiter, True)  # three failures: the breaker open for its cooldown
-    limiter.reachable = False
+    limiter.calls.reachable = False
     assert await limiter.beat(TTL) == 1  # the heartbeat reaches the store
     decision = await limiter.reserve(ACME, Cost(10, 0), time.time())
     assert decision.ticket is not None  # by local mode
-    assert limiter.complete
+    assert limiter.contribution.complete
     name = "usage_proxy_limits_fail_mode_admissions_total"
     counted = {
         reason: metrics.registry.get_sample_value(name, {"mode": "local", "reason": reason})
@@ -532,18 +532,18 @@ async def test_review3_missed_ends_do_not_stall_or_fail_an_admission_on_a_health
         decision = await limiter.reserve(ACME, Cost(0, 0), time.time())
         assert decision.ticket is not None
         tickets.append(decision.ticket)
-    assert limiter.errors == {}
+    assert limiter.calls.errors == {}
     cut_off(limiter, True)  # a blip
     for ticket in tickets:
         await limiter.release(ticket, time.time())
-    assert len(limiter.missed) == 3000
+    assert len(limiter.replay.missed) == 3000
     cut_off(limiter, False)  # the store healthy again
-    limiter.timeout = 0.05  # the default --limits-store-timeout
+    limiter.calls.timeout = 0.05  # the default --limits-store-timeout
     took = []
     for _ in range(3):
         started = time.monotonic()
         await limiter.reserve(ACME, Cost(0, 0), time.time())
         took.append(round(time.monotonic() - started, 3))
     globex = await limiter.reserve(Who("globex"), Cost(1, 0), time.time())
-    seen = (max(took) <= 0.15, limiter.errors, globex.ticket is not None)
-    assert seen == (True, {}, True), (took, limiter.errors, globex.refusal)
+    seen = (max(took) <= 0.15, limiter.calls.errors, globex.ticket is not None)
+    assert seen == (True, {}, True), (took, limiter.calls.errors, globex.refusal)

@@ -104,7 +104,7 @@ async def admitted_in_store(limiter: GuardedLimiter) -> bool:
     try:
         whole = await limiter.contribute()
         decision = await limiter.reserve(ACME, Cost(5, 0), time.time())
-        return whole and decision.ticket is not None and not limiter.errors
+        return whole and decision.ticket is not None and not limiter.calls.errors
     finally:
         await limiter.close()
 

@@ -25,12 +25,12 @@ async def test_a_settlement_on_its_way_to_the_store_is_not_counted_twice(
     assert await limiter.contribute() is True
     first = await limiter.reserve(ACME, Cost(3, 0), time.time())
     assert first.ticket is not None
-    await limiter.slots.acquire()  # the one slot busy: B queues first, A's settlement next
+    await limiter.calls.slots.acquire()  # the one slot busy: B queues first, A's settlement next
     second = asyncio.create_task(limiter.reserve(ACME, Cost(3, 0), time.time()))
     await asyncio.sleep(0)
     settled = asyncio.create_task(limiter.settle(first.ticket, Cost(3, 0), time.time()))
     await asyncio.sleep(0)
-    limiter.slots.release()
+    limiter.calls.slots.release()
     decision = await second
     await settled
     assert decision.ticket is not None, decision.refusal

@@ -41,9 +41,9 @@ async def test_an_ended_request_is_no_longer_renewed(make_guarded: MakeGuarded) 
     assert second.ticket is not None
     assert await limiter.renew() == 2
     await limiter.release(first.ticket, time.time())
-    limiter.breaker.count, limiter.breaker.open_until = 3, time.monotonic() + 60
+    limiter.calls.breaker.count, limiter.calls.breaker.open_until = 3, time.monotonic() + 60
     await limiter.release(second.ticket, time.time())  # missed: kept to send again
-    assert limiter.shared.live == {}
+    assert limiter.shared.book.live == {}
     assert await limiter.renew() == 0
 
 
@@ -65,7 +65,7 @@ async def test_a_store_back_from_an_old_snapshot_is_rebuilt(
         await limiter.settle(decision.ticket, Cost(units, 0), time.time())
 
     async def charged() -> int:
-        (budget,) = limiter.shared.budgets(time.time())
+        (budget,) = limiter.shared.book.budgets(time.time())
         client = Redis.from_url(redis_store.url)
         try:
             return int(await client.hget(budget.key, "used") or 0)
@@ -77,7 +77,7 @@ async def test_a_store_back_from_an_old_snapshot_is_rebuilt(
     await admin.save()
     await admin.aclose()
     await spend(150)
-    rebuilds = limiter.rebuilds
+    rebuilds = limiter.contribution.rebuilds
     redis_store.kill()
     redis_store.start()  # from the snapshot: 100 charged, the generation whole
     assert await charged() == 100
@@ -85,4 +85,4 @@ async def test_a_store_back_from_an_old_snapshot_is_rebuilt(
         if await limiter.beat(15) is not None:
             break
     assert await charged() == 250
-    assert limiter.rebuilds == rebuilds + 1
+    assert limiter.contribution.rebuilds == rebuilds + 1

@@ -66,6 +66,6 @@ async def test_without_the_password_the_fail_mode_decides(
         )
         limiter = build_shared_limiter(settings, pols, password=store_password(settings))
         assert not await admitted_in_store(limiter)
-        assert limiter.errors
-        assert limiter.fail_admissions[FailMode.LOCAL] == 1
-        assert limiter.slowest < 0.5 + 0.2
+        assert limiter.calls.errors
+        assert limiter.mode.fail_admissions[FailMode.LOCAL] == 1
+        assert limiter.calls.slowest < 0.5 + 0.2
