@@ -30,8 +30,8 @@ from proxy.limits.policy import FailMode, Policies
 from proxy.limitstore.breaker import STORE_ERRORS, Breaker
 from proxy.limitstore.calls import StoreCalls
 from proxy.limitstore.contribution import Contribution
-from proxy.limitstore.counts import CountFile
 from proxy.limitstore.failmodes import LocalMode
+from proxy.limitstore.headcount import CountFile
 from proxy.limitstore.heartbeat import Heartbeat
 from proxy.limitstore.lifetime import RENEWALS_PER_TTL, store_lifetime
 from proxy.limitstore.redislimiter import RedisLimiter

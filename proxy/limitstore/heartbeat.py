@@ -1,6 +1,6 @@
 """This replica in the store: its heartbeat in the registry, whose live count local fail
 mode divides by (once this replica has stayed a registry TTL in it, unless
-``--limits-replicas`` states it; the last count read is kept, ``counts``), the store's
+``--limits-replicas`` states it; the last count read is kept, ``headcount``), the store's
 generation kept and checked (a store back from an old snapshot is rebuilt), the
 remainders read, the holds of the requests in flight renewed; and what /readyz says of
 the store."""
@@ -16,8 +16,8 @@ from proxy.limits.policy import FailMode
 from proxy.limitstore.breaker import STORE_ERRORS
 from proxy.limitstore.calls import StoreCalls
 from proxy.limitstore.contribution import Contribution
-from proxy.limitstore.counts import CountFile
 from proxy.limitstore.failmodes import UNCOUNTED, LocalMode
+from proxy.limitstore.headcount import CountFile
 from proxy.limitstore.redislimiter import RedisLimiter
 from proxy.metrics import Metrics
 

@@ -1,7 +1,7 @@
 """The limiter as the application wires it: in process, or on the limits store, the
 guarded limiter on a client of the store, built from the settings (the password given by
 the caller: it is read where a missing file is a start-up error), with the replica count
-it last read kept beside the journal (``counts``)."""
+it last read kept beside the journal (``headcount``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 from proxy.limits.limiter import Limiter
 from proxy.limits.policy import FailMode, Policies
 from proxy.limitstore.client import SLOTS, connect
-from proxy.limitstore.counts import CountFile
 from proxy.limitstore.guard import GuardedLimiter
+from proxy.limitstore.headcount import CountFile
 from proxy.limitstore.lifetime import HEARTBEAT_SECONDS
 from proxy.limitstore.memory import InProcessLimiter
 from proxy.limitstore.redislimiter import RedisLimiter

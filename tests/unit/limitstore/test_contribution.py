@@ -102,7 +102,8 @@ async def test_a_settlement_skipped_by_the_open_breaker_is_contributed(
     limiter.calls.breaker.count, limiter.calls.breaker.open_until = 3, time.monotonic() + 60
     await limiter.settle(decision.ticket, Cost(30, 0), time.time())
     assert limiter.replay.missed
-    limiter.calls.breaker.count, limiter.calls.breaker.open_until = 0, 0.0  # the store answers again
+    breaker = limiter.calls.breaker
+    breaker.count, breaker.open_until = 0, 0.0  # the store answers again
     assert await limiter.contribute() is True  # before the settlement sent again
     await limiter.replay.replay(None)
     assert not limiter.replay.missed

@@ -169,7 +169,7 @@ async def test_each_tenant_fails_by_its_own_mode(
     assert limiter.mode.fail_admissions == {FailMode.OPEN: 4, FailMode.CLOSED: 1, FailMode.LOCAL: 3}
 
 
-async def test_review_a_request_within_the_budget_is_not_refused_for_ever_in_an_outage(
+async def test_a_request_within_the_budget_is_not_refused_for_ever_in_an_outage(
     make_guarded: MakeGuarded, redis_store: Store
 ) -> None:
     """300 tokens a day, three replicas, the store down: a 150-token request is more than
@@ -188,7 +188,7 @@ async def test_review_a_request_within_the_budget_is_not_refused_for_ever_in_an_
     assert not decision.refusal.unavailable
 
 
-async def test_review_one_slow_admission_does_not_fail_readiness(redis_store: Store) -> None:
+async def test_one_slow_admission_does_not_fail_readiness(redis_store: Store) -> None:
     """Fail mode closed, the store up: it pauses its clients for 100 ms once (CLIENT
     PAUSE), so one admission outlasts the 50 ms timeout; /readyz must not call the store
     unreachable for that."""

@@ -12,7 +12,7 @@ from tests.support.limitstores import ACME, MakeGuarded, policies, three_after_2
 from tests.support.redisserver import Store
 
 
-async def test_review_local_mode_keeps_the_total_within_the_budget(
+async def test_local_mode_keeps_the_total_within_the_budget(
     make_guarded: MakeGuarded, redis_store: Store
 ) -> None:
     """Three replicas share 300 tokens a day; one billed 290 of them through the store,
@@ -95,7 +95,8 @@ async def test_a_remainder_read_earlier_does_not_replace_a_later_one(
     assert first.ticket is not None
     spent = await limiter.reserve(ACME, Cost(200, 0), time.time())
     assert spent.ticket is not None
-    limiter.mode.remainders.remember(early, limiter.mode.remainders.seq)  # the earlier answer (300 left) read last
+    remainders = limiter.mode.remainders
+    remainders.remember(early, remainders.seq)  # the earlier answer (300 left) read last
     redis_store.kill()
     more = await limiter.reserve(ACME, Cost(150, 0), time.time())
     assert more.refusal is not None  # 100 were left, not 300

@@ -10,7 +10,7 @@ from proxy.limits.policy import Policies
 from tests.support.limitstores import ACME, MakeGuarded, acme_held, policies
 
 
-async def test_review_a_release_missed_during_a_blip_does_not_hold_the_gate(
+async def test_a_release_missed_during_a_blip_does_not_hold_the_gate(
     make_guarded: MakeGuarded,
 ) -> None:
     """concurrency 1: a request admitted by the store ends while the breaker is open (its

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import structlog
 
-log = structlog.get_logger("proxy.limitstore.counts")
+log = structlog.get_logger("proxy.limitstore.headcount")
 
 
 class CountFile:

@@ -1,6 +1,7 @@
-"""Adversarial review (review3) of the shared limits store after issue #52 (local fail mode
-divides, the rebuild waits for every part): each test is a defect found, reproduced
-against the real redis-server (each a strict xfail until it was fixed).
+"""Local fail mode of the shared limits store, against the real redis-server: it divides
+what the store last said was left by a replica count every replica agrees on, through
+outages, late heartbeats, empty restarts and rebuilds, and bills what it admits once (each
+test a defect found by a review after issue #52, a strict xfail until it was fixed).
 
 The network and the clock are played by hand, so that each reproduction is deterministic:
 the registry's scores and stays are written as the store's heartbeats would have left
@@ -14,15 +15,25 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 import pytest
-from redis.asyncio import Redis
 
-from proxy.limits.limiter import Cost, Ticket, Who
+from proxy.limits.limiter import Cost, Who
 from proxy.limits.policy import FailMode, Policies
 from proxy.limitstore.guard import GuardedLimiter
-from tests.support.limitstores import ACME, Guards, policies
+from tests.support.limitstores import (
+    ACME,
+    TTL,
+    Guards,
+    admin,
+    charge,
+    counted,
+    cut_off,
+    policies,
+    spend,
+    spend_locally,
+    store_now,
+)
 from tests.support.redisserver import Store
 
-TTL = 15.0  # the registry's TTL in service (3 heartbeats of 5 s)
 Make = Callable[..., GuardedLimiter]
 
 
@@ -33,75 +44,10 @@ async def make(redis_store: Store) -> AsyncIterator[Make]:
     await guards.close()
 
 
-async def admin(redis_store: Store) -> Redis:
-    return Redis.from_url(redis_store.url)
-
-
-async def store_now(client: Redis) -> float:
-    seconds, micros = await client.time()
-    return float(seconds) + micros / 1e6
-
-
-async def counted(redis_store: Store, replicas: list[GuardedLimiter]) -> None:
-    """Every replica (--limits-replicas unset) in the registry, having stayed a whole TTL
-    (its stay written back 100 s, as if it had beaten every 5 s since), and counted: its
-    heartbeat has read the live count and what is left of each budget it watches."""
-    for replica in replicas:  # each registers (a stay begins) and contributes
-        assert await replica.beat(TTL) is not None
-    client = await admin(redis_store)
-    try:
-        now = await store_now(client)
-        since = {r.shared.replica: f"{now - 100:.6f}" for r in replicas}
-        await client.hset(replicas[0].shared.keys.joined, mapping=since)
-    finally:
-        await client.aclose()
-    for replica in replicas:
-        assert await replica.beat(TTL) == len(replicas)
-        assert replica.heartbeat.counted
-        assert replica.mode.replicas == len(replicas)
-        assert replica.mode.remainders.left  # what local fail mode divides
-
-
-def cut_off(limiter: GuardedLimiter, cut: bool) -> None:
-    """The store skipped (the breaker open: unreachable for this replica), or back."""
-    limiter.calls.breaker.count = limiter.calls.breaker.failures if cut else 0
-    limiter.calls.breaker.open_until = time.monotonic() + 600 if cut else 0.0
-
-
-async def spend(limiter: GuardedLimiter, who: Who, units: int) -> Ticket:
-    """``units`` reserved and billed through the store."""
-    decision = await limiter.reserve(who, Cost(units, 0), time.time())
-    assert decision.ticket is not None
-    await limiter.settle(decision.ticket, Cost(units, 0), time.time())
-    return decision.ticket
-
-
-async def spend_locally(limiter: GuardedLimiter, units: int = 10) -> int:
-    """Admit and bill ``units``-token requests until refused; the tokens admitted."""
-    admitted = 0
-    for _ in range(100):
-        decision = await limiter.reserve(ACME, Cost(units, 0), time.time())
-        if decision.ticket is None:
-            break
-        await limiter.settle(decision.ticket, Cost(units, 0), time.time())
-        admitted += units
-    return admitted
-
-
-async def charge(redis_store: Store, limiter: GuardedLimiter) -> list[int]:
-    """acme's budget's ``used`` and ``reserved`` as the other replicas see them."""
-    (budget,) = [p for p in limiter.shared.parts(ACME, time.time()) if p.kind == "b"]
-    client = await admin(redis_store)
-    try:
-        return [int(v or 0) for v in await client.hmget(budget.key, "used", "reserved")]
-    finally:
-        await client.aclose()
-
-
 # --- F1: a replica whose heartbeat is late is dropped from the others' count, not its own ---
 
 
-async def test_review3_a_late_heartbeat_does_not_let_the_others_divide_by_fewer(
+async def test_a_late_heartbeat_does_not_let_the_others_divide_by_fewer(
     make: Make, redis_store: Store
 ) -> None:
     """300 tokens a day, three replicas (--limits-replicas unset), each counted (3) and
@@ -140,7 +86,7 @@ async def test_review3_a_late_heartbeat_does_not_let_the_others_divide_by_fewer(
 # --- F2: a store restarted empty makes local mode refuse while it rebuilds ---
 
 
-async def test_review3_an_empty_restart_does_not_make_local_mode_refuse_while_rebuilding(
+async def test_an_empty_restart_does_not_make_local_mode_refuse_while_rebuilding(
     make: Make, redis_store: Store
 ) -> None:
     """300 tokens a day, two replicas (--limits-replicas unset, the default), counted (2)
@@ -170,7 +116,7 @@ async def test_review3_an_empty_restart_does_not_make_local_mode_refuse_while_re
 # --- F3: a replica restarted during an outage (declared count) takes the whole budget ---
 
 
-async def test_review3_a_replica_started_during_an_outage_holds_no_remainder(
+async def test_a_replica_started_during_an_outage_holds_no_remainder(
     make: Make, redis_store: Store
 ) -> None:
     """300 tokens a day, --limits-replicas 3. r0 billed 290 through the store and every
@@ -200,7 +146,7 @@ async def test_review3_a_replica_started_during_an_outage_holds_no_remainder(
 # --- F4: a local hold still in flight stops the heartbeat from reading remainders ---
 
 
-async def test_review3_a_long_local_request_does_not_freeze_the_remainders(
+async def test_a_long_local_request_does_not_freeze_the_remainders(
     make: Make, redis_store: Store
 ) -> None:
     """300 tokens a day for acme, --limits-replicas 3, the heartbeats read 300 left. A
@@ -245,7 +191,7 @@ async def test_review3_a_long_local_request_does_not_freeze_the_remainders(
 # --- F5: a reload that lowers a budget during an outage is not applied to the remainders ---
 
 
-async def test_review3_a_budget_lowered_during_an_outage_lowers_the_remainders(
+async def test_a_budget_lowered_during_an_outage_lowers_the_remainders(
     make: Make, redis_store: Store
 ) -> None:
     """600 tokens a day, --limits-replicas 3; r0 billed 500 through the store and the
@@ -274,7 +220,7 @@ async def test_review3_a_budget_lowered_during_an_outage_lowers_the_remainders(
 # --- F6: the local meters start empty: gates and rates do not carry across an outage ---
 
 
-async def test_review3_requests_in_flight_through_the_store_count_in_the_local_gate(
+async def test_requests_in_flight_through_the_store_count_in_the_local_gate(
     make: Make, redis_store: Store
 ) -> None:
     """concurrency 1, one replica: a request admitted by the store is in flight (the
@@ -294,7 +240,7 @@ async def test_review3_requests_in_flight_through_the_store_count_in_the_local_g
     assert second.ticket is None, "2 requests in flight of concurrency 1"
 
 
-async def test_review3_a_request_admitted_in_an_outage_holds_the_store_gate_when_back(
+async def test_a_request_admitted_in_an_outage_holds_the_store_gate_when_back(
     make: Make,
 ) -> None:
     """concurrency 1, one replica: the store cannot be reached (the breaker open) and a
@@ -317,7 +263,7 @@ async def test_review3_a_request_admitted_in_an_outage_holds_the_store_gate_when
     assert second.ticket is None, "2 requests in flight of concurrency 1"
 
 
-async def test_review3_a_rate_spent_through_the_store_is_not_spent_again_locally(
+async def test_a_rate_spent_through_the_store_is_not_spent_again_locally(
     make: Make, redis_store: Store
 ) -> None:
     """2 requests a minute, one replica: both admitted by the store; the store dies the
@@ -340,7 +286,7 @@ async def test_review3_a_rate_spent_through_the_store_is_not_spent_again_locally
 # --- F7: every admission of a rebuild is charged at its reservation for the period ---
 
 
-async def test_review3_a_rebuild_admission_is_charged_its_bill_not_its_reservation(
+async def test_a_rebuild_admission_is_charged_its_bill_not_its_reservation(
     make: Make, redis_store: Store
 ) -> None:
     """300 tokens a day, --limits-replicas 2, the heartbeats read 300 left. The store
@@ -371,7 +317,7 @@ async def test_review3_a_rebuild_admission_is_charged_its_bill_not_its_reservati
     assert await charge(redis_store, r0) == [10, 0]
 
 
-async def test_review3_a_request_in_flight_across_an_empty_restart_is_charged_its_bill(
+async def test_a_request_in_flight_across_an_empty_restart_is_charged_its_bill(
     make: Make, redis_store: Store
 ) -> None:
     """300 tokens a day, one replica: a request reserves 100 through the store; the store
@@ -395,7 +341,7 @@ async def test_review3_a_request_in_flight_across_an_empty_restart_is_charged_it
 # --- F8: a reservation made before the replica's first contribution is counted twice ---
 
 
-async def test_review3_a_reservation_before_the_first_contribution_is_counted_once(
+async def test_a_reservation_before_the_first_contribution_is_counted_once(
     make: Make, redis_store: Store
 ) -> None:
     """300 tokens a day; the store's budgets are whole (r1 contributed). r0 starts: its
@@ -433,7 +379,7 @@ async def test_review3_a_reservation_before_the_first_contribution_is_counted_on
 # --- F9: a refusal by the share quotes the share, not the whole limit ---
 
 
-async def test_review3_a_refusal_beyond_the_share_quotes_the_whole_limit(
+async def test_a_refusal_beyond_the_share_quotes_the_whole_limit(
     make: Make, redis_store: Store
 ) -> None:
     """300 tokens a day, --limits-replicas 3, the heartbeats read 300 left; the store
@@ -463,7 +409,7 @@ async def test_review3_a_refusal_beyond_the_share_quotes_the_whole_limit(
 # --- F10: requests the breaker skips are counted as 'rebuilding' once a heartbeat answers ---
 
 
-async def test_review3_requests_the_breaker_skips_are_not_counted_as_rebuilding(
+async def test_requests_the_breaker_skips_are_not_counted_as_rebuilding(
     make: Make,
 ) -> None:
     """One replica, 300 tokens a day, the store whole. Three admissions time out (50 ms on
@@ -498,7 +444,7 @@ async def test_review3_requests_the_breaker_skips_are_not_counted_as_rebuilding(
 # --- F11: the ends missed in a blip are replayed inline, one round trip each ---
 
 
-async def test_review3_missed_ends_do_not_stall_or_fail_an_admission_on_a_healthy_store(
+async def test_missed_ends_do_not_stall_or_fail_an_admission_on_a_healthy_store(
     make: Make,
 ) -> None:
     """acme (concurrency 5,000) has 3,000 requests in flight through the store on this
