@@ -11,8 +11,8 @@ import time
 
 import structlog
 
-from proxy.limitstore.breaker import STORE_ERRORS
 from proxy.limitstore.calls import StoreCalls
+from proxy.limitstore.client import STORE_ERRORS
 from proxy.limitstore.redislimiter import RedisLimiter
 from proxy.metrics import Metrics
 
@@ -26,8 +26,8 @@ class Contribution:
     def __init__(self, shared: RedisLimiter, calls: StoreCalls, metrics: Metrics | None) -> None:
         self._shared = shared
         self._calls = calls
-        # the replicas a generation new to the store waits for (0: none known, its grace)
-        self.known = 0
+        self.known = 0  # the replicas the operator declared, whom a new generation waits for
+        self.seen = 0  # those this replica counted: a new generation need not wait its grace
         self._metrics = metrics
         self.restored = False  # this replica's journal read: it can contribute
         self.dirty = False  # billed without the store: to contribute
@@ -36,10 +36,11 @@ class Contribution:
         self.complete = False  # whether the store's budgets were whole when last told
         self._syncing: asyncio.Task[bool] | None = None
 
-    def expect(self, replicas: int) -> None:
-        """The replicas a generation new to the store waits for: the count declared
-        (``--limits-replicas``), else the one this replica knows (0: none)."""
-        self.known = replicas
+    def expect(self, declared: int, seen: int) -> None:
+        """The replicas a generation new to the store waits for: those declared
+        (``--limits-replicas``; 0: none), or as many as this replica counted (0: none
+        known: the generation's grace)."""
+        self.known, self.seen = declared, seen
 
     def owe(self) -> None:
         """This replica billed or admitted without the store: to contribute."""
@@ -79,7 +80,9 @@ class Contribution:
         for _ in range(3):
             self.dirty = False  # what is billed from here on is in the next contribution
             try:
-                synced = await self._calls.call("sync", self._shared.sync(self.known, now))
+                synced = await self._calls.call(
+                    "sync", self._shared.sync(self.known, now, seen=self.seen)
+                )
             except STORE_ERRORS as exc:
                 self._calls.failed("sync", exc)
                 self.dirty = True
@@ -101,7 +104,7 @@ class Contribution:
                 "limits_store_rebuild",
                 generation=generation,
                 budgets=budgets,
-                expect=self.known or "every replica alive after the grace",
+                expect=self.known or self.seen or "every replica alive after the grace",
             )
         if generation != self.generation:
             self.generation = generation

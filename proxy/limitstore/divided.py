@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from zoneinfo import ZoneInfo
 
 from proxy.limits.history import History
-from proxy.limits.limiter import Cost, Decision, Lifetime, Ticket, Usage, Who
+from proxy.limits.limiter import Cost, Decision, Ticket, Usage, Who
 from proxy.limits.meters import (
     GATE_RETRY_SECONDS,
     HELD_RETRY_SECONDS,
@@ -30,7 +30,7 @@ from proxy.limits.meters import (
     UsedIn,
 )
 from proxy.limits.policy import Limit, Policies
-from proxy.limitstore.memory import InProcessLimiter, still
+from proxy.limitstore.memory import InProcessLimiter
 
 # What is left of a budget's period starting at ``start`` for this replica: (its room in
 # its share of the store's last remainder, that remainder), or None without one.
@@ -221,15 +221,6 @@ class ShareLimiter:
 
     def replace(self, policies: Policies) -> None:
         self._limiter.replace(policies)
-
-    def wants_tokens(self, tenant: str) -> bool:
-        return self._limiter.wants_tokens(tenant)
-
-    def problem(self) -> tuple[str, bool] | None:
-        return None
-
-    def lifetime(self, *, journaled: bool) -> Lifetime:
-        return still
 
     async def reserve(self, who: Who, cost: Cost, now: float) -> Decision:
         return await self._limiter.reserve(who, cost, now)

@@ -27,8 +27,9 @@ import structlog
 
 from proxy.limits.limiter import Cost, Decision, Lifetime, Ticket, Usage, Who
 from proxy.limits.policy import FailMode, Policies
-from proxy.limitstore.breaker import STORE_ERRORS, Breaker
+from proxy.limitstore.breaker import Breaker
 from proxy.limitstore.calls import StoreCalls
+from proxy.limitstore.client import STORE_ERRORS
 from proxy.limitstore.contribution import Contribution
 from proxy.limitstore.failmodes import LocalMode
 from proxy.limitstore.headcount import CountFile

@@ -13,8 +13,8 @@ import time
 import structlog
 
 from proxy.limits.policy import FailMode
-from proxy.limitstore.breaker import STORE_ERRORS
 from proxy.limitstore.calls import StoreCalls
+from proxy.limitstore.client import STORE_ERRORS
 from proxy.limitstore.contribution import Contribution
 from proxy.limitstore.failmodes import UNCOUNTED, LocalMode
 from proxy.limitstore.headcount import CountFile
@@ -58,12 +58,13 @@ class Heartbeat:
         self.registry_ttl = 15.0
         if self.counted:
             local.set_replicas(self.configured or self.recalled)
-        contribution.expect(self.expected)
+        self._expect()
 
-    @property
-    def expected(self) -> int:
-        """The replicas a generation new to the store waits for (0: its grace)."""
-        return self.configured or (self._local.replicas if self.counted else 0)
+    def _expect(self) -> None:
+        """A generation new to the store waits for the replicas declared, or for as many
+        as this replica counted (every one alive in the registry too), not its grace."""
+        seen = self._local.replicas if self.counted and not self.configured else 0
+        self._contribution.expect(self.configured, seen)
 
     async def beat(self, ttl: float) -> int | None:
         """Tell the store this replica is alive, read what is left of the budgets it
@@ -159,7 +160,7 @@ class Heartbeat:
         else:
             self.counted = self.counted and (continuous or self.recalled > 0)
             local.set_replicas(max(local.replicas, live))
-        self._contribution.expect(self.expected)
+        self._expect()
 
     def counted_now(self) -> bool:
         """Whether this replica knows how many divide: the count is declared, or read by

@@ -14,8 +14,10 @@ Valkey, under a namespace (``<ns>``), and the parts a reservation takes.
 * ``<key>:holds``: a budget's or gate's reservations in flight, members ``<id>|<units>``
   of a sorted set scored by their expiry (``--limits-reservation-ttl``), so a crashed
   replica's holds are given back when they expire; a live replica renews its own.
-* ``<ns>:gen``: the generation marker (``id``, ``complete``, and ``c:<replica>`` for each
-  replica that contributed its journal to it): while it lives, the budgets are whole.
+* ``<ns>:gen``: the generation marker: its ``id``, ``since`` (when it began), ``expect``
+  (the replicas declared) and ``seen`` (the most a replica counted), ``c:<replica>`` for
+  each replica that contributed its journal to it, ``complete`` once whole, and ``run``
+  (the server run it was made on): while it lives, the budgets are whole.
 * ``<ns>:replicas`` and ``<ns>:joined``: the registry of live replicas (scored by their
   last heartbeat) and when each one's current stay in it began.
 * ``<ns>:done:<id>``: a reservation id already ended (settled, released or cancelled):

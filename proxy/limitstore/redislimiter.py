@@ -35,7 +35,6 @@ from redis.exceptions import ResponseError
 from proxy.limits.limiter import (
     Cost,
     Decision,
-    Lifetime,
     Refusal,
     Standing,
     Ticket,
@@ -46,7 +45,6 @@ from proxy.limits.limiter import (
 from proxy.limits.meters import GATE_RETRY_SECONDS, HELD_RETRY_SECONDS
 from proxy.limits.policy import Policies
 from proxy.limitstore.keyspace import Keyspace
-from proxy.limitstore.memory import still
 from proxy.limitstore.parts import ReplicaParts
 from proxy.limitstore.scripts import BEAT, END, RENEW, RESERVE, STAMP, SYNC
 from proxy.limitstore.tickets import (
@@ -97,12 +95,6 @@ class RedisLimiter:
 
     def wants_tokens(self, tenant: str) -> bool:
         return self.policies.wants_tokens(tenant)
-
-    def problem(self) -> tuple[str, bool] | None:
-        return None
-
-    def lifetime(self, *, journaled: bool) -> Lifetime:
-        return still
 
     def parts(self, who: Who, now: float) -> list[Taken]:
         """Every limit that applies to ``who``, with its keys in the store."""
@@ -277,17 +269,18 @@ class RedisLimiter:
         self.book.unclaimed.pop(ticket.id, None)  # its id is done now: nothing can add it again
         return first
 
-    async def sync(self, known: int, now: float) -> Synced:
+    async def sync(self, known: int, now: float, *, seen: int = 0) -> Synced:
         """Contribute this replica's part of every budget to the store (one round trip),
         starting a generation if the store has none, and take the holds of its requests in
         flight there: those admitted without the store, and, in a generation new to this
         replica, those reserved in the store state that is gone. ``known``: the replicas
-        the operator declared (0: none), whom a new generation waits for (else its grace)."""
+        the operator declared (0: none), whom a new generation waits for (else its grace);
+        ``seen``: as many as this replica counted, for whom it need not wait the grace."""
         sent = self.book.contribution(now)
         held = sent.holds()
         keys = [self.keys.generation, self.keys.registry]
         keys += [self.keys.done(rid) for rid in sent.claims] + [p.key for p in sent.parts]
-        args: list[Any] = [self.replica, known, self.grace, GENERATION_SECONDS]
+        args: list[Any] = [self.replica, known or -seen, self.grace, GENERATION_SECONDS]
         args += [uuid.uuid4().hex, len(sent.parts), self.generation or ""]
         args += [len(sent.claims), DONE_SECONDS, self.reservation_ttl, len(held)]
         args += self.book.budget_args(sent.parts)

@@ -8,8 +8,8 @@ import asyncio
 import contextlib
 
 from proxy.limits.limiter import Cost, Ticket
-from proxy.limitstore.breaker import STORE_ERRORS
 from proxy.limitstore.calls import StoreCalls
+from proxy.limitstore.client import STORE_ERRORS
 from proxy.limitstore.redislimiter import RedisLimiter
 
 MISSED_HELD = 10_000  # missed settlements and releases kept to send again

@@ -244,6 +244,7 @@ async def test_a_settlement_across_the_period_end_counts_in_the_new_period(
     for replica in (r0, r1):
         await replica.restore([], time.time())
     await r0.contribute()  # (restore began it: it may be whole already)
+    await r1.contribute()  # (the one restore began may have landed before r0's)
     assert await r1.contribute() is True
     (part,) = [p for p in r0.shared.parts(ACME, time.time()) if p.kind == "b"]
     before, after = part.span - 1, part.span + 1  # the period's end, on both sides

@@ -11,8 +11,8 @@ from pathlib import Path
 from redis.asyncio import Redis
 
 from proxy.limits.limiter import Cost
-from proxy.limitstore.headcount import CountFile
 from proxy.limitstore.guard import GuardedLimiter
+from proxy.limitstore.headcount import CountFile
 from proxy.limitstore.tickets import LocalTicket
 from tests.support.limitstores import ACME, MakeGuarded, policies
 from tests.support.redisserver import Store

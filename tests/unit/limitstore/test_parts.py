@@ -64,6 +64,22 @@ async def test_a_generation_waits_its_grace_for_unknown_replicas(make_shared: Ma
     assert await joined(two) == [True]
 
 
+async def test_a_generation_waits_for_as_many_as_were_counted_not_its_grace(
+    make_shared: MakeShared,
+) -> None:
+    """A replica count read before (not declared) spares a new generation its grace once
+    that many replicas have contributed, but every replica alive in the registry is still
+    waited for (a count read before a replica joined is not trusted over the registry)."""
+    pols = policies(total_tokens_per_day=1000)
+    one, two, three = (make_shared(pols, f"r{i}", grace=60.0) for i in (1, 2, 3))
+    now = time.time()
+    assert [(await r.sync(0, now, seen=2)).complete for r in (one, two)] == [False, True]
+    await one.client.flushall()  # restarted empty again, three replicas alive now
+    await one.client.zadd(one.keys.registry, {"r1": now, "r2": now, "r3": now})
+    assert [(await r.sync(0, now, seen=2)).complete for r in (one, two)] == [False, False]
+    assert (await three.sync(0, now, seen=2)).complete
+
+
 async def test_settlements_write_totals_so_retries_count_once(make_shared: MakeShared) -> None:
     """A settlement adds itself once per id and a contribution raises to the journal's
     total: a settlement, a contribution and a retried settlement after it each leave the
