@@ -149,10 +149,10 @@ class ShareGate:
         return self._gate.resize(amount)
 
     def rezone(self, zone: ZoneInfo) -> None:
-        return None
+        self._gate.rezone(zone)
 
     def reread(self) -> None:
-        return None
+        self._gate.reread()
 
 
 class ShareRate:
@@ -183,13 +183,13 @@ class ShareRate:
         return self._whole(), remaining, reset
 
     def resize(self, amount: int) -> bool:
-        return False  # a rate restarts at a new amount
+        return self._rate.resize(amount)
 
     def rezone(self, zone: ZoneInfo) -> None:
-        return None
+        self._rate.rezone(zone)
 
     def reread(self) -> None:
-        return None
+        self._rate.reread()
 
 
 class ShareLimiter:

@@ -32,16 +32,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from proxy.limits.limiter import (
-    Cost,
-    Decision,
-    Refusal,
-    Standing,
-    Ticket,
-    Usage,
-    Who,
-    decision_of,
-)
+from proxy.limits.limiter import Cost, Decision, Refusal, Standing, Ticket, Usage, Who, decision_of
 from proxy.limits.meters import GATE_RETRY_SECONDS, HELD_RETRY_SECONDS
 from proxy.limits.policy import Policies
 from proxy.limitstore.keyspace import Keyspace
