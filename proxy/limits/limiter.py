@@ -5,11 +5,15 @@ which serving uses without knowing which."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from proxy.limits.policy import Limit, Policies, Unit
+
+# What a limiter runs while the application serves, as an aiohttp ``cleanup_ctx`` (called
+# with the application): set up before the yield, torn down after.
+Lifetime = Callable[[Any], AsyncIterator[None]]
 
 # A budget refusal whose reset is further than this tells clients not to retry
 # (``x-should-retry: false``): openai-python would otherwise retry, in vain.
@@ -106,12 +110,19 @@ class Refusal:
 @dataclass(slots=True)
 class Ticket:
     """A reservation: the units taken from each meter, owned by one exchange until it is
-    settled or released (either, once)."""
+    settled or released (either, once). ``id``: a shared store's reservation id (its ends
+    are idempotent by it); empty in process."""
 
     who: Who
     cost: Cost
     taken: list[tuple[tuple[str, ...], str, Unit]] = field(default_factory=list)
     open: bool = True
+    id: str = ""
+
+    def end(self) -> bool:
+        """Settled or released from now on; whether it was open until now."""
+        was, self.open = self.open, False
+        return was
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +180,9 @@ class Limiter(Protocol):
     shared store may use the store's clock instead)."""
 
     policies: Policies
+    # Whether its standings are a shared store's, the same on every replica (else this
+    # replica's own).
+    shared_store: bool
 
     async def reserve(self, who: Who, cost: Cost, now: float) -> Decision:
         """Reserve ``cost`` at every level that applies to ``who``, or nothing."""
@@ -198,4 +212,15 @@ class Limiter(Protocol):
     def wants_tokens(self, tenant: str) -> bool:
         """Whether a token limit may apply to ``tenant`` (its cost is then needed before
         forwarding)."""
+        ...
+
+    def problem(self) -> tuple[str, bool] | None:
+        """What /readyz says of this limiter (a shared store's state), and whether it
+        fails readiness; None: nothing to say."""
+        ...
+
+    def lifetime(self, *, journaled: bool) -> Lifetime:
+        """What this limiter runs while the application serves (a shared store's
+        heartbeat), closed after; ``journaled``: whether its usage is restored from a
+        journal (``restore``) before it may contribute to a store."""
         ...

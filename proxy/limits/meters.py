@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Protocol
 from zoneinfo import ZoneInfo
 
 from proxy.limits.periods import period
@@ -19,6 +20,40 @@ HELD_RETRY_SECONDS = 1.0
 
 # The units a budget's scope was billed in [start, end): read from the usage history.
 UsedIn = Callable[[float, float], int]
+
+
+class Meter(Protocol):
+    """What a limiter asks of a limit's meter (``amount``: the limit it meters)."""
+
+    @property
+    def amount(self) -> int: ...
+
+    def wait(self, cost: int, now: float) -> float:
+        """Seconds until ``cost`` fits (0: now; inf: never)."""
+        ...
+
+    def take(self, cost: int, now: float) -> None: ...
+
+    def adjust(self, reserved: int, billed: int, now: float) -> None: ...
+
+    def give(self, reserved: int, now: float) -> None: ...
+
+    def standing(self, now: float) -> tuple[int, int, float]:
+        """The limit, what remains of it, and the seconds until it is whole again."""
+        ...
+
+    def resize(self, amount: int) -> bool:
+        """A reload changed the limit's amount; whether this meter keeps its state (a
+        budget's usage, a gate's holders) at the new amount, else it is made anew."""
+        ...
+
+    def rezone(self, zone: ZoneInfo) -> None:
+        """The periods' time zone in force (a budget re-reads a period in a new one)."""
+        ...
+
+    def reread(self) -> None:
+        """The usage history changed: a budget re-reads its period from it."""
+        ...
 
 
 class RateMeter:
@@ -41,6 +76,15 @@ class RateMeter:
 
     def standing(self, now: float) -> tuple[int, int, float]:
         return self.amount, self.rate.remaining(now), self.rate.reset(now)
+
+    def resize(self, amount: int) -> bool:
+        return False  # a rate restarts at a new amount
+
+    def rezone(self, zone: ZoneInfo) -> None:
+        return None
+
+    def reread(self) -> None:
+        return None
 
 
 class BudgetMeter:
@@ -89,6 +133,18 @@ class BudgetMeter:
         self._current(now)
         return self.amount, max(self.amount - self.used - self.reserved, 0), self.end - now
 
+    def resize(self, amount: int) -> bool:
+        self.amount = amount
+        return True
+
+    def rezone(self, zone: ZoneInfo) -> None:
+        if zone != self.zone:
+            self.zone = zone
+            self.reread()
+
+    def reread(self) -> None:
+        self.start = self.end = -math.inf
+
 
 class Gate:
     """Requests in flight."""
@@ -112,5 +168,12 @@ class Gate:
     def standing(self, now: float) -> tuple[int, int, float]:
         return self.amount, max(self.amount - self.held, 0), 0.0
 
+    def resize(self, amount: int) -> bool:
+        self.amount = amount
+        return True
 
-Meter = RateMeter | BudgetMeter | Gate
+    def rezone(self, zone: ZoneInfo) -> None:
+        return None
+
+    def reread(self) -> None:
+        return None

@@ -18,11 +18,11 @@ EPSILON = 1e-9
 class Rate:
     """One rate limit's state (``amount`` units per ``window`` seconds)."""
 
-    def __init__(self, amount: int, window: float) -> None:
+    def __init__(self, amount: int, window: float, tat: float = 0.0) -> None:
         self.amount = amount
         self.window = window
         self.interval = window / amount
-        self.tat = 0.0
+        self.tat = tat  # the theoretical arrival time (GCRA); a store's, when read from one
 
     def wait(self, cost: int, now: float) -> float:
         """Seconds until ``cost`` units fit (0: they fit now; ``inf``: never, the cost

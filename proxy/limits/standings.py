@@ -49,8 +49,7 @@ def meter_standing(scope: tuple[str, ...], limit: Limit, meter: Meter, now: floa
 def rate_standing(scope: tuple[str, ...], limit: Limit, tat: float, now: float) -> LimitStanding:
     """A rate whose theoretical arrival time is ``tat`` (a store's), read at ``now``."""
     assert limit.window is not None
-    rate = Rate(limit.amount, RATE_SECONDS[limit.window])
-    rate.tat = tat
+    rate = Rate(limit.amount, RATE_SECONDS[limit.window], tat)
     remaining = rate.remaining(now)
     return LimitStanding(
         scope,

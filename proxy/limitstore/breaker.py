@@ -1,12 +1,8 @@
-"""The circuit breaker in front of the limits store, and what counts as a store failure:
-consecutive failures open it, so a dead or slow store costs a request nothing after the
-first ones; after a cooldown one request tries the store again."""
+"""The circuit breaker in front of the limits store: consecutive failures (those of
+``client.STORE_ERRORS``) open it, so a dead or slow store costs a request nothing after
+the first ones; after a cooldown one request tries the store again."""
 
 from __future__ import annotations
-
-from redis.exceptions import RedisError
-
-STORE_ERRORS = (RedisError, OSError, TimeoutError)
 
 
 class Breaker:

@@ -1,12 +1,16 @@
 """The limits store's client (``--limits-store``): its URL (valkey:// is redis://), one
-client with a bounded pool and no retries, its timeout on every socket operation."""
+client with a bounded pool and no retries, its timeout on every socket operation; and
+what counts as a store failure (``STORE_ERRORS``)."""
 
 from __future__ import annotations
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
 
+# A store call that raises one of these failed: the fail mode decides, the breaker counts.
+STORE_ERRORS = (RedisError, OSError, TimeoutError)
 SLOTS = 8  # requests' store calls at once (more queue longer on the loop inside the timeout)
 
 

@@ -15,10 +15,11 @@ holders end.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from zoneinfo import ZoneInfo
 
-from proxy.limits.limiter import Cost, Who
+from proxy.limits.history import History
+from proxy.limits.limiter import Cost, Decision, Ticket, Usage, Who
 from proxy.limits.meters import (
     GATE_RETRY_SECONDS,
     HELD_RETRY_SECONDS,
@@ -46,11 +47,11 @@ WholeOf = Callable[[tuple[str, ...], Limit], int]
 InFlight = Callable[[tuple[str, ...]], int]
 
 
-class ShareMeter(BudgetMeter):
+class ShareMeter:
     """A budget in local fail mode: this replica's share of the remainder the store last
-    told (``left_in``), and of the whole limit against its own usage (the base meter,
-    whose counters are kept either way). What it takes is told to ``took_in``, which
-    counts it against the remainder (before the standing is read)."""
+    told (``left_in``), and of the whole limit against its own usage (the budget meter it
+    holds, whose counters are kept either way). What it takes is told to ``took_in``,
+    which counts it against the remainder (before the standing is read)."""
 
     def __init__(
         self,
@@ -61,72 +62,139 @@ class ShareMeter(BudgetMeter):
         took_in: TookIn,
         whole: Callable[[], int],
     ) -> None:
-        super().__init__(limit, zone, used_in)
+        self._budget = BudgetMeter(limit, zone, used_in)
         self._left_in = left_in
         self._took_in = took_in
         self._whole = whole
 
+    @property
+    def amount(self) -> int:
+        return self._budget.amount
+
     def take(self, cost: int, now: float) -> None:
-        super().take(cost, now)
-        self._took_in(self.start, cost)
+        self._budget.take(cost, now)
+        self._took_in(self._budget.start, cost)
 
     def wait(self, cost: int, now: float) -> float:
-        self._current(now)
-        left = self._left_in(self.start)
-        whole = super().wait(cost, now)  # the limit's share against own usage
-        if cost > self.amount:
+        budget = self._budget
+        whole = budget.wait(cost, now)  # the limit's share against own usage
+        left = self._left_in(budget.start)
+        if cost > budget.amount:
             return whole
         if left is None:  # nothing known to divide: maybe once the store answers
-            return max(whole, min(HELD_RETRY_SECONDS, self.end - now))
+            return max(whole, min(HELD_RETRY_SECONDS, budget.end - now))
         room, remainder = left
         if cost <= room and whole == 0.0:
             return 0.0
         if cost <= remainder:  # within what the store had left: maybe once it answers
-            return min(HELD_RETRY_SECONDS, self.end - now)
-        return self.end - now
+            return min(HELD_RETRY_SECONDS, budget.end - now)
+        return budget.end - now
+
+    def adjust(self, reserved: int, billed: int, now: float) -> None:
+        self._budget.adjust(reserved, billed, now)
+
+    def give(self, reserved: int, now: float) -> None:
+        self._budget.give(reserved, now)
 
     def standing(self, now: float) -> tuple[int, int, float]:
-        self._current(now)
-        left = self._left_in(self.start)
-        _, remaining, reset = super().standing(now)
+        budget = self._budget
+        _, remaining, reset = budget.standing(now)
+        left = self._left_in(budget.start)
         if left is None:
             return self._whole(), remaining, reset
-        return self._whole(), max(min(left[0], remaining), 0), self.end - now
+        return self._whole(), max(min(left[0], remaining), 0), budget.end - now
+
+    def resize(self, amount: int) -> bool:
+        return self._budget.resize(amount)
+
+    def rezone(self, zone: ZoneInfo) -> None:
+        self._budget.rezone(zone)
+
+    def reread(self) -> None:
+        self._budget.reread()
 
 
-class ShareGate(Gate):
+class ShareGate:
     """A concurrency limit in local fail mode: this replica's share, its requests in flight
     through the store counted in it (they hold the store's gate: an outage does not let
     as many more in). Its standing quotes the whole limit."""
 
     def __init__(self, limit: Limit, whole: Callable[[], int], in_flight: Callable[[], int]):
-        super().__init__(limit)
+        self._gate = Gate(limit)
         self._whole = whole
         self._in_flight = in_flight
 
+    @property
+    def amount(self) -> int:
+        return self._gate.amount
+
     def wait(self, cost: int, now: float) -> float:
-        fits = self.held + self._in_flight() + cost <= self.amount
+        fits = self._gate.held + self._in_flight() + cost <= self._gate.amount
         return 0.0 if fits else GATE_RETRY_SECONDS
 
+    def take(self, cost: int, now: float) -> None:
+        self._gate.take(cost, now)
+
+    def adjust(self, reserved: int, billed: int, now: float) -> None:
+        self._gate.adjust(reserved, billed, now)
+
+    def give(self, reserved: int, now: float) -> None:
+        self._gate.give(reserved, now)
+
     def standing(self, now: float) -> tuple[int, int, float]:
-        return self._whole(), max(self.amount - self.held - self._in_flight(), 0), 0.0
+        room = self._gate.amount - self._gate.held - self._in_flight()
+        return self._whole(), max(room, 0), 0.0
+
+    def resize(self, amount: int) -> bool:
+        return self._gate.resize(amount)
+
+    def rezone(self, zone: ZoneInfo) -> None:
+        self._gate.rezone(zone)
+
+    def reread(self) -> None:
+        self._gate.reread()
 
 
-class ShareRate(RateMeter):
+class ShareRate:
     """A rate in local fail mode: this replica's share; its standing quotes the whole."""
 
     def __init__(self, limit: Limit, whole: Callable[[], int]) -> None:
-        super().__init__(limit)
+        self._rate = RateMeter(limit)
         self._whole = whole
 
+    @property
+    def amount(self) -> int:
+        return self._rate.amount
+
+    def wait(self, cost: int, now: float) -> float:
+        return self._rate.wait(cost, now)
+
+    def take(self, cost: int, now: float) -> None:
+        self._rate.take(cost, now)
+
+    def adjust(self, reserved: int, billed: int, now: float) -> None:
+        self._rate.adjust(reserved, billed, now)
+
+    def give(self, reserved: int, now: float) -> None:
+        self._rate.give(reserved, now)
+
     def standing(self, now: float) -> tuple[int, int, float]:
-        _, remaining, reset = super().standing(now)
+        _, remaining, reset = self._rate.standing(now)
         return self._whole(), remaining, reset
 
+    def resize(self, amount: int) -> bool:
+        return self._rate.resize(amount)
 
-class ShareLimiter(InProcessLimiter):
-    """The in-process limiter on divided limits: its budgets ``ShareMeter``s, its gates
-    ``ShareGate``s, its rates ``ShareRate``s."""
+    def rezone(self, zone: ZoneInfo) -> None:
+        self._rate.rezone(zone)
+
+    def reread(self) -> None:
+        self._rate.reread()
+
+
+class ShareLimiter:
+    """The in-process limiter on divided limits, with meters that hold this replica's
+    share: ``ShareMeter``s for its budgets, ``ShareGate``s and ``ShareRate``s."""
 
     def __init__(
         self,
@@ -136,13 +204,39 @@ class ShareLimiter(InProcessLimiter):
         whole_of: WholeOf,
         in_flight: InFlight,
     ) -> None:
-        super().__init__(policies)
         self._left_of = left_of
         self._took_of = took_of
         self._whole_of = whole_of
         self._in_flight = in_flight
+        self._limiter = InProcessLimiter(policies, self._meter)
 
-    def _new(self, scope: tuple[str, ...], limit: Limit) -> Meter:
+    @property
+    def policies(self) -> Policies:
+        return self._limiter.policies
+
+    @property
+    def history(self) -> History:
+        """This replica's usage in its shares."""
+        return self._limiter.history
+
+    def replace(self, policies: Policies) -> None:
+        self._limiter.replace(policies)
+
+    async def reserve(self, who: Who, cost: Cost, now: float) -> Decision:
+        return await self._limiter.reserve(who, cost, now)
+
+    async def settle(self, ticket: Ticket, billed: Cost, now: float) -> None:
+        await self._limiter.settle(ticket, billed, now)
+
+    async def release(self, ticket: Ticket, now: float) -> None:
+        await self._limiter.release(ticket, now)
+
+    async def restore(self, history: Iterable[Usage], now: float) -> int:
+        return await self._limiter.restore(history, now)
+
+    def _meter(
+        self, scope: tuple[str, ...], limit: Limit, used_in: UsedIn, zone: ZoneInfo
+    ) -> Meter:
         def whole() -> int:
             return self._whole_of(scope, limit)
 
@@ -150,11 +244,10 @@ class ShareLimiter(InProcessLimiter):
             return ShareGate(limit, whole, lambda: self._in_flight(scope))
         if not limit.window.budget:
             return ShareRate(limit, whole)
-        unit = limit.unit
         return ShareMeter(
             limit,
-            self.policies.zone,
-            lambda start, end: self.history.used(scope, unit, start, end),
+            zone,
+            used_in,
             lambda start: self._left_of(scope, limit, start),
             lambda start, units: self._took_of(scope, limit, start, units),
             whole,
@@ -168,7 +261,7 @@ class ShareLimiter(InProcessLimiter):
         for level in self.policies.levels(who.tenant, who.model, who.key):
             for limit in level.limits:
                 if limit.window is not None and not limit.window.budget:
-                    meter = self.meter(level.scope, limit)
+                    meter = self._limiter.meter(level.scope, limit)
                     units = cost.of(limit.unit)
                     if meter.wait(units, now) == 0.0:
                         meter.take(units, now)

@@ -8,12 +8,15 @@ is atomic: concurrent requests cannot all pass before any is charged.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
+from zoneinfo import ZoneInfo
 
 from proxy.limits.history import BUCKET_SECONDS, History
 from proxy.limits.limiter import (
     Cost,
     Decision,
+    Lifetime,
     LimitStanding,
     Refusal,
     Standing,
@@ -22,19 +25,34 @@ from proxy.limits.limiter import (
     Who,
     decision_of,
 )
-from proxy.limits.meters import BudgetMeter, Gate, Meter, RateMeter
+from proxy.limits.meters import BudgetMeter, Gate, Meter, RateMeter, UsedIn
 from proxy.limits.periods import earliest_start
 from proxy.limits.policy import Limit, Policies
 from proxy.limits.standings import meter_standing, tenant_limits
 
 MeterKey = tuple[tuple[str, ...], str]
+# A limit's meter at a scope, given what its scope was billed in a period and the zone.
+MakeMeter = Callable[[tuple[str, ...], Limit, UsedIn, ZoneInfo], Meter]
+
+
+def plain_meter(scope: tuple[str, ...], limit: Limit, used_in: UsedIn, zone: ZoneInfo) -> Meter:
+    """The meter of a limit in force here: a gate, a rate, or a calendar budget."""
+    if limit.window is None:
+        return Gate(limit)
+    if not limit.window.budget:
+        return RateMeter(limit)
+    return BudgetMeter(limit, zone, used_in)
 
 
 class InProcessLimiter:
-    """``proxy.limits.limiter.Limiter`` in this process's memory."""
+    """``proxy.limits.limiter.Limiter`` in this process's memory; ``make`` makes each
+    limit's meter (``divided``'s hold a replica's share)."""
 
-    def __init__(self, policies: Policies) -> None:
+    shared_store = False
+
+    def __init__(self, policies: Policies, make: MakeMeter = plain_meter) -> None:
         self.policies = policies
+        self._make = make
         self.history = History()
         self.meters: dict[MeterKey, Meter] = {}
         self._pruned = -math.inf
@@ -44,6 +62,12 @@ class InProcessLimiter:
 
     def wants_tokens(self, tenant: str) -> bool:
         return self.policies.wants_tokens(tenant)
+
+    def problem(self) -> tuple[str, bool] | None:
+        return None
+
+    def lifetime(self, *, journaled: bool) -> Lifetime:
+        return still
 
     async def reserve(self, who: Who, cost: Cost, now: float) -> Decision:
         plan = [
@@ -66,9 +90,8 @@ class InProcessLimiter:
         return _decision(ticket, None, plan, now)
 
     async def settle(self, ticket: Ticket, billed: Cost, now: float) -> None:
-        if not ticket.open:
+        if not ticket.end():
             return
-        ticket.open = False
         self.history.note(ticket.who, billed, now)
         for scope, name, unit in ticket.taken:
             meter = self.meters.get((scope, name))
@@ -77,9 +100,8 @@ class InProcessLimiter:
         self._prune(now)
 
     async def release(self, ticket: Ticket, now: float) -> None:
-        if not ticket.open:
+        if not ticket.end():
             return
-        ticket.open = False
         for scope, name, unit in ticket.taken:
             meter = self.meters.get((scope, name))
             if meter is not None:
@@ -91,8 +113,7 @@ class InProcessLimiter:
             self.history.note(usage.who, usage.cost, usage.at)
             taken += 1
         for meter in self.meters.values():  # re-read their period from the history
-            if isinstance(meter, BudgetMeter):
-                meter.start = meter.end = -math.inf
+            meter.reread()
         return taken
 
     async def standing(self, tenant: str, now: float) -> list[LimitStanding]:
@@ -107,26 +128,20 @@ class InProcessLimiter:
         key = (scope, limit.name)
         meter = self.meters.get(key)
         if meter is not None and meter.amount == limit.amount:
-            if isinstance(meter, BudgetMeter) and meter.zone != self.policies.zone:
-                meter.zone, meter.start, meter.end = self.policies.zone, -math.inf, -math.inf
+            meter.rezone(self.policies.zone)
             return meter
-        if isinstance(meter, BudgetMeter | Gate):
-            meter.amount = limit.amount
+        if meter is not None and meter.resize(limit.amount):
             return meter
         self.meters[key] = meter = self._new(scope, limit)
         return meter
 
     def _new(self, scope: tuple[str, ...], limit: Limit) -> Meter:
-        if limit.window is None:
-            return Gate(limit)
-        if not limit.window.budget:
-            return RateMeter(limit)
         unit = limit.unit
-        return BudgetMeter(
-            limit,
-            self.policies.zone,
-            lambda start, end: self.history.used(scope, unit, start, end),
-        )
+
+        def used_in(start: float, end: float) -> int:
+            return self.history.used(scope, unit, start, end)
+
+        return self._make(scope, limit, used_in, self.policies.zone)
 
     def _prune(self, now: float) -> None:
         """Forget history older than any period (at most once a quarter hour)."""
@@ -134,6 +149,11 @@ class InProcessLimiter:
             return
         self._pruned = now
         self.history.prune(earliest_start(now, self.policies.zone))
+
+
+async def still(app: Any) -> AsyncIterator[None]:
+    """A limiter's lifetime with nothing to run while the application serves."""
+    yield
 
 
 Plan = list[tuple[tuple[str, ...], Limit, Meter, int]]

@@ -1,52 +1,41 @@
-"""A tenant's standing read from the shared store, read only: the store's clock
-(``TIME``), then every key of its limits in one transaction (a snapshot), figured as
+"""A tenant's standing as the shared store holds it, read only: which keys to read
+(``tenant_parts``) and what the read answers mean (``standings``), figured as
 ``reserve.lua`` figures what it answers (holds past their expiry given back, a budget's
-``used`` the replicas' parts together), so every replica reads the same."""
+``used`` the replicas' parts together), so every replica reads the same. The read itself
+(the store's clock, then every key in one transaction) is ``RedisLimiter.standing``'s:
+only the Redis limiter speaks to the store."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from proxy.limits.limiter import LimitStanding, StandingUnknown, Who
+from proxy.limits.limiter import LimitStanding, Who
+from proxy.limits.policy import Policies
 from proxy.limits.standings import budget_standing, gate_standing, rate_standing, tenant_levels
-from proxy.limitstore.keyspace import StoreLayout
 from proxy.limitstore.tickets import Taken
 
 
-def tenant_parts(layout: StoreLayout, tenant: str, now: float) -> list[Taken]:
-    """Every limit of ``tenant``'s levels, with its keys in the store (``parts``)."""
+def tenant_parts(
+    policies: Policies, parts: Callable[[Who, float], list[Taken]], tenant: str, now: float
+) -> list[Taken]:
+    """Every limit of ``tenant``'s levels, with its keys in the store (``parts``: the
+    keys of the limits that apply to one requester)."""
     found: dict[str, Taken] = {}
-    for level in tenant_levels(layout.policies, tenant):
+    for level in tenant_levels(policies, tenant):
         scope = level.scope
         model = scope[2] if scope[0] == "model" else None
         key = scope[2] if scope[0] == "key" else None
-        for part in layout.parts(Who(tenant, model, key), now):
+        for part in parts(Who(tenant, model, key), now):
             if part.scope == scope:
                 found.setdefault(part.key, part)
     return list(found.values())
 
 
-async def store_standing(layout: StoreLayout, tenant: str, now: float) -> list[LimitStanding]:
-    """What the store holds of ``tenant``'s limits now (``StandingUnknown`` while its
-    budgets are being rebuilt: they are not whole)."""
-    parts = tenant_parts(layout, tenant, now)
-    seconds, micros = await layout.client.time()
-    clock = float(seconds) + float(micros) / 1_000_000  # the store's, as its scripts read it
-    async with layout.client.pipeline(transaction=True) as pipe:
-        pipe.hget(layout.generation_key, "complete")
-        for part in parts:
-            if part.kind == "r":
-                pipe.get(part.key)
-            else:  # the holds expired by ``clock`` only: those in flight may be many
-                pipe.hmget(part.key, "used", "reserved")
-                pipe.zrangebyscore(part.holds, "-inf", clock)
-        answers: list[Any] = await pipe.execute()
-    if answers[0] not in (b"1", "1"):
-        raise StandingUnknown("the limits store's budgets are being rebuilt")
-    return _read(parts, answers[1:], clock)
-
-
-def _read(parts: list[Taken], answers: list[Any], clock: float) -> list[LimitStanding]:
+def standings(parts: list[Taken], answers: list[Any], clock: float) -> list[LimitStanding]:
+    """What the store's answers say of each of ``parts`` at the store's ``clock``: a rate's
+    theoretical arrival time; a budget's or a gate's used and reserved, and its holds
+    expired by then."""
     out, at = [], 0
     for part in parts:
         if part.kind == "r":

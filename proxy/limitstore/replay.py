@@ -5,28 +5,40 @@ before its next admission, the rest in the background. Each end is idempotent by
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from proxy.limits.limiter import Cost, Ticket
-from proxy.limitstore.breaker import STORE_ERRORS
 from proxy.limitstore.calls import StoreCalls
+from proxy.limitstore.client import STORE_ERRORS
+from proxy.limitstore.redislimiter import RedisLimiter
 
 MISSED_HELD = 10_000  # missed settlements and releases kept to send again
 
 
-class Replay(StoreCalls):
+class Replay:
     """The ends the store missed, and their second sending."""
 
-    def _miss(self, ticket: Ticket, billed: Cost, mode: str) -> None:
+    def __init__(self, shared: RedisLimiter, calls: StoreCalls) -> None:
+        self._shared = shared
+        self._calls = calls
+        self.missed: dict[str, tuple[Ticket, Cost, str]] = {}
+        self._replaying: asyncio.Task[None] | None = None
+
+    def miss(self, ticket: Ticket, billed: Cost, mode: str) -> None:
         """An end the store did not get: kept to send again (the oldest dropped beyond
         MISSED_HELD; its reservation then expires by its TTL)."""
-        key = getattr(ticket, "id", "")
-        if not key:
+        if not ticket.id:
             return
         if len(self.missed) >= MISSED_HELD:
             del self.missed[next(iter(self.missed))]
-        self.missed[key] = (ticket, billed, mode)
+        self.missed[ticket.id] = (ticket, billed, mode)
 
-    async def _replay(
+    def resume(self) -> None:
+        """The store answers again: every missed end sent in the background."""
+        if self.missed and (self._replaying is None or self._replaying.done()):
+            self._replaying = asyncio.get_running_loop().create_task(self.replay(None))
+
+    async def replay(
         self, tenant: str | None, most: int | None = None, deadline: float | None = None
     ) -> None:
         """Send the missed ends again (a tenant's only, at ``most`` and before
@@ -41,21 +53,27 @@ class Replay(StoreCalls):
             if end is None:
                 continue
             ticket, billed, mode = end
-            op = _op(mode)
+            op = operation(mode)
             try:
                 if tenant is None:
-                    async with self.slots:
-                        await self._call(op, self.shared.finish(ticket, billed, mode))
+                    async with self._calls.slots:
+                        await self._calls.call(op, self._shared.finish(ticket, billed, mode))
                 else:
-                    await self._call(op, self.shared.finish(ticket, billed, mode))
+                    await self._calls.call(op, self._shared.finish(ticket, billed, mode))
             except STORE_ERRORS as exc:
-                self._failed(op, exc)
+                self._calls.failed(op, exc)
                 return
             # kept until sent: an admission's timeout (a cancellation) leaves it here
             self.missed.pop(key, None)
 
+    async def close(self) -> None:
+        if self._replaying is not None:
+            self._replaying.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._replaying
 
-def _op(mode: str) -> str:
+
+def operation(mode: str) -> str:
     """The store operation an end is counted as (metrics, logs): a ``late`` settlement is
     a settlement."""
     return "release" if mode == "release" else "settle"

@@ -67,12 +67,21 @@ class Taken:
 
 @dataclass(slots=True)
 class StoreTicket(Ticket):
-    """A reservation in the store: its id and the keys it took from."""
+    """A reservation in the store: the keys it took from."""
 
-    id: str = ""
     parts: list[Taken] = field(default_factory=list)
     noted: bool = False  # its billed units are in this replica's history
     generation: str | None = None  # the store's generation it was reserved in
+
+    def reserved_in(self, generation: str | None) -> None:
+        """Admitted by the store (or its holds taken again) in ``generation``."""
+        self.generation = generation
+        self.taken = [(p.scope, p.limit.name, p.limit.unit) for p in self.parts]
+
+    def note(self) -> bool:
+        """Its settlement goes into this replica's history; whether for the first time."""
+        first, self.noted = not self.noted, True
+        return first
 
 
 @dataclass(slots=True)
@@ -90,6 +99,13 @@ class Left:
     end: float
     spent: int = 0
 
+    def spend(self, units: int) -> None:
+        """Admitted (or billed, or given back: negative) without the store since."""
+        self.spent += units
+
+
+Charge = tuple[str, Left, Unit, int]  # a budget key, its remainder, the unit and the units
+
 
 @dataclass(slots=True)
 class LocalTicket(Ticket):
@@ -100,10 +116,23 @@ class LocalTicket(Ticket):
     replica's part from then on. ``charged``: the remainders it counts in, by budget key
     (with its units there)."""
 
-    id: str = ""
     inner: Ticket | None = None
     seq: int = 0
     parts: list[Taken] = field(default_factory=list)
     adopting: bool = False
     adopted: bool = False
     charged: list[tuple[str, Left, Unit, int]] = field(default_factory=list)
+
+    def held(
+        self, seq: int, charged: list[tuple[str, Left, Unit, int]], parts: list[Taken]
+    ) -> None:
+        """Admitted without the store as local admission ``seq``: what it counts in."""
+        self.seq, self.charged, self.parts = seq, charged, parts
+
+    def adopt(self) -> None:
+        """Its holds are sent to the store (a contribution); its end gives them back."""
+        self.adopting = True
+
+    def confirm(self) -> None:
+        """The store took its holds: renewed while it runs."""
+        self.adopted = self.open

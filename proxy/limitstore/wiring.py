@@ -1,28 +1,37 @@
-"""The limits store as the application wires it: the guarded limiter on a client of the
-store, built from the settings (the password given by the caller: it is read where a
-missing file is a start-up error), and this replica's heartbeat in it (a cleanup_ctx)."""
+"""The limiter as the application wires it: in process, or on the limits store, the
+guarded limiter on a client of the store, built from the settings (the password given by
+the caller: it is read where a missing file is a start-up error), with the replica count
+it last read kept beside the journal (``headcount``)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from pathlib import Path
 
-import structlog
-
+from proxy.limits.limiter import Limiter
 from proxy.limits.policy import FailMode, Policies
 from proxy.limitstore.client import SLOTS, connect
 from proxy.limitstore.guard import GuardedLimiter
+from proxy.limitstore.headcount import CountFile
+from proxy.limitstore.lifetime import HEARTBEAT_SECONDS
+from proxy.limitstore.memory import InProcessLimiter
 from proxy.limitstore.redislimiter import RedisLimiter
 from proxy.metrics import Metrics
 from proxy.settings import Settings
 
-log = structlog.get_logger("proxy.limitstore.wiring")
+COUNT_FILE = "limits-replicas"  # beside the journal: the replica count last read
 
-HEARTBEAT_SECONDS = 5.0
 
-RENEWALS_PER_TTL = 3  # the holds of live requests are extended this often per TTL
+def build_limiter(
+    settings: Settings,
+    policies: Policies,
+    metrics: Metrics | None = None,
+    *,
+    password: str | None = None,
+) -> Limiter:
+    """The limiter of ``policies``: in this process, or on ``--limits-store``."""
+    if settings.limits_store is None:
+        return InProcessLimiter(policies)
+    return build_shared_limiter(settings, policies, metrics, password=password)
 
 
 def build_shared_limiter(
@@ -51,41 +60,13 @@ def build_shared_limiter(
         replicas=settings.limits_replicas,
         metrics=metrics,
         slots=SLOTS,
+        kept=count_file(settings),
     )
 
 
-def store_context(
-    limiter: GuardedLimiter, *, journaled: bool
-) -> Callable[[Any], AsyncIterator[None]]:
-    """cleanup_ctx: this replica's heartbeat in the store (the live count divides the
-    limits in local fail mode unless --limits-replicas fixes it), which contributes its
-    journal once it is read (at once without a journal) and extends the holds of its
-    requests in flight (every TTL / 3, one round trip); the client closed."""
-
-    async def ctx(app: Any) -> AsyncIterator[None]:
-        limiter.restored = limiter.restored or not journaled
-
-        async def beat() -> None:
-            loop = asyncio.get_running_loop()
-            # the holds of requests in flight are extended well before their TTL ends
-            renewal = limiter.shared.reservation_ttl / RENEWALS_PER_TTL
-            beat_due = renew_due = loop.time()
-            while True:
-                now = loop.time()
-                if now >= beat_due:
-                    beat_due = now + HEARTBEAT_SECONDS
-                    count = await limiter.beat(3 * HEARTBEAT_SECONDS)
-                    log.debug("limits_replicas", live=count, dividing_by=limiter.replicas)
-                if now >= renew_due:
-                    renew_due = now + renewal
-                    await limiter.renew()
-                await asyncio.sleep(max(min(beat_due, renew_due) - loop.time(), 0.0))
-
-        task = asyncio.get_running_loop().create_task(beat())
-        yield
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await limiter.close()
-
-    return ctx
+def count_file(settings: Settings) -> CountFile | None:
+    """Where the replica count last read is kept: beside the journal (none without one,
+    or with ``--limits-replicas``, which states it)."""
+    if not settings.metering or settings.limits_replicas:
+        return None
+    return CountFile(Path(settings.journal).with_name(COUNT_FILE))

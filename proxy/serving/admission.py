@@ -174,7 +174,7 @@ class Admission:
         whole length), nothing else: each utterance is reserved at its commit."""
         if not self.applies(exchange.who.tenant):
             return None
-        exchange.hold.apart = True  # its utterances settle its units (``settle_utterance``)
+        exchange.hold.settled_apart()  # its utterances settle its units (``settle_utterance``)
         model = self.catalog.model_name(None)
         return await self.admit(exchange, model, Price(Cost(), "a session"), units=Quantities())
 

@@ -21,12 +21,9 @@ from proxy.ledger.reconciler import Reconciler
 from proxy.ledger.recorder import Recorder, Subscriber
 from proxy.ledger.sinks import Sink
 from proxy.limits.costs import unpriced
-from proxy.limits.limiter import Limiter
 from proxy.limits.policy import Policies
 from proxy.limits.problems import read_limits
-from proxy.limitstore.guard import GuardedLimiter
-from proxy.limitstore.memory import InProcessLimiter
-from proxy.limitstore.wiring import build_shared_limiter, store_context
+from proxy.limitstore.wiring import build_limiter
 from proxy.metrics import Metrics
 from proxy.serving import admin
 from proxy.serving.admin_api import build_admin_api
@@ -176,10 +173,8 @@ def build_admission(
     if problem is not None:
         fix = "price those models in --prices, or change the budget"
         raise file_problem(ValueError(problem), "--limits", path, fix)
-    limiter: Limiter = InProcessLimiter(policies)
-    if settings.limits_store is not None:
-        password = store_password(settings)
-        limiter = build_shared_limiter(settings, policies, metrics, password=password)
+    password = store_password(settings) if settings.limits_store is not None else None
+    limiter = build_limiter(settings, policies, metrics, password=password)
     timeout = settings.accounting_timeout
     prompts = PromptCounter(settings.upstream_base, metrics, timeout=timeout)
     return Admission(
@@ -220,8 +215,7 @@ def add_limits(
     )
     app.on_response_prepare.append(add_headers)
     app.cleanup_ctx.append(limits_file_context(app[LIMITSFILE]))
-    if isinstance(admission.limiter, GuardedLimiter):
-        app.cleanup_ctx.append(store_context(admission.limiter, journaled=journal is not None))
+    app.cleanup_ctx.append(admission.limiter.lifetime(journaled=journal is not None))
 
 
 def money_check(admission: Admission) -> Callable[[Policies], str | None]:
@@ -310,8 +304,7 @@ def create_app(
     if settings.api_keys:
         app[KEYFILE] = KeyFile(Path(settings.api_keys), resolver, metrics)
         app.cleanup_ctx.append(key_file_context(app[KEYFILE]))
-    limiter = admission.limiter if admission else None
-    store = limiter.problem if isinstance(limiter, GuardedLimiter) else None
+    store = admission.limiter.problem if admission else None
     priced = app[PRICESFILE].unpriced if prices is not None else None
     figures = build_figures(settings, admission, prices)
     admin_api = build_admin_api(app, settings, figures, lambda: known(resolver, admission))

@@ -40,6 +40,10 @@ class Hold:
     # the record settles its request alone.
     apart: bool = False
 
+    def settled_apart(self) -> None:
+        """Its units are settled apart from its record (a realtime session's utterances)."""
+        self.apart = True
+
 
 @dataclass(frozen=True, slots=True)
 class Exchange:

@@ -26,7 +26,6 @@ from proxy.limits.limiter import Limiter
 from proxy.limits.periods import period
 from proxy.limits.policy import Window
 from proxy.limits.standings import standing_json
-from proxy.limitstore.guard import GuardedLimiter
 from proxy.serving.admission import Admission
 from proxy.serving.pricesfile import Prices
 from proxy.settings import Settings
@@ -74,7 +73,9 @@ class Figures:
             "tenant": tenant,
             "at": _iso(now),
             "limited": limiter is not None,
-            "read_from": "limits store" if isinstance(limiter, GuardedLimiter) else "this replica",
+            "read_from": "limits store"
+            if limiter is not None and limiter.shared_store
+            else "this replica",
             "limits": [standing_json(r, currency, now) for r in readings],
         }
 

@@ -152,7 +152,7 @@ async def test_three_replicas_share_one_budget(
     assert admitted == len(seen) == 150
     for client in clients:
         await client.close()  # journals flushed
-    key = limiter(clients[0]).shared.budgets(time.time())[0].key
+    key = limiter(clients[0]).shared.book.budgets(time.time())[0].key
     assert billed(tmp_path) == 3 * admitted == await used(redis_store, key) <= budget
     _, last = await replicas(
         aiohttp_server, aiohttp_client, minilm_path, tmp_path, redis_store, policies
@@ -188,7 +188,7 @@ async def outage(
     assert [s for s, _ in before].count(200) == 30  # 99 of 300 tokens, with the warm-up
     store.kill()
     for client in clients:  # from here on, the outage's store calls
-        limiter(client).slowest = 0.0
+        limiter(client).calls.slowest = 0.0
     reached = len(seen)
     during = await asyncio.gather(*(post(clients[i % 3]) for i in range(150)))
     return seen, clients, during, reached
@@ -205,7 +205,7 @@ async def test_outage_closed_forwards_nothing(
     assert {s for s, _ in during} == {503}
     assert len(seen) == reached
     for client in clients:  # no store call outlasted its timeout (beyond the loop's lag)
-        assert limiter(client).slowest < TIMEOUT + 0.2
+        assert limiter(client).calls.slowest < TIMEOUT + 0.2
     ready = await clients[0].get("/readyz")  # closed: this replica serves no limited tenant
     assert ready.status == 503
     assert (await ready.json())["problems"]["limits_store"].startswith("unreachable")
@@ -226,13 +226,13 @@ async def test_outage_open_admits_and_loses_no_record(
     assert {s for s, _ in during} == {200}
     assert len(seen) - reached == len(during)
     for client in clients:
-        assert limiter(client).slowest < TIMEOUT + 0.2
+        assert limiter(client).calls.slowest < TIMEOUT + 0.2
     redis_store.start()
     for client in clients:
-        limiter(client).breaker.open_until = 0.0
+        limiter(client).calls.breaker.open_until = 0.0
     whole = [await limiter(client).contribute() for client in clients]
     assert whole == [False, False, True]
-    key = limiter(clients[0]).shared.budgets(time.time())[0].key
+    key = limiter(clients[0]).shared.book.budgets(time.time())[0].key
     for client in clients:
         await client.close()
     assert billed(tmp_path) == 3 * len(seen) == await used(redis_store, key)
@@ -254,7 +254,7 @@ async def test_outage_local_divides_and_rebuilds(
     assert len(seen) - reached == [s for s, _ in during].count(200) > 0
     assert 3 * len(seen) <= 300
     for client in clients:  # a store call took no longer than its timeout
-        assert limiter(client).slowest < TIMEOUT + 0.2
+        assert limiter(client).calls.slowest < TIMEOUT + 0.2
     ready = await clients[0].get("/readyz")  # local: still serving, the problem reported
     assert ready.status == 200
     assert (await ready.json())["problems"]["limits_store"].startswith("unreachable")
@@ -268,17 +268,17 @@ async def test_outage_local_divides_and_rebuilds(
     assert metric(page, "usage_proxy_limits_store_breaker_open") == 1
     assert sum(v for k, v in samples(page, "usage_proxy_limits_store_errors_total")) > 0
     assert metric(page, 'usage_proxy_limits_store_seconds_count{op="reserve"}') > 0
-    rebuilds = sum(limiter(client).rebuilds for client in clients)
+    rebuilds = sum(limiter(client).contribution.rebuilds for client in clients)
     redis_store.start()
     for client in clients:  # the breaker lets one request try again after its cooldown
-        limiter(client).breaker.open_until = 0.0
+        limiter(client).calls.breaker.open_until = 0.0
     first = await post(clients[0])  # the store answers, its budgets are not whole
     assert first[0] == 429  # by replica0's share (99 of 100 billed), not the store's
-    assert sum(limiter(client).rebuilds for client in clients) == rebuilds + 1
-    assert not limiter(clients[0]).complete
+    assert sum(limiter(client).contribution.rebuilds for client in clients) == rebuilds + 1
+    assert not limiter(clients[0]).contribution.complete
     whole = [await limiter(client).contribute() for client in clients[1:]]
     assert whole == [False, True]
-    key = limiter(clients[0]).shared.budgets(time.time())[0].key
+    key = limiter(clients[0]).shared.book.budgets(time.time())[0].key
     charged = await used(redis_store, key)
     assert charged == 3 * len(seen)  # the journals, once
     left = (300 - 3 * len(seen)) // 3

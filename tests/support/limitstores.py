@@ -1,6 +1,6 @@
-"""Helpers of the limits store's tests (tests/unit/limitstore): the policies of one
-tenant, replicas with a journal, three that billed 290 of 300, a burst of admissions,
-the TLS settings of a store that speaks TLS only."""
+"""Helpers of the limits store's tests: the policies of one tenant, replicas with a
+journal, three that billed 290 of 300, a burst of admissions, the TLS settings of a store
+that speaks TLS only, an outage played by the breaker, and a budget as the store holds it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from proxy.limits.limiter import Cost, Usage, Who
+from redis.asyncio import Redis
+
+from proxy.limits.limiter import Cost, Ticket, Usage, Who
 from proxy.limits.policy import FailMode, Policies
 from proxy.limitstore.client import connect
 from proxy.limitstore.guard import GuardedLimiter
@@ -23,6 +25,7 @@ ACME = Who("acme", "m", "k1")
 UPSTREAM = "http://127.0.0.1:8000"
 # The product's client (no retries), with room for a loaded box's round trips.
 STORE_TIMEOUT = 5.0
+TTL = 15.0  # the registry's TTL in service (3 heartbeats of 5 s)
 MakeShared = Callable[..., RedisLimiter]
 MakeGuarded = Callable[..., GuardedLimiter]
 
@@ -104,7 +107,7 @@ async def admitted_in_store(limiter: GuardedLimiter) -> bool:
     try:
         whole = await limiter.contribute()
         decision = await limiter.reserve(ACME, Cost(5, 0), time.time())
-        return whole and decision.ticket is not None and not limiter.errors
+        return whole and decision.ticket is not None and not limiter.calls.errors
     finally:
         await limiter.close()
 
@@ -141,3 +144,69 @@ async def burst(store: Store, mode: str) -> tuple[GuardedLimiter, list[Any], lis
     )
     await limiter.close()
     return limiter, list(decisions[:1000]), list(decisions[1000:])
+
+
+def cut_off(limiter: GuardedLimiter, cut: bool) -> None:
+    """The store skipped (the breaker open: unreachable for this replica), or back."""
+    breaker = limiter.calls.breaker
+    breaker.count = breaker.failures if cut else 0
+    breaker.open_until = time.monotonic() + 600 if cut else 0.0
+
+
+async def spend_locally(limiter: GuardedLimiter, units: int = 10) -> int:
+    """Admit and bill ``units``-token requests until refused; the tokens admitted."""
+    admitted = 0
+    for _ in range(100):
+        decision = await limiter.reserve(ACME, Cost(units, 0), time.time())
+        if decision.ticket is None:
+            break
+        await limiter.settle(decision.ticket, Cost(units, 0), time.time())
+        admitted += units
+    return admitted
+
+
+async def charge(store: Store, limiter: GuardedLimiter) -> list[int]:
+    """acme's budget's ``used`` and ``reserved`` as the other replicas see them."""
+    (budget,) = [p for p in limiter.shared.parts(ACME, time.time()) if p.kind == "b"]
+    client = Redis.from_url(store.url)
+    try:
+        return [int(v or 0) for v in await client.hmget(budget.key, "used", "reserved")]
+    finally:
+        await client.aclose()
+
+
+async def admin(redis_store: Store) -> Redis:
+    return Redis.from_url(redis_store.url)
+
+
+async def store_now(client: Redis) -> float:
+    seconds, micros = await client.time()
+    return float(seconds) + micros / 1e6
+
+
+async def counted(redis_store: Store, replicas: list[GuardedLimiter]) -> None:
+    """Every replica (--limits-replicas unset) in the registry, having stayed a whole TTL
+    (its stay written back 100 s, as if it had beaten every 5 s since), and counted: its
+    heartbeat has read the live count and what is left of each budget it watches."""
+    for replica in replicas:  # each registers (a stay begins) and contributes
+        assert await replica.beat(TTL) is not None
+    client = await admin(redis_store)
+    try:
+        now = await store_now(client)
+        since = {r.shared.replica: f"{now - 100:.6f}" for r in replicas}
+        await client.hset(replicas[0].shared.keys.joined, mapping=since)
+    finally:
+        await client.aclose()
+    for replica in replicas:
+        assert await replica.beat(TTL) == len(replicas)
+        assert replica.heartbeat.counted
+        assert replica.mode.replicas == len(replicas)
+        assert replica.mode.remainders.left  # what local fail mode divides
+
+
+async def spend(limiter: GuardedLimiter, who: Who, units: int) -> Ticket:
+    """``units`` reserved and billed through the store."""
+    decision = await limiter.reserve(who, Cost(units, 0), time.time())
+    assert decision.ticket is not None
+    await limiter.settle(decision.ticket, Cost(units, 0), time.time())
+    return decision.ticket

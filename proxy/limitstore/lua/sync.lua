@@ -39,8 +39,12 @@ for i = 1, h do
   end
 end
 redis.call('HSET', gen, 'c:' .. replica, '1')
+-- expect: the replicas the operator declared (> 0), or, negated, those this replica last
+-- counted in the registry (< 0): the generation keeps the most of each
 if expect > tonumber(redis.call('HGET', gen, 'expect') or '0') then
   redis.call('HSET', gen, 'expect', expect)
+elseif -expect > tonumber(redis.call('HGET', gen, 'seen') or '0') then
+  redis.call('HSET', gen, 'seen', -expect)
 end
 redis.call('EXPIRE', gen, gen_ttl)
 local done = 0

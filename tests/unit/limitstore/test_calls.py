@@ -36,7 +36,7 @@ async def test_a_silent_store_costs_each_request_at_most_the_timeout() -> None:
     limiter = build_shared_limiter(
         settings, policies(requests_per_minute=300), password=store_password(settings)
     )
-    limiter.restored = True
+    limiter.contribution.restored = True
     waits = []
     try:
         for _ in range(6):
@@ -52,5 +52,5 @@ async def test_a_silent_store_costs_each_request_at_most_the_timeout() -> None:
         await server.wait_closed()
     assert all(wait < 0.1 + 0.05 for wait in waits), waits
     assert all(wait < 0.01 for wait in waits[3:]), waits  # the breaker is open
-    assert limiter.errors == {"timeout": 3}
-    assert limiter.fail_admissions[FailMode.LOCAL] == 6
+    assert limiter.calls.errors == {"timeout": 3}
+    assert limiter.mode.fail_admissions[FailMode.LOCAL] == 6

@@ -27,11 +27,11 @@ async def test_usage_billed_without_the_store_is_contributed_once(
     redis_store.kill()
     decision = await limiter.reserve(ACME, Cost(25, 0), time.time())
     assert decision.ticket is not None
-    assert limiter.errors
+    assert limiter.calls.errors
     await limiter.settle(decision.ticket, Cost(25, 0), time.time())
-    assert limiter.dirty
+    assert limiter.contribution.dirty
     redis_store.start()
-    limiter.breaker.open_until = 0.0
+    limiter.calls.breaker.open_until = 0.0
     assert await limiter.contribute() is True
     assert await limiter.contribute() is True
     after = await limiter.reserve(ACME, Cost(0, 0), time.time())
@@ -54,7 +54,7 @@ async def test_an_open_reservation_without_the_store_counts_in_the_rebuild(
     decision = await limiter.reserve(ACME, Cost(50, 0), time.time())
     assert decision.ticket is not None
     redis_store.start()
-    limiter.breaker.open_until = 0.0
+    limiter.calls.breaker.open_until = 0.0
     assert await limiter.contribute() is True
     during = await limiter.reserve(ACME, Cost(0, 0), time.time())
     assert during.tokens is not None
@@ -72,12 +72,12 @@ async def test_usage_billed_while_the_store_was_skipped_is_contributed_when_back
     await limiter.restore([], time.time())
     assert await limiter.contribute() is True
     assert await limiter.beat(15) is not None  # what is left: local mode divides it
-    limiter.breaker.count, limiter.breaker.open_until = 3, time.monotonic() + 60
+    limiter.calls.breaker.count, limiter.calls.breaker.open_until = 3, time.monotonic() + 60
     decision = await limiter.reserve(ACME, Cost(30, 0), time.time())
     assert decision.ticket is not None
-    assert limiter.fail_admissions[FailMode.LOCAL] == 1
+    assert limiter.mode.fail_admissions[FailMode.LOCAL] == 1
     await limiter.settle(decision.ticket, Cost(30, 0), time.time())
-    limiter.breaker.open_until = 0.0  # half open: the next call tries the store
+    limiter.calls.breaker.open_until = 0.0  # half open: the next call tries the store
     after = await limiter.reserve(ACME, Cost(0, 0), time.time())
     assert after.ticket is not None
     assert await limiter.contribute() is True
@@ -99,14 +99,15 @@ async def test_a_settlement_skipped_by_the_open_breaker_is_contributed(
     assert await limiter.contribute() is True
     decision = await limiter.reserve(ACME, Cost(40, 0), time.time())
     assert decision.ticket is not None
-    limiter.breaker.count, limiter.breaker.open_until = 3, time.monotonic() + 60
+    limiter.calls.breaker.count, limiter.calls.breaker.open_until = 3, time.monotonic() + 60
     await limiter.settle(decision.ticket, Cost(30, 0), time.time())
-    assert limiter.missed
-    limiter.breaker.count, limiter.breaker.open_until = 0, 0.0  # the store answers again
+    assert limiter.replay.missed
+    breaker = limiter.calls.breaker
+    breaker.count, breaker.open_until = 0, 0.0  # the store answers again
     assert await limiter.contribute() is True  # before the settlement sent again
-    await limiter._replay(None)
-    assert not limiter.missed
-    (budget,) = limiter.shared.budgets(time.time())
+    await limiter.replay.replay(None)
+    assert not limiter.replay.missed
+    (budget,) = limiter.shared.book.budgets(time.time())
     client = Redis.from_url(redis_store.url)
     try:  # read as the other replicas see it (this one's next reservation carries its total)
         charge = await client.hmget(budget.key, "used", "reserved")

@@ -43,9 +43,9 @@ async def test_a_rebuilding_store_admits_by_the_local_share(
     assert not over.refusal.unavailable  # beyond the share: to retry
     held = await r0.reserve(ACME, Cost(10, 0), time.time())
     assert held.ticket is not None
-    assert r0.fail_admissions[FailMode.LOCAL] == 2
-    assert r0.rebuilds == 2  # the store found empty at the start, and now
-    assert not r0.complete
+    assert r0.mode.fail_admissions[FailMode.LOCAL] == 2
+    assert r0.contribution.rebuilds == 2  # the store found empty at the start, and now
+    assert not r0.contribution.complete
     assert await replicas[1].contribute() is False
     assert await replicas[2].contribute() is True
     whole = await replicas[1].reserve(ACME, Cost(20, 0), time.time())
@@ -96,15 +96,15 @@ async def test_a_replica_not_yet_counted_refuses_in_an_outage(
         replica.shared.grace = 0.5  # a whole generation without a declared count
         await replica.restore([], time.time())
     assert await one.beat(1.0) == 1  # alone so far, for all it knows
-    assert not one.counted
+    assert not one.heartbeat.counted
     assert one.problem() is not None
     assert await two.beat(1.0) == 2
     for _ in range(3):
         await asyncio.sleep(0.4)
         for replica in (one, two):
             assert await replica.beat(1.0) == 2
-    assert one.counted
-    assert one.replicas == 2
+    assert one.heartbeat.counted
+    assert one.mode.replicas == 2
     assert one.problem() is None
     fresh = make_guarded(pols, "r2")
     await fresh.restore([], time.time())
@@ -134,7 +134,7 @@ async def test_a_closed_tenant_is_refused_while_the_store_rebuilds(
     decision = await limiter.reserve(ACME, Cost(1, 0), time.time())
     assert decision.refusal is not None
     assert decision.refusal.unavailable
-    assert limiter.fail_admissions[FailMode.CLOSED] == 1
+    assert limiter.mode.fail_admissions[FailMode.CLOSED] == 1
 
 
 async def test_each_tenant_fails_by_its_own_mode(
@@ -166,10 +166,10 @@ async def test_each_tenant_fails_by_its_own_mode(
     assert closed.refusal.unavailable
     local = [await limiter.reserve(Who("initech"), Cost(20, 0), now) for _ in range(3)]
     assert [d.ticket is not None for d in local] == [True, True, False]  # a share of 50
-    assert limiter.fail_admissions == {FailMode.OPEN: 4, FailMode.CLOSED: 1, FailMode.LOCAL: 3}
+    assert limiter.mode.fail_admissions == {FailMode.OPEN: 4, FailMode.CLOSED: 1, FailMode.LOCAL: 3}
 
 
-async def test_review_a_request_within_the_budget_is_not_refused_for_ever_in_an_outage(
+async def test_a_request_within_the_budget_is_not_refused_for_ever_in_an_outage(
     make_guarded: MakeGuarded, redis_store: Store
 ) -> None:
     """300 tokens a day, three replicas, the store down: a 150-token request is more than
@@ -188,7 +188,7 @@ async def test_review_a_request_within_the_budget_is_not_refused_for_ever_in_an_
     assert not decision.refusal.unavailable
 
 
-async def test_review_one_slow_admission_does_not_fail_readiness(redis_store: Store) -> None:
+async def test_one_slow_admission_does_not_fail_readiness(redis_store: Store) -> None:
     """Fail mode closed, the store up: it pauses its clients for 100 ms once (CLIENT
     PAUSE), so one admission outlasts the 50 ms timeout; /readyz must not call the store
     unreachable for that."""

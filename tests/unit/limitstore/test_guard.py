@@ -25,12 +25,12 @@ async def test_a_settlement_on_its_way_to_the_store_is_not_counted_twice(
     assert await limiter.contribute() is True
     first = await limiter.reserve(ACME, Cost(3, 0), time.time())
     assert first.ticket is not None
-    await limiter.slots.acquire()  # the one slot busy: B queues first, A's settlement next
+    await limiter.calls.slots.acquire()  # the one slot busy: B queues first, A's settlement next
     second = asyncio.create_task(limiter.reserve(ACME, Cost(3, 0), time.time()))
     await asyncio.sleep(0)
     settled = asyncio.create_task(limiter.settle(first.ticket, Cost(3, 0), time.time()))
     await asyncio.sleep(0)
-    limiter.slots.release()
+    limiter.calls.slots.release()
     decision = await second
     await settled
     assert decision.ticket is not None, decision.refusal
@@ -42,14 +42,14 @@ async def test_a_settlement_on_its_way_to_the_store_is_not_counted_twice(
     assert after.tokens.remaining == 0  # 6 billed in all, nothing counted twice or lost
 
 
-async def test_review_a_burst_does_not_open_a_rate_limit(redis_store: Store) -> None:
+async def test_a_burst_does_not_open_a_rate_limit(redis_store: Store) -> None:
     """Fail mode open, the store up and answering: a tenant's burst of 1000 against 10
     requests a minute is admitted about 10 times, not by the fail mode."""
     _, evil, _ = await burst(redis_store, "open")
     assert sum(d.ticket is not None for d in evil) <= 20
 
 
-async def test_review_a_burst_does_not_refuse_other_tenants(redis_store: Store) -> None:
+async def test_a_burst_does_not_refuse_other_tenants(redis_store: Store) -> None:
     """Fail mode closed, the store up: another tenant's requests during the burst are
     admitted by the store, not refused as if it were down."""
     _, _, good = await burst(redis_store, "closed")

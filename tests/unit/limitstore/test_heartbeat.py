@@ -4,16 +4,21 @@ from an old snapshot rebuilt."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from pathlib import Path
 
 from redis.asyncio import Redis
 
 from proxy.limits.limiter import Cost
+from proxy.limitstore.guard import GuardedLimiter
+from proxy.limitstore.headcount import CountFile
+from proxy.limitstore.tickets import LocalTicket
 from tests.support.limitstores import ACME, MakeGuarded, policies
 from tests.support.redisserver import Store
 
 
-async def test_review_replicas_started_during_an_outage_do_not_each_get_the_whole_budget(
+async def test_replicas_started_during_an_outage_do_not_each_get_the_whole_budget(
     make_guarded: MakeGuarded, redis_store: Store
 ) -> None:
     """Three replicas (--limits-replicas unset, the default) start while the store is
@@ -41,9 +46,9 @@ async def test_an_ended_request_is_no_longer_renewed(make_guarded: MakeGuarded) 
     assert second.ticket is not None
     assert await limiter.renew() == 2
     await limiter.release(first.ticket, time.time())
-    limiter.breaker.count, limiter.breaker.open_until = 3, time.monotonic() + 60
+    limiter.calls.breaker.count, limiter.calls.breaker.open_until = 3, time.monotonic() + 60
     await limiter.release(second.ticket, time.time())  # missed: kept to send again
-    assert limiter.shared.live == {}
+    assert limiter.shared.book.live == {}
     assert await limiter.renew() == 0
 
 
@@ -65,7 +70,7 @@ async def test_a_store_back_from_an_old_snapshot_is_rebuilt(
         await limiter.settle(decision.ticket, Cost(units, 0), time.time())
 
     async def charged() -> int:
-        (budget,) = limiter.shared.budgets(time.time())
+        (budget,) = limiter.shared.book.budgets(time.time())
         client = Redis.from_url(redis_store.url)
         try:
             return int(await client.hget(budget.key, "used") or 0)
@@ -77,7 +82,7 @@ async def test_a_store_back_from_an_old_snapshot_is_rebuilt(
     await admin.save()
     await admin.aclose()
     await spend(150)
-    rebuilds = limiter.rebuilds
+    rebuilds = limiter.contribution.rebuilds
     redis_store.kill()
     redis_store.start()  # from the snapshot: 100 charged, the generation whole
     assert await charged() == 100
@@ -85,4 +90,63 @@ async def test_a_store_back_from_an_old_snapshot_is_rebuilt(
         if await limiter.beat(15) is not None:
             break
     assert await charged() == 250
-    assert limiter.rebuilds == rebuilds + 1
+    assert limiter.contribution.rebuilds == rebuilds + 1
+
+
+async def test_a_restarted_replica_keeps_the_count_it_read(
+    make_guarded: MakeGuarded, redis_store: Store, tmp_path: Path
+) -> None:
+    """--limits-replicas unset: two replicas counted each other, then both restart (a
+    cold start) on a store that restarted empty. Each recalls the count it read (kept
+    beside its journal): the store's new generation is whole once both have contributed,
+    and their tenants are admitted by the store at once, not refused (503, the count not
+    known) while the generation waited a grace for replicas it could not name."""
+    pols = policies(prompt_tokens_per_day=300)
+
+    def replica(name: str) -> GuardedLimiter:
+        return make_guarded(pols, name, kept=CountFile(tmp_path / name))
+
+    first = [replica("r0"), replica("r1")]
+    for each in first:
+        each.shared.grace = 0.5
+        await each.restore([], time.time())
+    for each in first:  # each begins its stay in the registry
+        assert await each.beat(1.0) is not None
+    for _ in range(3):  # each stays a whole registry TTL (1 s here) and reads the count
+        await asyncio.sleep(0.4)
+        for each in first:
+            assert await each.beat(1.0) == 2
+    assert [each.heartbeat.counted for each in first] == [True, True]
+    for each in first:
+        await each.close()
+    client = Redis.from_url(redis_store.url)
+    await client.flushall()  # the store restarted empty
+    await client.aclose()
+    again = [replica("r0"), replica("r1")]  # the grace: 60 s
+    for each in again:
+        await each.restore([], time.time())
+    await asyncio.gather(*[each.contribute() for each in again])
+    decision = await again[0].reserve(ACME, Cost(10, 0), time.time())
+    assert decision.refusal is None, decision.refusal
+    assert not isinstance(decision.ticket, LocalTicket)  # by the store, not the fail mode
+    assert again[0].problem() is None
+    assert [each.mode.replicas for each in again] == [2, 2]
+
+
+async def test_a_count_read_replaces_the_one_recalled(
+    make_guarded: MakeGuarded, tmp_path: Path
+) -> None:
+    """A replica recalls the count it kept (3) and divides by it until it has stayed a
+    registry TTL, then by the live count it reads (1), which it keeps in its place."""
+    kept = CountFile(tmp_path / "count")
+    kept.write(3)
+    limiter = make_guarded(policies(prompt_tokens_per_day=300), "r0", kept=kept)
+    limiter.shared.grace = 0.5
+    await limiter.restore([], time.time())
+    assert await limiter.beat(1.0) == 1
+    assert (limiter.heartbeat.counted, limiter.mode.replicas) == (True, 3)
+    for _ in range(3):  # it stays a whole registry TTL (1 s here)
+        await asyncio.sleep(0.4)
+        assert await limiter.beat(1.0) == 1
+    assert (limiter.heartbeat.counted, limiter.mode.replicas) == (True, 1)
+    assert CountFile(tmp_path / "count").read() == 1

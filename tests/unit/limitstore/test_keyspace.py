@@ -8,7 +8,7 @@ import time
 from redis.asyncio import Redis
 
 from proxy.limits.limiter import Cost
-from proxy.limitstore.keyspace import StoreLayout
+from proxy.limitstore.keyspace import Keyspace
 from tests.support.limitstores import ACME, MakeShared, joined, policies
 from tests.support.redisserver import Store
 
@@ -36,8 +36,8 @@ def test_every_key_of_a_tenant_is_in_one_hash_slot() -> None:
         concurrency=2,
         models={"m": {"requests_per_minute": 5}},
     )
-    layout = StoreLayout(pols, Redis(), namespace="ns", replica="r1")
-    parts = layout.parts(ACME, 86_400 * 3 + 10)
+    keys = Keyspace("ns")
+    parts = keys.parts(pols, ACME, 86_400 * 3 + 10)
     assert sorted((p.scope, p.kind) for p in parts) == [
         (("model", "acme", "m"), "r"),
         (("tenant", "acme"), "b"),
@@ -47,4 +47,4 @@ def test_every_key_of_a_tenant_is_in_one_hash_slot() -> None:
     assert all(p.key.startswith("ns:{acme}:") and p.holds == p.key + ":holds" for p in parts)
     (budget,) = [p for p in parts if p.kind == "b"]
     assert (budget.start, budget.span) == (86_400 * 3, 86_400 * 4)
-    assert budget.key == layout.budget_key(("tenant", "acme"), budget.limit, budget.start)
+    assert budget.key == keys.budget(("tenant", "acme"), budget.limit, budget.start)

@@ -57,11 +57,27 @@ async def test_a_generation_waits_its_grace_for_unknown_replicas(make_shared: Ma
     grace, and only if every replica alive in the registry has contributed."""
     pols = policies(total_tokens_per_day=1000)
     one, two = make_shared(pols, "r1", grace=0.3), make_shared(pols, "r2", grace=0.3)
-    await one.client.zadd(one.registry_key, {"r1": time.time(), "r2": time.time()})
+    await one.client.zadd(one.keys.registry, {"r1": time.time(), "r2": time.time()})
     assert await joined(one) == [False]
     await asyncio.sleep(0.35)
     assert await joined(one) == [False]  # r2 is alive and has not contributed
     assert await joined(two) == [True]
+
+
+async def test_a_generation_waits_for_as_many_as_were_counted_not_its_grace(
+    make_shared: MakeShared,
+) -> None:
+    """A replica count read before (not declared) spares a new generation its grace once
+    that many replicas have contributed, but every replica alive in the registry is still
+    waited for (a count read before a replica joined is not trusted over the registry)."""
+    pols = policies(total_tokens_per_day=1000)
+    one, two, three = (make_shared(pols, f"r{i}", grace=60.0) for i in (1, 2, 3))
+    now = time.time()
+    assert [(await r.sync(0, now, seen=2)).complete for r in (one, two)] == [False, True]
+    await one.client.flushall()  # restarted empty again, three replicas alive now
+    await one.client.zadd(one.keys.registry, {"r1": now, "r2": now, "r3": now})
+    assert [(await r.sync(0, now, seen=2)).complete for r in (one, two)] == [False, False]
+    assert (await three.sync(0, now, seen=2)).complete
 
 
 async def test_settlements_write_totals_so_retries_count_once(make_shared: MakeShared) -> None:
@@ -111,7 +127,7 @@ async def test_an_incomplete_generation_reserves_nothing_and_the_whole_sees_ever
     assert raised.value.contributed
     local = LocalTicket(ACME, Cost(10, 0), id="local")  # admitted in process meanwhile
     local.parts = [p for p in three.parts(ACME, now) if p.kind != "r"]
-    three.holds[local.id] = local
+    three.book.holds[local.id] = local
     assert await joined(two, three, known=3) == [False, True]
     over = await two.reserve(ACME, Cost(1, 0), now)  # 270 billed + 10 held by r2
     assert over.tokens is not None
@@ -130,11 +146,11 @@ async def test_a_settlement_carried_by_a_contribution_adds_nothing_when_it_lands
     decision = await lim.reserve(ACME, Cost(40, 0), now)
     ticket = decision.ticket
     assert isinstance(ticket, StoreTicket)
-    lim.note(ticket, Cost(30, 0), now)
-    lim.sending.pop(ticket.id)  # its sending failed: in this replica's total from now on
-    lim.unclaimed[ticket.id] = ticket
+    lim.book.note(ticket, Cost(30, 0), now)
+    lim.book.sending.pop(ticket.id)  # its sending failed: in this replica's total from now on
+    lim.book.unclaimed[ticket.id] = ticket
     await joined(lim)
-    assert not lim.unclaimed
+    assert not lim.book.unclaimed
     assert not await lim.finish(ticket, Cost(30, 0), "settle")  # the first sending lands
     after = await lim.reserve(ACME, Cost(0, 0), now)
     assert after.tokens is not None

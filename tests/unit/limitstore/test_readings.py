@@ -94,7 +94,7 @@ async def test_nothing_is_told_while_the_budgets_are_not_whole(make_shared: Make
 def test_a_tenants_parts_are_every_level_once(make_shared: MakeShared) -> None:
     """The tenant's own limits, its model's and its key's, each key once."""
     lim = make_shared(policies(**POLICIES))
-    parts = tenant_parts(lim, "acme", time.time())
+    parts = tenant_parts(lim.policies, lim.parts, "acme", time.time())
     assert sorted((p.scope, p.limit.name) for p in parts) == sorted(
         [
             (("tenant", "acme"), "total_tokens_per_day"),
@@ -122,7 +122,7 @@ async def test_the_guard_reads_the_store_or_says_it_cannot(
     redis_store.kill()
     with pytest.raises(StandingUnknown):
         await guarded.standing("acme", time.time())
-    assert guarded.breaker.count == 0  # a failed read is no admission's failure
-    guarded.breaker.count = guarded.breaker.failures
+    assert guarded.calls.breaker.count == 0  # a failed read is no admission's failure
+    guarded.calls.breaker.count = guarded.calls.breaker.failures
     with pytest.raises(StandingUnknown, match="unreachable"):
         await guarded.standing("acme", time.time())

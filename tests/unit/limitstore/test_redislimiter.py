@@ -115,11 +115,11 @@ async def test_a_settlement_whose_answer_was_lost_counts_once(
     async def failed_sending(reached: bool) -> Any:
         decision = await lim.reserve(ACME, Cost(40, 0), now)
         assert decision.ticket is not None
-        lim.note(decision.ticket, Cost(30, 0), now)
-        lim.ended(decision.ticket)
+        lim.book.note(decision.ticket, Cost(30, 0), now)
+        lim.book.ended(decision.ticket)
         if reached:  # the store did it; the answer was lost
             await lim.finish(decision.ticket, Cost(30, 0), "settle")
-        lim.sending.pop(decision.ticket.id, None)  # the sending over, failed
+        lim.book.sending.pop(decision.ticket.id, None)  # the sending over, failed
         return decision.ticket
 
     async def remaining() -> int:

@@ -12,7 +12,7 @@ from tests.support.limitstores import ACME, MakeGuarded, policies, three_after_2
 from tests.support.redisserver import Store
 
 
-async def test_review_local_mode_keeps_the_total_within_the_budget(
+async def test_local_mode_keeps_the_total_within_the_budget(
     make_guarded: MakeGuarded, redis_store: Store
 ) -> None:
     """Three replicas share 300 tokens a day; one billed 290 of them through the store,
@@ -67,7 +67,7 @@ async def test_a_heartbeat_does_not_forget_admissions_the_store_has_not_seen(
     await limiter.restore([], time.time())
     assert await limiter.contribute() is True
     assert await limiter.beat(15) is not None  # reads 300 left
-    limiter.breaker.count, limiter.breaker.open_until = 3, time.monotonic() + 60
+    limiter.calls.breaker.count, limiter.calls.breaker.open_until = 3, time.monotonic() + 60
     held = await limiter.reserve(ACME, Cost(100, 0), time.time())
     assert held.ticket is not None
     assert await limiter.beat(15) is not None  # the heartbeat reaches the store
@@ -95,7 +95,8 @@ async def test_a_remainder_read_earlier_does_not_replace_a_later_one(
     assert first.ticket is not None
     spent = await limiter.reserve(ACME, Cost(200, 0), time.time())
     assert spent.ticket is not None
-    limiter._remember(early, limiter.seq)  # the earlier answer (300 left) read last
+    remainders = limiter.mode.remainders
+    remainders.remember(early, remainders.seq)  # the earlier answer (300 left) read last
     redis_store.kill()
     more = await limiter.reserve(ACME, Cost(150, 0), time.time())
     assert more.refusal is not None  # 100 were left, not 300

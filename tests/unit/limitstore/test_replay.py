@@ -10,7 +10,7 @@ from proxy.limits.policy import Policies
 from tests.support.limitstores import ACME, MakeGuarded, acme_held, policies
 
 
-async def test_review_a_release_missed_during_a_blip_does_not_hold_the_gate(
+async def test_a_release_missed_during_a_blip_does_not_hold_the_gate(
     make_guarded: MakeGuarded,
 ) -> None:
     """concurrency 1: a request admitted by the store ends while the breaker is open (its
@@ -21,9 +21,9 @@ async def test_review_a_release_missed_during_a_blip_does_not_hold_the_gate(
     assert await limiter.contribute() is True
     first = await limiter.reserve(ACME, Cost(0, 0), time.time())
     assert first.ticket is not None
-    limiter.breaker.count, limiter.breaker.open_until = 3, time.monotonic() + 60
+    limiter.calls.breaker.count, limiter.calls.breaker.open_until = 3, time.monotonic() + 60
     await limiter.release(first.ticket, time.time())  # the store is skipped
-    limiter.breaker.count, limiter.breaker.open_until = 0, 0.0  # the blip is over
+    limiter.calls.breaker.count, limiter.calls.breaker.open_until = 0, 0.0  # the blip is over
     second = await limiter.reserve(ACME, Cost(0, 0), time.time())
     assert second.ticket is not None
 
@@ -39,14 +39,14 @@ async def test_missed_ends_are_sent_again_in_the_background(make_guarded: MakeGu
     assert await limiter.contribute() is True
     first = await limiter.reserve(ACME, Cost(0, 0), time.time())
     assert first.ticket is not None
-    limiter.breaker.count, limiter.breaker.open_until = 3, time.monotonic() + 60
+    limiter.calls.breaker.count, limiter.calls.breaker.open_until = 3, time.monotonic() + 60
     await limiter.release(first.ticket, time.time())
-    assert len(limiter.missed) == 1
+    assert len(limiter.replay.missed) == 1
     assert await acme_held(limiter) == 1  # the store still holds it
-    limiter.breaker.count, limiter.breaker.open_until = 0, 0.0
+    limiter.calls.breaker.count, limiter.calls.breaker.open_until = 0, 0.0
     other = await limiter.reserve(Who("globex"), Cost(0, 0), time.time())
     assert other.ticket is not None
-    assert limiter._replaying is not None
-    await limiter._replaying
-    assert limiter.missed == {}
+    assert limiter.replay._replaying is not None
+    await limiter.replay._replaying
+    assert limiter.replay.missed == {}
     assert await acme_held(limiter) == 0

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from proxy.limits.policy import FailMode
-from proxy.limitstore.wiring import build_shared_limiter
+from proxy.limitstore.guard import GuardedLimiter
+from proxy.limitstore.wiring import build_limiter, build_shared_limiter, count_file
 from proxy.serving.startup import store_password
 from proxy.settings import Settings
 from tests.support.limitstores import UPSTREAM, admitted_in_store, policies, tls_settings
@@ -66,6 +67,26 @@ async def test_without_the_password_the_fail_mode_decides(
         )
         limiter = build_shared_limiter(settings, pols, password=store_password(settings))
         assert not await admitted_in_store(limiter)
-        assert limiter.errors
-        assert limiter.fail_admissions[FailMode.LOCAL] == 1
-        assert limiter.slowest < 0.5 + 0.2
+        assert limiter.calls.errors
+        assert limiter.mode.fail_admissions[FailMode.LOCAL] == 1
+        assert limiter.calls.slowest < 0.5 + 0.2
+
+
+def test_the_replica_count_is_kept_beside_the_journal(tmp_path: Path) -> None:
+    """--limits-replicas unset: the count read is kept beside the journal; stated, or
+    without a journal, none is kept."""
+    journal = tmp_path / "state" / "journal.sqlite"
+    base = {"upstream": UPSTREAM, "limits_store": "redis://127.0.0.1:1", "journal": str(journal)}
+    kept = count_file(Settings(**base))
+    assert kept is not None
+    assert kept.path == tmp_path / "state" / "limits-replicas"
+    assert count_file(Settings(**{**base, "limits_replicas": 3})) is None
+    assert count_file(Settings(**{**base, "journal": "off"})) is None
+
+
+def test_without_a_store_the_limiter_is_in_process() -> None:
+    """No --limits-store: the limiter has no store to report on, and nothing to run."""
+    settings = Settings(upstream=UPSTREAM)
+    limiter = build_limiter(settings, policies(prompt_tokens_per_day=10))
+    assert limiter.problem() is None
+    assert not isinstance(limiter, GuardedLimiter)

@@ -1,5 +1,7 @@
-"""Adversarial review (review2) of the shared limits store: each test is a defect found,
-reproduced against the real redis-server (each was a strict xfail until it was fixed).
+"""The shared limits store's accounting through faults, against the real redis-server:
+messages lost or late, a store restarted empty or kept alive by the heartbeat, a settlement
+across a period's end or cancelled, a rebuild and a second outage (each test a defect found
+by a review, a strict xfail until it was fixed).
 
 ``Relay`` stands between the limiter and the store and models the network: what the
 limiter sends can be ``lost`` (never reaches the store) or ``late`` (reaches it after the
@@ -20,7 +22,15 @@ from redis.asyncio import Redis
 from proxy.limits.limiter import Cost, Who
 from proxy.limits.policy import FailMode, Policies
 from proxy.limitstore.guard import GuardedLimiter
-from tests.support.limitstores import ACME, Guards, policies, three_after_290
+from tests.support.limitstores import (
+    ACME,
+    Guards,
+    charge,
+    cut_off,
+    policies,
+    spend_locally,
+    three_after_290,
+)
 from tests.support.redisserver import Store
 
 Make = Callable[..., GuardedLimiter]
@@ -117,16 +127,6 @@ async def make(redis_store: Store, relay: Relay) -> AsyncIterator[Make]:
     await guards.close()
 
 
-async def charge(redis_store: Store, limiter: GuardedLimiter) -> list[int]:
-    """The budget's ``used`` and ``reserved`` as the other replicas see them."""
-    (budget,) = limiter.shared.budgets(time.time())
-    client = Redis.from_url(redis_store.url)
-    try:
-        return [int(v or 0) for v in await client.hmget(budget.key, "used", "reserved")]
-    finally:
-        await client.aclose()
-
-
 async def warm(limiter: GuardedLimiter) -> None:
     """Every script loaded in the store (a later EVALSHA does not carry its text), the
     generation complete."""
@@ -138,7 +138,7 @@ async def warm(limiter: GuardedLimiter) -> None:
     await limiter.release(decision.ticket, time.time())
 
 
-async def test_review2_a_request_in_flight_when_the_store_restarts_empty_still_holds(
+async def test_a_request_in_flight_when_the_store_restarts_empty_still_holds(
     make: Make, redis_store: Store
 ) -> None:
     """100 tokens a day, two replicas: r0 reserves all 100 through the store; the store
@@ -157,7 +157,7 @@ async def test_review2_a_request_in_flight_when_the_store_restarts_empty_still_h
     whole = False
     for _ in range(3):  # the first call after the restart may meet a dead connection
         for replica in (r0, r1):
-            replica.breaker.count, replica.breaker.open_until = 0, 0.0
+            replica.calls.breaker.count, replica.calls.breaker.open_until = 0, 0.0
             whole = await replica.contribute() or whole
         if whole:
             break
@@ -169,7 +169,7 @@ async def test_review2_a_request_in_flight_when_the_store_restarts_empty_still_h
     assert second.ticket is None, "admitted 200 of a 100-token budget"
 
 
-async def test_review2_a_reservation_whose_answer_was_lost_does_not_hold_the_gate(
+async def test_a_reservation_whose_answer_was_lost_does_not_hold_the_gate(
     make: Make, relay: Relay
 ) -> None:
     """concurrency 1: an admission times out (its script reaches the store late: the store
@@ -181,16 +181,16 @@ async def test_review2_a_reservation_whose_answer_was_lost_does_not_hold_the_gat
     relay.mode, relay.match, relay.delay = "late", b"", 0.4
     lost = await limiter.reserve(ACME, Cost(0, 0), time.time())
     assert lost.ticket is not None  # by the local share, after the timeout
-    assert limiter.errors == {"timeout": 1}
+    assert limiter.calls.errors == {"timeout": 1}
     relay.mode = None
     await asyncio.sleep(0.6)  # the script has reached the store: it reserved
     await limiter.release(lost.ticket, time.time())
     after = await limiter.reserve(ACME, Cost(0, 0), time.time())
-    assert limiter.errors == {"timeout": 1}  # the store answered this one
+    assert limiter.calls.errors == {"timeout": 1}  # the store answered this one
     assert after.ticket is not None, after.refusal
 
 
-async def test_review2_a_late_settlement_after_the_contribution_counts_once(
+async def test_a_late_settlement_after_the_contribution_counts_once(
     make: Make, relay: Relay, redis_store: Store
 ) -> None:
     """300 tokens a day: a reservation of 40 is settled at 30; the settlement's packet is
@@ -203,18 +203,16 @@ async def test_review2_a_late_settlement_after_the_contribution_counts_once(
     assert decision.ticket is not None
     relay.mode, relay.match, relay.delay = "late", b"settle", 0.5
     await limiter.settle(decision.ticket, Cost(30, 0), time.time())
-    assert limiter.missed  # timed out: kept to send again, late
+    assert limiter.replay.missed  # timed out: kept to send again, late
     assert await limiter.contribute() is True  # carries the 30 in this replica's total
     await asyncio.sleep(0.7)  # the first sending reaches the store
     relay.mode = None
-    await limiter._replay(None)
-    assert not limiter.missed
+    await limiter.replay.replay(None)
+    assert not limiter.replay.missed
     assert await charge(redis_store, limiter) == [30, 0]
 
 
-async def test_review2_a_missed_release_survives_an_admission_timeout(
-    make: Make, relay: Relay
-) -> None:
+async def test_a_missed_release_survives_an_admission_timeout(make: Make, relay: Relay) -> None:
     """concurrency 1: a release is lost on the way (kept to send again); the tenant's next
     admission replays it inline and times out while doing so. Once the store answers, the
     tenant's next request must be admitted: the release must still be kept (before: gone
@@ -225,16 +223,16 @@ async def test_review2_a_missed_release_survives_an_admission_timeout(
     assert first.ticket is not None
     relay.mode, relay.match = "lost", b""
     await limiter.release(first.ticket, time.time())
-    assert len(limiter.missed) == 1
+    assert len(limiter.replay.missed) == 1
     during = await limiter.reserve(ACME, Cost(0, 0), time.time())  # replays, times out
     assert during.ticket is not None  # by the local share
     relay.mode = None
     await limiter.release(during.ticket, time.time())
     after = await limiter.reserve(ACME, Cost(0, 0), time.time())
-    assert after.ticket is not None, (after.refusal, limiter.missed)
+    assert after.ticket is not None, (after.refusal, limiter.replay.missed)
 
 
-async def test_review2_a_settlement_across_the_period_end_counts_in_the_new_period(
+async def test_a_settlement_across_the_period_end_counts_in_the_new_period(
     make: Make,
 ) -> None:
     """100 tokens a day, two replicas: r0 reserves 60 one second before the day ends and
@@ -246,20 +244,19 @@ async def test_review2_a_settlement_across_the_period_end_counts_in_the_new_peri
     for replica in (r0, r1):
         await replica.restore([], time.time())
     await r0.contribute()  # (restore began it: it may be whole already)
+    await r1.contribute()  # (the one restore began may have landed before r0's)
     assert await r1.contribute() is True
     (part,) = [p for p in r0.shared.parts(ACME, time.time()) if p.kind == "b"]
     before, after = part.span - 1, part.span + 1  # the period's end, on both sides
     decision = await r0.reserve(ACME, Cost(60, 0), before)
     assert decision.ticket is not None
     await r0.settle(decision.ticket, Cost(60, 0), after)
-    assert r0.shared.history.used(part.scope, part.limit.unit, part.span, part.span + 86_400)
+    assert r0.shared.book.history.used(part.scope, part.limit.unit, part.span, part.span + 86_400)
     other = await r1.reserve(ACME, Cost(100, 0), after)
     assert other.ticket is None, "r1 admitted 100 of a budget r0 already billed 60 of"
 
 
-async def test_review2_the_heartbeat_keeps_the_generation_alive(
-    make: Make, redis_store: Store
-) -> None:
+async def test_the_heartbeat_keeps_the_generation_alive(make: Make, redis_store: Store) -> None:
     """The generation marker's TTL is 40 days; before, only a contribution refreshed it,
     and nothing makes a healthy replica contribute again, so a store that never failed
     lost it 40 days after the last contribution: a spurious rebuild (closed tenants 503
@@ -271,7 +268,7 @@ async def test_review2_the_heartbeat_keeps_the_generation_alive(
     r0 = make(pols, "r0", replicas=1)
     await r0.restore([], time.time())
     assert await r0.contribute() is True
-    key = r0.shared.generation_key
+    key = r0.shared.keys.generation
     client = Redis.from_url(redis_store.url)
     try:
         await client.expire(key, 10)  # as 40 days after the last contribution, less 10 s
@@ -279,12 +276,12 @@ async def test_review2_the_heartbeat_keeps_the_generation_alive(
         assert await client.ttl(key) > 39 * 86_400
         await client.delete(key)
         await r0.beat(15)  # it contributes again: a new generation (a store found empty)
-        assert r0.rebuilds == 2
+        assert r0.contribution.rebuilds == 2
     finally:
         await client.aclose()
 
 
-async def test_review2_a_settlement_cancelled_before_it_is_sent_still_counts(
+async def test_a_settlement_cancelled_before_it_is_sent_still_counts(
     make: Make, redis_store: Store
 ) -> None:
     """300 tokens a day, one store slot, a 0.3 s reservation TTL: a reservation of 100 is
@@ -297,49 +294,21 @@ async def test_review2_a_settlement_cancelled_before_it_is_sent_still_counts(
     assert await limiter.contribute() is True
     decision = await limiter.reserve(ACME, Cost(100, 0), time.time())
     assert decision.ticket is not None
-    await limiter.slots.acquire()  # the one slot busy
+    await limiter.calls.slots.acquire()  # the one slot busy
     settling = asyncio.create_task(limiter.settle(decision.ticket, Cost(100, 0), time.time()))
     await asyncio.sleep(0.01)
     settling.cancel()  # e.g. the exchange's task cancelled
     with contextlib.suppress(asyncio.CancelledError):
         await settling
-    limiter.slots.release()
+    limiter.calls.slots.release()
     await asyncio.sleep(0.4)  # the settlement's hold expires by its TTL
     assert await limiter.contribute() is True
     after = await limiter.reserve(ACME, Cost(0, 0), time.time())
     assert after.tokens is not None
-    assert after.tokens.remaining == 200, (after.tokens, limiter.shared.sending)
+    assert after.tokens.remaining == 200, (after.tokens, limiter.shared.book.sending)
 
 
-async def test_review2_holds_are_renewed_every_third_of_the_ttl_as_documented(
-    make: Make, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Time scaled down (a 0.05 s heartbeat, a 3 s TTL: TTL / 3 = 1 s): over 0.35 s the
-    heartbeat task renews the holds once (at its start), as documented, not every
-    heartbeat (7 times)."""
-    from proxy.limitstore import wiring
-
-    monkeypatch.setattr(wiring, "HEARTBEAT_SECONDS", 0.05)
-    limiter = make(policies(concurrency=1), "r0", replicas=1)
-    limiter.shared.reservation_ttl = 3.0
-    renewals = 0
-    renew = limiter.renew
-
-    async def counted() -> int | None:
-        nonlocal renewals
-        renewals += 1
-        return await renew()
-
-    monkeypatch.setattr(limiter, "renew", counted)
-    ctx = wiring.store_context(limiter, journaled=False)(None)
-    await ctx.__anext__()
-    await asyncio.sleep(0.35)
-    with contextlib.suppress(StopAsyncIteration):
-        await ctx.__anext__()
-    assert renewals <= 1, f"{renewals} renewals in 0.35 s with a 3 s TTL"
-
-
-async def test_review2_the_rebuild_keeps_the_total_within_the_budget(
+async def test_the_rebuild_keeps_the_total_within_the_budget(
     make: Make, redis_store: Store
 ) -> None:
     """Three replicas share 300 tokens a day; r0 billed 290 of them through the store and
@@ -351,38 +320,20 @@ async def test_review2_the_rebuild_keeps_the_total_within_the_budget(
     redis_store.start()
     for replica in replicas[:2]:  # r2's heartbeat has not come round yet
         for _ in range(3):  # the first call after the restart may meet a dead connection
-            replica.breaker.count, replica.breaker.open_until = 0, 0.0
+            replica.calls.breaker.count, replica.calls.breaker.open_until = 0, 0.0
             assert await replica.contribute() is False  # incomplete: r2 not yet
-            if replica.reachable:
+            if replica.calls.reachable:
                 break
     admitted = 0
     for replica in replicas[:2]:
         for _ in range(10):
             decision = await replica.reserve(ACME, Cost(10, 0), time.time())
             admitted += 10 if decision.ticket is not None else 0
-    assert replicas[1].fail_admissions[FailMode.LOCAL] > 0  # by the share: rebuilding
+    assert replicas[1].mode.fail_admissions[FailMode.LOCAL] > 0  # by the share: rebuilding
     assert 290 + admitted <= 300, f"{admitted} admitted while the store was rebuilt"
 
 
-def cut_off(limiter: GuardedLimiter, cut: bool) -> None:
-    """The store skipped (the breaker open: unreachable for this replica), or back."""
-    limiter.breaker.count = limiter.breaker.failures if cut else 0
-    limiter.breaker.open_until = time.monotonic() + 600 if cut else 0.0
-
-
-async def spend_locally(limiter: GuardedLimiter) -> int:
-    """Admit and bill 10-token requests until refused; the tokens admitted."""
-    admitted = 0
-    for _ in range(40):
-        decision = await limiter.reserve(ACME, Cost(10, 0), time.time())
-        if decision.ticket is None:
-            break
-        await limiter.settle(decision.ticket, Cost(10, 0), time.time())
-        admitted += 10
-    return admitted
-
-
-async def test_review2_a_second_outage_does_not_spend_what_the_first_spent(
+async def test_a_second_outage_does_not_spend_what_the_first_spent(
     make: Make,
 ) -> None:
     """300 tokens a day, three replicas; the heartbeats read 300 left. Outage 1: each
@@ -398,7 +349,7 @@ async def test_review2_a_second_outage_does_not_spend_what_the_first_spent(
         await replica.contribute()
     for replica in replicas:
         assert await replica.beat(15) is not None
-        assert replica.left  # the remainder each keeps for an outage
+        assert replica.mode.remainders.left  # the remainder each keeps for an outage
     for replica in replicas:
         cut_off(replica, True)
     first = sum([await spend_locally(replica) for replica in replicas])

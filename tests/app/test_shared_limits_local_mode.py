@@ -1,6 +1,7 @@
-"""Adversarial review (review3) of the shared limits store after issue #52 (local fail mode
-divides, the rebuild waits for every part): each test is a defect found, reproduced
-against the real redis-server (each a strict xfail until it was fixed).
+"""Local fail mode of the shared limits store, against the real redis-server: it divides
+what the store last said was left by a replica count every replica agrees on, through
+outages, late heartbeats, empty restarts and rebuilds, and bills what it admits once (each
+test a defect found by a review after issue #52, a strict xfail until it was fixed).
 
 The network and the clock are played by hand, so that each reproduction is deterministic:
 the registry's scores and stays are written as the store's heartbeats would have left
@@ -14,15 +15,25 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 import pytest
-from redis.asyncio import Redis
 
-from proxy.limits.limiter import Cost, Ticket, Who
+from proxy.limits.limiter import Cost, Who
 from proxy.limits.policy import FailMode, Policies
 from proxy.limitstore.guard import GuardedLimiter
-from tests.support.limitstores import ACME, Guards, policies
+from tests.support.limitstores import (
+    ACME,
+    TTL,
+    Guards,
+    admin,
+    charge,
+    counted,
+    cut_off,
+    policies,
+    spend,
+    spend_locally,
+    store_now,
+)
 from tests.support.redisserver import Store
 
-TTL = 15.0  # the registry's TTL in service (3 heartbeats of 5 s)
 Make = Callable[..., GuardedLimiter]
 
 
@@ -33,75 +44,10 @@ async def make(redis_store: Store) -> AsyncIterator[Make]:
     await guards.close()
 
 
-async def admin(redis_store: Store) -> Redis:
-    return Redis.from_url(redis_store.url)
-
-
-async def store_now(client: Redis) -> float:
-    seconds, micros = await client.time()
-    return float(seconds) + micros / 1e6
-
-
-async def counted(redis_store: Store, replicas: list[GuardedLimiter]) -> None:
-    """Every replica (--limits-replicas unset) in the registry, having stayed a whole TTL
-    (its stay written back 100 s, as if it had beaten every 5 s since), and counted: its
-    heartbeat has read the live count and what is left of each budget it watches."""
-    for replica in replicas:  # each registers (a stay begins) and contributes
-        assert await replica.beat(TTL) is not None
-    client = await admin(redis_store)
-    try:
-        now = await store_now(client)
-        since = {r.shared.replica: f"{now - 100:.6f}" for r in replicas}
-        await client.hset(replicas[0].shared.joined_key, mapping=since)
-    finally:
-        await client.aclose()
-    for replica in replicas:
-        assert await replica.beat(TTL) == len(replicas)
-        assert replica.counted
-        assert replica.replicas == len(replicas)
-        assert replica.left  # what local fail mode divides
-
-
-def cut_off(limiter: GuardedLimiter, cut: bool) -> None:
-    """The store skipped (the breaker open: unreachable for this replica), or back."""
-    limiter.breaker.count = limiter.breaker.failures if cut else 0
-    limiter.breaker.open_until = time.monotonic() + 600 if cut else 0.0
-
-
-async def spend(limiter: GuardedLimiter, who: Who, units: int) -> Ticket:
-    """``units`` reserved and billed through the store."""
-    decision = await limiter.reserve(who, Cost(units, 0), time.time())
-    assert decision.ticket is not None
-    await limiter.settle(decision.ticket, Cost(units, 0), time.time())
-    return decision.ticket
-
-
-async def spend_locally(limiter: GuardedLimiter, units: int = 10) -> int:
-    """Admit and bill ``units``-token requests until refused; the tokens admitted."""
-    admitted = 0
-    for _ in range(100):
-        decision = await limiter.reserve(ACME, Cost(units, 0), time.time())
-        if decision.ticket is None:
-            break
-        await limiter.settle(decision.ticket, Cost(units, 0), time.time())
-        admitted += units
-    return admitted
-
-
-async def charge(redis_store: Store, limiter: GuardedLimiter) -> list[int]:
-    """acme's budget's ``used`` and ``reserved`` as the other replicas see them."""
-    (budget,) = [p for p in limiter.shared.parts(ACME, time.time()) if p.kind == "b"]
-    client = await admin(redis_store)
-    try:
-        return [int(v or 0) for v in await client.hmget(budget.key, "used", "reserved")]
-    finally:
-        await client.aclose()
-
-
 # --- F1: a replica whose heartbeat is late is dropped from the others' count, not its own ---
 
 
-async def test_review3_a_late_heartbeat_does_not_let_the_others_divide_by_fewer(
+async def test_a_late_heartbeat_does_not_let_the_others_divide_by_fewer(
     make: Make, redis_store: Store
 ) -> None:
     """300 tokens a day, three replicas (--limits-replicas unset), each counted (3) and
@@ -123,15 +69,15 @@ async def test_review3_a_late_heartbeat_does_not_let_the_others_divide_by_fewer(
     r0, r1, r2 = replicas
     client = await admin(redis_store)
     try:  # r2's last beat 20 s ago: its heartbeat late (its loop stalled: by its clock too)
-        await client.zadd(r0.shared.registry_key, {"r2": await store_now(client) - 20})
+        await client.zadd(r0.shared.keys.registry, {"r2": await store_now(client) - 20})
     finally:
         await client.aclose()
-    assert r2.beaten is not None
-    r2.beaten -= 20
+    assert r2.heartbeat.beaten is not None
+    r2.heartbeat.beaten -= 20
     for replica in (r0, r1):
         assert await replica.beat(TTL) == 2
-    assert (r0.replicas, r1.replicas, r2.replicas) == (2, 2, 3)
-    assert r2.counted
+    assert (r0.mode.replicas, r1.mode.replicas, r2.mode.replicas) == (2, 2, 3)
+    assert r2.heartbeat.counted
     redis_store.kill()
     each = [await spend_locally(replica) for replica in replicas]
     assert sum(each) <= 300, f"{sum(each)} admitted of 300 ({each})"
@@ -140,7 +86,7 @@ async def test_review3_a_late_heartbeat_does_not_let_the_others_divide_by_fewer(
 # --- F2: a store restarted empty makes local mode refuse while it rebuilds ---
 
 
-async def test_review3_an_empty_restart_does_not_make_local_mode_refuse_while_rebuilding(
+async def test_an_empty_restart_does_not_make_local_mode_refuse_while_rebuilding(
     make: Make, redis_store: Store
 ) -> None:
     """300 tokens a day, two replicas (--limits-replicas unset, the default), counted (2)
@@ -162,7 +108,7 @@ async def test_review3_an_empty_restart_does_not_make_local_mode_refuse_while_re
     await r0.shared.client.flushall()  # the store restarted empty
     r0.shared.grace = 60  # the rebuild waits (in service: 15 s, or the declared count)
     assert await r0.beat(TTL) == 1
-    assert not r0.complete
+    assert not r0.contribution.complete
     decision = await r0.reserve(ACME, Cost(10, 0), time.time())
     assert decision.ticket is not None, decision.refusal
 
@@ -170,7 +116,7 @@ async def test_review3_an_empty_restart_does_not_make_local_mode_refuse_while_re
 # --- F3: a replica restarted during an outage (declared count) takes the whole budget ---
 
 
-async def test_review3_a_replica_started_during_an_outage_holds_no_remainder(
+async def test_a_replica_started_during_an_outage_holds_no_remainder(
     make: Make, redis_store: Store
 ) -> None:
     """300 tokens a day, --limits-replicas 3. r0 billed 290 through the store and every
@@ -200,7 +146,7 @@ async def test_review3_a_replica_started_during_an_outage_holds_no_remainder(
 # --- F4: a local hold still in flight stops the heartbeat from reading remainders ---
 
 
-async def test_review3_a_long_local_request_does_not_freeze_the_remainders(
+async def test_a_long_local_request_does_not_freeze_the_remainders(
     make: Make, redis_store: Store
 ) -> None:
     """300 tokens a day for acme, --limits-replicas 3, the heartbeats read 300 left. A
@@ -245,7 +191,7 @@ async def test_review3_a_long_local_request_does_not_freeze_the_remainders(
 # --- F5: a reload that lowers a budget during an outage is not applied to the remainders ---
 
 
-async def test_review3_a_budget_lowered_during_an_outage_lowers_the_remainders(
+async def test_a_budget_lowered_during_an_outage_lowers_the_remainders(
     make: Make, redis_store: Store
 ) -> None:
     """600 tokens a day, --limits-replicas 3; r0 billed 500 through the store and the
@@ -274,7 +220,7 @@ async def test_review3_a_budget_lowered_during_an_outage_lowers_the_remainders(
 # --- F6: the local meters start empty: gates and rates do not carry across an outage ---
 
 
-async def test_review3_requests_in_flight_through_the_store_count_in_the_local_gate(
+async def test_requests_in_flight_through_the_store_count_in_the_local_gate(
     make: Make, redis_store: Store
 ) -> None:
     """concurrency 1, one replica: a request admitted by the store is in flight (the
@@ -290,11 +236,11 @@ async def test_review3_requests_in_flight_through_the_store_count_in_the_local_g
     assert first.ticket is not None  # in flight, held by the store's gate
     redis_store.kill()
     second = await limiter.reserve(ACME, Cost(0, 0), time.time())
-    assert limiter.errors  # decided by local mode
+    assert limiter.calls.errors  # decided by local mode
     assert second.ticket is None, "2 requests in flight of concurrency 1"
 
 
-async def test_review3_a_request_admitted_in_an_outage_holds_the_store_gate_when_back(
+async def test_a_request_admitted_in_an_outage_holds_the_store_gate_when_back(
     make: Make,
 ) -> None:
     """concurrency 1, one replica: the store cannot be reached (the breaker open) and a
@@ -313,11 +259,11 @@ async def test_review3_a_request_admitted_in_an_outage_holds_the_store_gate_when
     cut_off(limiter, False)
     assert await limiter.contribute() is True
     second = await limiter.reserve(ACME, Cost(0, 0), time.time())
-    assert limiter.fail_admissions[FailMode.LOCAL] == 1  # the second asked the store
+    assert limiter.mode.fail_admissions[FailMode.LOCAL] == 1  # the second asked the store
     assert second.ticket is None, "2 requests in flight of concurrency 1"
 
 
-async def test_review3_a_rate_spent_through_the_store_is_not_spent_again_locally(
+async def test_a_rate_spent_through_the_store_is_not_spent_again_locally(
     make: Make, redis_store: Store
 ) -> None:
     """2 requests a minute, one replica: both admitted by the store; the store dies the
@@ -332,7 +278,7 @@ async def test_review3_a_rate_spent_through_the_store_is_not_spent_again_locally
         await spend(limiter, ACME, 0)
     redis_store.kill()
     more = [await limiter.reserve(ACME, Cost(0, 0), time.time()) for _ in range(2)]
-    assert limiter.errors  # decided by local mode
+    assert limiter.calls.errors  # decided by local mode
     admitted = sum(d.ticket is not None for d in more)
     assert admitted == 0, f"{2 + admitted} requests in a minute of 2"
 
@@ -340,7 +286,7 @@ async def test_review3_a_rate_spent_through_the_store_is_not_spent_again_locally
 # --- F7: every admission of a rebuild is charged at its reservation for the period ---
 
 
-async def test_review3_a_rebuild_admission_is_charged_its_bill_not_its_reservation(
+async def test_a_rebuild_admission_is_charged_its_bill_not_its_reservation(
     make: Make, redis_store: Store
 ) -> None:
     """300 tokens a day, --limits-replicas 2, the heartbeats read 300 left. The store
@@ -371,7 +317,7 @@ async def test_review3_a_rebuild_admission_is_charged_its_bill_not_its_reservati
     assert await charge(redis_store, r0) == [10, 0]
 
 
-async def test_review3_a_request_in_flight_across_an_empty_restart_is_charged_its_bill(
+async def test_a_request_in_flight_across_an_empty_restart_is_charged_its_bill(
     make: Make, redis_store: Store
 ) -> None:
     """300 tokens a day, one replica: a request reserves 100 through the store; the store
@@ -395,7 +341,7 @@ async def test_review3_a_request_in_flight_across_an_empty_restart_is_charged_it
 # --- F8: a reservation made before the replica's first contribution is counted twice ---
 
 
-async def test_review3_a_reservation_before_the_first_contribution_is_counted_once(
+async def test_a_reservation_before_the_first_contribution_is_counted_once(
     make: Make, redis_store: Store
 ) -> None:
     """300 tokens a day; the store's budgets are whole (r1 contributed). r0 starts: its
@@ -414,14 +360,14 @@ async def test_review3_a_reservation_before_the_first_contribution_is_counted_on
     r0, r1 = make(pols, "r0", grace=0), make(pols, "r1", grace=0)
     await r1.restore([], time.time())
     assert await r1.contribute() is True
-    r0.timeout = 1e-6  # its first contribution times out
+    r0.calls.timeout = 1e-6  # its first contribution times out
     await r0.restore([], time.time())
     assert await r0.contribute() is False
     assert r0.shared.generation is None
-    r0.timeout = 1.0
+    r0.calls.timeout = 1.0
     decision = await r0.reserve(ACME, Cost(100, 0), time.time())
     assert decision.ticket is not None
-    assert r0.fail_admissions[FailMode.LOCAL] == 0  # reserved by the store
+    assert r0.mode.fail_admissions[FailMode.LOCAL] == 0  # reserved by the store
     assert await r0.contribute() is True
     in_flight = await charge(redis_store, r0)
     await r0.settle(decision.ticket, Cost(10, 0), time.time())
@@ -433,7 +379,7 @@ async def test_review3_a_reservation_before_the_first_contribution_is_counted_on
 # --- F9: a refusal by the share quotes the share, not the whole limit ---
 
 
-async def test_review3_a_refusal_beyond_the_share_quotes_the_whole_limit(
+async def test_a_refusal_beyond_the_share_quotes_the_whole_limit(
     make: Make, redis_store: Store
 ) -> None:
     """300 tokens a day, --limits-replicas 3, the heartbeats read 300 left; the store
@@ -463,7 +409,7 @@ async def test_review3_a_refusal_beyond_the_share_quotes_the_whole_limit(
 # --- F10: requests the breaker skips are counted as 'rebuilding' once a heartbeat answers ---
 
 
-async def test_review3_requests_the_breaker_skips_are_not_counted_as_rebuilding(
+async def test_requests_the_breaker_skips_are_not_counted_as_rebuilding(
     make: Make,
 ) -> None:
     """One replica, 300 tokens a day, the store whole. Three admissions time out (50 ms on
@@ -482,11 +428,11 @@ async def test_review3_requests_the_breaker_skips_are_not_counted_as_rebuilding(
     await limiter.restore([], time.time())
     assert await limiter.contribute() is True
     cut_off(limiter, True)  # three failures: the breaker open for its cooldown
-    limiter.reachable = False
+    limiter.calls.reachable = False
     assert await limiter.beat(TTL) == 1  # the heartbeat reaches the store
     decision = await limiter.reserve(ACME, Cost(10, 0), time.time())
     assert decision.ticket is not None  # by local mode
-    assert limiter.complete
+    assert limiter.contribution.complete
     name = "usage_proxy_limits_fail_mode_admissions_total"
     counted = {
         reason: metrics.registry.get_sample_value(name, {"mode": "local", "reason": reason})
@@ -498,7 +444,7 @@ async def test_review3_requests_the_breaker_skips_are_not_counted_as_rebuilding(
 # --- F11: the ends missed in a blip are replayed inline, one round trip each ---
 
 
-async def test_review3_missed_ends_do_not_stall_or_fail_an_admission_on_a_healthy_store(
+async def test_missed_ends_do_not_stall_or_fail_an_admission_on_a_healthy_store(
     make: Make,
 ) -> None:
     """acme (concurrency 5,000) has 3,000 requests in flight through the store on this
@@ -532,18 +478,18 @@ async def test_review3_missed_ends_do_not_stall_or_fail_an_admission_on_a_health
         decision = await limiter.reserve(ACME, Cost(0, 0), time.time())
         assert decision.ticket is not None
         tickets.append(decision.ticket)
-    assert limiter.errors == {}
+    assert limiter.calls.errors == {}
     cut_off(limiter, True)  # a blip
     for ticket in tickets:
         await limiter.release(ticket, time.time())
-    assert len(limiter.missed) == 3000
+    assert len(limiter.replay.missed) == 3000
     cut_off(limiter, False)  # the store healthy again
-    limiter.timeout = 0.05  # the default --limits-store-timeout
+    limiter.calls.timeout = 0.05  # the default --limits-store-timeout
     took = []
     for _ in range(3):
         started = time.monotonic()
         await limiter.reserve(ACME, Cost(0, 0), time.time())
         took.append(round(time.monotonic() - started, 3))
     globex = await limiter.reserve(Who("globex"), Cost(1, 0), time.time())
-    seen = (max(took) <= 0.15, limiter.errors, globex.ticket is not None)
-    assert seen == (True, {}, True), (took, limiter.errors, globex.refusal)
+    seen = (max(took) <= 0.15, limiter.calls.errors, globex.ticket is not None)
+    assert seen == (True, {}, True), (took, limiter.calls.errors, globex.refusal)
