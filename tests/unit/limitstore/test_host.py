@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,6 +23,28 @@ from proxy.limitstore.hostwire import VERSION, Hello, Reserve
 from proxy.limitstore.memory import InProcessLimiter
 
 ACME = Who("acme", "m", "k1")
+# A worker process: connects as part argv[2], says "ready", waits for "go", then makes
+# 100 simultaneous reservations and prints how many were admitted.
+WORKER = """
+import asyncio, sys, time
+from pathlib import Path
+from proxy.limits.limiter import Cost, Who
+from proxy.limits.policy import Policies
+from proxy.limitstore.hosted import HostedLimiter
+
+async def main() -> None:
+    policies = Policies.model_validate({"tenants": {"acme": {"requests_per_minute": 100}}})
+    worker = await HostedLimiter.connect(Path(sys.argv[1]), policies, int(sys.argv[2]))
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    now = time.time()
+    who = Who("acme", "m", "k1")
+    decisions = await asyncio.gather(*(worker.reserve(who, Cost(3), now) for _ in range(100)))
+    print(sum(d.ticket is not None for d in decisions), flush=True)
+    await worker.close()
+
+asyncio.run(main())
+"""
 Connect = Callable[[int], Awaitable[HostedLimiter]]
 
 
@@ -81,6 +104,38 @@ async def test_a_burst_over_two_workers_admits_exactly_the_limit(serve: Serve) -
     admitted = [d for d in decisions if d.ticket is not None]
     assert len(admitted) == 100
     assert {d.refusal.limit for d in decisions if d.refusal} == {"requests_per_minute"}
+
+
+async def test_a_burst_from_two_worker_processes_admits_exactly_the_limit(
+    serve: Serve, socket_path: Path
+) -> None:
+    """The same burst from two real processes, released together: 100 admitted in all,
+    however the host interleaves their lines."""
+    await serve(policies(requests_per_minute=100))
+    workers = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            WORKER,
+            str(socket_path),
+            str(part),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        for part in (0, 1)
+    ]
+    for worker in workers:
+        assert worker.stdout is not None
+        assert await asyncio.wait_for(worker.stdout.readline(), 60) == b"ready\n"
+    for worker in workers:
+        assert worker.stdin is not None
+        worker.stdin.write(b"go\n")
+    admitted = []
+    for worker in workers:
+        out, _ = await asyncio.wait_for(worker.communicate(), 60)
+        admitted.append(int(out))
+        assert worker.returncode == 0
+    assert sum(admitted) == 100
 
 
 async def test_a_budget_is_spendable_to_the_end_through_either_worker(serve: Serve) -> None:
