@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.limits.limiter import Cost, Usage, Who
 from proxy.limits.meters import BudgetMeter, Gate, RateMeter
@@ -257,3 +259,39 @@ async def test_a_worker_without_a_host_is_told_why(socket_path: Path) -> None:
     """No host listening: connecting fails with the path, as one clear error."""
     with pytest.raises(HostError, match="cannot reach the limiter host"):
         await HostedLimiter.connect(socket_path, policies(concurrency=1), 0)
+
+
+async def _burst(path: Path, amount: int, costs: list[list[int]]) -> tuple[int, list[int]]:
+    """Each list of ``costs`` reserved at once on its own connection: the tokens admitted
+    in all, and the costs refused."""
+    policy = policies(prompt_tokens_per_month=amount)
+    host = LimiterHost(InProcessLimiter(policy), path)
+    await host.start()
+    workers = [await HostedLimiter.connect(path, policy, k) for k in range(len(costs))]
+    now = time.time()
+    calls = [(w, c) for w, mine in zip(workers, costs, strict=True) for c in mine]
+    decisions = await asyncio.gather(*(w.reserve(ACME, Cost(c, 0), now) for w, c in calls))
+    for worker in workers:
+        await worker.close()
+    await host.close()
+    admitted = sum(c for (_, c), d in zip(calls, decisions, strict=True) if d.ticket)
+    return admitted, [c for (_, c), d in zip(calls, decisions, strict=True) if not d.ticket]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    amount=st.integers(1, 200),
+    costs=st.lists(st.lists(st.integers(1, 60), max_size=12), min_size=2, max_size=2),
+)
+def test_two_workers_never_overshoot_nor_strand_a_budget(
+    amount: int, costs: list[list[int]]
+) -> None:
+    """However the host interleaves two workers' simultaneous reservations: what it admits
+    never exceeds the budget, and each refused one would not have fit in what is left."""
+    directory = Path(tempfile.mkdtemp(prefix="prop-"))
+    try:
+        admitted, refused = asyncio.run(_burst(directory / "limiter.sock", amount, costs))
+    finally:
+        shutil.rmtree(directory)
+    assert admitted <= amount
+    assert all(cost > amount - admitted for cost in refused)
