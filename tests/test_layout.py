@@ -23,7 +23,6 @@ TESTED_THROUGH_THE_APP = {
     "ledger/recorder": "journal and subscribers of a running app: app/test_metering.py",
     "ledger/sqlite": "the journal's file: unit/ledger/test_journal.py, test_journal_files.py",
     "limitstore/tickets": "what limiter and store exchange, no behaviour: test_redislimiter.py",
-    "serving/admin": "the proxy's own endpoints: app/test_app.py, app/test_metrics.py",
     "serving/app": "the wiring: every test under tests/app",
     "serving/attribution": "who pays, per request: app/test_attribution.py",
     "serving/audited": "the scoring handler: app/test_app.py, app/test_hot_path.py",
