@@ -2,6 +2,11 @@
 
 One registry per application. Tenant is a label only when enabled, and then capped: tenants
 past ``--metrics-max-tenants`` are folded into ``other``.
+
+The workers of one pod (``serve --workers N``) write their values to one directory
+(prometheus_client's multiprocess mode, chosen at import by ``PROMETHEUS_MULTIPROC_DIR``)
+and each renders the pod's page from it: counters summed, each gauge by its spec's
+``mode`` (docs/workers.md, "Metrics").
 """
 
 from __future__ import annotations
@@ -9,7 +14,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 from prometheus_client import (
     CollectorRegistry,
@@ -17,6 +23,7 @@ from prometheus_client import (
     Gauge,
     Histogram,
     generate_latest,
+    multiprocess,
 )
 
 from proxy.accounting.verdicts import Audit
@@ -41,6 +48,9 @@ TOKEN_BUCKETS = (
     16777216,
     67108864,
 )
+# How the pod's page combines the workers' values of a gauge (prometheus_client's
+# multiprocess modes; "live" ones drop a dead worker's value).
+GaugeMode = Literal["max", "livemin", "livemax", "livesum", "mostrecent"]
 LATENCY_BUCKETS = (
     0.0001,
     0.00025,
@@ -67,12 +77,15 @@ class _Spec:
     buckets: tuple[float, ...] | None = None
     unit: str = ""
     tenant: bool = False  # carries the tenant label when --metrics-tenant-label is on
+    mode: GaugeMode | None = None  # a gauge's: how several workers' values combine
 
     def build(self, registry: CollectorRegistry, tenant: tuple[str, ...]) -> Any:
         labels = (*self.labels, *tenant) if self.tenant else self.labels
         extra: dict[str, Any] = {"buckets": self.buckets} if self.buckets else {}
         if self.unit:
             extra["unit"] = self.unit
+        if self.mode is not None:
+            extra["multiprocess_mode"] = self.mode
         return self.kind(self.name, self.help, labels, registry=registry, **extra)
 
 
@@ -141,6 +154,7 @@ SPECS: dict[str, _Spec] = {
         Gauge,
         "usage_proxy_reconcile_interval_seconds",
         "--reconcile-interval: seconds between reconciliation windows (0: reconciliation off).",
+        mode="max",
     ),
     "tokenization": _Spec(
         Histogram,
@@ -170,6 +184,7 @@ SPECS: dict[str, _Spec] = {
         "usage_proxy_journal_ready",
         "1 while records can be journaled, 0 while writes fail or stall (alarm on 0).",
         (),
+        mode="livemin",
     ),
     "journal_replaced": _Spec(
         Counter,
@@ -196,6 +211,7 @@ SPECS: dict[str, _Spec] = {
         "1 once full recounts of the model proved the proxy reads it right (derivation and "
         "formula verdicts allowed), 0 while proving or after a full recount disagreed.",
         ("model",),
+        mode="livemin",
     ),
     "recount_disagreements": _Spec(
         Counter,
@@ -222,12 +238,16 @@ SPECS: dict[str, _Spec] = {
         ("route",),
     ),
     "keys_loaded": _Spec(
-        Gauge, "usage_proxy_keys_loaded", "API keys in the key map in use (--api-keys)."
+        Gauge,
+        "usage_proxy_keys_loaded",
+        "API keys in the key map in use (--api-keys).",
+        mode="livemax",
     ),
     "keys_loaded_at": _Spec(
         Gauge,
         "usage_proxy_keys_loaded_timestamp_seconds",
         "When the key map in use was loaded (Unix time).",
+        mode="livemin",
     ),
     "keys_reload_failures": _Spec(
         Counter,
@@ -289,12 +309,14 @@ SPECS: dict[str, _Spec] = {
         "usage_proxy_reconcile_last_settled_timestamp_seconds",
         "End of the last closed reconciliation window (Unix time).",
         (),
+        mode="max",
     ),
     "dead_records": _Spec(
         Gauge,
         "usage_proxy_export_dead_records",
         "Records a sink rejected permanently, kept in the dead-letter store.",
         ("sink",),
+        mode="livesum",
     ),
     "exported": _Spec(
         Counter, "usage_proxy_export_delivered_records", "Records delivered, by sink.", ("sink",)
@@ -307,9 +329,14 @@ SPECS: dict[str, _Spec] = {
         "usage_proxy_export_backlog_records",
         "Journaled records a sink has not acknowledged.",
         ("sink",),
+        mode="livesum",
     ),
     "tasks": _Spec(
-        Gauge, "usage_proxy_event_loop_tasks", "Tasks alive on the event loop (leak canary).", ()
+        Gauge,
+        "usage_proxy_event_loop_tasks",
+        "Tasks alive on the event loop (leak canary).",
+        (),
+        mode="livemax",
     ),
     "genai": _Spec(
         Histogram,
@@ -341,11 +368,13 @@ SPECS: dict[str, _Spec] = {
         "Units left in a budget's current period, net of reservations (at the last admission).",
         ("limit",),
         tenant=True,
+        mode="mostrecent",
     ),
     "limits_loaded_at": _Spec(
         Gauge,
         "usage_proxy_limits_loaded_timestamp_seconds",
         "When the limits file in use was loaded (Unix time).",
+        mode="livemin",
     ),
     "limits_reload_failures": _Spec(
         Counter,
@@ -377,6 +406,7 @@ SPECS: dict[str, _Spec] = {
         Gauge,
         "usage_proxy_prices_loaded_timestamp_seconds",
         "When the price file in use was loaded (Unix time).",
+        mode="livemin",
     ),
     "prices_reload_failures": _Spec(
         Counter,
@@ -401,6 +431,7 @@ SPECS: dict[str, _Spec] = {
         Gauge,
         "usage_proxy_limits_store_breaker_open",
         "1 while the circuit breaker skips the limits store, else 0.",
+        mode="livemax",
     ),
     "fail_admissions": _Spec(
         Counter,
@@ -420,12 +451,14 @@ SPECS: dict[str, _Spec] = {
         "usage_proxy_limits_store_replicas",
         "The replica count local fail mode divides by, as of the last heartbeat (0: not "
         "known yet; limited tenants in local mode are refused while the store cannot answer).",
+        mode="livemax",
     ),
     "store_remainders": _Spec(
         Gauge,
         "usage_proxy_limits_store_remainders",
         "Budgets this replica holds a remainder of (what the store last said was left), "
         "which local fail mode divides; a budget without one is refused in an outage.",
+        mode="livemin",
     ),
 }
 
@@ -496,8 +529,12 @@ class Metrics:
         settings: Settings,
         trusted_tenants: Iterable[str] = (),
         served: Callable[[str], bool] | None = None,
+        *,
+        multiprocess_dir: Path | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        # A worker of a pod: the page is the directory's, every worker's values combined.
+        self.multiprocess_dir = multiprocess_dir
         # Whether a model name is one the upstream serves: others are labelled 'unknown',
         # so a client's made-up model names cannot grow the series.
         self._served = served
@@ -515,7 +552,13 @@ class Metrics:
             setattr(self, attr, spec.build(self.registry, tenant))
         self.journal_ready.set(1)  # the journal's own health once metering starts
         self.reconcile_interval.set(settings.reconcile_interval)
-        self.tasks.set_function(_task_count)
+        if multiprocess_dir is None:  # a callback's value never reaches the directory
+            self.tasks.set_function(_task_count)
+
+    def sample_tasks(self) -> None:
+        """Set the task gauge from this event loop (a worker's sampler calls it, where
+        one process reads it at each scrape)."""
+        self.tasks.set(_task_count())
 
     def trust(self, tenants: Iterable[str]) -> None:
         """The tenants of a newly loaded key map: a known, bounded set, never folded."""
@@ -622,7 +665,12 @@ class Metrics:
         return child
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """The page: this application's registry, or the pod's from the directory."""
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry)
+        pod = CollectorRegistry()
+        multiprocess.MultiProcessCollector(pod, path=str(self.multiprocess_dir))  # type: ignore[no-untyped-call]
+        return generate_latest(pod)
 
 
 def _task_count() -> float:

@@ -22,6 +22,7 @@ from proxy.ledger.charges import quantities
 from proxy.ledger.journal_files import list_exporters, read_journal
 from proxy.ledger.records import UsageRecord
 from proxy.ledger.report import BudgetRow
+from proxy.ledger.shards import shards
 from proxy.limits.budgets import BudgetUse, budget_use
 from proxy.limits.costs import billed
 from proxy.limits.limiter import Cost, Usage, Who
@@ -60,7 +61,13 @@ class Source:
         """The source in one sentence, with what it holds and what it may lack."""
         if self.dsn is not None:
             return f"PostgreSQL ledger {redacted(self.dsn)} (every replica's records)"
-        what = f"local journal {self.journal} (this replica's records only"
+        workers = sum(1 for path in shards(self.journal) if path != self.journal)
+        what = (
+            f"local journal {self.journal} and its {workers} worker shard(s) (this pod's "
+            "records only"
+            if workers > 0
+            else f"local journal {self.journal} (this replica's records only"
+        )
         if self.pruned_after() is None:
             return what + ", none pruned: it has no exporter)"
         return (

@@ -24,7 +24,6 @@ TESTED_THROUGH_THE_APP = {
     "ledger/recorder": "journal and subscribers of a running app: app/test_metering.py",
     "ledger/sqlite": "the journal's file: unit/ledger/test_journal.py, test_journal_files.py",
     "limitstore/tickets": "what limiter and store exchange, no behaviour: test_redislimiter.py",
-    "serving/admin": "the proxy's own endpoints: app/test_app.py, app/test_metrics.py",
     "serving/app": "the wiring: every test under tests/app",
     "serving/attribution": "who pays, per request: app/test_attribution.py",
     "serving/audited": "the scoring handler: app/test_app.py, app/test_hot_path.py",
@@ -148,13 +147,13 @@ def _base_name(base: ast.expr) -> str:
 
 
 def _kind(path: Path, name: str) -> str:
-    """What a class of the project is: a value type (a dataclass), a protocol, an
-    exception, or a class with behaviour."""
+    """What a class of the project is: a value type (a dataclass, or a pydantic model: a
+    message), a protocol, an exception, or a class with behaviour."""
     for node in ast.walk(_tree(path)):
         if isinstance(node, ast.ClassDef) and node.name == name:
             decorators = {ast.unparse(d).split("(")[0] for d in node.decorator_list}
             bases = {_base_name(b) for b in node.bases}
-            if decorators & {"dataclass", "dataclasses.dataclass"}:
+            if decorators & {"dataclass", "dataclasses.dataclass"} or "BaseModel" in bases:
                 return "value"
             if "Protocol" in bases:
                 return "protocol"

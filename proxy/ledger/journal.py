@@ -90,12 +90,17 @@ class Journal:
         commit_timeout: float = 2.0,
         commit_interval: float = 0.0,
         on_replaced: Callable[[int], None] | None = None,
+        on_health: Callable[[bool], None] | None = None,
     ) -> None:
         self.path = path
         self.sync = sync
         self.commit_timeout = commit_timeout
         self.commit_interval = commit_interval
         self._on_replaced = on_replaced
+        # Told each change of ``healthy`` (the serving side sets its gauge from it), on
+        # the event loop: a metric set where health changes, not read by a callback at
+        # scrape time, which a multiprocess metrics directory could not hold.
+        self._on_health = on_health
         self._thread = SqliteThread()
         self._db: sqlite3.Connection | None = None
         self._identity: tuple[int, int] | None = None
@@ -196,7 +201,15 @@ class Journal:
             expiry.cancel()
 
     def _unhealthy(self, problem: str) -> None:
-        self.healthy, self.problem = False, problem
+        self._health(problem)
+
+    def _health(self, problem: str | None) -> None:
+        """Healthy when ``problem`` is None; the callback hears changes only (a commit
+        of a healthy journal, once per group, tells it nothing)."""
+        changed = self.healthy != (problem is None)
+        self.healthy, self.problem = problem is None, problem
+        if changed and self._on_health is not None:
+            self._on_health(self.healthy)
 
     async def probe(self) -> bool:
         """One small write through the writer thread, bounded: can records be journaled?"""
@@ -210,7 +223,7 @@ class Journal:
         except Exception as exc:
             self._unhealthy(f"a test write failed: {exc}")
         else:
-            self.healthy, self.problem = True, None
+            self._health(None)
         return self.healthy
 
     def _heartbeat(self) -> None:
@@ -264,7 +277,7 @@ class Journal:
                     future.set_exception(JournalError(str(error)))
             return
         self.appended += len(group)
-        self.healthy, self.problem = True, None
+        self._health(None)
         for _, future in group:
             if future is not None and not future.done():
                 future.set_result(None)

@@ -54,6 +54,9 @@ class InProcessLimiter:
         self.policies = policies
         self._make = make
         self.history = History()
+        # A pod's limiter host (``limitstore.host``) keeps each worker's part apart, so
+        # that re-reading a dead worker's journal shard replaces its part (``part=k``).
+        self.parts: dict[int, History] = {}
         self.meters: dict[MeterKey, Meter] = {}
         self._pruned = -math.inf
 
@@ -89,10 +92,13 @@ class InProcessLimiter:
             ticket.taken.append((scope, limit.name, limit.unit))
         return _decision(ticket, None, plan, now)
 
-    async def settle(self, ticket: Ticket, billed: Cost, now: float) -> None:
+    async def settle(
+        self, ticket: Ticket, billed: Cost, now: float, *, part: int | None = None
+    ) -> None:
         if not ticket.end():
             return
-        self.history.note(ticket.who, billed, now)
+        history = self.history if part is None else self.parts.setdefault(part, History())
+        history.note(ticket.who, billed, now)
         for scope, name, unit in ticket.taken:
             meter = self.meters.get((scope, name))
             if meter is not None:
@@ -107,10 +113,17 @@ class InProcessLimiter:
             if meter is not None:
                 meter.give(ticket.cost.of(unit), now)
 
-    async def restore(self, history: Iterable[Usage], now: float) -> int:
+    async def restore(
+        self, history: Iterable[Usage], now: float, *, part: int | None = None
+    ) -> int:
+        """Add ``history`` to the budgets' usage; with ``part``, replace that part's
+        (a worker's journal shard, read again) by it."""
+        target = self.history
+        if part is not None:
+            target = self.parts[part] = History()
         taken = 0
         for usage in history:
-            self.history.note(usage.who, usage.cost, usage.at)
+            target.note(usage.who, usage.cost, usage.at)
             taken += 1
         for meter in self.meters.values():  # re-read their period from the history
             meter.reread()
@@ -139,7 +152,9 @@ class InProcessLimiter:
         unit = limit.unit
 
         def used_in(start: float, end: float) -> int:
-            return self.history.used(scope, unit, start, end)
+            return sum(
+                h.used(scope, unit, start, end) for h in (self.history, *self.parts.values())
+            )
 
         return self._make(scope, limit, used_in, self.policies.zone)
 
@@ -148,7 +163,8 @@ class InProcessLimiter:
         if now - self._pruned < BUCKET_SECONDS:
             return
         self._pruned = now
-        self.history.prune(earliest_start(now, self.policies.zone))
+        for history in (self.history, *self.parts.values()):
+            history.prune(earliest_start(now, self.policies.zone))
 
 
 async def still(app: Any) -> AsyncIterator[None]:

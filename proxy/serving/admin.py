@@ -4,6 +4,8 @@ the upstream's metrics (``/upstream/metrics``)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
@@ -127,5 +129,27 @@ def admin_context(
         await listen(runner, settings.admin_host, settings.admin_port, "--admin-port")
         yield
         await runner.cleanup()
+
+    return ctx
+
+
+def task_sampler_context(
+    metrics: Metrics, every: float = 5.0
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    """cleanup_ctx of a pod's worker: its task count sampled every ``every`` seconds,
+    the leak canary's value written where the pod's page reads it (one process reads
+    it at each scrape instead)."""
+
+    async def sample() -> None:
+        while True:
+            metrics.sample_tasks()
+            await asyncio.sleep(every)
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(sample(), name="task-sampler")
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
     return ctx

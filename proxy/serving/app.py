@@ -85,8 +85,8 @@ def build_ledger(
         commit_timeout=settings.journal_commit_timeout,
         commit_interval=settings.commit_interval,
         on_replaced=lambda carried: metrics.journal_replaced.inc(),
+        on_health=lambda ok: metrics.journal_ready.set(float(ok)),
     )
-    metrics.journal_ready.set_function(lambda: float(journal.healthy))
     exporters = build_sinks(settings) if sinks is None else sinks
     retention = settings.journal_retention * 3600
     return journal, Outbox(journal, exporters, metrics=metrics, retention=retention)
@@ -260,12 +260,19 @@ def create_app(
     catalog: Catalog | None = None,
     pool: TokenizerPool | None = None,
     sinks: list[Sink] | None = None,
+    metrics_dir: Path | None = None,
 ) -> web.Application:
-    """The proxy application; tests pass their own catalog (e.g. a tokenizer loader)."""
+    """The proxy application; tests pass their own catalog (e.g. a tokenizer loader). A
+    pod's worker passes the pod's metrics directory (``PROMETHEUS_MULTIPROC_DIR``)."""
     resolver = build_resolver(settings)
     pool = pool or TokenizerPool(settings.tokenizer_threads)
     catalog = catalog or Catalog(settings, pool=pool)
-    metrics = Metrics(settings, trusted_tenants=resolver.key_tenants, served=catalog.serves)
+    metrics = Metrics(
+        settings,
+        trusted_tenants=resolver.key_tenants,
+        served=catalog.serves,
+        multiprocess_dir=metrics_dir,
+    )
     journal, outbox = build_ledger(settings, metrics, sinks)
     shares = build_shares(settings, metrics)
     prices = build_prices(settings, metrics)
@@ -326,6 +333,8 @@ def create_app(
         admin.admin_context(settings, admin_routes),
     ):
         app.cleanup_ctx.append(context)
+    if metrics_dir is not None:
+        app.cleanup_ctx.append(admin.task_sampler_context(metrics))
     page = metrics if settings.admin_port is None else None
     admin.add_routes(app, catalog, journal, page, store, priced)
     add_usage_routes(app, figures)

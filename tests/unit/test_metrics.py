@@ -1,9 +1,37 @@
-"""The metrics table: tenant labels and their cap."""
+"""The metrics table: tenant labels and their cap; a pod's page from its workers' files."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from prometheus_client import Gauge, multiprocess
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.metrics import SPECS, Metrics
+from proxy.settings import Settings
+
+# One worker of a pod: its values written to the pod's directory, as prometheus_client's
+# multiprocess mode does when PROMETHEUS_MULTIPROC_DIR is set before it is imported.
+WORKER = """
+import os, sys
+from pathlib import Path
 from proxy.metrics import Metrics
 from proxy.settings import Settings
+
+failures, ready, remaining, backlog, interval = (float(a) for a in sys.argv[1:])
+metrics = Metrics(
+    Settings(upstream="http://x", reconcile_interval=interval),
+    multiprocess_dir=Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]),
+)
+metrics.journal_failures.inc(failures)
+metrics.journal_ready.set(ready)
+metrics.budget_remaining.labels("prompt_tokens_per_month").set(remaining)
+metrics.backlog.labels("postgres").set(backlog)
+print(os.getpid())
+"""
 
 
 def test_tenant_label_cap() -> None:
@@ -53,3 +81,68 @@ def test_readme_metrics_table_names_what_is_exposed() -> None:
         counter = family.type == "counter"
         exposed.add(f"{family.name}_total" if counter else family.name)
     assert documented == exposed
+
+
+def test_every_gauge_says_how_a_pods_workers_combine() -> None:
+    """A gauge without a mode would render one series per worker process (prometheus_client's
+    default adds a ``pid`` label): every gauge of the table names its mode."""
+    gauges = {attr: spec.mode for attr, spec in SPECS.items() if spec.kind is Gauge}
+    assert len(gauges) >= 15
+    assert [attr for attr, mode in gauges.items() if not mode] == []
+    assert all(spec.mode is None for spec in SPECS.values() if spec.kind is not Gauge)
+
+
+def _worker(directory: Path, *values: float) -> int:
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
+    done = subprocess.run(
+        [sys.executable, "-c", WORKER, *map(str, values)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return int(done.stdout)
+
+
+def _page(directory: Path) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = Metrics(Settings(upstream="http://x"), multiprocess_dir=directory).render().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_a_pods_page_sums_counters_and_combines_gauges_by_their_mode(tmp_path: Path) -> None:
+    """Two worker processes write one directory: the page (any worker's render) sums their
+    counters and combines each gauge by its mode: journal ready the lowest of the live
+    workers (one bad shard raises the alarm), backlogs summed, a budget's remainder the
+    most recent write, the interval the largest. A dead worker's live gauges leave the page
+    (``mark_process_dead``), its counters stay (a pod's counters never go down)."""
+    first = _worker(tmp_path, 3, 1, 70, 4, 30)
+    second = _worker(tmp_path, 5, 0, 40, 6, 60)
+    page = _page(tmp_path)
+    assert page[("usage_proxy_journal_failures_total", ())] == 8
+    assert page[("usage_proxy_journal_ready", ())] == 0
+    assert page[("usage_proxy_export_backlog_records", (("sink", "postgres"),))] == 10
+    assert page[("usage_proxy_budget_remaining", (("limit", "prompt_tokens_per_month"),))] == 40
+    assert page[("usage_proxy_reconcile_interval_seconds", ())] == 60
+    assert not any(dict(labels).get("pid") for _, labels in page)  # one series per metric
+
+    multiprocess.mark_process_dead(second, str(tmp_path))
+    page = _page(tmp_path)
+    assert page[("usage_proxy_journal_failures_total", ())] == 8
+    assert page[("usage_proxy_journal_ready", ())] == 1
+    assert page[("usage_proxy_export_backlog_records", (("sink", "postgres"),))] == 4
+    assert first != second
+
+
+def test_one_process_page_is_its_own_registry() -> None:
+    """Without a directory (one process, today's proxy) the page is the application's own
+    registry, the task gauge read at each scrape."""
+    metrics = Metrics(Settings(upstream="http://x"))
+    metrics.journal_failures.inc(2)
+    text = metrics.render().decode()
+    assert "usage_proxy_journal_failures_total 2.0" in text
+    assert "usage_proxy_event_loop_tasks 0.0" in text  # no running loop here

@@ -15,6 +15,7 @@ import pytest
 from proxy.cli import main
 from proxy.ledger.journal import Journal
 from proxy.ledger.records import UsageRecord
+from proxy.ledger.shards import shard_path
 from proxy.ledger.sinks.postgres import PostgresLedger
 from proxy.reporting import instant, redacted
 from tests.support.postgres import Cluster, fresh_database
@@ -241,6 +242,22 @@ async def test_a_journal_without_exporters_says_it_keeps_everything(
     out, err = report(capsys, "--journal", str(path), "--since", "60d", "--format", "json")
     assert "none pruned: it has no exporter" in json.loads(out)["source"]
     assert "warning" not in err
+
+
+async def test_a_pods_report_reads_every_workers_shard_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A pod of two workers journals to two shards: the report counts both workers'
+    records, and its source sentence names the shards and says they are the pod's."""
+    now = datetime.now(UTC)
+    path = await journal_of(tmp_path / "j.sqlite", [rec(1, "a", now, 1), rec(2, "a", now, 2)])
+    await journal_of(shard_path(path, 1), [rec(3, "b", now, 4)], exporters=("postgres",))
+    out, _ = report(capsys, "--journal", str(path), "--since", "1d", "--format", "json")
+    data = json.loads(out)
+    assert data["totals"]["requests"] == 3
+    assert data["source"].startswith(
+        f"local journal {path} and its 1 worker shard(s) (this pod's records only;"
+    )
 
 
 @pytest.mark.parametrize(

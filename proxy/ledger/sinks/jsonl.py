@@ -1,8 +1,13 @@
-"""JSON lines on stdout or appended to a file (consumers dedupe on ``record_id``)."""
+"""JSON lines on stdout or appended to a file (consumers dedupe on ``record_id``).
+
+Several processes (the workers of one pod) may append to one file: each batch is written
+and synced under an exclusive ``flock`` on it, so no line is ever split by another's.
+Stdout is one pipe per process and is left alone."""
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import sys
 from collections.abc import Sequence
@@ -30,6 +35,7 @@ class JsonLinesSink:
 
     def _append(self, text: str) -> None:
         with open(self.target, "a", encoding="utf-8") as handle:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)  # released when the file closes
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())

@@ -193,6 +193,28 @@ async def test_a_sync_append_waits_at_most_the_commit_timeout(tmp_path: Path) ->
     assert len(read_journal(tmp_path / "j.sqlite")) == 2
 
 
+async def test_health_changes_are_told_once_each(tmp_path: Path) -> None:
+    """``on_health`` hears each change of the journal's health, on the event loop: False
+    when a commit overruns its bound, True when the next commit succeeds, and nothing for
+    the commits in between (the serving side sets the ``journal_ready`` gauge from it, a
+    value a pod's metrics directory can hold where a scrape-time callback reads 0)."""
+    told: list[bool] = []
+    journal = Journal(tmp_path / "j.sqlite", commit_timeout=0.2, on_health=told.append)
+    await journal.open()
+    await journal.append(make_record(0))
+    assert told == []  # healthy from the start: nothing changed
+    journal._thread.post(lambda: time.sleep(0.6))  # the disk freezes
+    with pytest.raises(JournalError):
+        await journal.append(make_record(1))
+    assert told == [False]
+    await asyncio.sleep(0.5)  # the disk comes back
+    for i in range(3):
+        await journal.append(make_record(2 + i))
+    assert await journal.probe()
+    await journal.close()
+    assert told == [False, True]
+
+
 async def test_usage_sums_split_where_prices_change(tmp_path: Path) -> None:
     """The budgets' rebuild reads sums per quarter hour; with cuts (the instants prices
     change) no sum spans one, and cached tokens and audio seconds are summed too."""

@@ -158,3 +158,21 @@ def test_a_money_budget_counts_billionths_like_tokens() -> None:
     assert run(lim.reserve(ACME, Cost(1, 0, money=550), NOW)).ticket is not None
     assert lim.history.used(("tenant", "acme"), Unit.COST, NOW - 60, NOW + 60) == 450
     assert ("cost_per_day", 0) in run(lim.reserve(ACME, Cost(0, 0), NOW)).budgets
+
+
+def test_a_part_read_again_replaces_what_it_held() -> None:
+    """A pod's host keeps each worker's usage as a part: restoring part k again (its
+    journal shard re-read after the worker died) replaces that part, never adds to it;
+    settlements through worker k count in part k, the other parts stay."""
+    lim = limiter(prompt_tokens_per_day=100)
+    run(lim.restore([Usage(ACME, NOW, Cost(30, 0))], NOW, part=1))
+    run(lim.restore([Usage(ACME, NOW, Cost(10, 0))], NOW, part=0))
+    ticket = run(lim.reserve(ACME, Cost(5, 0), NOW)).ticket
+    assert ticket is not None
+    run(lim.settle(ticket, Cost(5, 0), NOW, part=1))
+    assert run(lim.reserve(ACME, Cost(1, 0), NOW)).tokens.remaining == 100 - 45 - 1
+    run(lim.restore([Usage(ACME, NOW, Cost(35, 0))], NOW, part=1))  # the shard, with the 5
+    decision = run(lim.reserve(ACME, Cost(1, 0), NOW))
+    assert decision.tokens is not None
+    assert decision.tokens.remaining == 100 - 45 - 2
+    assert lim.history.whos() == []

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import fcntl
+import os
 from pathlib import Path
 
 import pytest
@@ -52,3 +55,27 @@ async def test_lines_carry_the_units(tmp_path: Path) -> None:
     line = json.loads(target.read_text())
     assert line["schema_version"] == 4
     assert {k: v for k, v in line["units"].items() if v is not None} == {"audio_seconds": 7}
+
+
+async def test_a_batch_waits_for_the_file_lock_another_process_holds(tmp_path: Path) -> None:
+    """Two workers may export to one file: a batch is written only under an exclusive
+    ``flock`` on it, so it waits while another holder (here the test, through its own
+    open file) writes, and no line is split by another's."""
+    target = tmp_path / "out.jsonl"
+    target.write_text("")
+    sink = JsonLinesSink(str(target))
+    await sink.start()
+    other = os.open(target, os.O_WRONLY | os.O_APPEND)  # another open file: another holder
+    try:
+        fcntl.flock(other, fcntl.LOCK_EX)
+        record = make_record(0)
+        delivery = asyncio.create_task(sink.deliver([record]))
+        await asyncio.sleep(0.3)
+        assert not delivery.done()
+        assert target.read_text() == ""  # nothing written while the other holds the lock
+        fcntl.flock(other, fcntl.LOCK_UN)
+    finally:
+        os.close(other)
+    await asyncio.wait_for(delivery, 5)
+    lines = target.read_text().splitlines()
+    assert [UsageRecord.from_json(line) for line in lines] == [record]

@@ -1,0 +1,185 @@
+"""A pod worker's limiter: the ``Limiter`` protocol over one connection to the pod's
+limiter host (``limitstore.host``), so that a tenant's whole remainder is usable through
+any worker and a burst spread over every worker is admitted exactly as one process admits
+it.
+
+``reserve`` is one round trip; ``settle`` and ``release`` are written without waiting
+(the host takes one connection's lines in order). ``restore`` does nothing here: the host
+reads every shard. Once the host is gone (its connection closed), limited requests are
+refused as a store outage refuses them in closed mode (503), never admitted unmetered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+from pydantic import ValidationError
+
+from proxy.limits.limiter import Cost, Decision, Refusal, Ticket, Usage, Who
+from proxy.limits.policy import Policies
+from proxy.limitstore.hostwire import (
+    FROM_HOST,
+    VERSION,
+    Answer,
+    Bye,
+    Failure,
+    Hello,
+    Release,
+    Replace,
+    Reserve,
+    Settle,
+    Welcome,
+)
+
+log = structlog.get_logger("proxy.limitstore.hosted")
+WELCOME_SECONDS = 10.0
+GONE = "the pod's limiter host is gone: limited requests are refused until this worker restarts"
+
+
+class HostError(Exception):
+    """The limiter host refused this worker, or could not be reached."""
+
+
+@dataclass(slots=True)
+class HostedTicket(Ticket):
+    """A reservation the host holds, by its number there."""
+
+    number: int = 0
+
+
+class HostedLimiter:
+    """``proxy.limits.limiter.Limiter`` on the pod's limiter host."""
+
+    def __init__(
+        self, policies: Policies, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.policies = policies
+        self._reader, self._writer = reader, writer
+        self._numbers = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[Answer | None]] = {}
+        self._gone: str | None = None
+        self._listening: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def connect(cls, path: Path, policies: Policies, part: int) -> HostedLimiter:
+        """Connect to the host at ``path`` as worker ``part`` (its journal shard)."""
+        try:
+            reader, writer = await asyncio.open_unix_connection(str(path))
+        except OSError as exc:
+            raise HostError(f"cannot reach the limiter host at {path}: {exc}") from None
+        writer.write(Hello(version=VERSION, part=part).line())
+        try:
+            async with asyncio.timeout(WELCOME_SECONDS):
+                answer = _parsed(await reader.readline())
+        except (TimeoutError, ConnectionError) as exc:
+            writer.close()
+            raise HostError(f"no welcome from the limiter host at {path}: {exc!r}") from None
+        if not isinstance(answer, Welcome):
+            writer.close()
+            why = answer.why if isinstance(answer, Failure) else "no welcome"
+            raise HostError(f"the limiter host at {path} refused this worker: {why}")
+        limiter = cls(policies, reader, writer)
+        limiter._listening = asyncio.create_task(limiter._listen(), name="limiter-host")
+        return limiter
+
+    def wants_tokens(self, tenant: str) -> bool:
+        return self.policies.wants_tokens(tenant)
+
+    def replace(self, policies: Policies) -> None:
+        """Use ``policies`` here (what needs a cost) and send them to the host, which
+        applies them once for the pod."""
+        self.policies = policies
+        self._send(Replace(policies=policies).line())
+
+    async def reserve(self, who: Who, cost: Cost, now: float) -> Decision:
+        if self._gone is not None:
+            return _unavailable(who, self._gone)
+        n = next(self._numbers)
+        future: asyncio.Future[Answer | None] = asyncio.get_running_loop().create_future()
+        self._waiting[n] = future
+        self._send(Reserve(n=n, who=who, cost=cost, now=now).line())
+        try:
+            answer = await future
+        finally:
+            self._waiting.pop(n, None)
+        if answer is None:
+            return _unavailable(who, self._gone or GONE)
+        ticket = None
+        if answer.ticket is not None:
+            ticket = HostedTicket(who, cost, number=answer.ticket)
+        return Decision(
+            ticket, answer.refusal, answer.requests, answer.tokens, answer.budgets, answer.cost
+        )
+
+    async def settle(self, ticket: Ticket, billed: Cost, now: float) -> None:
+        if isinstance(ticket, HostedTicket) and ticket.end():
+            self._send(Settle(ticket=ticket.number, billed=billed, now=now).line())
+
+    async def release(self, ticket: Ticket, now: float) -> None:
+        if isinstance(ticket, HostedTicket) and ticket.end():
+            self._send(Release(ticket=ticket.number, now=now).line())
+
+    async def restore(self, history: Iterable[Usage], now: float) -> int:
+        """Nothing: the host reads every worker's shard before any worker starts."""
+        return 0
+
+    async def close(self) -> None:
+        """Say goodbye (every ticket is settled or released by now) and hang up."""
+        self._send(Bye().line())
+        self._gone = "this worker's limiter is closed"
+        self._writer.close()
+        with contextlib.suppress(ConnectionError):
+            await self._writer.wait_closed()
+        if self._listening is not None:
+            self._listening.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listening
+
+    def _send(self, line: bytes) -> None:
+        if self._gone is None and not self._writer.is_closing():
+            self._writer.write(line)
+
+    async def _listen(self) -> None:
+        """Hand each answer to the reservation waiting for it, until the host hangs up."""
+        why = GONE
+        try:
+            while line := await self._reader.readline():
+                answer = _parsed(line)
+                if isinstance(answer, Answer):
+                    future = self._waiting.get(answer.n)
+                    if future is not None and not future.done():
+                        future.set_result(answer)
+                elif isinstance(answer, Failure):
+                    why = f"the pod's limiter host refused this worker: {answer.why}"
+        except (ConnectionError, HostError) as exc:
+            why = f"{GONE} ({exc})"
+        finally:
+            self._lost(why)
+
+    def _lost(self, why: str) -> None:
+        if self._gone is None:  # not closed by this worker
+            self._gone = why
+            log.error("limiter_host_lost", why=why)
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_result(None)
+
+
+def _unavailable(who: Who, why: str) -> Decision:
+    refusal = Refusal("limiter_host", ("tenant", who.tenant), 1.0, 0, 0, unavailable=True, why=why)
+    return Decision(None, refusal, None, None)
+
+
+def _parsed(line: bytes) -> Welcome | Answer | Failure:
+    if not line:
+        raise HostError("the limiter host closed the connection")
+    try:
+        return FROM_HOST.validate_json(line)
+    except ValidationError as exc:
+        raise HostError(f"not a message from the host: {line[:80]!r}") from exc

@@ -1,0 +1,103 @@
+"""What a pod's workers and its limiter host (``limitstore.host``) say to each other over
+the host's Unix socket: one JSON object a line, each typed at the boundary (pydantic), the
+protocol's version agreed once, in the hello.
+
+A worker says ``hello`` (its version and its part: the index of its journal shard), then
+``reserve`` (answered by a ``decision`` carrying its sequence number), ``settle``,
+``release`` and ``replace`` (not answered: the host handles one connection's lines in
+order, so a settle never overtakes its reserve), and ``bye`` before it closes. The host
+answers a hello with ``welcome``, or ``error`` and closes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from proxy.limits.limiter import Cost, Refusal, Standing, Who
+from proxy.limits.policy import Policies
+
+VERSION = 1
+
+
+class Message(BaseModel):
+    # A refusal's wait may be infinite (its cost alone exceeds the limit): written as
+    # JSON's Infinity, which pydantic reads back, not as null.
+    model_config = ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
+
+    def line(self) -> bytes:
+        """The message as one line of the socket."""
+        return self.model_dump_json().encode() + b"\n"
+
+
+class Hello(Message):
+    op: Literal["hello"] = "hello"
+    version: int
+    part: int = Field(ge=0)  # the worker's index: its journal shard
+
+
+class Reserve(Message):
+    op: Literal["reserve"] = "reserve"
+    n: int  # the answer carries it back
+    who: Who
+    cost: Cost
+    now: float
+
+
+class Settle(Message):
+    op: Literal["settle"] = "settle"
+    ticket: int
+    billed: Cost
+    now: float
+
+
+class Release(Message):
+    op: Literal["release"] = "release"
+    ticket: int
+    now: float
+
+
+class Replace(Message):
+    op: Literal["replace"] = "replace"
+    policies: Policies
+
+
+class Bye(Message):
+    op: Literal["bye"] = "bye"
+
+
+class Welcome(Message):
+    op: Literal["welcome"] = "welcome"
+    version: int
+
+
+class Answer(Message):
+    """A reservation's decision; ``ticket`` is the host's number for it, None: refused."""
+
+    op: Literal["decision"] = "decision"
+    n: int
+    ticket: int | None
+    refusal: Refusal | None
+    requests: Standing | None
+    tokens: Standing | None
+    budgets: tuple[tuple[str, int], ...] = ()
+    cost: Standing | None = None
+
+
+class Failure(Message):
+    op: Literal["error"] = "error"
+    why: str
+
+
+ToHost = Annotated[Hello | Reserve | Settle | Release | Replace | Bye, Field(discriminator="op")]
+FromHost = Annotated[Welcome | Answer | Failure, Field(discriminator="op")]
+TO_HOST: TypeAdapter[ToHost] = TypeAdapter(ToHost)
+FROM_HOST: TypeAdapter[FromHost] = TypeAdapter(FromHost)
+
+
+def digest(policies: Policies) -> str:
+    """The SHA-256 of the policies as sent: the host applies a ``replace`` only when it
+    changes them (every worker sends the file it reloaded)."""
+    return hashlib.sha256(policies.model_dump_json().encode()).hexdigest()

@@ -1,0 +1,65 @@
+"""The names of a pod's journal shards, and finding the ones that exist."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from proxy.ledger.shards import shard_path, shards
+
+
+@pytest.mark.parametrize(
+    ("journal", "k", "expected"),
+    [
+        ("/data/usage.sqlite", 0, "/data/usage.sqlite"),
+        ("/data/usage.sqlite", 1, "/data/usage.worker-1.sqlite"),
+        ("/data/usage.sqlite", 12, "/data/usage.worker-12.sqlite"),
+        ("/data/usage", 3, "/data/usage.worker-3"),
+        ("/data/usage.v2.sqlite", 2, "/data/usage.v2.worker-2.sqlite"),
+    ],
+)
+def test_worker_zero_keeps_the_journal_and_the_others_sit_beside_it(
+    journal: str, k: int, expected: str
+) -> None:
+    """Worker 0 writes ``--journal`` itself (one worker is today's file); worker k its
+    ``<stem>.worker-<k><suffix>`` in the same directory."""
+    assert shard_path(Path(journal), k) == Path(expected)
+
+
+def test_a_negative_index_is_refused() -> None:
+    """There is no worker -1: a bad index is a bug, said, not a strange file name."""
+    with pytest.raises(ValueError, match="-1"):
+        shard_path(Path("/data/usage.sqlite"), -1)
+
+
+def test_shards_are_found_in_worker_order(tmp_path: Path) -> None:
+    """Every shard that exists, worker 0 first and then by index (10 after 2, not
+    before), and nothing else of the directory: SQLite's ``-wal``/``-shm`` files, another
+    journal's shards, names that only look alike."""
+    journal = tmp_path / "usage.sqlite"
+    for k in (0, 10, 2, 1):
+        shard_path(journal, k).write_text("")
+    for name in (
+        "usage.sqlite-wal",
+        "usage.worker-1.sqlite-wal",
+        "usage.worker-1.sqlite-shm",
+        "other.worker-1.sqlite",
+        "usage.worker-0.sqlite",
+        "usage.worker-01.sqlite",
+        "usage.worker-x.sqlite",
+        "usage.worker-3.db",
+    ):
+        (tmp_path / name).write_text("")
+    (tmp_path / "usage.worker-4.sqlite").mkdir()
+    assert shards(journal) == [shard_path(journal, k) for k in (0, 1, 2, 10)]
+
+
+def test_without_files_there_are_no_shards(tmp_path: Path) -> None:
+    """No journal yet (or no directory): none, not the path that does not exist; a pod
+    whose worker 0 has not written yet still has its other shards found."""
+    journal = tmp_path / "usage.sqlite"
+    assert shards(journal) == []
+    assert shards(tmp_path / "missing" / "usage.sqlite") == []
+    shard_path(journal, 1).write_text("")
+    assert shards(journal) == [shard_path(journal, 1)]
