@@ -359,3 +359,84 @@ async def test_a_client_that_leaves_while_the_engine_finishes_is_billed_when_it_
     assert completion * fake.delay > 5
     assert (record.verdict, record.aborted) == ("reported", False)
     assert (record.prompt_tokens_billed, record.completion_tokens_billed) == (prompt, completion)
+
+
+async def _money_session(
+    aiohttp_server: Any, aiohttp_client: Any, root: Path, tmp_path: Path
+) -> tuple[Any, Any]:
+    """A fake vLLM 0.32.0 and the proxy with acme's cost_per_day of 0.06 USD, minilm at
+    0.0001 a token: two utterances' reservations (0.0512 each) fit, a third once two are
+    billed (0.0062 each) does not."""
+    prices = {
+        "currency": "USD",
+        "models": {"minilm": {"prompt_tokens": "0.0001", "completion_tokens": "0.0001"}},
+    }
+    (tmp_path / "prices.yaml").write_text(yaml.safe_dump(prices))
+    limits = tmp_path / "limits.yaml"
+    limits.write_text(yaml.safe_dump({"tenants": {"acme": {"cost_per_day": "0.06"}}}))
+    return await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        root,
+        version="0.32.0",
+        tenant_header="X-Tenant-Id",
+        journal=str(tmp_path / "journal.sqlite"),
+        limits=str(limits),
+        prices=str(tmp_path / "prices.yaml"),
+    )
+
+
+async def _run_utterances(ws: aiohttp.ClientWebSocketResponse, commit: str) -> int:
+    """Up to twenty utterances started by ``commit``; how many were transcribed before
+    an error event or the close."""
+    ran = 0
+    for _ in range(20):
+        await ws.send_str(commit)
+        await ws.send_str(append(1280))
+        await ws.send_str(FINAL)
+        while True:
+            message = await ws.receive(timeout=5)
+            if message.type is not aiohttp.WSMsgType.TEXT:
+                return ran
+            kind = json.loads(message.data)["type"]
+            if kind == "error":
+                return ran
+            if kind == "transcription.done":
+                break
+        ran += 1
+    return ran
+
+
+@pytest.mark.parametrize(
+    "commit",
+    [
+        '{"type": "input_audio_buffer.\\u0063ommit"}',  # an escape, as json.loads reads it
+        json.dumps({"type": "input_audio_buffer.commit", "pad": " " * 70_000}),  # > 64 KiB
+    ],
+    ids=["escaped", "padded"],
+)
+async def test_a_commit_vllm_reads_is_admitted_however_it_is_spelt(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path, commit: str
+) -> None:
+    """vLLM parses every text message with json.loads (escapes decoded, extra members
+    kept, any size up to 16 MiB) and starts a generation at each commit: a commit spelt
+    with an escape, or padded past 64 KiB, is admitted like any other, so the budget
+    ends the session at the third (before: not seen as a commit, never reserved nor
+    charged, all twenty ran on a budget for two and the meter stayed at zero)."""
+    fake, client = await _money_session(aiohttp_server, aiohttp_client, minilm_path, tmp_path)
+    async with client.ws_connect("/v1/realtime", headers={"X-Tenant-Id": "acme"}) as ws:
+        await ws.receive(timeout=5)
+        await ws.send_str(UPDATE)
+        ran = await _run_utterances(ws, commit)
+    assert ran == 2
+    (record,) = await recorded(tmp_path / "journal.sqlite")
+    prompt, completion = realtime_usage(1280)
+    assert fake.generation_tokens_total == 2 * completion
+    assert (record.prompt_tokens_billed, record.completion_tokens_billed) == (
+        2 * prompt,
+        2 * completion,
+    )
+    (meter,) = [
+        m for m in client.app[ADMISSION].limiter.meters.values() if isinstance(m, BudgetMeter)
+    ]
+    assert (meter.used, meter.reserved) == (2 * (prompt + completion) * 100_000, 0)
