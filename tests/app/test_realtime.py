@@ -362,7 +362,7 @@ async def test_a_client_that_leaves_while_the_engine_finishes_is_billed_when_it_
 
 
 async def _money_session(
-    aiohttp_server: Any, aiohttp_client: Any, root: Path, tmp_path: Path
+    aiohttp_server: Any, aiohttp_client: Any, root: Path, tmp_path: Path, **options: Any
 ) -> tuple[Any, Any]:
     """A fake vLLM 0.32.0 and the proxy with acme's cost_per_day of 0.06 USD, minilm at
     0.0001 a token: two utterances' reservations (0.0512 each) fit, a third once two are
@@ -383,6 +383,7 @@ async def _money_session(
         journal=str(tmp_path / "journal.sqlite"),
         limits=str(limits),
         prices=str(tmp_path / "prices.yaml"),
+        **options,
     )
 
 
@@ -440,3 +441,35 @@ async def test_a_commit_vllm_reads_is_admitted_however_it_is_spelt(
         m for m in client.app[ADMISSION].limiter.meters.values() if isinstance(m, BudgetMeter)
     ]
     assert (meter.used, meter.reserved) == (2 * (prompt + completion) * 100_000, 0)
+
+
+async def test_an_utterance_without_its_done_is_charged_as_the_journal_bills_it(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """One utterance billed, then a client that leaves mid-generation and vLLM silent for
+    --read-timeout: the session's record bills the one done, and the budget holds exactly
+    that, as a restart rebuilds it from the journal (before: the budget also kept the
+    second utterance's reservation, 0.0512, which no record holds, so a restart forgot
+    it and the budget and the invoice disagreed)."""
+    fake, client = await _money_session(
+        aiohttp_server, aiohttp_client, minilm_path, tmp_path, read_timeout=0.2
+    )
+    async with client.ws_connect("/v1/realtime", headers={"X-Tenant-Id": "acme"}) as ws:
+        await ws.receive(timeout=5)
+        await ws.send_str(UPDATE)
+        await utterance(ws, 1280)
+        fake.delay = 5.0  # the next generation's deltas come far slower than the wait
+        await ws.send_str(COMMIT)
+        await ws.send_str(append(1600))
+        await asyncio.sleep(0.3)
+    (record,) = await recorded(tmp_path / "journal.sqlite")
+    prompt, completion = realtime_usage(1280)
+    assert (record.prompt_tokens_billed, record.completion_tokens_billed) == (prompt, completion)
+
+    def budget(app: Any) -> tuple[int, int]:
+        (meter,) = [m for m in app[ADMISSION].limiter.meters.values() if isinstance(m, BudgetMeter)]
+        return meter.used, meter.reserved
+
+    assert budget(client.app) == ((prompt + completion) * 100_000, 0)
+    _, restarted = await _money_session(aiohttp_server, aiohttp_client, minilm_path, tmp_path)
+    assert budget(restarted.app) == budget(client.app)
