@@ -179,11 +179,13 @@ class Admission:
 
     async def settle_utterance(self, ticket: Ticket, usage: tuple[int, int] | None) -> None:
         """An utterance ended: its reservation becomes its ``transcription.done`` usage at
-        the price in force now; without one (it never finished, or its usage could not be
-        read) it is charged what it reserved, never less than was known."""
+        the price in force now. Without one (it never finished, or its usage could not be
+        read) its session's record bills nothing for it, so nothing is charged: the budget
+        holds what the journal holds (a restart rebuilds it from the records), logged."""
         now = self._clock()
         if usage is None:
-            await self.limiter.settle(ticket, ticket.cost, now)
+            log.warning("utterance_unbilled", tenant=ticket.who.tenant, model=ticket.who.model)
+            await self.limiter.settle(ticket, Cost(), now)
             return
         prompt, completion = usage
         money, table = 0, self.table

@@ -149,7 +149,7 @@ class Utterances:
     """A session's utterances against its tenant's limits: each reserved at the commit
     that starts it, before that commit is forwarded, and settled at its
     ``transcription.done``; one still open when the session ends (its done never came) is
-    charged what it reserved."""
+    charged nothing, as the session's record bills nothing for it."""
 
     def __init__(
         self, admission: Admission | None, exchange: Exchange, usage: SessionUsage
@@ -173,8 +173,8 @@ class Utterances:
         return True
 
     async def heard(self, ended_before: int) -> None:
-        """After a server message: a done settles the open utterance at its usage (at its
-        reservation when that cannot be read); a generation that ended without one (vLLM
+        """After a server message: a done settles the open utterance at its usage (at
+        nothing when that cannot be read); a generation that ended without one (vLLM
         refused the commit) gives it back."""
         if self._open is None or self._admission is None:
             return

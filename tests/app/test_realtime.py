@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 import yaml
 
 from proxy.ledger.records import UsageRecord
+from proxy.limits.limiter import Cost, Who
 from proxy.limits.meters import BudgetMeter
 from proxy.serving.admission import ADMISSION
 from tests.support.fakevllm.audio import realtime_usage
@@ -466,10 +468,14 @@ async def test_an_utterance_without_its_done_is_charged_as_the_journal_bills_it(
     prompt, completion = realtime_usage(1280)
     assert (record.prompt_tokens_billed, record.completion_tokens_billed) == (prompt, completion)
 
-    def budget(app: Any) -> tuple[int, int]:
-        (meter,) = [m for m in app[ADMISSION].limiter.meters.values() if isinstance(m, BudgetMeter)]
+    async def budget(app: Any) -> tuple[int, int]:
+        """acme's budget as a reservation of nothing finds it (its meter read then)."""
+        limiter = app[ADMISSION].limiter
+        decision = await limiter.reserve(Who("acme", "minilm"), Cost(requests=0), time.time())
+        await limiter.release(decision.ticket, time.time())
+        (meter,) = [m for m in limiter.meters.values() if isinstance(m, BudgetMeter)]
         return meter.used, meter.reserved
 
-    assert budget(client.app) == ((prompt + completion) * 100_000, 0)
+    assert await budget(client.app) == ((prompt + completion) * 100_000, 0)
     _, restarted = await _money_session(aiohttp_server, aiohttp_client, minilm_path, tmp_path)
-    assert budget(restarted.app) == budget(client.app)
+    assert await budget(restarted.app) == await budget(client.app)

@@ -68,9 +68,9 @@ async def test_headers_on_any_answer_that_holds_a_decision() -> None:
 
 
 async def test_a_sessions_utterances_settle_apart_from_it() -> None:
-    """An utterance settles at its done's usage, or at its reservation when none came;
-    the session's own hold (``apart``) then settles its request alone, so its record's
-    sum is not counted twice."""
+    """An utterance settles at its done's usage, or at nothing when none came (its
+    session's record bills nothing for it); the session's own hold (``apart``) then
+    settles its request alone, so its record's sum is not counted twice."""
     adm = admission()
     session = Hold(await adm.limiter.reserve(Who("acme"), Cost(), 1e9), apart=True)
     first = await adm.limiter.reserve(Who("acme"), Cost(20, 20, requests=0), 1e9)
@@ -84,4 +84,4 @@ async def test_a_sessions_utterances_settle_apart_from_it() -> None:
     assert isinstance(adm.limiter, InProcessLimiter)
     (meter,) = adm.limiter.meters.values()
     assert isinstance(meter, BudgetMeter)
-    assert (meter.used, meter.reserved) == (7 + 40, 0)
+    assert (meter.used, meter.reserved) == (7, 0)
