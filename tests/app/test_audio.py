@@ -461,3 +461,25 @@ async def test_audio_whose_duration_cannot_be_read_is_refused_under_a_budget(
     assert resp.status == 400
     assert (await resp.json())["error"]["param"] == "file"
     assert seen == []
+
+
+async def test_a_wav_whose_header_says_no_length_is_reserved_at_what_vllm_decodes(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """A WAV whose data chunk says 0 bytes (as a streaming writer leaves it): libsndfile
+    reads 0 frames, but vLLM 0.32.0 decodes with torchcodec (FFmpeg), which reads such a
+    chunk to the end of the file: 60 s, 3.00 at 0.05 a second. Against 1.00 it is refused
+    before forwarding (before: reserved at 0 s, admitted, and invoiced 3.00)."""
+    seen, client = await audio_budget(
+        aiohttp_server, aiohttp_client, minilm_path, tmp_path, SECONDS_PRICED, "1.00"
+    )
+    audio = bytearray(wav(60))
+    at = audio.index(b"data") + 4
+    audio[at : at + 4] = bytes(4)
+    data = aiohttp.FormData()
+    data.add_field("file", io.BytesIO(bytes(audio)), filename="a.wav")
+    resp = await client.post(TRANSCRIPTIONS, data=data, headers={"X-Tenant-Id": "acme"})
+    assert resp.status == 400, await resp.text()
+    assert "costs 3 USD" in (await resp.json())["error"]["message"]
+    assert seen == []
+    assert audio_spent(tmp_path) == 0
