@@ -42,3 +42,27 @@ def test_any_bytes_give_a_duration_or_none(data: bytes) -> None:
     assert found is None or found >= 0
     found = seconds(data)
     assert found is None or found >= 0
+
+
+def _sized(audio: bytes, size: int) -> bytes:
+    """``audio`` (a WAV) with its data chunk's size field set to ``size``."""
+    at = audio.index(b"data") + 4
+    return audio[:at] + size.to_bytes(4, "little") + audio[at + 4 :]
+
+
+@pytest.mark.parametrize(("size", "length"), [(0, 60.0), (0xFFFFFFFF, 60.0), (32000, 1.0)])
+def test_a_wav_lasts_what_ffmpeg_reads_of_it(size: int, length: float) -> None:
+    """vLLM 0.32.0 decodes with torchcodec (FFmpeg): a data chunk whose size says 0 or
+    0xFFFFFFFF is read to the end of the file (libsndfile reads 0 frames of the first);
+    one that says less than the file holds, that much (as measured with PyAV 18.1 on
+    FFmpeg 8.1: 60.0, 60.0, 1.0)."""
+    assert seconds(_sized(wav(60), size)) == pytest.approx(length)
+
+
+def test_an_unsized_wav_of_frames_without_a_fixed_size_has_no_duration() -> None:
+    """IMA ADPCM frames are no whole number of bytes: with a data chunk read to the end
+    of the file there is no duration to price it by (refused under a budget)."""
+    out = io.BytesIO()
+    soundfile.write(out, np.zeros(16000, dtype="int16"), 16000, format="WAV", subtype="IMA_ADPCM")
+    assert seconds(out.getvalue()) == pytest.approx(1.0, abs=0.05)  # its last block padded
+    assert seconds(_sized(out.getvalue(), 0)) is None
