@@ -16,8 +16,13 @@ from.
 from __future__ import annotations
 
 import io
+import re
 
 import soundfile
+
+# Past this much audio a file's frames are not walked further: no budget admits it (and
+# vLLM refuses more than VLLM_MAX_AUDIO_DECODE_DURATION_S, 600 s by default).
+MOST_SECONDS = 86_400
 
 # WAV format tags whose frames are ``block_align`` bytes each: PCM, IEEE float, A-law,
 # mu-law, and WAVE_FORMAT_EXTENSIBLE (whose subformat is one of them or refused by both).
@@ -35,11 +40,18 @@ def seconds(data: bytes) -> float | None:
     container it does not know, such as MP4 or WebM, which vLLM decodes with FFmpeg)."""
     try:
         with soundfile.SoundFile(io.BytesIO(data)) as audio:
-            frames, rate = audio.frames, audio.samplerate
+            frames, rate, kind = audio.frames, audio.samplerate, audio.format
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError):
         return None
     if rate <= 0 or frames < 0:
         return None
+    if kind == "MP3":
+        return max(float(frames) / float(rate), _mpeg_seconds(data))
+    if kind == "FLAC":
+        walked = _flac_samples(data, rate)
+        if walked is None:
+            return None
+        frames = max(frames, walked)
     try:
         unsized = _wav_to_end(data)
     except _Unsized:
@@ -69,3 +81,125 @@ def _wav_to_end(data: bytes) -> int | None:
             return (len(data) - body) // frame
         at = body + size + size % 2
     return None
+
+
+# MPEG audio (MP3): FFmpeg decodes every frame in the file, whatever a Xing/LAME header
+# says (libsndfile trusts it: an MP3 of 1 s followed by 30 s of frames is 1 s to it, 31 s
+# to FFmpeg). Every frame header is counted, each frame's samples at its own rate.
+_MPEG_RATES = {3: (44100, 48000, 32000), 2: (22050, 24000, 16000), 0: (11025, 12000, 8000)}
+_KBPS_V1 = {
+    3: (0, 32, 64, 96, 128, 160, 192, 224, 256, 288, 320, 352, 384, 416, 448),
+    2: (0, 32, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384),
+    1: (0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320),
+}
+_KBPS_V2 = {
+    3: (0, 32, 48, 56, 64, 80, 96, 112, 128, 144, 160, 176, 192, 224, 256),
+    2: (0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160),
+    1: (0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160),
+}
+# A header's second byte: sync, a version that exists (not 01), a layer (not 00); its third:
+# a bitrate index 1 to 14, a sample rate index 0 to 2. Every match is a whole header.
+_SECOND = bytes(b for b in range(0xE0, 0x100) if (b >> 3) & 3 != 1 and (b >> 1) & 3 != 0)
+_THIRD = bytes(b for b in range(256) if 1 <= b >> 4 <= 14 and (b >> 2) & 3 != 3)
+_MPEG_HEADER = re.compile(
+    b"\\xff[" + re.escape(_SECOND) + b"][" + re.escape(_THIRD) + b"]", re.DOTALL
+)
+
+
+def _mpeg_seconds(data: bytes) -> float:
+    """The seconds of every MPEG audio frame header in ``data``, each frame skipped whole
+    (a frame is 32 bytes or more, so the walk's steps are bounded by the file's size)."""
+    total, at = 0.0, 0
+    while (found := _MPEG_HEADER.search(data, at)) is not None:
+        start = found.start()
+        version, layer = (data[start + 1] >> 3) & 3, (data[start + 1] >> 1) & 3
+        rate = _MPEG_RATES[version][(data[start + 2] >> 2) & 3]
+        kbps = (_KBPS_V1 if version == 3 else _KBPS_V2)[layer][data[start + 2] >> 4]
+        padding = (data[start + 2] >> 1) & 1
+        if layer == 3:  # Layer I
+            samples, length = 384, (12 * kbps * 1000 // rate + padding) * 4
+        elif layer == 1 and version != 3:  # Layer III, MPEG-2 and 2.5
+            samples, length = 576, 72 * kbps * 1000 // rate + padding
+        else:
+            samples, length = 1152, 144 * kbps * 1000 // rate + padding
+        total += samples / rate
+        if total > MOST_SECONDS:
+            return total
+        at = start + max(length, 4)
+    return total
+
+
+# FLAC: FFmpeg decodes every frame it finds, past STREAMINFO's total (libsndfile stops
+# there: a FLAC of 1 s followed by another's 30 s is 1 s to it, 31 s to FFmpeg). Every
+# frame header whose CRC-8 holds is counted; a file with many false ones is refused.
+_FLAC_SYNC = re.compile(b"\\xff[\\xf8\\xf9]")
+_FLAC_BLOCK = {1: 192, 2: 576, 3: 1152, 4: 2304, 5: 4608}
+_FALSE_SYNCS = 10_000  # and one per KiB: random data holds one per 32 KiB
+
+
+def _crc8_table() -> tuple[int, ...]:
+    table = []
+    for byte in range(256):
+        crc = byte
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x07) & 0xFF if crc & 0x80 else (crc << 1) & 0xFF
+        table.append(crc)
+    return tuple(table)
+
+
+_CRC8 = _crc8_table()
+
+
+def _crc8(data: bytes) -> int:
+    """FLAC's frame header CRC-8 (polynomial 0x07)."""
+    crc = 0
+    for byte in data:
+        crc = _CRC8[crc ^ byte]
+    return crc
+
+
+def _flac_samples(data: bytes, rate: int) -> int | None:
+    """The samples of every FLAC frame header in ``data`` (its CRC-8 checked), or more
+    once past ``MOST_SECONDS`` at ``rate``; None when too many syncs are false to walk."""
+    total, at, false = 0, 0, 0
+    allowed = _FALSE_SYNCS + len(data) // 1024
+    while (found := _FLAC_SYNC.search(data, at)) is not None:
+        start = found.start()
+        at = start + 1
+        block = _flac_header(data, start)
+        if block is None:
+            false += 1
+            if false > allowed:
+                return None
+            continue
+        total += block
+        if total > MOST_SECONDS * rate:
+            return total
+    return total
+
+
+def _flac_header(data: bytes, start: int) -> int | None:
+    """The block size of a FLAC frame header at ``start``; None when none is there."""
+    if start + 5 > len(data):
+        return None
+    size_code, rate_code = data[start + 2] >> 4, data[start + 2] & 15
+    if size_code == 0 or rate_code == 15 or data[start + 3] & 1 or (data[start + 3] >> 1) & 7 == 3:
+        return None
+    at = start + 4
+    first = data[at]  # the frame or sample number, UTF-8 coded in 1 to 7 bytes
+    extra = next((n for n in range(7) if not first & (0x80 >> n)), 7)
+    extra = 0 if extra == 0 else extra - 1
+    at += 1 + extra
+    block = _FLAC_BLOCK.get(size_code)
+    if block is None and size_code in (6, 7):
+        width = size_code - 5
+        if at + width > len(data):
+            return None
+        block = int.from_bytes(data[at : at + width], "big") + 1
+        at += width
+    elif block is None:
+        block = 256 << (size_code - 8)
+    at += {12: 1, 13: 2, 14: 2}.get(rate_code, 0)
+    if at >= len(data) or _crc8(data[start:at]) != data[at]:
+        return None
+    return block

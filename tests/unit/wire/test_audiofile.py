@@ -66,3 +66,37 @@ def test_an_unsized_wav_of_frames_without_a_fixed_size_has_no_duration() -> None
     soundfile.write(out, np.zeros(16000, dtype="int16"), 16000, format="WAV", subtype="IMA_ADPCM")
     assert seconds(out.getvalue()) == pytest.approx(1.0, abs=0.05)  # its last block padded
     assert seconds(_sized(out.getvalue(), 0)) is None
+
+
+def _encoded(length: float, kind: str) -> bytes:
+    """``length`` seconds of noise at 16 kHz, encoded by libsndfile as ``kind``."""
+    noise = np.random.default_rng(0).standard_normal(int(16000 * length)) * 0.1
+    out = io.BytesIO()
+    soundfile.write(out, noise.astype("float32"), 16000, format=kind)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize(("kind", "ffmpeg"), [("MP3", 31.143), ("FLAC", 31.0)])
+def test_a_file_followed_by_more_frames_lasts_every_frame(kind: str, ffmpeg: float) -> None:
+    """1 s of MP3 (or FLAC) followed by 30 s more: libsndfile trusts the first file's
+    header (Xing, STREAMINFO) and reads 1 s; FFmpeg, which vLLM 0.32.0 decodes with,
+    decodes every frame (measured with PyAV 18.1 on FFmpeg 8.1: 31.143 and 31.0 s). The
+    duration is at least FFmpeg's, and within a frame per file and the encoder's padding
+    of it."""
+    found = seconds(_encoded(1, kind) + _encoded(30, kind))
+    assert found is not None
+    assert ffmpeg <= found < ffmpeg + 0.5
+
+
+@pytest.mark.parametrize("kind", ["MP3", "FLAC"])
+def test_a_whole_file_lasts_about_its_header(kind: str) -> None:
+    """A file as encoded: its frames' length, within a frame and the encoder's padding."""
+    found = seconds(_encoded(20, kind))
+    assert found is not None
+    assert 20 <= found < 20.5
+
+
+def test_a_flac_full_of_false_frame_syncs_has_no_duration() -> None:
+    """A FLAC followed by megabytes of bytes that look like frame syncs but are none (their
+    CRC-8 fails): too many to walk, so no duration (refused under a budget), quickly."""
+    assert seconds(_encoded(1, "FLAC") + b"\xff\xf8\x69\x08" * 1_000_000) is None
