@@ -7,6 +7,8 @@ import asyncio
 import base64
 import json
 import time
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,9 @@ import aiohttp
 import pytest
 import yaml
 
+from proxy.accounting.money import nanos_up
+from proxy.accounting.pricefile import load_prices
+from proxy.ledger.charges import charge
 from proxy.ledger.records import UsageRecord
 from proxy.limits.limiter import Cost, Who
 from proxy.limits.meters import BudgetMeter
@@ -478,4 +483,63 @@ async def test_an_utterance_without_its_done_is_charged_as_the_journal_bills_it(
 
     assert await budget(client.app) == ((prompt + completion) * 100_000, 0)
     _, restarted = await _money_session(aiohttp_server, aiohttp_client, minilm_path, tmp_path)
+    assert await budget(restarted.app) == await budget(client.app)
+
+
+async def test_a_session_across_a_price_rise_is_charged_what_its_record_is_invoiced(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """One utterance before a price doubles, one after, the session recorded after: its
+    record is invoiced at the doubled price (the price at its time), and the budget holds
+    that amount, as a restart rebuilds it from the journal (before: the first utterance
+    stayed at the old price, so the budget held less than the invoice and a restart
+    counted more)."""
+    rise = datetime.now(UTC) + timedelta(seconds=1.5)
+    prices = {
+        "currency": "USD",
+        "models": {
+            "minilm": [
+                {"from": "2026-01-01", "prompt_tokens": "0.0001", "completion_tokens": "0.0001"},
+                {
+                    "from": rise.isoformat(),
+                    "prompt_tokens": "0.0002",
+                    "completion_tokens": "0.0002",
+                },
+            ]
+        },
+    }
+    (tmp_path / "prices.yaml").write_text(yaml.safe_dump(prices))
+    (tmp_path / "limits.yaml").write_text(
+        yaml.safe_dump({"tenants": {"acme": {"cost_per_day": "10"}}})
+    )
+    options = {
+        "version": "0.32.0",
+        "tenant_header": "X-Tenant-Id",
+        "journal": str(tmp_path / "journal.sqlite"),
+        "limits": str(tmp_path / "limits.yaml"),
+        "prices": str(tmp_path / "prices.yaml"),
+    }
+    _, client = await fake_and_proxy(aiohttp_server, aiohttp_client, minilm_path, **options)
+    async with client.ws_connect("/v1/realtime", headers={"X-Tenant-Id": "acme"}) as ws:
+        await ws.receive(timeout=5)
+        await ws.send_str(UPDATE)
+        await utterance(ws, 1280)
+        await asyncio.sleep(max(0.0, (rise - datetime.now(UTC)).total_seconds()) + 0.1)
+        await utterance(ws, 1280)
+    (record,) = await recorded(tmp_path / "journal.sqlite")
+    assert record.time >= rise
+    invoiced = charge([record], load_prices(tmp_path / "prices.yaml"), lambda r: (r.tenant,))
+    (tenant,) = invoiced.tenants
+    assert tenant.amount == Decimal("0.0002") * 2 * sum(realtime_usage(1280))
+
+    async def budget(app: Any) -> int:
+        """acme's budget's usage as a reservation of nothing finds it."""
+        limiter = app[ADMISSION].limiter
+        decision = await limiter.reserve(Who("acme", "minilm"), Cost(requests=0), time.time())
+        await limiter.release(decision.ticket, time.time())
+        (meter,) = [m for m in limiter.meters.values() if isinstance(m, BudgetMeter)]
+        return int(meter.used)
+
+    assert await budget(client.app) == nanos_up(tenant.amount)
+    _, restarted = await fake_and_proxy(aiohttp_server, aiohttp_client, minilm_path, **options)
     assert await budget(restarted.app) == await budget(client.app)
