@@ -177,11 +177,14 @@ class Admission:
         assert decision.ticket is not None
         return decision.ticket
 
-    async def settle_utterance(self, ticket: Ticket, usage: tuple[int, int] | None) -> None:
+    async def settle_utterance(
+        self, ticket: Ticket, usage: tuple[int, int] | None, hold: Hold | None = None
+    ) -> None:
         """An utterance ended: its reservation becomes its ``transcription.done`` usage at
         the price in force now. Without one (it never finished, or its usage could not be
         read) its session's record bills nothing for it, so nothing is charged: the budget
-        holds what the journal holds (a restart rebuilds it from the records), logged."""
+        holds what the journal holds (a restart rebuilds it from the records), logged. The
+        money charged is added to its session's ``hold`` (settled against its record)."""
         now = self._clock()
         if usage is None:
             log.warning("utterance_unbilled", tenant=ticket.who.tenant, model=ticket.who.model)
@@ -193,6 +196,8 @@ class Admission:
             at = datetime.fromtimestamp(now, UTC)
             q = Quantities(prompt, completion)
             money = billed(table, ticket.who.model, q, at, ticket.cost.money)[0]
+        if hold is not None:
+            hold.settled += money
         await self.limiter.settle(ticket, Cost(prompt, completion, 0, money), now)
 
     async def release_utterance(self, ticket: Ticket) -> None:
@@ -323,7 +328,10 @@ class Admission:
             await self.limiter.release(ticket, now)
             return
         if hold.apart:  # its units were settled apart (a session's utterances)
-            await self.limiter.settle(ticket, Cost(), now)
+            # its record is invoiced at the price at its time: what that exceeds the
+            # utterances' charges by (a price that rose during the session) is charged too
+            more = max(0, self._money(record, ticket.who, 0) - hold.settled)
+            await self.limiter.settle(ticket, Cost(money=more), now)
             return
         money = self._money(record, ticket.who, ticket.cost.money)
         bill = Cost(record.prompt_tokens_billed or 0, record.completion_tokens_billed or 0)

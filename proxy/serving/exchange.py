@@ -37,8 +37,10 @@ class Hold:
     decision: Decision | None = None
     record: UsageRecord | None = None
     # Its record's units were settled apart (a realtime session's, utterance by utterance):
-    # the record settles its request alone.
+    # the record settles its request, and what its amount exceeds theirs by (``settled``,
+    # the money they were charged: a price that rose before the record's time).
     apart: bool = False
+    settled: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -180,7 +180,7 @@ class Utterances:
             return
         if self._usage.ended > ended_before:
             ticket, self._open = self._open, None
-            await self._admission.settle_utterance(ticket, self._usage.last)
+            await self._admission.settle_utterance(ticket, self._usage.last, self._exchange.hold)
         elif not self._usage.running:
             ticket, self._open = self._open, None
             await self._admission.release_utterance(ticket)
@@ -191,7 +191,7 @@ class Utterances:
     async def _close(self, usage: tuple[int, int] | None) -> None:
         if self._open is not None and self._admission is not None:
             ticket, self._open = self._open, None
-            await self._admission.settle_utterance(ticket, usage)
+            await self._admission.settle_utterance(ticket, usage, self._exchange.hold)
 
 
 async def _relay(
