@@ -183,8 +183,8 @@ class Admission:
         """An utterance ended: its reservation becomes its ``transcription.done`` usage at
         the price in force now. Without one (it never finished, or its usage could not be
         read) its session's record bills nothing for it, so nothing is charged: the budget
-        holds what the journal holds (a restart rebuilds it from the records), logged. The
-        money charged is added to its session's ``hold`` (settled against its record)."""
+        holds what the journal holds (a restart rebuilds it from the records), logged. What
+        is charged is added to its session's ``hold`` (settled against its record)."""
         now = self._clock()
         if usage is None:
             log.warning("utterance_unbilled", tenant=ticket.who.tenant, model=ticket.who.model)
@@ -196,9 +196,13 @@ class Admission:
             at = datetime.fromtimestamp(now, UTC)
             q = Quantities(prompt, completion)
             money = billed(table, ticket.who.model, q, at, ticket.cost.money)[0]
+        bill = Cost(prompt, completion, 0, money)
         if hold is not None:
-            hold.settled += money
-        await self.limiter.settle(ticket, Cost(prompt, completion, 0, money), now)
+            was = hold.settled
+            hold.settled = Cost(
+                was.prompt + prompt, was.completion + completion, 0, was.money + money
+            )
+        await self.limiter.settle(ticket, bill, now)
 
     async def release_utterance(self, ticket: Ticket) -> None:
         """An utterance vLLM did not start (it refused the commit): nothing billed."""
@@ -328,10 +332,15 @@ class Admission:
             await self.limiter.release(ticket, now)
             return
         if hold.apart:  # its units were settled apart (a session's utterances)
-            # its record is invoiced at the price at its time: what that exceeds the
-            # utterances' charges by (a price that rose during the session) is charged too
-            more = max(0, self._money(record, ticket.who, 0) - hold.settled)
-            await self.limiter.settle(ticket, Cost(money=more), now)
+            # what its record bills beyond their charges (a generation not admitted; its
+            # amount at the price at its time, after a rise) is charged with its request
+            done = hold.settled
+            more = Cost(
+                max(0, (record.prompt_tokens_billed or 0) - done.prompt),
+                max(0, (record.completion_tokens_billed or 0) - done.completion),
+                money=max(0, self._money(record, ticket.who, 0) - done.money),
+            )
+            await self.limiter.settle(ticket, more, now)
             return
         money = self._money(record, ticket.who, ticket.cost.money)
         bill = Cost(record.prompt_tokens_billed or 0, record.completion_tokens_billed or 0)

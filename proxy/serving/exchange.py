@@ -19,7 +19,7 @@ from aiohttp import web
 
 from proxy.accounting.routes import Route
 from proxy.ledger.records import Units, UsageRecord
-from proxy.limits.limiter import Decision
+from proxy.limits.limiter import Cost, Decision
 from proxy.metrics import Metrics
 from proxy.serving.attribution import WHO, client_request_id
 from proxy.serving.bodies import BodyBudget, Refused
@@ -36,11 +36,11 @@ class Hold:
 
     decision: Decision | None = None
     record: UsageRecord | None = None
-    # Its record's units were settled apart (a realtime session's, utterance by utterance):
-    # the record settles its request, and what its amount exceeds theirs by (``settled``,
-    # the money they were charged: a price that rose before the record's time).
+    # Its record's units were settled apart (a realtime session's, utterance by utterance,
+    # ``settled`` summing what they were charged): the record settles its request and what
+    # it bills beyond them (a generation not admitted, a price that rose before its time).
     apart: bool = False
-    settled: int = 0
+    settled: Cost = field(default_factory=lambda: Cost(requests=0))
 
 
 @dataclass(frozen=True, slots=True)
