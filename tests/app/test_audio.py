@@ -499,7 +499,9 @@ async def test_a_stream_with_a_completion_cap_is_reserved_at_it(
     data = form(stream="true", stream_include_usage="true", max_completion_tokens="3")
     resp = await client.post(TRANSCRIPTIONS, data=data, headers={"X-Tenant-Id": "acme"})
     assert resp.status == 200, await resp.text()
-    usage = [e["usage"] for e in events(await resp.read()) if e.get("usage")][-1]
+    usage = [
+        e["usage"] for e in events(await resp.read()) if isinstance(e, dict) and e.get("usage")
+    ][-1]
     assert usage["completion_tokens"] == 3
     assert seen == [TRANSCRIPTIONS]
     assert audio_spent(tmp_path) <= Decimal("0.0008")
