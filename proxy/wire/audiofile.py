@@ -5,8 +5,10 @@ is installed (its default), else with libsndfile (``soundfile``), else PyAV (FFm
 libsndfile gives the frames and sample rate from the file's header. Where FFmpeg reads
 more than a header says, the duration is FFmpeg's: a WAV whose data chunk says 0 bytes
 (or 0xFFFFFFFF, as streaming writers leave it) is read by FFmpeg to the end of the file,
-where libsndfile reads none. Such a chunk in a WAV whose frames are not a whole number
-of bytes (ADPCM, GSM) has no duration here (refused under a budget).
+where libsndfile reads none (such a chunk of frames that are no whole number of bytes,
+ADPCM or GSM, has no duration here: refused under a budget); an MP3, a FLAC and an Ogg
+last every frame or packet they hold, which FFmpeg decodes whatever their first header
+or last page says (each walked below, headers only).
 
 Pure: bytes in, seconds out. Only headers are read, not samples, so the time it takes
 does not grow with the audio; it still runs off the event loop, with the form it comes
@@ -47,6 +49,8 @@ def seconds(data: bytes) -> float | None:
         return None
     if kind == "MP3":
         return max(float(frames) / float(rate), _mpeg_seconds(data))
+    if kind == "OGG":  # its packets (libsndfile's count of a chained file is no length)
+        return _ogg_seconds(data)
     if kind == "FLAC":
         walked = _flac_samples(data, rate)
         if walked is None:
@@ -203,3 +207,78 @@ def _flac_header(data: bytes, start: int) -> int | None:
     if at >= len(data) or _crc8(data[start:at]) != data[at]:
         return None
     return block
+
+
+# Ogg (Vorbis, Opus): FFmpeg decodes every packet, whatever the pages' granule positions
+# say (libsndfile reads the last one: a 30 s Ogg whose last page says 1 s is 1 s to it,
+# 30 s to FFmpeg). Every audio packet is counted: an Opus packet's samples from its TOC
+# byte, a Vorbis packet at most half its long block (a bound: short blocks are less).
+_OPUS_FRAME_MS = (10, 20, 40, 60, 10, 20, 40, 60, 10, 20, 40, 60, 10, 20, 10, 20)
+_OPUS_FRAME_MS_CELT = (2.5, 5, 10, 20)
+
+
+class _Stream:
+    """One logical stream of an Ogg file: its codec, what sizes its packets, its seconds."""
+
+    def __init__(self) -> None:
+        self.packets = 0  # packets begun, header packets included
+        self.kind = ""  # "vorbis", "opus", or "" (not yet known, or another codec)
+        self.rate = 0
+        self.long_block = 0
+        self.seconds = 0.0
+
+    def packet(self, head: bytes) -> None:
+        """A packet begins with ``head`` (its first bytes, up to 30)."""
+        self.packets += 1
+        if self.packets == 1:
+            if head.startswith(b"\x01vorbis") and len(head) >= 29:
+                self.kind, self.rate = "vorbis", int.from_bytes(head[12:16], "little")
+                self.long_block = 1 << (head[28] >> 4)
+            elif head.startswith(b"OpusHead"):
+                self.kind = "opus"
+            return
+        if self.kind == "vorbis" and self.packets > 3 and self.rate > 0:
+            self.seconds += self.long_block / 2 / self.rate
+        elif self.kind == "opus" and self.packets > 2 and head:
+            self.seconds += _opus_seconds(head)
+
+
+def _opus_seconds(head: bytes) -> float:
+    """An Opus packet's length from its TOC byte (RFC 6716, 3.1)."""
+    config, code = head[0] >> 3, head[0] & 3
+    frame = _OPUS_FRAME_MS[config] if config < 16 else _OPUS_FRAME_MS_CELT[config % 4]
+    frames = 1 if code == 0 else 2 if code in (1, 2) else (head[1] & 0x3F if len(head) > 1 else 0)
+    return frame * frames / 1000
+
+
+def _ogg_seconds(data: bytes) -> float | None:
+    """The seconds of every audio packet of every Vorbis or Opus stream in ``data``;
+    None when a stream is of another codec (not walked)."""
+    streams: dict[int, _Stream] = {}
+    heads: dict[int, bytearray] = {}  # a packet's first bytes, while it spans pages
+    at = data.find(b"OggS")
+    while at >= 0 and at + 27 <= len(data):
+        serial = int.from_bytes(data[at + 14 : at + 18], "little")
+        count = data[at + 26]
+        lacing = data[at + 27 : at + 27 + count]
+        body = at + 27 + count
+        stream = streams.setdefault(serial, _Stream())
+        head = heads.pop(serial, None)
+        if head is None and not data[at + 5] & 1:
+            head = bytearray()  # the page begins a packet
+        for size in lacing:
+            if head is not None and len(head) < 30:
+                head += data[body : body + min(size, 30 - len(head))]
+            body += size
+            if size < 255:  # the packet ends here
+                if head is not None:
+                    stream.packet(bytes(head))
+                head = bytearray()
+        if head is not None and head:
+            heads[serial] = head
+        if stream.packets and not stream.kind:
+            return None
+        if sum(s.seconds for s in streams.values()) > MOST_SECONDS:
+            break
+        at = data.find(b"OggS", max(body, at + 4))
+    return sum(s.seconds for s in streams.values())

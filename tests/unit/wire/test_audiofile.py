@@ -100,3 +100,58 @@ def test_a_flac_full_of_false_frame_syncs_has_no_duration() -> None:
     """A FLAC followed by megabytes of bytes that look like frame syncs but are none (their
     CRC-8 fails): too many to walk, so no duration (refused under a budget), quickly."""
     assert seconds(_encoded(1, "FLAC") + b"\xff\xf8\x69\x08" * 1_000_000) is None
+
+
+def _ogg(length: float, subtype: str, seed: int = 0) -> bytes:
+    """``length`` seconds of noise as an Ogg file of ``subtype`` (Opus at 48 kHz)."""
+    rate = 48000 if subtype == "OPUS" else 16000
+    noise = np.random.default_rng(seed).standard_normal(int(rate * length)) * 0.1
+    out = io.BytesIO()
+    soundfile.write(out, noise.astype("float32"), rate, format="OGG", subtype=subtype)
+    return out.getvalue()
+
+
+def _ogg_crc(page: bytes) -> int:
+    """An Ogg page's CRC-32 (polynomial 0x04C11DB7, unreflected)."""
+    crc = 0
+    for byte in page:
+        crc ^= byte << 24
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x04C11DB7) & 0xFFFFFFFF if crc & 0x80000000 else crc << 1
+            crc &= 0xFFFFFFFF
+    return crc
+
+
+def _last_granule(data: bytes, granule: int) -> bytes:
+    """``data`` (Ogg) with its last page's granule position set to ``granule``."""
+    page = bytearray(data[data.rfind(b"OggS") :])
+    page[6:14] = granule.to_bytes(8, "little")
+    page[22:26] = bytes(4)
+    page[22:26] = _ogg_crc(bytes(page)).to_bytes(4, "little")
+    return data[: data.rfind(b"OggS")] + bytes(page)
+
+
+@pytest.mark.parametrize(
+    ("subtype", "rate", "ffmpeg"), [("VORBIS", 16000, 30.0), ("OPUS", 48000, 29.534)]
+)
+def test_an_ogg_whose_last_page_says_less_lasts_its_packets(
+    subtype: str, rate: int, ffmpeg: float
+) -> None:
+    """30 s of Ogg whose last page's granule position says 1 s: libsndfile reads 1 s,
+    FFmpeg (vLLM 0.32.0's torchcodec) decodes every packet (measured with PyAV 18.1 on
+    FFmpeg 8.1: 30.0 and 29.534 s). The duration is at least FFmpeg's."""
+    audio = _last_granule(_ogg(30, subtype), rate)
+    with soundfile.SoundFile(io.BytesIO(audio)) as read:
+        assert read.frames / read.samplerate < 1.01
+    found = seconds(audio)
+    assert found is not None
+    assert ffmpeg <= found < ffmpeg + 0.6
+
+
+@pytest.mark.parametrize(("subtype", "ffmpeg"), [("VORBIS", 31.016), ("OPUS", 31.0)])
+def test_a_chained_ogg_lasts_every_stream(subtype: str, ffmpeg: float) -> None:
+    """1 s of Ogg followed by another file's 30 s (a chained Ogg): libsndfile's count is
+    no length, FFmpeg decodes both (31.016 and 31.0 s, measured as above)."""
+    found = seconds(_ogg(1, subtype) + _ogg(30, subtype, seed=1))
+    assert found is not None
+    assert ffmpeg <= found < ffmpeg + 0.6
