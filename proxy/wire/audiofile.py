@@ -214,6 +214,9 @@ def _flac_header(data: bytes, start: int) -> int | None:
 # 30 s to FFmpeg). Every audio packet is counted: an Opus packet's samples from its TOC
 # byte, a Vorbis packet at most half its long block (a bound: short blocks are less).
 _OPUS_FRAME_MS = (10, 20, 40, 60, 10, 20, 40, 60, 10, 20, 40, 60, 10, 20, 10, 20)
+# Packets walked at most (an hour of Opus in 20 ms packets is 180,000): a file of more,
+# such as megabytes of empty packets, is refused rather than walked for seconds.
+MOST_PACKETS = 1_000_000
 _OPUS_FRAME_MS_CELT = (2.5, 5, 10, 20)
 
 
@@ -253,7 +256,7 @@ def _opus_seconds(head: bytes) -> float:
 
 def _ogg_seconds(data: bytes) -> float | None:
     """The seconds of every audio packet of every Vorbis or Opus stream in ``data``;
-    None when a stream is of another codec (not walked)."""
+    None when a stream is of another codec (not walked), or past ``MOST_PACKETS``."""
     streams: dict[int, _Stream] = {}
     heads: dict[int, bytearray] = {}  # a packet's first bytes, while it spans pages
     at = data.find(b"OggS")
@@ -277,6 +280,8 @@ def _ogg_seconds(data: bytes) -> float | None:
         if head is not None and head:
             heads[serial] = head
         if stream.packets and not stream.kind:
+            return None
+        if sum(s.packets for s in streams.values()) > MOST_PACKETS:
             return None
         if sum(s.seconds for s in streams.values()) > MOST_SECONDS:
             break

@@ -4,6 +4,7 @@ what it cannot read."""
 from __future__ import annotations
 
 import io
+import time
 
 import numpy as np
 import pytest
@@ -155,3 +156,15 @@ def test_a_chained_ogg_lasts_every_stream(subtype: str, ffmpeg: float) -> None:
     found = seconds(_ogg(1, subtype) + _ogg(30, subtype, seed=1))
     assert found is not None
     assert ffmpeg <= found < ffmpeg + 0.6
+
+
+def test_an_ogg_of_megabytes_of_empty_packets_is_refused_quickly() -> None:
+    """Pages of 255 empty packets each, 24 MB of them, after 1 s of Opus: more packets
+    than are walked, so no duration (refused under a budget), in well under a second of
+    walking (before the bound: 11 s of CPU for one upload)."""
+    head = _ogg(1, "OPUS")
+    page = b"OggS\0\0" + bytes(8) + head[14:18] + bytes(8) + b"\xff" + bytes(255)
+    audio = head + page * (24_000_000 // len(page))
+    started = time.perf_counter()
+    assert seconds(audio) is None
+    assert time.perf_counter() - started < 5
