@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 import soundfile
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.wire.audiofile import seconds
@@ -168,3 +168,24 @@ def test_an_ogg_of_megabytes_of_empty_packets_is_refused_quickly() -> None:
     started = time.perf_counter()
     assert seconds(audio) is None
     assert time.perf_counter() - started < 5
+
+
+_REAL = {kind: _encoded(2, kind) for kind in ("MP3", "FLAC")} | {"OGG": _ogg(2, "OPUS")}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from(sorted(_REAL)),
+    st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=20),
+    st.integers(0, 10**6),
+)
+def test_a_damaged_file_gives_a_duration_or_none(
+    kind: str, changes: list[tuple[int, int]], cut: int
+) -> None:
+    """A real MP3, FLAC or Ogg with bytes changed and cut short, as a hostile client may
+    send it: the frame and packet walks give a duration or None, never an error."""
+    audio = bytearray(_REAL[kind])
+    for at, value in changes:
+        audio[at % len(audio)] = value
+    found = seconds(bytes(audio[: max(1, len(audio) - cut % len(audio))]))
+    assert found is None or found >= 0
