@@ -21,13 +21,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pydantic import TypeAdapter, ValidationError
+
 from proxy.accounting.dispatch import Prepared
 from proxy.accounting.prices import Quantities
 from proxy.accounting.types import ServedModel
 from proxy.limits.limiter import Cost
 from proxy.limits.pricing import UNPRICED, Price
 from proxy.wire.audiofile import seconds
-from proxy.wire.forms import FormError, is_multipart, read_form
+from proxy.wire.forms import File, FormError, is_multipart, read_form
 
 SPEECH = frozenset({"transcriptions", "translations"})
 # Prompt tokens a stream's usage reports per second of audio: Whisper's log-mel frames
@@ -36,6 +38,7 @@ AUDIO_TOKENS_PER_SECOND = 100
 # The least audio a clip holds before the last (Whisper's 30 s, less the 1 s overlap vLLM
 # searches for a quiet split point in).
 CLIP_SECONDS = 29
+_INT: TypeAdapter[int] = TypeAdapter(int)
 UNREADABLE = (
     "The audio's duration cannot be read from the uploaded file (WAV, FLAC, OGG and MP3 "
     "can be read), so this request cannot be priced under its tenant's budget."
@@ -63,9 +66,10 @@ def price_speech(
         return nothing
     assert content_type is not None
     try:
-        audio = read_form(prepared.body, content_type, keep="file").kept
+        form = read_form(prepared.body, content_type, keep="file")
     except FormError:
         return nothing
+    audio = form.kept
     if audio is None:
         return nothing
     if model is None or model.max_model_len <= 0:
@@ -73,15 +77,30 @@ def price_speech(
     duration = seconds(audio)
     if duration is None:
         return SpeechPrice(Price(UNPRICED, "unreadable audio"), Quantities(), UNREADABLE)
-    return bound(duration, model.max_model_len, streamed=prepared.streamed)
+    cap = _cap(form.value("max_completion_tokens"))
+    return bound(duration, model.max_model_len, streamed=prepared.streamed, cap=cap)
 
 
-def bound(duration: float, context: int, *, streamed: bool) -> SpeechPrice:
+def bound(duration: float, context: int, *, streamed: bool, cap: int | None = None) -> SpeechPrice:
     """The reservation of ``duration`` seconds of audio on a model of ``context`` tokens,
-    and what its record bills: tokens when ``streamed``, else whole seconds."""
+    each clip's generation capped at ``cap`` (the form's ``max_completion_tokens``) when
+    less, and what its record bills: tokens when ``streamed``, else whole seconds."""
     clips = max(1, math.ceil(duration / CLIP_SECONDS))
-    cost = Cost(math.ceil(duration * AUDIO_TOKENS_PER_SECOND) + context, clips * context)
+    per_clip = min(context, cap) if cap is not None and cap > 0 else context
+    cost = Cost(math.ceil(duration * AUDIO_TOKENS_PER_SECOND) + context, clips * per_clip)
     price = Price(cost, f"bound: {duration:.3f} s of audio in {clips} clips")
     if streamed:
         return SpeechPrice(price, Quantities(cost.prompt, cost.completion))
     return SpeechPrice(price, Quantities(audio_seconds=math.ceil(duration)))
+
+
+def _cap(value: str | File | None) -> int | None:
+    """``max_completion_tokens`` as vLLM's form model reads it (an empty value is absent,
+    pydantic's lax int); None when absent or not an int (vLLM refuses that: nothing runs,
+    and the context stays the bound)."""
+    if not isinstance(value, str) or value == "":
+        return None
+    try:
+        return _INT.validate_python(value)
+    except ValidationError:
+        return None

@@ -203,13 +203,18 @@ class Admission:
         assert decision.ticket is not None
         return decision.ticket
 
-    async def settle_utterance(self, ticket: Ticket, usage: tuple[int, int] | None) -> None:
+    async def settle_utterance(
+        self, ticket: Ticket, usage: tuple[int, int] | None, hold: Hold | None = None
+    ) -> None:
         """An utterance ended: its reservation becomes its ``transcription.done`` usage at
-        the price in force now; without one (it never finished, or its usage could not be
-        read) it is charged what it reserved, never less than was known."""
+        the price in force now. Without one (it never finished, or its usage could not be
+        read) its session's record bills nothing for it, so nothing is charged: the budget
+        holds what the journal holds (a restart rebuilds it from the records), logged. What
+        is charged is added to its session's ``hold`` (settled against its record)."""
         now = self._clock()
         if usage is None:
-            await self.limiter.settle(ticket, ticket.cost, now)
+            log.warning("utterance_unbilled", tenant=ticket.who.tenant, model=ticket.who.model)
+            await self.limiter.settle(ticket, Cost(), now)
             return
         prompt, completion = usage
         money, table = 0, self.table
@@ -217,7 +222,10 @@ class Admission:
             at = datetime.fromtimestamp(now, UTC)
             q = Quantities(prompt, completion)
             money = billed(table, ticket.who.model, q, at, ticket.cost.money)[0]
-        await self.limiter.settle(ticket, Cost(prompt, completion, 0, money), now)
+        bill = Cost(prompt, completion, 0, money)
+        if hold is not None:
+            hold.charged(bill)
+        await self.limiter.settle(ticket, bill, now)
 
     async def release_utterance(self, ticket: Ticket) -> None:
         """An utterance vLLM did not start (it refused the commit): nothing billed."""
@@ -360,7 +368,15 @@ class Admission:
             await self.limiter.release(ticket, now)
             return
         if hold.apart:  # its units were settled apart (a session's utterances)
-            await self.limiter.settle(ticket, Cost(), now)
+            # what its record bills beyond their charges (a generation not admitted; its
+            # amount at the price at its time, after a rise) is charged with its request
+            done = hold.settled
+            more = Cost(
+                max(0, (record.prompt_tokens_billed or 0) - done.prompt),
+                max(0, (record.completion_tokens_billed or 0) - done.completion),
+                money=max(0, self._money(record, ticket.who, 0) - done.money),
+            )
+            await self.limiter.settle(ticket, more, now)
             return
         money = self._money(record, ticket.who, ticket.cost.money)
         bill = Cost(record.prompt_tokens_billed or 0, record.completion_tokens_billed or 0)

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from proxy.accounting.routes import Route
 from proxy.ledger.records import Units, UsageRecord
-from proxy.limits.limiter import Decision
+from proxy.limits.limiter import Cost, Decision
 from proxy.metrics import Metrics
 from proxy.serving.attribution import WHO, client_request_id
 from proxy.serving.bodies import BodyBudget, Refused
@@ -36,13 +36,22 @@ class Hold:
 
     decision: Decision | None = None
     record: UsageRecord | None = None
-    # Its record's units were settled apart (a realtime session's, utterance by utterance):
-    # the record settles its request alone.
+    # Its record's units were settled apart (a realtime session's, utterance by utterance,
+    # ``settled`` summing what they were charged): the record settles its request and what
+    # it bills beyond them (a generation not admitted, a price that rose before its time).
     apart: bool = False
+    settled: Cost = field(default_factory=lambda: Cost(requests=0))
 
     def settled_apart(self) -> None:
         """Its units are settled apart from its record (a realtime session's utterances)."""
         self.apart = True
+
+    def charged(self, bill: Cost) -> None:
+        """One of its units settled apart (an utterance) was charged ``bill``."""
+        was = self.settled
+        self.settled = Cost(
+            was.prompt + bill.prompt, was.completion + bill.completion, 0, was.money + bill.money
+        )
 
 
 @dataclass(frozen=True, slots=True)

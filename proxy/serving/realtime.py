@@ -48,7 +48,13 @@ from proxy.serving.upstream import (
     upstream_failure,
 )
 from proxy.settings import Settings
-from proxy.wire.realtime_events import FINAL_COMMIT, SessionUsage
+from proxy.wire.realtime_events import (
+    FINAL_COMMIT,
+    MOST_SCREENED,
+    Event,
+    SessionUsage,
+    client_event,
+)
 from proxy.wire.usage import Reading
 
 log = structlog.get_logger("proxy.serving.realtime")
@@ -143,7 +149,7 @@ class Utterances:
     """A session's utterances against its tenant's limits: each reserved at the commit
     that starts it, before that commit is forwarded, and settled at its
     ``transcription.done``; one still open when the session ends (its done never came) is
-    charged what it reserved."""
+    charged nothing, as the session's record bills nothing for it."""
 
     def __init__(
         self, admission: Admission | None, exchange: Exchange, usage: SessionUsage
@@ -152,10 +158,10 @@ class Utterances:
         self._open: Ticket | None = None
         self.refusal: str | None = None
 
-    async def admit(self, text: str) -> bool:
-        """Whether a client message may be forwarded: a commit that starts a generation
-        must be admitted first (its refusal is kept, to be said)."""
-        if self._admission is None or not self._usage.starts(text):
+    async def admit(self, event: Event | None) -> bool:
+        """Whether a client message (``client_event``) may be forwarded: a commit that
+        starts a generation must be admitted first (its refusal is kept, to be said)."""
+        if self._admission is None or not self._usage.starts(event):
             return True
         model = self._usage.model
         admitted = await self._admission.admit_utterance(self._exchange, model)
@@ -167,14 +173,14 @@ class Utterances:
         return True
 
     async def heard(self, ended_before: int) -> None:
-        """After a server message: a done settles the open utterance at its usage (at its
-        reservation when that cannot be read); a generation that ended without one (vLLM
+        """After a server message: a done settles the open utterance at its usage (at
+        nothing when that cannot be read); a generation that ended without one (vLLM
         refused the commit) gives it back."""
         if self._open is None or self._admission is None:
             return
         if self._usage.ended > ended_before:
             ticket, self._open = self._open, None
-            await self._admission.settle_utterance(ticket, self._usage.last)
+            await self._admission.settle_utterance(ticket, self._usage.last, self._exchange.hold)
         elif not self._usage.running:
             ticket, self._open = self._open, None
             await self._admission.release_utterance(ticket)
@@ -185,7 +191,7 @@ class Utterances:
     async def _close(self, usage: tuple[int, int] | None) -> None:
         if self._open is not None and self._admission is not None:
             ticket, self._open = self._open, None
-            await self._admission.settle_utterance(ticket, usage)
+            await self._admission.settle_utterance(ticket, usage, self._exchange.hold)
 
 
 async def _relay(
@@ -210,10 +216,13 @@ async def _relay(
         return True
 
     async def from_client(text: str) -> bool:
-        if not await meter.admit(text):
+        # read as vLLM reads it; a large message (audio, or padding) off the loop
+        big = len(text) > MOST_SCREENED
+        event = await asyncio.to_thread(client_event, text) if big else client_event(text)
+        if not await meter.admit(event):
             await _refuse(down, meter.refusal or "")
             return False
-        usage.from_client(text)
+        usage.from_client(event)
         return True
 
     to_upstream = asyncio.create_task(pump(down, up, from_client))
@@ -255,7 +264,7 @@ async def _finish(
     idle, heard = events
     idle.clear()
     if not usage.final_sent:
-        usage.from_client(FINAL_COMMIT)
+        usage.from_client(client_event(FINAL_COMMIT))
         try:
             await up.send_str(FINAL_COMMIT)
         except (ConnectionError, aiohttp.ClientError):

@@ -32,8 +32,12 @@ COMMIT = "input_audio_buffer.commit"
 FINAL_COMMIT = '{"type": "input_audio_buffer.commit", "final": true}'
 # vLLM's answer to a commit before a served model was named: no generation started.
 _NOT_VALIDATED = "model_not_validated"
-# Audio appends are the bulk of a session (base64 PCM); only smaller events are parsed.
-_MOST_PARSED = 64 * 1024
+# Audio appends are the bulk of a session (base64 PCM): a message up to this size is parsed
+# only when it may be an event the session reads; a larger one always (off the event loop).
+MOST_SCREENED = 64 * 1024
+# What a message the session reads holds as sent, unless spelt with an escape.
+_READ = (COMMIT, "session.update", "\\u")
+Event = dict[str, object]
 
 
 class _Commit(BaseModel):
@@ -90,12 +94,9 @@ class SessionUsage:
         self.last = (counts[0], counts[1])
         self.done += 1
 
-    def from_client(self, text: str) -> None:
-        """A message the client sent: ``session.update`` names the model (when served);
-        a commit starts a generation, a final one ends its audio."""
-        if len(text) > _MOST_PARSED or ("session.update" not in text and COMMIT not in text):
-            return
-        event = _event(text)
+    def from_client(self, event: Event | None) -> None:
+        """A message the client sent (``client_event``): ``session.update`` names the
+        model (when served); a commit starts a generation, a final one ends its audio."""
         if event is None:
             return
         kind = event.get("type")
@@ -112,13 +113,10 @@ class SessionUsage:
             else:  # a commit while a generation runs is ignored by vLLM
                 self.running = True
 
-    def starts(self, text: str) -> bool:
-        """Whether a message the client sends starts a generation: a commit (not final,
-        read as vLLM reads it) while none runs."""
-        if self.running or len(text) > _MOST_PARSED or COMMIT not in text:
-            return False
-        event = _event(text)
-        if event is None or event.get("type") != COMMIT:
+    def starts(self, event: Event | None) -> bool:
+        """Whether a message the client sends (``client_event``) starts a generation: a
+        commit (not final, read as vLLM reads it) while none runs."""
+        if self.running or event is None or event.get("type") != COMMIT:
             return False
         try:
             return not _Commit.model_validate(event).final
@@ -135,7 +133,19 @@ class SessionUsage:
         return None
 
 
-def _event(text: str) -> dict[str, object] | None:
+def client_event(text: str) -> Event | None:
+    """A client's message as vLLM reads it (``json.loads``: escapes decoded, any size)
+    when it is an event the session reads (a commit or a ``session.update``); None for
+    any other. A message over ``MOST_SCREENED`` is parsed whole: run it off the loop."""
+    if len(text) <= MOST_SCREENED and not any(mark in text for mark in _READ):
+        return None
+    event = _event(text)
+    if event is None or event.get("type") not in (COMMIT, "session.update"):
+        return None
+    return event
+
+
+def _event(text: str) -> Event | None:
     try:
         event = loads(text)
     except ValueError:

@@ -461,3 +461,47 @@ async def test_audio_whose_duration_cannot_be_read_is_refused_under_a_budget(
     assert resp.status == 400
     assert (await resp.json())["error"]["param"] == "file"
     assert seen == []
+
+
+async def test_a_wav_whose_header_says_no_length_is_reserved_at_what_vllm_decodes(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """A WAV whose data chunk says 0 bytes (as a streaming writer leaves it): libsndfile
+    reads 0 frames, but vLLM 0.32.0 decodes with torchcodec (FFmpeg), which reads such a
+    chunk to the end of the file: 60 s, 3.00 at 0.05 a second. Against 1.00 it is refused
+    before forwarding (before: reserved at 0 s, admitted, and invoiced 3.00)."""
+    seen, client = await audio_budget(
+        aiohttp_server, aiohttp_client, minilm_path, tmp_path, SECONDS_PRICED, "1.00"
+    )
+    audio = bytearray(wav(60))
+    at = audio.index(b"data") + 4
+    audio[at : at + 4] = bytes(4)
+    data = aiohttp.FormData()
+    data.add_field("file", io.BytesIO(bytes(audio)), filename="a.wav")
+    resp = await client.post(TRANSCRIPTIONS, data=data, headers={"X-Tenant-Id": "acme"})
+    assert resp.status == 400, await resp.text()
+    assert "costs 3 USD" in (await resp.json())["error"]["message"]
+    assert seen == []
+    assert audio_spent(tmp_path) == 0
+
+
+async def test_a_stream_with_a_completion_cap_is_reserved_at_it(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """vLLM caps each clip's generation at the form's max_completion_tokens (the least of
+    it and the context): a stream of 2.5 s capped at 3 reserves 506 prompt tokens and 3
+    completion (0.000512), so a budget of 0.0008 admits it and it is billed within it
+    (before: the context, 256 completion tokens, 0.001018, more than the whole budget)."""
+    tokens = {"prompt_tokens": "0.000001", "completion_tokens": "0.000002"}
+    seen, client = await audio_budget(
+        aiohttp_server, aiohttp_client, minilm_path, tmp_path, tokens, "0.0008"
+    )
+    data = form(stream="true", stream_include_usage="true", max_completion_tokens="3")
+    resp = await client.post(TRANSCRIPTIONS, data=data, headers={"X-Tenant-Id": "acme"})
+    assert resp.status == 200, await resp.text()
+    usage = [
+        e["usage"] for e in events(await resp.read()) if isinstance(e, dict) and e.get("usage")
+    ][-1]
+    assert usage["completion_tokens"] == 3
+    assert seen == [TRANSCRIPTIONS]
+    assert audio_spent(tmp_path) <= Decimal("0.0008")

@@ -49,6 +49,24 @@ def audio_tokens(seconds: float) -> int:
     return math.ceil(seconds * MEL_FRAMES_PER_SECOND)
 
 
+def wav_seconds(data: bytes) -> float:
+    """A WAV file's duration as vLLM 0.32.0 decodes it (torchcodec, so FFmpeg's WAV
+    demuxer): the data chunk's frames, and a chunk whose size says 0 (or 0xFFFFFFFF)
+    read to the end of the file; raises wave.Error for what is no WAV."""
+    with wave.open(io.BytesIO(data)) as w:
+        frames, rate = w.getnframes(), w.getframerate()
+        frame = w.getsampwidth() * w.getnchannels()
+    at = 12
+    while at + 8 <= len(data):  # the chunks, to the data chunk (wave.open found one)
+        name, size = data[at : at + 4], int.from_bytes(data[at + 4 : at + 8], "little")
+        if name == b"data":
+            if size in (0, 0xFFFFFFFF):
+                frames = (len(data) - at - 8) // frame
+            break
+        at += 8 + size + size % 2
+    return frames / rate
+
+
 def wav(seconds: float, rate: int = 16000) -> bytes:
     """A silent mono 16-bit WAV file of ``seconds``."""
     out = io.BytesIO()
@@ -160,8 +178,7 @@ class AudioAPI(FakeState):
             message = f"{response_format} format doesn't support streaming case"
             return error(400, message, "BadRequestError")
         try:
-            with wave.open(io.BytesIO(upload.data)) as w:
-                duration = w.getnframes() / w.getframerate()
+            duration = wav_seconds(upload.data)
         except (wave.Error, EOFError):
             return error(400, "Invalid or unsupported audio file.", "BadRequestError")
         model = model or self.name

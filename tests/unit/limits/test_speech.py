@@ -75,3 +75,29 @@ def test_every_clip_vllm_splits_is_counted(duration: float) -> None:
     found = bound(duration, 448, streamed=True)
     most_clips = math.floor(duration / 29) + 1 if duration > 30 else 1
     assert found.price.cost.completion >= most_clips * 448
+
+
+@pytest.mark.parametrize(
+    ("values", "per_clip"),
+    [
+        ([b"3"], 3),
+        ([b"9999"], 448),  # vLLM takes the least of it and the context
+        ([b"1000", b"5"], 5),  # the last value is the one read
+        ([b""], 448),  # an empty value is absent
+        ([b"three"], 448),  # not an int: vLLM refuses it
+        ([b"0"], 448),
+    ],
+)
+def test_a_completion_cap_bounds_each_clip(values: list[bytes], per_clip: int) -> None:
+    """max_completion_tokens, read as vLLM's form model reads it, caps each clip's
+    completion (65 s: three clips); anything else leaves the context as the bound."""
+    body, kind = form(wav(65))
+    fields = b"".join(
+        b'--b\r\nContent-Disposition: form-data; name="max_completion_tokens"\r\n\r\n'
+        + value
+        + b"\r\n"
+        for value in values
+    )
+    prepared = Prepared(fields + body, "transcriptions", "whisper", streamed=True)
+    found = price_speech(prepared, kind, WHISPER)
+    assert found.price.cost.completion == 3 * per_clip

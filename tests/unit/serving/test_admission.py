@@ -68,20 +68,38 @@ async def test_headers_on_any_answer_that_holds_a_decision() -> None:
 
 
 async def test_a_sessions_utterances_settle_apart_from_it() -> None:
-    """An utterance settles at its done's usage, or at its reservation when none came;
-    the session's own hold (``apart``) then settles its request alone, so its record's
-    sum is not counted twice."""
+    """An utterance settles at its done's usage, or at nothing when none came (its
+    session's record bills nothing for it); the session's own hold (``apart``) then
+    settles its request alone, so its record's sum is not counted twice."""
     adm = admission()
     session = Hold(await adm.limiter.reserve(Who("acme"), Cost(), 1e9), apart=True)
     first = await adm.limiter.reserve(Who("acme"), Cost(20, 20, requests=0), 1e9)
     second = await adm.limiter.reserve(Who("acme"), Cost(20, 20, requests=0), 1e9)
     assert first.ticket is not None
     assert second.ticket is not None
-    await adm.settle_utterance(first.ticket, (3, 4))
-    await adm.settle_utterance(second.ticket, None)  # its done never came
+    await adm.settle_utterance(first.ticket, (3, 4), session)
+    await adm.settle_utterance(second.ticket, None, session)  # its done never came
     session.record = record(3, 4)
     await adm.settle(session)
     assert isinstance(adm.limiter, InProcessLimiter)
     (meter,) = adm.limiter.meters.values()
     assert isinstance(meter, BudgetMeter)
-    assert (meter.used, meter.reserved) == (7 + 40, 0)
+    assert (meter.used, meter.reserved) == (7, 0)
+
+
+async def test_a_session_settles_what_its_record_bills_beyond_its_utterances() -> None:
+    """A generation the proxy did not admit (a commit vLLM took as a start while the proxy
+    still saw the last generation running: its done was in flight) has a done the record
+    sums but no utterance settled: the session's own hold settles it, so the budget holds
+    what the record bills (before: 7 held of 18 billed, a restart counted 18)."""
+    adm = admission()
+    session = Hold(await adm.limiter.reserve(Who("acme"), Cost(), 1e9), apart=True)
+    first = await adm.limiter.reserve(Who("acme"), Cost(20, 20, requests=0), 1e9)
+    assert first.ticket is not None
+    await adm.settle_utterance(first.ticket, (3, 4), session)
+    session.record = record(3 + 5, 4 + 6)  # and the unadmitted one's (5, 6)
+    await adm.settle(session)
+    assert isinstance(adm.limiter, InProcessLimiter)
+    (meter,) = adm.limiter.meters.values()
+    assert isinstance(meter, BudgetMeter)
+    assert (meter.used, meter.reserved) == (18, 0)

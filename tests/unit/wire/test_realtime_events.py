@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from proxy.wire.realtime_events import SessionUsage
+from proxy.wire.realtime_events import MOST_SCREENED, SessionUsage, client_event
 
 
 def done(prompt: object, completion: object) -> str:
@@ -65,8 +65,8 @@ def test_the_model_is_the_last_session_update_names(
     """session.update names the model; other events, and a model that is no string, do not."""
     session = SessionUsage()
     for message in messages:
-        session.from_client(json.dumps(message))
-    session.from_client("not json session.update")
+        session.from_client(client_event(json.dumps(message)))
+    session.from_client(client_event("not json session.update"))
     assert session.model == model
 
 
@@ -74,8 +74,8 @@ def test_only_a_served_name_is_the_sessions_model() -> None:
     """vLLM refuses a session.update naming a model it does not serve and transcribes with
     the one it serves: such a name does not replace the served one."""
     session = SessionUsage(serves=lambda name: name == "served")
-    session.from_client(json.dumps({"type": "session.update", "model": "served"}))
-    session.from_client(json.dumps({"type": "session.update", "model": "cheap"}))
+    session.from_client(client_event(json.dumps({"type": "session.update", "model": "served"})))
+    session.from_client(client_event(json.dumps({"type": "session.update", "model": "cheap"})))
     assert session.model == "served"
 
 
@@ -105,7 +105,7 @@ def test_whether_a_generation_may_be_running(
     refusal of the commit) ends it: what the relay needs when the client leaves."""
     session = SessionUsage()
     for message in client:
-        session.from_client(json.dumps(message))
+        session.from_client(client_event(json.dumps(message)))
     for event in server:
         session.from_server(event if isinstance(event, str) else json.dumps(event))
     assert (session.running, session.final_sent) == state
@@ -116,13 +116,34 @@ def test_which_client_messages_start_a_generation() -> None:
     then); a final commit, a commit while one runs, an unreadable commit, or any other
     event does not."""
     session = SessionUsage()
-    assert session.starts(json.dumps(COMMIT))
-    assert not session.starts(json.dumps({**COMMIT, "final": True}))
-    assert not session.starts(json.dumps({**COMMIT, "final": "maybe"}))
-    assert not session.starts(json.dumps({"type": "session.update", "model": "m"}))
-    assert not session.starts('{"type": "input_audio_buffer.commit"')
-    session.from_client(json.dumps(COMMIT))
-    assert not session.starts(json.dumps(COMMIT))
+    assert session.starts(client_event(json.dumps(COMMIT)))
+    assert not session.starts(client_event(json.dumps({**COMMIT, "final": True})))
+    assert not session.starts(client_event(json.dumps({**COMMIT, "final": "maybe"})))
+    assert not session.starts(client_event(json.dumps({"type": "session.update", "model": "m"})))
+    assert not session.starts(client_event('{"type": "input_audio_buffer.commit"'))
+    session.from_client(client_event(json.dumps(COMMIT)))
+    assert not session.starts(client_event(json.dumps(COMMIT)))
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        ('{"type": "input_audio_buffer.\\u0063ommit"}', "input_audio_buffer.commit"),
+        ('{"\\u0074ype": "session.update", "model": "m"}', "session.update"),
+        ('{"type": "input_audio_buffer.commit", "x": NaN}', "input_audio_buffer.commit"),
+        (json.dumps({**COMMIT, "pad": " " * MOST_SCREENED}), "input_audio_buffer.commit"),
+        (json.dumps({"type": "input_audio_buffer.append", "audio": "A" * 100}), None),
+        (json.dumps({"type": "input_audio_buffer.append", "audio": "A" * MOST_SCREENED}), None),
+        ('{"type": "input_audio_buffer.commit"', None),
+    ],
+)
+def test_a_client_event_is_read_as_vllm_reads_it(text: str, kind: str | None) -> None:
+    """vLLM reads each message with json.loads whatever its size: an escaped name, NaN
+    and padding past the screened size are the event they spell; an append or malformed
+    JSON is none the session reads."""
+    event = client_event(text)
+    assert (event or {}).get("type") == kind
+    assert kind is None or event.keys() == json.loads(text).keys()
 
 
 def test_each_done_is_counted_with_its_usage() -> None:
