@@ -5,9 +5,7 @@ answered with its amount, or not at all to another tenant."""
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
-import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,7 +20,7 @@ from proxy.ledger.sqlite import as_row, create_schema
 from proxy.limits.periods import period
 from proxy.limits.policy import Policies, Window
 from proxy.limitstore.memory import InProcessLimiter
-from proxy.serving.usage_answers import READS, BadRange, Figures, record_json
+from proxy.serving.usage_answers import BadRange, Figures, record_json
 from tests.support.records import make_record
 
 PARIS = Policies.model_validate(
@@ -112,19 +110,34 @@ def test_a_record_states_reported_billed_units_and_amount() -> None:
     assert "amount" not in body
 
 
-async def test_questions_read_in_a_bounded_number_of_threads(tmp_path: Path) -> None:
-    """Many questions at once read records in at most ``READS`` worker threads, so they
-    never hold every thread the default executor also parses bodies in."""
-    answers = figures(tmp_path, [])
-    lock, running, most = threading.Lock(), [0], [0]
+async def test_records_are_parsed_outside_the_proxys_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A range's records are read, parsed and summed in a reading process, never in the
+    proxy's: parsing holds the GIL, and in a thread of the proxy a tenant asking for its
+    usage since 2000 in a loop slowed every other tenant's requests (review of #62).
+    The proxy's own process parses none of the 300 records, and the answer counts them
+    all; a page and a record are read there too."""
+    now = datetime.now(UTC) - timedelta(seconds=1)
+    made = [make_record(i).model_copy(update={"time": now}) for i in range(300)]
+    answers = figures(tmp_path, made)
+    parsed: list[int] = []
+    original = UsageRecord.from_json.__func__  # type: ignore[attr-defined]
 
-    def read() -> None:
-        with lock:
-            running[0] += 1
-            most[0] = max(most[0], running[0])
-        time.sleep(0.05)
-        with lock:
-            running[0] -= 1
+    def counted(cls: type[UsageRecord], text: str | bytes) -> UsageRecord:
+        parsed.append(1)
+        return original(cls, text)  # type: ignore[no-any-return]
 
-    await asyncio.gather(*(answers.off_loop(read) for _ in range(8)))
-    assert most[0] == READS
+    monkeypatch.setattr(UsageRecord, "from_json", classmethod(counted))
+    try:
+        since, until = answers.bounds(None, None)
+        usage = await answers.usage("acme", since, until)
+        page = await answers.page(since, until, None, None, 10)
+        mine = await answers.record("acme", made[0].record_id)
+    finally:
+        answers.readers.close()
+    assert parsed == []
+    assert [row["requests"] for row in usage["rows"]] == [300]  # type: ignore[index]
+    assert len(page.lines.splitlines()) == 10
+    assert page.more is not None
+    assert mine is not None
