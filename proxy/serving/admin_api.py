@@ -35,6 +35,7 @@ from proxy.serving.usage_openapi import (
     TENANT_STANDING,
     document,
 )
+from proxy.serving.usage_reads import ReadFailed
 from proxy.settings import Settings
 
 log = structlog.get_logger("proxy.serving.admin_api")
@@ -156,17 +157,14 @@ class AdminApi:
             return error_response(400, str(exc))
         except ValueError:
             return error_response(400, f"limit must be a whole number from 1 to {MOST}", "limit")
-        source = self._figures.source
-        found = await self._figures.off_loop(
-            source.page, since, until, query.get("tenant"), after, limit + 1
-        )  # one more than the page: whether there is a next one
-        page = found[:limit]
-        body = await self._figures.off_loop(lambda: "".join(r.to_json() + "\n" for r in page))
-        headers = {f"x-usage-{k}": v for k, v in source.describe().items()}
-        if len(found) > limit:
-            last = page[-1]
-            headers[NEXT] = cursor((last.time.isoformat(), last.record_id))
-        return web.Response(text=body, content_type="application/x-ndjson", headers=headers)
+        try:
+            page = await self._figures.page(since, until, query.get("tenant"), after, limit)
+        except ReadFailed as exc:
+            return error_response(503, str(exc))
+        headers = {f"x-usage-{k}": v for k, v in self._figures.source.describe().items()}
+        if page.more is not None:
+            headers[NEXT] = cursor(page.more)
+        return web.Response(text=page.lines, content_type="application/x-ndjson", headers=headers)
 
     async def openapi(self, request: web.Request) -> web.Response:
         return web.json_response(document("admin"))

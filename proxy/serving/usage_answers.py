@@ -1,25 +1,24 @@
 """The figures the usage and admin APIs answer, from the code that decides and bills: a
 tenant's standing from the limiter admission asks (``Limiter.standing``), a range's usage
 aggregated and priced by the report's code (``ledger.report``, ``ledger.charges``), and a
-record as it was journaled. Records are read in a worker thread (``RecordSource``), and
-aggregated there too: nothing that scales with them runs on the event loop."""
+record as it was journaled. Records are read, aggregated and priced in a reading process
+(``usage_reads``): nothing that scales with them runs in the proxy's process."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 from zoneinfo import ZoneInfo
 
 from proxy.accounting.money import plain
 from proxy.accounting.prices import PriceTable
 from proxy.ledger.charges import charge
-from proxy.ledger.lookup import RecordSource
+from proxy.ledger.lookup import After, RecordSource
 from proxy.ledger.records import UsageRecord
 from proxy.ledger.report import aggregate, row_key
 from proxy.limits.limiter import Limiter
@@ -29,12 +28,10 @@ from proxy.limits.standings import standing_json
 from proxy.limitstore.guard import GuardedLimiter
 from proxy.serving.admission import Admission
 from proxy.serving.pricesfile import Prices
+from proxy.serving.usage_reads import Readers, ReadFailed
 from proxy.settings import Settings
 
 GROUP = ("model", "operation")
-# Questions read records in at most this many worker threads at once: the default
-# executor also parses large request bodies, which no question may starve.
-READS = 2
 T = TypeVar("T")
 
 
@@ -45,17 +42,13 @@ class BadRange(ValueError):
 @dataclass(frozen=True, slots=True)
 class Figures:
     """What the answers are read from: the limiter (None without ``--limits``), the price
-    table in use (None without ``--prices``) and the records' source."""
+    table in use (None without ``--prices``), the records' source and the processes that
+    read it."""
 
     limiter: Callable[[], Limiter | None]
     table: Callable[[], PriceTable | None]
     source: RecordSource
-    reads: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(READS))
-
-    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` in a worker thread, at most ``READS`` at once."""
-        async with self.reads:
-            return await asyncio.to_thread(fn, *args)
+    readers: Readers = field(default_factory=Readers)
 
     @property
     def zone(self) -> ZoneInfo:
@@ -89,58 +82,104 @@ class Figures:
 
     async def usage(self, tenant: str, since: str, until: str) -> dict[str, object]:
         """``tenant``'s billed units per model and operation in ``[since, until)``, and
-        their amounts at the prices in force at each record's time."""
+        their amounts at the prices in force at each record's time (``ReadFailed``
+        when the records cannot be read)."""
         table = self.table()
-        return await self.off_loop(self._usage, tenant, since, until, table)
-
-    def _usage(
-        self, tenant: str, since: str, until: str, table: PriceTable | None
-    ) -> dict[str, object]:
-        records = self.source.page(since, until, tenant)
-        report = aggregate(records, group_by=GROUP)
-        charges = charge(records, table, lambda r: row_key(r, GROUP)) if table else None
-        rows = []
-        for row in report.rows:
-            line: dict[str, object] = {
-                **row.keys,
-                "requests": row.requests,
-                "prompt_tokens": row.prompt_tokens_billed,
-                "cached_prompt_tokens": row.cached_prompt_tokens_billed,
-                "completion_tokens": row.completion_tokens_billed,
-                "audio_seconds": row.audio_seconds_billed,
-            }
-            if charges is not None:
-                amounts = charges.rows.get(tuple(row.keys[g] for g in GROUP))
-                line["amount"] = plain(amounts.total) if amounts else "0"
-                line["unpriced_requests"] = amounts.unpriced if amounts else 0
-            rows.append(line)
-        body: dict[str, object] = {
-            "tenant": tenant,
-            "since": since,
-            "until": until,
-            **self.source.describe(),
-            "rows": rows,
-        }
-        if charges is not None and table is not None:
-            mine = charges.tenant(tenant)
-            body["currency"] = table.currency
-            body["amount"] = plain(mine.amount) if mine else "0"
-            body["due"] = str(mine.due if mine else Decimal(0).scaleb(-table.decimals))
-        return body
+        return await self.readers.run(read_usage, self.source, tenant, since, until, table)
 
     async def record(self, tenant: str | None, record_id: str) -> dict[str, object] | None:
         """A record by id; None when there is none, or it is another tenant's (the
         same answer: nothing leaks by existence)."""
         table = self.table()
-        return await self.off_loop(self._record, tenant, record_id, table)
+        return await self.readers.run(read_record, self.source, tenant, record_id, table)
 
-    def _record(
-        self, tenant: str | None, record_id: str, table: PriceTable | None
-    ) -> dict[str, object] | None:
-        record = self.source.record(record_id)
-        if record is None or (tenant is not None and record.tenant != tenant):
-            return None
-        return {**self.source.describe(), "record": record_json(record, table)}
+    async def page(
+        self, since: str, until: str, tenant: str | None, after: After | None, limit: int
+    ) -> Page:
+        """A page of the range's records, as JSON lines."""
+        return await self.readers.run(read_page, self.source, since, until, tenant, after, limit)
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """At most a page of records as JSON lines, and the place of its last one when more
+    follow (None: the last page)."""
+
+    lines: str
+    more: After | None
+
+
+def read_usage(
+    source: RecordSource, tenant: str, since: str, until: str, table: PriceTable | None
+) -> dict[str, object]:
+    """In a reading process: ``Figures.usage``."""
+    records = _read(source.page, since, until, tenant)
+    report = aggregate(records, group_by=GROUP)
+    charges = charge(records, table, lambda r: row_key(r, GROUP)) if table else None
+    rows = []
+    for row in report.rows:
+        line: dict[str, object] = {
+            **row.keys,
+            "requests": row.requests,
+            "prompt_tokens": row.prompt_tokens_billed,
+            "cached_prompt_tokens": row.cached_prompt_tokens_billed,
+            "completion_tokens": row.completion_tokens_billed,
+            "audio_seconds": row.audio_seconds_billed,
+        }
+        if charges is not None:
+            amounts = charges.rows.get(tuple(row.keys[g] for g in GROUP))
+            line["amount"] = plain(amounts.total) if amounts else "0"
+            line["unpriced_requests"] = amounts.unpriced if amounts else 0
+        rows.append(line)
+    body: dict[str, object] = {
+        "tenant": tenant,
+        "since": since,
+        "until": until,
+        **source.describe(),
+        "rows": rows,
+    }
+    if charges is not None and table is not None:
+        mine = charges.tenant(tenant)
+        body["currency"] = table.currency
+        body["amount"] = plain(mine.amount) if mine else "0"
+        body["due"] = str(mine.due if mine else Decimal(0).scaleb(-table.decimals))
+    return body
+
+
+def read_record(
+    source: RecordSource, tenant: str | None, record_id: str, table: PriceTable | None
+) -> dict[str, object] | None:
+    """In a reading process: ``Figures.record``."""
+    record = _read(source.record, record_id)
+    if record is None or (tenant is not None and record.tenant != tenant):
+        return None
+    return {**source.describe(), "record": record_json(record, table)}
+
+
+def read_page(
+    source: RecordSource,
+    since: str,
+    until: str,
+    tenant: str | None,
+    after: After | None,
+    limit: int,
+) -> Page:
+    """In a reading process: ``Figures.page`` (one record more than the page is read:
+    whether another page follows)."""
+    found = _read(source.page, since, until, tenant, after, limit + 1)
+    page = found[:limit]
+    lines = "".join(r.to_json() + "\n" for r in page)
+    more = (page[-1].time.isoformat(), page[-1].record_id) if len(found) > limit else None
+    return Page(lines, more)
+
+
+def _read(fn: Callable[..., T], *args: object) -> T:
+    """A source's read; whatever fails in it (the ledger down, a damaged journal) is
+    said as ``ReadFailed``, which pickles back whatever the driver's error was."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # any driver's error, said once
+        raise ReadFailed(f"the records cannot be read now: {type(exc).__name__}: {exc}") from None
 
 
 def build_figures(
