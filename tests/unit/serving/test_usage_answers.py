@@ -141,3 +141,23 @@ async def test_records_are_parsed_outside_the_proxys_process(
     assert len(page.lines.splitlines()) == 10
     assert page.more is not None
     assert mine is not None
+
+
+@pytest.mark.parametrize(
+    ("since", "until"),
+    [
+        ("9999-12-31T23:59:59-01:00", None),  # past the last instant a datetime holds
+        ("0001-01-01T00:00:00+01:00", None),  # before the first
+        ("0001-01-01", None),  # Paris's 1 January of year 1 is 31 December of year 0 in UTC
+        (None, "9999-12-31T23:00:00-05:00"),
+        ("2026-12-05", "2026-12-01"),  # a range that ends before it starts
+        ("2026-12-01T00:00:00+00:00", "2026-12-01T01:00:00+01:00"),  # empty: one instant
+    ],
+)
+def test_a_range_no_instant_can_be_in_is_a_bad_range(since: str | None, until: str | None) -> None:
+    """A time out of what a datetime holds once in UTC was a 500 (``OverflowError``,
+    ``ValueError`` past the parse), and since at or after until an empty 200 that reads
+    as no usage; both are ``BadRange`` (400), said as such (review of #62)."""
+    answers = Figures(lambda: InProcessLimiter(PARIS), lambda: None, RecordSource(None, None))
+    with pytest.raises(BadRange):
+        answers.bounds(since, until)
