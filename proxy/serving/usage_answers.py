@@ -73,12 +73,15 @@ class Figures:
 
     def bounds(self, since: str | None, until: str | None) -> tuple[str, str]:
         """The range asked for, as UTC instants; by default the current month in the
-        limits file's zone."""
-        now = time.time()
-        start, end = period(Window.MONTH, now, self.zone)
-        low = _instant(since, self.zone) if since else _iso(start)
-        high = _instant(until, self.zone) if until else _iso(end)
-        return low, high
+        limits file's zone. ``BadRange``: a time that is none, or that no UTC instant
+        is, or a range that ends where or before it starts."""
+        zone = self.zone
+        start, end = period(Window.MONTH, time.time(), zone)
+        low = _instant(since, zone) if since else datetime.fromtimestamp(start, UTC)
+        high = _instant(until, zone) if until else datetime.fromtimestamp(end, UTC)
+        if low >= high:
+            raise BadRange(f"the range ends before it starts: since {low} until {high}")
+        return low.isoformat(), high.isoformat()
 
     async def usage(self, tenant: str, since: str, until: str) -> dict[str, object]:
         """``tenant``'s billed units per model and operation in ``[since, until)``, and
@@ -225,14 +228,16 @@ def record_json(record: UsageRecord, table: PriceTable | None) -> dict[str, obje
     return body
 
 
-def _instant(value: str, zone: ZoneInfo) -> str:
+def _instant(value: str, zone: ZoneInfo) -> datetime:
     """An ISO 8601 time as the UTC instant it names (one without an offset is read in
     ``zone``)."""
     try:
         moment = datetime.fromisoformat(value)
+        return (moment if moment.tzinfo else moment.replace(tzinfo=zone)).astimezone(UTC)
     except ValueError:
         raise BadRange(f"cannot read the time {value!r}: use ISO 8601") from None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=zone)).astimezone(UTC).isoformat()
+    except OverflowError:  # a time whose UTC instant is past year 9999 (or before 1)
+        raise BadRange(f"the time {value!r} is out of range once in UTC") from None
 
 
 def _iso(moment: float) -> str:
