@@ -161,3 +161,39 @@ def test_a_range_no_instant_can_be_in_is_a_bad_range(since: str | None, until: s
     answers = Figures(lambda: InProcessLimiter(PARIS), lambda: None, RecordSource(None, None))
     with pytest.raises(BadRange):
         answers.bounds(since, until)
+
+
+def _append(path: Path, made: list[UsageRecord]) -> None:
+    db = sqlite3.connect(path)
+    db.executemany(
+        "INSERT INTO records(record_id, time, tenant, body, kind) VALUES (?,?,?,?,?)",
+        [as_row(r) for r in made],
+    )
+    db.commit()
+    db.close()
+
+
+async def test_pages_skip_no_record_appended_meanwhile_out_of_time_order(tmp_path: Path) -> None:
+    """A record is timed when it is built and journaled after (its exchange settles
+    first), so records reach the journal a little out of time order. Paging by time, one
+    appended meanwhile with a time before the last page's end was never in any page;
+    paging in the journal's append order every record is in exactly one page (review of
+    #62)."""
+    start = datetime.now(UTC) - timedelta(minutes=10)
+    at = [start + timedelta(minutes=m) for m in range(5)]
+    x, b, c, a = (
+        make_record(i).model_copy(update={"time": at[t]}) for i, t in enumerate((1, 3, 4, 2))
+    )
+    answers = figures(tmp_path, [x, b, c])
+    since, until = answers.bounds(start.isoformat(), None)
+    try:
+        first = await answers.page(since, until, None, None, 2)
+        _append(tmp_path / "j.sqlite", [a])  # built at minute 2, journaled after c
+        pages, after = [first], first.more
+        while after is not None:
+            pages.append(await answers.page(since, until, None, after, 2))
+            after = pages[-1].more
+    finally:
+        answers.readers.close()
+    seen = [UsageRecord.from_json(line).record_id for p in pages for line in p.lines.splitlines()]
+    assert sorted(seen) == sorted(r.record_id for r in (x, b, c, a))
