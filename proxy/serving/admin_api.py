@@ -14,6 +14,7 @@ import binascii
 import hmac
 import os
 from collections.abc import AsyncIterator, Callable, Iterable
+from datetime import datetime
 from pathlib import Path
 
 import structlog
@@ -115,13 +116,18 @@ def cursor(after: After) -> str:
 
 
 def read_cursor(text: str) -> After:
+    """The place a cursor names: ("", a journal's seq) or a ledger's (time, record id)."""
     try:
-        moment, _, record_id = base64.urlsafe_b64decode(text.encode()).decode().partition("|")
+        moment, _, last = base64.urlsafe_b64decode(text.encode()).decode().partition("|")
+        if moment:
+            datetime.fromisoformat(moment)
+        elif not last.isdigit():
+            raise ValueError(last)
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise BadRange(f"after={text!r} is not a page cursor this API gave") from None
-    if not record_id:
+    if not last:
         raise BadRange(f"after={text!r} is not a page cursor this API gave")
-    return moment, record_id
+    return moment, last
 
 
 class AdminApi:

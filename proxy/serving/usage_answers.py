@@ -169,11 +169,10 @@ def read_page(
 ) -> Page:
     """In a reading process: ``Figures.page`` (one record more than the page is read:
     whether another page follows)."""
-    found = _read(source.page, since, until, tenant, after, limit + 1)
+    found = _read(source.places, since, until, tenant, after, limit + 1)
     page = found[:limit]
-    lines = "".join(r.to_json() + "\n" for r in page)
-    more = (page[-1].time.isoformat(), page[-1].record_id) if len(found) > limit else None
-    return Page(lines, more)
+    lines = "".join(record.to_json() + "\n" for _, record in page)
+    return Page(lines, page[-1][0] if len(found) > limit else None)
 
 
 def _read(fn: Callable[..., T], *args: object) -> T:
