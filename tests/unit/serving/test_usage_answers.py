@@ -5,6 +5,7 @@ answered with its amount, or not at all to another tenant."""
 
 from __future__ import annotations
 
+import socket
 import sqlite3
 import time
 from datetime import UTC, datetime, timedelta
@@ -21,6 +22,7 @@ from proxy.limits.periods import period
 from proxy.limits.policy import Policies, Window
 from proxy.limitstore.memory import InProcessLimiter
 from proxy.serving.usage_answers import BadRange, Figures, record_json
+from proxy.serving.usage_reads import ReadFailed
 from tests.support.records import make_record
 
 PARIS = Policies.model_validate(
@@ -197,3 +199,22 @@ async def test_pages_skip_no_record_appended_meanwhile_out_of_time_order(tmp_pat
         answers.readers.close()
     seen = [UsageRecord.from_json(line).record_id for p in pages for line in p.lines.splitlines()]
     assert sorted(seen) == sorted(r.record_id for r in (x, b, c, a))
+
+
+async def test_a_ledger_that_cannot_be_reached_is_said_as_such(tmp_path: Path) -> None:
+    """With the ledger down (nothing listens at its DSN), a range or a page is
+    ``ReadFailed`` (the API's 503 in vLLM's shape), not the driver's own error (a 500
+    in plain text before, review of #62)."""
+    with socket.socket() as spare:
+        spare.bind(("127.0.0.1", 0))
+        port = spare.getsockname()[1]
+    source = RecordSource(f"postgresql://proxy@127.0.0.1:{port}/ledger", None)
+    answers = Figures(lambda: None, lambda: None, source)
+    since, until = answers.bounds(None, None)
+    try:
+        with pytest.raises(ReadFailed, match="cannot be read now"):
+            await answers.usage("acme", since, until)
+        with pytest.raises(ReadFailed):
+            await answers.page(since, until, None, None, 10)
+    finally:
+        answers.readers.close()
