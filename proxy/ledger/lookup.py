@@ -82,6 +82,7 @@ class RecordSource:
     def record(self, record_id: str) -> UsageRecord | None:
         """The record with this id (None: no such record); one the ledger does not have
         yet (the outbox delivers later) is read from this replica's journal."""
+        record_id = _canonical(record_id)
         if self.dsn is not None and _is_uuid(record_id):
             from proxy.ledger.sinks.postgres import read_record
 
@@ -116,3 +117,12 @@ def _is_uuid(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _canonical(text: str) -> str:
+    """An id as the proxy writes it: a UUID however written (case, braces, hyphens) in
+    its canonical form, as the ledger reads it; anything else as it is."""
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        return text
