@@ -23,6 +23,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from proxy.ledger.lookup import After
+from proxy.ledger.questions import ReadFailed
 from proxy.limits.limiter import StandingUnknown
 from proxy.serving.startup import file_problem
 from proxy.serving.tenancy import bearer_key, key_digest, load_api_keys
@@ -36,7 +37,6 @@ from proxy.serving.usage_openapi import (
     TENANT_STANDING,
     document,
 )
-from proxy.serving.usage_reads import ReadFailed
 from proxy.settings import Settings
 
 log = structlog.get_logger("proxy.serving.admin_api")

@@ -10,17 +10,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from decimal import Decimal
 from pathlib import Path
-from typing import TypeVar
 from zoneinfo import ZoneInfo
 
-from proxy.accounting.money import plain
 from proxy.accounting.prices import PriceTable
-from proxy.ledger.charges import charge
 from proxy.ledger.lookup import After, RecordSource
-from proxy.ledger.records import UsageRecord
-from proxy.ledger.report import aggregate, row_key
+from proxy.ledger.questions import Page, read_page, read_record, read_usage, record_json
 from proxy.limits.limiter import Limiter
 from proxy.limits.periods import period
 from proxy.limits.policy import Window
@@ -28,11 +23,10 @@ from proxy.limits.standings import standing_json
 from proxy.limitstore.guard import GuardedLimiter
 from proxy.serving.admission import Admission
 from proxy.serving.pricesfile import Prices
-from proxy.serving.usage_reads import Readers, ReadFailed
+from proxy.serving.usage_reads import Readers
 from proxy.settings import Settings
 
-GROUP = ("model", "operation")
-T = TypeVar("T")
+__all__ = ["BadRange", "Figures", "Page", "build_figures", "record_json"]
 
 
 class BadRange(ValueError):
@@ -103,87 +97,6 @@ class Figures:
         return await self.readers.run(read_page, self.source, since, until, tenant, after, limit)
 
 
-@dataclass(frozen=True, slots=True)
-class Page:
-    """At most a page of records as JSON lines, and the place of its last one when more
-    follow (None: the last page)."""
-
-    lines: str
-    more: After | None
-
-
-def read_usage(
-    source: RecordSource, tenant: str, since: str, until: str, table: PriceTable | None
-) -> dict[str, object]:
-    """In a reading process: ``Figures.usage``."""
-    records = _read(source.page, since, until, tenant)
-    report = aggregate(records, group_by=GROUP)
-    charges = charge(records, table, lambda r: row_key(r, GROUP)) if table else None
-    rows = []
-    for row in report.rows:
-        line: dict[str, object] = {
-            **row.keys,
-            "requests": row.requests,
-            "prompt_tokens": row.prompt_tokens_billed,
-            "cached_prompt_tokens": row.cached_prompt_tokens_billed,
-            "completion_tokens": row.completion_tokens_billed,
-            "audio_seconds": row.audio_seconds_billed,
-        }
-        if charges is not None:
-            amounts = charges.rows.get(tuple(row.keys[g] for g in GROUP))
-            line["amount"] = plain(amounts.total) if amounts else "0"
-            line["unpriced_requests"] = amounts.unpriced if amounts else 0
-        rows.append(line)
-    body: dict[str, object] = {
-        "tenant": tenant,
-        "since": since,
-        "until": until,
-        **source.describe(),
-        "rows": rows,
-    }
-    if charges is not None and table is not None:
-        mine = charges.tenant(tenant)
-        body["currency"] = table.currency
-        body["amount"] = plain(mine.amount) if mine else "0"
-        body["due"] = str(mine.due if mine else Decimal(0).scaleb(-table.decimals))
-    return body
-
-
-def read_record(
-    source: RecordSource, tenant: str | None, record_id: str, table: PriceTable | None
-) -> dict[str, object] | None:
-    """In a reading process: ``Figures.record``."""
-    record = _read(source.record, record_id)
-    if record is None or (tenant is not None and record.tenant != tenant):
-        return None
-    return {**source.describe(), "record": record_json(record, table)}
-
-
-def read_page(
-    source: RecordSource,
-    since: str,
-    until: str,
-    tenant: str | None,
-    after: After | None,
-    limit: int,
-) -> Page:
-    """In a reading process: ``Figures.page`` (one record more than the page is read:
-    whether another page follows)."""
-    found = _read(source.places, since, until, tenant, after, limit + 1)
-    page = found[:limit]
-    lines = "".join(record.to_json() + "\n" for _, record in page)
-    return Page(lines, page[-1][0] if len(found) > limit else None)
-
-
-def _read(fn: Callable[..., T], *args: object) -> T:
-    """A source's read; whatever fails in it (the ledger down, a damaged journal) is
-    said as ``ReadFailed``, which pickles back whatever the driver's error was."""
-    try:
-        return fn(*args)
-    except Exception as exc:  # any driver's error, said once
-        raise ReadFailed(f"the records cannot be read now: {type(exc).__name__}: {exc}") from None
-
-
 def build_figures(
     settings: Settings, admission: Admission | None, prices: Prices | None
 ) -> Figures:
@@ -195,36 +108,6 @@ def build_figures(
         lambda: prices.table if prices is not None else None,
         RecordSource(settings.ledger_dsn, journal),
     )
-
-
-def record_json(record: UsageRecord, table: PriceTable | None) -> dict[str, object]:
-    """A record as answered: its verdict, what the engine reported against what is
-    billed, its units, and with a price table its amount (the report's pricing)."""
-    body: dict[str, object] = {
-        "record_id": record.record_id,
-        "time": record.time.isoformat(),
-        "tenant": record.tenant,
-        "model": record.model,
-        "operation": record.operation,
-        "endpoint": record.endpoint,
-        "status": record.status,
-        "verdict": record.verdict,
-        "reported": {
-            "prompt_tokens": record.prompt_tokens_reported,
-            "completion_tokens": record.completion_tokens_reported,
-        },
-        "billed": {
-            "prompt_tokens": record.prompt_tokens_billed,
-            "completion_tokens": record.completion_tokens_billed,
-        },
-        "units": record.units.reported(),
-    }
-    if table is not None:
-        priced = charge([record], table, lambda r: ())
-        mine = priced.tenant(record.tenant)
-        body["currency"] = table.currency
-        body["amount"] = plain(mine.amount) if mine and not mine.unpriced else None
-    return body
 
 
 def _instant(value: str, zone: ZoneInfo) -> datetime:

@@ -20,12 +20,12 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from proxy.ledger.questions import ReadFailed
 from proxy.limits.limiter import StandingUnknown
 from proxy.serving.attribution import WHO
 from proxy.serving.upstream import error_response, unauthorized
 from proxy.serving.usage_answers import BadRange, Figures
 from proxy.serving.usage_openapi import OPENAPI, RECORD, STANDING, USAGE, document
-from proxy.serving.usage_reads import ReadFailed
 
 T = TypeVar("T")
 RETRY_SECONDS = 1

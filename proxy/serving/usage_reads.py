@@ -20,16 +20,13 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
+from proxy.ledger.questions import ReadFailed
+
 # Questions read records in at most this many processes at once: the proxy's own event
 # loop and tokenizer threads keep the rest of the machine.
 READS = 2
 NICE = 10  # the readers' CPU priority below the proxy's (a raise needs no privilege)
 T = TypeVar("T")
-
-
-class ReadFailed(Exception):
-    """The records could not be read (the ledger or journal failed, or a reader died);
-    its message says why, and pickles back from a reading process."""
 
 
 def _lower_priority() -> None:

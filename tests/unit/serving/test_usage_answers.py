@@ -16,13 +16,13 @@ import pytest
 
 from proxy.accounting.pricefile import load_prices
 from proxy.ledger.lookup import RecordSource
+from proxy.ledger.questions import ReadFailed
 from proxy.ledger.records import UsageRecord
 from proxy.ledger.sqlite import as_row, create_schema
 from proxy.limits.periods import period
 from proxy.limits.policy import Policies, Window
 from proxy.limitstore.memory import InProcessLimiter
 from proxy.serving.usage_answers import BadRange, Figures, record_json
-from proxy.serving.usage_reads import ReadFailed
 from tests.support.records import make_record
 
 PARIS = Policies.model_validate(
@@ -98,18 +98,6 @@ async def test_a_record_is_answered_to_its_own_tenant_only(tmp_path: Path) -> No
     assert mine is not None
     assert mine["record"] == record_json(record, load_prices(tmp_path / "prices.yaml"))
     assert await answers.record(None, record.record_id) == mine
-
-
-def test_a_record_states_reported_billed_units_and_amount() -> None:
-    """What vLLM reported against what is billed, the units, and the amount at the
-    record's price; without prices no amount."""
-    record = make_record(1, reported=57, billed=36)
-    body = record_json(record, None)
-    assert body["reported"] == {"prompt_tokens": 57, "completion_tokens": None}
-    assert body["billed"] == {"prompt_tokens": 36, "completion_tokens": None}
-    assert body["units"] == {"prompt_tokens": 36}
-    assert body["verdict"] == "corrected"
-    assert "amount" not in body
 
 
 async def test_records_are_parsed_outside_the_proxys_process(

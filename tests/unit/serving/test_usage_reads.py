@@ -9,7 +9,8 @@ import signal
 
 import pytest
 
-from proxy.serving.usage_reads import Readers, ReadFailed
+from proxy.ledger.questions import ReadFailed
+from proxy.serving.usage_reads import Readers
 
 
 def _die() -> int:
