@@ -2,7 +2,7 @@
 never in the proxy's. Parsing records is Python work that holds the GIL; in a thread of
 the proxy it took the GIL from the event loop, and a tenant asking for its usage since
 2000 over and over slowed every other tenant's reranks and chats (their p50 went from
-15 to 44 ms with one such question at a time, from 11 to 114 ms with four; see
+8 to 32 ms with one such question at a time, from 8 to 47 ms with four; see
 docs/metering.md). A process has its own GIL, and runs at a lower CPU priority, so the
 proxy's event loop is first on the CPU too.
 
