@@ -35,7 +35,6 @@ TESTED_THROUGH_THE_APP = {
     "serving/metered": "the metered handler: app/test_metering.py, app/test_generation.py",
     "serving/relayed": "the transparent handler: app/test_app.py, app/test_security.py",
     "serving/routing": "the route table applied to requests: app/test_security.py",
-    "serving/usage_api": "the tenant's usage API: app/test_usage_api.py, app/test_usage_shared.py",
     "serving/upstream": "the session and its errors: app/test_faults.py, app/test_odd_answers.py",
     "settings/choices": "the values options take: unit/settings/test_model.py, test_reference",
     "settings/counting": "options declared, no behaviour: unit/settings/test_reference.py",

@@ -14,6 +14,7 @@ import binascii
 import hmac
 import os
 from collections.abc import AsyncIterator, Callable, Iterable
+from datetime import datetime
 from pathlib import Path
 
 import structlog
@@ -22,6 +23,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from proxy.ledger.lookup import After
+from proxy.ledger.questions import ReadFailed
 from proxy.limits.limiter import StandingUnknown
 from proxy.serving.startup import file_problem
 from proxy.serving.tenancy import bearer_key, key_digest, load_api_keys
@@ -114,13 +116,18 @@ def cursor(after: After) -> str:
 
 
 def read_cursor(text: str) -> After:
+    """The place a cursor names: ("", a journal's seq) or a ledger's (time, record id)."""
     try:
-        moment, _, record_id = base64.urlsafe_b64decode(text.encode()).decode().partition("|")
+        moment, _, last = base64.urlsafe_b64decode(text.encode()).decode().partition("|")
+        if moment:
+            datetime.fromisoformat(moment)
+        elif not last.isdigit():
+            raise ValueError(last)
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise BadRange(f"after={text!r} is not a page cursor this API gave") from None
-    if not record_id:
+    if not last:
         raise BadRange(f"after={text!r} is not a page cursor this API gave")
-    return moment, record_id
+    return moment, last
 
 
 class AdminApi:
@@ -156,17 +163,14 @@ class AdminApi:
             return error_response(400, str(exc))
         except ValueError:
             return error_response(400, f"limit must be a whole number from 1 to {MOST}", "limit")
-        source = self._figures.source
-        found = await self._figures.off_loop(
-            source.page, since, until, query.get("tenant"), after, limit + 1
-        )  # one more than the page: whether there is a next one
-        page = found[:limit]
-        body = await self._figures.off_loop(lambda: "".join(r.to_json() + "\n" for r in page))
-        headers = {f"x-usage-{k}": v for k, v in source.describe().items()}
-        if len(found) > limit:
-            last = page[-1]
-            headers[NEXT] = cursor((last.time.isoformat(), last.record_id))
-        return web.Response(text=body, content_type="application/x-ndjson", headers=headers)
+        try:
+            page = await self._figures.page(since, until, query.get("tenant"), after, limit)
+        except ReadFailed as exc:
+            return error_response(503, str(exc))
+        headers = {f"x-usage-{k}": v for k, v in self._figures.source.describe().items()}
+        if page.more is not None:
+            headers[NEXT] = cursor(page.more)
+        return web.Response(text=page.lines, content_type="application/x-ndjson", headers=headers)
 
     async def openapi(self, request: web.Request) -> web.Response:
         return web.json_response(document("admin"))

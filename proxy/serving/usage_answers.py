@@ -1,40 +1,31 @@
 """The figures the usage and admin APIs answer, from the code that decides and bills: a
 tenant's standing from the limiter admission asks (``Limiter.standing``), a range's usage
 aggregated and priced by the report's code (``ledger.report``, ``ledger.charges``), and a
-record as it was journaled. Records are read in a worker thread (``RecordSource``), and
-aggregated there too: nothing that scales with them runs on the event loop."""
+record as it was journaled. Records are read, aggregated and priced in a reading process
+(``usage_reads``): nothing that scales with them runs in the proxy's process."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from decimal import Decimal
 from pathlib import Path
-from typing import Any, TypeVar
 from zoneinfo import ZoneInfo
 
-from proxy.accounting.money import plain
 from proxy.accounting.prices import PriceTable
-from proxy.ledger.charges import charge
-from proxy.ledger.lookup import RecordSource
-from proxy.ledger.records import UsageRecord
-from proxy.ledger.report import aggregate, row_key
+from proxy.ledger.lookup import After, RecordSource
+from proxy.ledger.questions import Page, read_page, read_record, read_usage, record_json
 from proxy.limits.limiter import Limiter
 from proxy.limits.periods import period
 from proxy.limits.policy import Window
 from proxy.limits.standings import standing_json
 from proxy.serving.admission import Admission
 from proxy.serving.pricesfile import Prices
+from proxy.serving.usage_reads import Readers
 from proxy.settings import Settings
 
-GROUP = ("model", "operation")
-# Questions read records in at most this many worker threads at once: the default
-# executor also parses large request bodies, which no question may starve.
-READS = 2
-T = TypeVar("T")
+__all__ = ["BadRange", "Figures", "Page", "build_figures", "record_json"]
 
 
 class BadRange(ValueError):
@@ -44,17 +35,13 @@ class BadRange(ValueError):
 @dataclass(frozen=True, slots=True)
 class Figures:
     """What the answers are read from: the limiter (None without ``--limits``), the price
-    table in use (None without ``--prices``) and the records' source."""
+    table in use (None without ``--prices``), the records' source and the processes that
+    read it."""
 
     limiter: Callable[[], Limiter | None]
     table: Callable[[], PriceTable | None]
     source: RecordSource
-    reads: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(READS))
-
-    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` in a worker thread, at most ``READS`` at once."""
-        async with self.reads:
-            return await asyncio.to_thread(fn, *args)
+    readers: Readers = field(default_factory=Readers)
 
     @property
     def zone(self) -> ZoneInfo:
@@ -81,67 +68,34 @@ class Figures:
 
     def bounds(self, since: str | None, until: str | None) -> tuple[str, str]:
         """The range asked for, as UTC instants; by default the current month in the
-        limits file's zone."""
-        now = time.time()
-        start, end = period(Window.MONTH, now, self.zone)
-        low = _instant(since, self.zone) if since else _iso(start)
-        high = _instant(until, self.zone) if until else _iso(end)
-        return low, high
+        limits file's zone. ``BadRange``: a time that is none, or that no UTC instant
+        is, or a range that ends where or before it starts."""
+        zone = self.zone
+        start, end = period(Window.MONTH, time.time(), zone)
+        low = _instant(since, zone) if since else datetime.fromtimestamp(start, UTC)
+        high = _instant(until, zone) if until else datetime.fromtimestamp(end, UTC)
+        if low >= high:
+            raise BadRange(f"the range ends before it starts: since {low} until {high}")
+        return low.isoformat(), high.isoformat()
 
     async def usage(self, tenant: str, since: str, until: str) -> dict[str, object]:
         """``tenant``'s billed units per model and operation in ``[since, until)``, and
-        their amounts at the prices in force at each record's time."""
+        their amounts at the prices in force at each record's time (``ReadFailed``
+        when the records cannot be read)."""
         table = self.table()
-        return await self.off_loop(self._usage, tenant, since, until, table)
-
-    def _usage(
-        self, tenant: str, since: str, until: str, table: PriceTable | None
-    ) -> dict[str, object]:
-        records = self.source.page(since, until, tenant)
-        report = aggregate(records, group_by=GROUP)
-        charges = charge(records, table, lambda r: row_key(r, GROUP)) if table else None
-        rows = []
-        for row in report.rows:
-            line: dict[str, object] = {
-                **row.keys,
-                "requests": row.requests,
-                "prompt_tokens": row.prompt_tokens_billed,
-                "cached_prompt_tokens": row.cached_prompt_tokens_billed,
-                "completion_tokens": row.completion_tokens_billed,
-                "audio_seconds": row.audio_seconds_billed,
-            }
-            if charges is not None:
-                amounts = charges.rows.get(tuple(row.keys[g] for g in GROUP))
-                line["amount"] = plain(amounts.total) if amounts else "0"
-                line["unpriced_requests"] = amounts.unpriced if amounts else 0
-            rows.append(line)
-        body: dict[str, object] = {
-            "tenant": tenant,
-            "since": since,
-            "until": until,
-            **self.source.describe(),
-            "rows": rows,
-        }
-        if charges is not None and table is not None:
-            mine = charges.tenant(tenant)
-            body["currency"] = table.currency
-            body["amount"] = plain(mine.amount) if mine else "0"
-            body["due"] = str(mine.due if mine else Decimal(0).scaleb(-table.decimals))
-        return body
+        return await self.readers.run(read_usage, self.source, tenant, since, until, table)
 
     async def record(self, tenant: str | None, record_id: str) -> dict[str, object] | None:
         """A record by id; None when there is none, or it is another tenant's (the
         same answer: nothing leaks by existence)."""
         table = self.table()
-        return await self.off_loop(self._record, tenant, record_id, table)
+        return await self.readers.run(read_record, self.source, tenant, record_id, table)
 
-    def _record(
-        self, tenant: str | None, record_id: str, table: PriceTable | None
-    ) -> dict[str, object] | None:
-        record = self.source.record(record_id)
-        if record is None or (tenant is not None and record.tenant != tenant):
-            return None
-        return {**self.source.describe(), "record": record_json(record, table)}
+    async def page(
+        self, since: str, until: str, tenant: str | None, after: After | None, limit: int
+    ) -> Page:
+        """A page of the range's records, as JSON lines."""
+        return await self.readers.run(read_page, self.source, since, until, tenant, after, limit)
 
 
 def build_figures(
@@ -157,44 +111,16 @@ def build_figures(
     )
 
 
-def record_json(record: UsageRecord, table: PriceTable | None) -> dict[str, object]:
-    """A record as answered: its verdict, what the engine reported against what is
-    billed, its units, and with a price table its amount (the report's pricing)."""
-    body: dict[str, object] = {
-        "record_id": record.record_id,
-        "time": record.time.isoformat(),
-        "tenant": record.tenant,
-        "model": record.model,
-        "operation": record.operation,
-        "endpoint": record.endpoint,
-        "status": record.status,
-        "verdict": record.verdict,
-        "reported": {
-            "prompt_tokens": record.prompt_tokens_reported,
-            "completion_tokens": record.completion_tokens_reported,
-        },
-        "billed": {
-            "prompt_tokens": record.prompt_tokens_billed,
-            "completion_tokens": record.completion_tokens_billed,
-        },
-        "units": record.units.reported(),
-    }
-    if table is not None:
-        priced = charge([record], table, lambda r: ())
-        mine = priced.tenant(record.tenant)
-        body["currency"] = table.currency
-        body["amount"] = plain(mine.amount) if mine and not mine.unpriced else None
-    return body
-
-
-def _instant(value: str, zone: ZoneInfo) -> str:
+def _instant(value: str, zone: ZoneInfo) -> datetime:
     """An ISO 8601 time as the UTC instant it names (one without an offset is read in
     ``zone``)."""
     try:
         moment = datetime.fromisoformat(value)
+        return (moment if moment.tzinfo else moment.replace(tzinfo=zone)).astimezone(UTC)
     except ValueError:
         raise BadRange(f"cannot read the time {value!r}: use ISO 8601") from None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=zone)).astimezone(UTC).isoformat()
+    except OverflowError:  # a time whose UTC instant is past year 9999 (or before 1)
+        raise BadRange(f"the time {value!r} is out of range once in UTC") from None
 
 
 def _iso(moment: float) -> str:

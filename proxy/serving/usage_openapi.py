@@ -44,6 +44,16 @@ UNAUTHORIZED = {
     "description": "No key, or no key of the key file (vLLM's own answer).",
     "content": {JSON: {"schema": _ref("Unauthorized")}},
 }
+BUSY = {
+    "description": "Another question of this tenant is being answered (the same question "
+    "shares its answer); ask again after it, as retry-after says.",
+    "headers": {"retry-after": {"schema": {"type": "integer"}, "description": "Seconds."}},
+    "content": {JSON: {"schema": _ref("Error")}},
+}
+UNREADABLE = {
+    "description": "The records cannot be read now (the ledger or the journal failed).",
+    "content": {JSON: {"schema": _ref("Error")}},
+}
 RANGE = [
     {
         "name": name,
@@ -77,19 +87,39 @@ def _path(name: str, what: str) -> dict[str, Any]:
 TENANT_PATHS: dict[str, Any] = {
     STANDING: _get(
         "Every limit of the key's tenant in its current period or window.",
-        {"200": _ok(_ref("Standing"), "The standing."), "401": UNAUTHORIZED, "503": ERROR},
+        {
+            "200": _ok(_ref("Standing"), "The standing."),
+            "401": UNAUTHORIZED,
+            "429": BUSY,
+            "503": ERROR,
+        },
     ),
     USAGE: _get(
         "The key's tenant's billed units per model and operation over a range.",
-        {"200": _ok(_ref("Usage"), "The usage."), "400": ERROR, "401": UNAUTHORIZED},
+        {
+            "200": _ok(_ref("Usage"), "The usage."),
+            "400": ERROR,
+            "401": UNAUTHORIZED,
+            "429": BUSY,
+            "503": UNREADABLE,
+        },
         RANGE,
     ),
     RECORD: _get(
         "One of the tenant's own usage records (another tenant's id answers 404).",
-        {"200": _ok(_ref("RecordAnswer"), "The record."), "401": UNAUTHORIZED, "404": ERROR},
+        {
+            "200": _ok(_ref("RecordAnswer"), "The record."),
+            "401": UNAUTHORIZED,
+            "404": ERROR,
+            "429": BUSY,
+            "503": UNREADABLE,
+        },
         [_path("record_id", "The x-usage-record-id an answer carried.")],
     ),
-    OPENAPI: _get("This description.", {"200": _ok({"type": "object"}, "OpenAPI 3.1.")}),
+    OPENAPI: _get(
+        "This description.",
+        {"200": _ok({"type": "object"}, "OpenAPI 3.1."), "401": UNAUTHORIZED},
+    ),
 }
 ADMIN_PATHS: dict[str, Any] = {
     STANDINGS: _get(
@@ -112,6 +142,7 @@ ADMIN_PATHS: dict[str, Any] = {
             "200": _ok({"type": "string"}, "Records as JSON lines.", "application/x-ndjson"),
             "400": ERROR,
             "401": UNAUTHORIZED,
+            "503": UNREADABLE,
         },
         [
             *RANGE,
@@ -131,7 +162,10 @@ ADMIN_PATHS: dict[str, Any] = {
             },
         ],
     ),
-    ADMIN_OPENAPI: _get("This description.", {"200": _ok({"type": "object"}, "OpenAPI 3.1.")}),
+    ADMIN_OPENAPI: _get(
+        "This description.",
+        {"200": _ok({"type": "object"}, "OpenAPI 3.1."), "401": UNAUTHORIZED},
+    ),
 }
 
 LIMIT = {

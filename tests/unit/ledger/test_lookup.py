@@ -102,3 +102,16 @@ async def test_the_ledger_is_read_when_configured(tmp_path: Path, postgres: Clus
 
     await asyncio.to_thread(reads)
     assert source.describe()["source"] == "ledger"
+
+
+def test_a_record_id_is_found_however_its_uuid_is_written(tmp_path: Path) -> None:
+    """The ledger reads an id as a UUID (upper case, braces, no hyphens all find it);
+    the journal compared the text, so the same id found a record from one source and
+    answered 404 from the other (review of #62). Both read it as the UUID it is; an id
+    that is no UUID is still looked up as written."""
+    made = records()
+    source = RecordSource(None, journal(tmp_path / "j.sqlite", made))
+    wanted = made[2].record_id
+    for written in (wanted.upper(), "{" + wanted + "}", wanted.replace("-", "")):
+        assert source.record(written) == made[2], written
+    assert source.record("no-such-id") is None

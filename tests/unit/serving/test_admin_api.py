@@ -84,3 +84,11 @@ def test_anything_else_is_not_a_cursor(text: str) -> None:
     """Text that is not a cursor this API gave is a bad request."""
     with pytest.raises(BadRange):
         read_cursor(text)
+
+
+@pytest.mark.parametrize("place", [("", "12x"), ("", ""), ("yesterday", "0190a0a0")])
+def test_a_cursor_naming_no_place_is_refused(place: tuple[str, str]) -> None:
+    """A journal's place is a whole seq, a ledger's starts with a time: anything else is
+    a bad request (400), never a read that fails in the reading process (503)."""
+    with pytest.raises(BadRange):
+        read_cursor(cursor(place))

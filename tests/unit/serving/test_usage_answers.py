@@ -5,9 +5,8 @@ answered with its amount, or not at all to another tenant."""
 
 from __future__ import annotations
 
-import asyncio
+import socket
 import sqlite3
-import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,12 +16,13 @@ import pytest
 
 from proxy.accounting.pricefile import load_prices
 from proxy.ledger.lookup import RecordSource
+from proxy.ledger.questions import ReadFailed
 from proxy.ledger.records import UsageRecord
 from proxy.ledger.sqlite import as_row, create_schema
 from proxy.limits.periods import period
 from proxy.limits.policy import Policies, Window
 from proxy.limitstore.memory import InProcessLimiter
-from proxy.serving.usage_answers import READS, BadRange, Figures, record_json
+from proxy.serving.usage_answers import BadRange, Figures, record_json
 from tests.support.records import make_record
 
 PARIS = Policies.model_validate(
@@ -100,31 +100,109 @@ async def test_a_record_is_answered_to_its_own_tenant_only(tmp_path: Path) -> No
     assert await answers.record(None, record.record_id) == mine
 
 
-def test_a_record_states_reported_billed_units_and_amount() -> None:
-    """What vLLM reported against what is billed, the units, and the amount at the
-    record's price; without prices no amount."""
-    record = make_record(1, reported=57, billed=36)
-    body = record_json(record, None)
-    assert body["reported"] == {"prompt_tokens": 57, "completion_tokens": None}
-    assert body["billed"] == {"prompt_tokens": 36, "completion_tokens": None}
-    assert body["units"] == {"prompt_tokens": 36}
-    assert body["verdict"] == "corrected"
-    assert "amount" not in body
+async def test_records_are_parsed_outside_the_proxys_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A range's records are read, parsed and summed in a reading process, never in the
+    proxy's: parsing holds the GIL, and in a thread of the proxy a tenant asking for its
+    usage since 2000 in a loop slowed every other tenant's requests (review of #62).
+    The proxy's own process parses none of the 300 records, and the answer counts them
+    all; a page and a record are read there too."""
+    now = datetime.now(UTC) - timedelta(seconds=1)
+    made = [make_record(i).model_copy(update={"time": now}) for i in range(300)]
+    answers = figures(tmp_path, made)
+    parsed: list[int] = []
+    original = UsageRecord.from_json.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type[UsageRecord], text: str | bytes) -> UsageRecord:
+        parsed.append(1)
+        return original(cls, text)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(UsageRecord, "from_json", classmethod(counted))
+    try:
+        since, until = answers.bounds(None, None)
+        usage = await answers.usage("acme", since, until)
+        page = await answers.page(since, until, None, None, 10)
+        mine = await answers.record("acme", made[0].record_id)
+    finally:
+        answers.readers.close()
+    assert parsed == []
+    assert [row["requests"] for row in usage["rows"]] == [300]  # type: ignore[index]
+    assert len(page.lines.splitlines()) == 10
+    assert page.more is not None
+    assert mine is not None
 
 
-async def test_questions_read_in_a_bounded_number_of_threads(tmp_path: Path) -> None:
-    """Many questions at once read records in at most ``READS`` worker threads, so they
-    never hold every thread the default executor also parses bodies in."""
-    answers = figures(tmp_path, [])
-    lock, running, most = threading.Lock(), [0], [0]
+@pytest.mark.parametrize(
+    ("since", "until"),
+    [
+        ("9999-12-31T23:59:59-01:00", None),  # past the last instant a datetime holds
+        ("0001-01-01T00:00:00+01:00", None),  # before the first
+        ("0001-01-01", None),  # Paris's 1 January of year 1 is 31 December of year 0 in UTC
+        (None, "9999-12-31T23:00:00-05:00"),
+        ("2026-12-05", "2026-12-01"),  # a range that ends before it starts
+        ("2026-12-01T00:00:00+00:00", "2026-12-01T01:00:00+01:00"),  # empty: one instant
+    ],
+)
+def test_a_range_no_instant_can_be_in_is_a_bad_range(since: str | None, until: str | None) -> None:
+    """A time out of what a datetime holds once in UTC was a 500 (``OverflowError``,
+    ``ValueError`` past the parse), and since at or after until an empty 200 that reads
+    as no usage; both are ``BadRange`` (400), said as such (review of #62)."""
+    answers = Figures(lambda: InProcessLimiter(PARIS), lambda: None, RecordSource(None, None))
+    with pytest.raises(BadRange):
+        answers.bounds(since, until)
 
-    def read() -> None:
-        with lock:
-            running[0] += 1
-            most[0] = max(most[0], running[0])
-        time.sleep(0.05)
-        with lock:
-            running[0] -= 1
 
-    await asyncio.gather(*(answers.off_loop(read) for _ in range(8)))
-    assert most[0] == READS
+def _append(path: Path, made: list[UsageRecord]) -> None:
+    db = sqlite3.connect(path)
+    db.executemany(
+        "INSERT INTO records(record_id, time, tenant, body, kind) VALUES (?,?,?,?,?)",
+        [as_row(r) for r in made],
+    )
+    db.commit()
+    db.close()
+
+
+async def test_pages_skip_no_record_appended_meanwhile_out_of_time_order(tmp_path: Path) -> None:
+    """A record is timed when it is built and journaled after (its exchange settles
+    first), so records reach the journal a little out of time order. Paging by time, one
+    appended meanwhile with a time before the last page's end was never in any page;
+    paging in the journal's append order every record is in exactly one page (review of
+    #62)."""
+    start = datetime.now(UTC) - timedelta(minutes=10)
+    at = [start + timedelta(minutes=m) for m in range(5)]
+    x, b, c, a = (
+        make_record(i).model_copy(update={"time": at[t]}) for i, t in enumerate((1, 3, 4, 2))
+    )
+    answers = figures(tmp_path, [x, b, c])
+    since, until = answers.bounds(start.isoformat(), None)
+    try:
+        first = await answers.page(since, until, None, None, 2)
+        _append(tmp_path / "j.sqlite", [a])  # built at minute 2, journaled after c
+        pages, after = [first], first.more
+        while after is not None:
+            pages.append(await answers.page(since, until, None, after, 2))
+            after = pages[-1].more
+    finally:
+        answers.readers.close()
+    seen = [UsageRecord.from_json(line).record_id for p in pages for line in p.lines.splitlines()]
+    assert sorted(seen) == sorted(r.record_id for r in (x, b, c, a))
+
+
+async def test_a_ledger_that_cannot_be_reached_is_said_as_such(tmp_path: Path) -> None:
+    """With the ledger down (nothing listens at its DSN), a range or a page is
+    ``ReadFailed`` (the API's 503 in vLLM's shape), not the driver's own error (a 500
+    in plain text before, review of #62)."""
+    with socket.socket() as spare:
+        spare.bind(("127.0.0.1", 0))
+        port = spare.getsockname()[1]
+    source = RecordSource(f"postgresql://proxy@127.0.0.1:{port}/ledger", None)
+    answers = Figures(lambda: None, lambda: None, source)
+    since, until = answers.bounds(None, None)
+    try:
+        with pytest.raises(ReadFailed, match="cannot be read now"):
+            await answers.usage("acme", since, until)
+        with pytest.raises(ReadFailed):
+            await answers.page(since, until, None, None, 10)
+    finally:
+        answers.readers.close()
