@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from proxy.accounting.routes import CHOICES_OPERATIONS, FORM_OPERATIONS
+from proxy.accounting.operations import CHOICES_OPERATIONS, FORM_OPERATIONS
 from proxy.ledger.records import SCHEMA_VERSION, UsageRecord, new_record_id
 
 PROMPT_COUNTER = "vllm:prompt_tokens_total"

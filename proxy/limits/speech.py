@@ -29,7 +29,6 @@ from proxy.limits.pricing import UNPRICED, Price
 from proxy.wire.audiofile import seconds
 from proxy.wire.forms import FormError, is_multipart, read_form
 
-SPEECH = frozenset({"transcriptions", "translations"})
 # Prompt tokens a stream's usage reports per second of audio: Whisper's log-mel frames
 # (16 kHz, hop 160), the most of the speech models vLLM serves.
 AUDIO_TOKENS_PER_SECOND = 100
