@@ -15,7 +15,8 @@ from datetime import datetime
 from decimal import Decimal
 
 from proxy.accounting.money import EXACT, plain
-from proxy.accounting.prices import PricedUnit, PriceTable, Quantities
+from proxy.accounting.prices import PriceTable
+from proxy.accounting.units import Quantities, Unit
 from proxy.ledger.records import UsageRecord
 
 ZERO = Decimal(0)
@@ -39,7 +40,7 @@ class ChargeLine:
 
     tenant: str
     model: str
-    unit: PricedUnit
+    unit: Unit
     since: datetime | None  # when that price came into force (None: always before)
     price: Decimal
     quantity: int
@@ -61,14 +62,14 @@ class ChargeLine:
 class Amounts:
     """Exact amounts per unit of some records, and how many could not be priced."""
 
-    units: dict[PricedUnit, Decimal] = field(default_factory=dict)
+    units: dict[Unit, Decimal] = field(default_factory=dict)
     unpriced: int = 0
 
     @property
     def total(self) -> Decimal:
         return sum(self.units.values(), ZERO)
 
-    def add(self, unit: PricedUnit, amount: Decimal) -> None:
+    def add(self, unit: Unit, amount: Decimal) -> None:
         self.units[unit] = EXACT.add(self.units.get(unit, ZERO), amount)
 
 
@@ -120,7 +121,7 @@ class Charges:
         }
 
 
-LineKey = tuple[str, str, PricedUnit, datetime | None, Decimal]
+LineKey = tuple[str, str, Unit, datetime | None, Decimal]
 
 
 def charge(
@@ -151,7 +152,7 @@ def charge(
             held[1] = EXACT.add(held[1], line.amount)
             mine.add(line.unit, line.amount)
             row.add(line.unit, line.amount)
-    units = list(PricedUnit)
+    units = list(Unit)
     ordered = sorted(
         lines.items(),
         key=lambda kv: (kv[0][0], kv[0][1], units.index(kv[0][2]), kv[0][3] is not None, kv[0][3]),

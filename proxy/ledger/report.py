@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 
 from proxy.accounting.money import from_nanos, plain
+from proxy.accounting.units import Unit
 from proxy.ledger.charges import Charges
 from proxy.ledger.records import UsageRecord
 
@@ -83,14 +84,14 @@ COLUMNS = (
     # Units beyond prompt and completion tokens (schema version 3), after the token
     # figures so a CSV reader that finds columns by position keeps its columns.
     Column(
-        "cached_prompt_tokens_billed",
+        f"{Unit.CACHED}_billed",
         "Cached prompt billed",
         "prompt tokens served from the prefix cache, as vLLM reported them (part of the "
         "prompt tokens billed, not added to them)",
         "Cached",
     ),
     Column(
-        "audio_seconds_billed",
+        f"{Unit.AUDIO}_billed",
         "Audio seconds billed",
         "seconds of audio billed, as vLLM reported them (transcriptions and translations)",
         "Audio s",

@@ -22,8 +22,8 @@ import math
 from dataclasses import dataclass
 
 from proxy.accounting.dispatch import Prepared
-from proxy.accounting.prices import Quantities
 from proxy.accounting.types import ServedModel
+from proxy.accounting.units import Quantities
 from proxy.limits.limiter import Cost
 from proxy.limits.pricing import UNPRICED, Price
 from proxy.wire.audiofile import seconds

@@ -25,7 +25,8 @@ from proxy.accounting.analysis import Analysis
 from proxy.accounting.dispatch import Prepared
 from proxy.accounting.money import from_nanos, plain
 from proxy.accounting.operations import FORM_OPERATIONS
-from proxy.accounting.prices import PriceTable, Quantities
+from proxy.accounting.prices import PriceTable
+from proxy.accounting.units import Quantities
 from proxy.ledger.charges import quantities
 from proxy.ledger.journal import Journal, UsageSum
 from proxy.ledger.records import UsageRecord

@@ -20,7 +20,8 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from proxy.accounting.pricefile import load_prices, one_line
-from proxy.accounting.prices import PriceTable, Quantities
+from proxy.accounting.prices import PriceTable
+from proxy.accounting.units import Quantities
 from proxy.ledger.charges import quantities
 from proxy.ledger.records import UsageRecord
 from proxy.metrics import Metrics

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.accounting.pricefile import PriceFile
-from proxy.accounting.prices import PricedUnit, PriceTable
+from proxy.accounting.prices import PriceTable
+from proxy.accounting.units import Unit
 from proxy.ledger.charges import charge, quantities
 from proxy.ledger.records import Units, UsageRecord
 
@@ -82,10 +83,10 @@ def test_a_price_change_mid_month_prices_each_record_at_its_time() -> None:
     charges = charge(records, prices(), by_tenant)
     said = [(c.unit, c.since, c.price, c.quantity, c.amount) for c in charges.lines]
     assert said == [
-        (PricedUnit.PROMPT, datetime(2026, 11, 1, tzinfo=UTC), OLD, 1000, Decimal("0.0015")),
-        (PricedUnit.PROMPT, CHANGE, NEW, 5333, Decimal("0.0111993")),
+        (Unit.PROMPT, datetime(2026, 11, 1, tzinfo=UTC), OLD, 1000, Decimal("0.0015")),
+        (Unit.PROMPT, CHANGE, NEW, 5333, Decimal("0.0111993")),
         (
-            PricedUnit.COMPLETION,
+            Unit.COMPLETION,
             datetime(2026, 11, 1, tzinfo=UTC),
             COMPLETION,
             10,
@@ -95,7 +96,7 @@ def test_a_price_change_mid_month_prices_each_record_at_its_time() -> None:
     (acme,) = charges.tenants
     assert acme.amount == Decimal("0.0127593")
     assert acme.due == Decimal("0.01")
-    assert charges.rows[("acme",)].units[PricedUnit.PROMPT] == Decimal("0.0126993")
+    assert charges.rows[("acme",)].units[Unit.PROMPT] == Decimal("0.0126993")
 
 
 def test_what_cannot_be_priced_is_counted_never_priced_at_zero() -> None:
