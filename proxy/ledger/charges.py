@@ -23,17 +23,6 @@ ZERO = Decimal(0)
 # JSON carries money as strings written in full (``money.plain``): no float in between.
 
 
-def quantities(record: UsageRecord) -> Quantities:
-    """What a record billed, per unit (a unit it does not carry is zero)."""
-    u = record.units
-    return Quantities(
-        u.prompt_tokens or 0,
-        u.completion_tokens or 0,
-        u.cached_prompt_tokens or 0,
-        u.audio_seconds or 0,
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class ChargeLine:
     """One unit of one model for one tenant at one price: quantity times price."""
@@ -136,7 +125,7 @@ def charge(
     for r in records:
         mine = tenants.setdefault(r.tenant, Amounts())
         row = rows.setdefault(row_of(r), Amounts())
-        q = quantities(r)
+        q = r.units.quantities()
         if q == Quantities():
             continue  # billed nothing (an invalid answer): nothing to price
         rate = table.rate(r.model, r.time)

@@ -141,8 +141,9 @@ class Row:
         self.completion_tokens_reported += r.completion_tokens_reported or 0
         self.prompt_tokens_billed += prompt
         self.completion_tokens_billed += completion
-        self.cached_prompt_tokens_billed += r.units.cached_prompt_tokens or 0
-        self.audio_seconds_billed += r.units.audio_seconds or 0
+        units = r.units.quantities()
+        self.cached_prompt_tokens_billed += units.cached_prompt_tokens
+        self.audio_seconds_billed += units.audio_seconds
         verdict = r.verdict or "none"
         self.verdicts[verdict] = self.verdicts.get(verdict, 0) + 1
         if verdict in UNPROVEN:

@@ -27,7 +27,6 @@ from proxy.accounting.money import from_nanos, plain
 from proxy.accounting.operations import FORM_OPERATIONS
 from proxy.accounting.prices import PriceTable
 from proxy.accounting.units import Quantities
-from proxy.ledger.charges import quantities
 from proxy.ledger.journal import Journal, UsageSum
 from proxy.ledger.records import UsageRecord
 from proxy.limits.costs import Unpriced, billed, reserved
@@ -375,7 +374,7 @@ class Admission:
         table = self.table
         if table is None:
             return 0
-        money, whole = billed(table, record.model, quantities(record), record.time, reserved)
+        money, whole = billed(table, record.model, record.units.quantities(), record.time, reserved)
         if not whole and self.limiter.policies.money_applies(who.tenant, who.model, who.key):
             log.warning(
                 "unpriced_record", record_id=record.record_id, model=record.model, charged=money

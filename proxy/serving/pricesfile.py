@@ -22,7 +22,6 @@ from pydantic import ValidationError
 from proxy.accounting.pricefile import load_prices, one_line
 from proxy.accounting.prices import PriceTable
 from proxy.accounting.units import Quantities
-from proxy.ledger.charges import quantities
 from proxy.ledger.records import UsageRecord
 from proxy.metrics import Metrics
 from proxy.serving.keyfile import POLL_SECONDS, Stamp
@@ -53,7 +52,7 @@ class Prices:
     def account(self, record: UsageRecord) -> None:
         """A recorded record's amount, at its time, into the spend metrics (a Recorder
         subscriber)."""
-        q = quantities(record)
+        q = record.units.quantities()
         if q == Quantities():
             return
         table = self.table

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from proxy.accounting.pricefile import PriceFile
 from proxy.accounting.prices import PriceTable
 from proxy.accounting.units import Unit
-from proxy.ledger.charges import charge, quantities
+from proxy.ledger.charges import charge
 from proxy.ledger.records import Units, UsageRecord
 
 CHANGE = datetime(2026, 11, 15, 12, 30, tzinfo=UTC)  # mid-month, mid-day
@@ -114,17 +114,6 @@ def test_what_cannot_be_priced_is_counted_never_priced_at_zero() -> None:
     assert acme.unpriced == 3
     assert acme.amount == 100 * NEW
     assert charges.unpriced == 3
-
-
-def test_quantities_are_the_records_units() -> None:
-    """Cached prompt tokens and audio seconds come from the units; absent ones are 0."""
-    q = quantities(record("a", CHANGE, 10, 2, cached_prompt_tokens=4, audio_seconds=7))
-    assert (q.prompt_tokens, q.completion_tokens, q.cached_prompt_tokens, q.audio_seconds) == (
-        10,
-        2,
-        4,
-        7,
-    )
 
 
 @settings(max_examples=50, deadline=None)
