@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from pydantic_settings import CliSettingsSource
 
 from proxy import __version__
-from proxy.accounting.pricefile import PriceFile, load_price_file, one_line
+from proxy.accounting.price_schedule import PriceFile, load_price_file, one_line
 from proxy.accounting.prices import PriceTable
 from proxy.ledger.charges import charge
 from proxy.ledger.journal_files import (

@@ -15,7 +15,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 from zoneinfo import ZoneInfo
 
-from proxy.accounting.pricefile import PriceFile
+from proxy.accounting.price_schedule import PriceFile
 from proxy.accounting.prices import PriceTable
 from proxy.accounting.zones import zone_named
 from proxy.ledger.journal_files import list_exporters, read_journal

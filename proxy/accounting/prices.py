@@ -1,5 +1,5 @@
 """Prices in force: what each unit a record carries costs, per served model (and a
-default for the others), from when (``pricefile`` reads them from the ``--prices`` file).
+default for the others), from when (``price_schedule`` reads them from the ``--prices`` file).
 A record is priced at the price in force at its time; amounts are exact Decimals,
 rounded once per invoice (``money.due``)."""
 

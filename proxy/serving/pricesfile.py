@@ -18,7 +18,7 @@ import yaml
 from aiohttp import web
 from pydantic import ValidationError
 
-from proxy.accounting.pricefile import load_prices, one_line
+from proxy.accounting.price_schedule import load_prices, one_line
 from proxy.accounting.prices import PriceTable
 from proxy.accounting.units import Quantities
 from proxy.ledger.records import UsageRecord

@@ -6,7 +6,7 @@ from dataclasses import fields
 
 import pytest
 
-from proxy.accounting.pricefile import Version
+from proxy.accounting.price_schedule import Version
 from proxy.accounting.units import Quantities, Unit, units_named
 from proxy.ledger.records import Units
 

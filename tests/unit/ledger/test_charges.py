@@ -9,7 +9,7 @@ from decimal import ROUND_HALF_EVEN, Decimal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.accounting.pricefile import PriceFile
+from proxy.accounting.price_schedule import PriceFile
 from proxy.accounting.prices import PriceTable
 from proxy.accounting.units import Unit
 from proxy.ledger.charges import charge

@@ -15,7 +15,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from proxy.accounting.pricefile import load_prices
+from proxy.accounting.price_schedule import load_prices
 from proxy.ledger.lookup import RecordSource
 from proxy.ledger.records import UsageRecord
 from proxy.ledger.sqlite import as_row, create_schema

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from proxy.accounting.pricefile import PriceFile, load_prices, one_line
+from proxy.accounting.price_schedule import PriceFile, load_prices, one_line
 from proxy.accounting.prices import PriceTable
 from proxy.accounting.units import Quantities, Unit
 

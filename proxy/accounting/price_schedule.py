@@ -1,7 +1,7 @@
-"""The ``--prices`` file: per served model (and a default), a price per unit a record
-carries, a currency and effective dates, as ``prices.PriceTable``. The file is validated
-whole: an unknown unit, a price that is negative or no number, or two prices of one model
-in force at once refuse it, and the table in use stays."""
+"""The ``--prices`` file read as a price schedule: per served model (and a default), a
+price per unit a record carries, a currency and effective dates, as ``prices.PriceTable``.
+The file is validated whole: an unknown unit, a price that is negative or no number, or
+two prices of one model in force at once refuse it, and the table in use stays."""
 
 from __future__ import annotations
 
