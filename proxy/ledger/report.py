@@ -305,10 +305,14 @@ def aggregate(
     until: str | None = None,
     generated_at: str = "",
     zone: tzinfo = UTC,
+    source: str = "",
+    charges: Charges | None = None,
+    budgets: tuple[BudgetRow, ...] = (),
 ) -> Report:
     """Requests and reported/billed prompt and completion tokens per group (a day is one
     of ``zone``); a subtotal per tenant when the report is grouped by tenant and something
-    else; the totals."""
+    else; the totals. ``source``, ``charges`` and ``budgets`` are carried as given (where
+    the records were read, their amounts, each budget's period so far)."""
     rows: dict[tuple[str, ...], Row] = {}
     for r in records:
         key = row_key(r, group_by, zone)
@@ -321,9 +325,19 @@ def aggregate(
     for row in ordered:
         totals.merge(row)
     subtotals = _subtotals(group_by, ordered)
-    report = Report(tuple(group_by), ordered, subtotals, totals, since, until, generated_at)
-    report.zone = str(zone)
-    return report
+    return Report(
+        tuple(group_by),
+        ordered,
+        subtotals,
+        totals,
+        since,
+        until,
+        generated_at,
+        budgets=budgets,
+        charges=charges,
+        zone=str(zone),
+        source=source,
+    )
 
 
 def _subtotals(group_by: Sequence[str], rows: list[Row]) -> list[Row]:

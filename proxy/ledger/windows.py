@@ -107,6 +107,11 @@ class Tally:
         for verdict, count in other.verdicts.items():
             self.verdicts[verdict] = self.verdicts.get(verdict, 0) + count
 
+    def traffic(self, upstream_errors: int, refused: int) -> None:
+        """What the traffic counted in the window beside the records: requests that failed
+        upstream, and requests the proxy answered itself (no engine work)."""
+        self.upstream_errors, self.refused = upstream_errors, refused
+
     def add(self, record: UsageRecord) -> None:
         self.records += 1
         self.prompt_reported += record.prompt_tokens_reported or 0

@@ -241,7 +241,7 @@ class Admission:
         if isinstance(cost, web.Response):
             return cost
         decision = await self.limiter.reserve(who, cost, now)
-        exchange.hold.decision = decision
+        exchange.hold.decided(decision)
         exchange.request[HOLD] = exchange.hold
         for name, remaining in decision.budgets:
             left = float(from_nanos(remaining)) if name.startswith("cost_") else remaining

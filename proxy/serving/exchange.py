@@ -40,6 +40,10 @@ class Hold:
     # the record settles its request alone.
     apart: bool = False
 
+    def decided(self, decision: Decision) -> None:
+        """The admission's decision: its reservation is what the exchange holds."""
+        self.decision = decision
+
     def settled_apart(self) -> None:
         """Its units are settled apart from its record (a realtime session's utterances)."""
         self.apart = True
