@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from pydantic_settings import CliSettingsSource
 
 from proxy import __version__
-from proxy.accounting.pricefile import PriceFile, load_price_file, one_line
+from proxy.accounting.price_schedule import PriceFile, load_price_file, one_line
 from proxy.accounting.prices import PriceTable
 from proxy.ledger.charges import charge
 from proxy.ledger.journal_files import (
@@ -501,6 +501,14 @@ def run_report(args: argparse.Namespace) -> int:
         raise ValueError(f"--group-by takes {', '.join(GROUPS)}; not {', '.join(unknown)}")
     records = source.read(since, until)
     now = datetime.now(UTC)
+    described = source.describe()
+    print(f"usage-proxy report: {len(records)} record(s) from the {described}", file=sys.stderr)
+    print(f"usage-proxy report: dates read in {zone} ({why})", file=sys.stderr)
+    gap = source.gap(since, now)
+    if gap:
+        print(f"usage-proxy report: warning: {gap}", file=sys.stderr)
+    priced = None if table is None else charge(records, table, lambda r: row_key(r, groups, zone))
+    budgets = () if policies is None else budget_rows(policies, source.read, until, now, table)
     report = aggregate(
         records,
         group_by=groups,
@@ -508,17 +516,10 @@ def run_report(args: argparse.Namespace) -> int:
         until=shown(until, zone),
         generated_at=now.isoformat(timespec="seconds"),
         zone=zone,
+        source=described,
+        charges=priced,
+        budgets=budgets,
     )
-    report.source = source.describe()
-    print(f"usage-proxy report: {len(records)} record(s) from the {report.source}", file=sys.stderr)
-    print(f"usage-proxy report: dates read in {zone} ({why})", file=sys.stderr)
-    gap = source.gap(since, now)
-    if gap:
-        print(f"usage-proxy report: warning: {gap}", file=sys.stderr)
-    if table is not None:
-        report.charges = charge(records, table, lambda r: row_key(r, groups, zone))
-    if policies is not None:
-        report.budgets = budget_rows(policies, source.read, until, now, table)
     text = FORMATS[args.format](report)
     if args.output:
         args.output.write_text(text, encoding="utf-8")

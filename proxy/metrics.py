@@ -26,6 +26,7 @@ from prometheus_client import (
     multiprocess,
 )
 
+from proxy.accounting.units import Unit
 from proxy.accounting.verdicts import Audit
 from proxy.settings import Settings
 
@@ -137,7 +138,7 @@ SPECS: dict[str, _Spec] = {
     # Units beyond tokens (record schema v3), per tenant as the token counters.
     "billed_cached": _Spec(
         Counter,
-        "usage_proxy_billed_cached_prompt_tokens",
+        f"usage_proxy_billed_{Unit.CACHED}",
         "Prompt tokens vLLM's prefix cache served, as reported (part of the billed prompt "
         "tokens, not added to them).",
         ("endpoint", "model"),
@@ -145,7 +146,7 @@ SPECS: dict[str, _Spec] = {
     ),
     "billed_audio": _Spec(
         Counter,
-        "usage_proxy_billed_audio_seconds",
+        f"usage_proxy_billed_{Unit.AUDIO}",
         "Seconds of audio billed, as vLLM reported them (transcriptions, translations).",
         ("endpoint", "model"),
         tenant=True,

@@ -15,10 +15,9 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 from zoneinfo import ZoneInfo
 
-from proxy.accounting.pricefile import PriceFile
+from proxy.accounting.price_schedule import PriceFile
 from proxy.accounting.prices import PriceTable
 from proxy.accounting.zones import zone_named
-from proxy.ledger.charges import quantities
 from proxy.ledger.journal_files import list_exporters, read_journal
 from proxy.ledger.records import UsageRecord
 from proxy.ledger.report import BudgetRow
@@ -194,7 +193,7 @@ def budget_rows(
 
 
 def _usage(r: UsageRecord, table: PriceTable | None) -> Usage:
-    money = billed(table, r.model, quantities(r), r.time, 0)[0] if table else 0
+    money = billed(table, r.model, r.units.quantities(), r.time, 0)[0] if table else 0
     cost = Cost(r.prompt_tokens_billed or 0, r.completion_tokens_billed or 0, money=money)
     return Usage(Who(r.tenant, r.model, r.key_hash), r.time.timestamp(), cost)
 

@@ -13,7 +13,8 @@ from packaging.version import Version
 from proxy.accounting.dispatch import CACHE_SALT_FROM, ECHO_MAX_BYTES, ECHOED
 from proxy.accounting.fieldkinds import Effect, Field
 from proxy.accounting.fields import FIELDS
-from proxy.accounting.routes import BY_PATH, INVOCATIONS_PATH, SCORING_OPERATIONS
+from proxy.accounting.operations import SCORING_OPERATIONS
+from proxy.accounting.routes import BY_PATH, INVOCATIONS_PATH
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "vllm_request_fields.json"

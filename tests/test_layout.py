@@ -211,16 +211,9 @@ def _assigned(node: ast.AST) -> list[ast.Attribute]:
     return [t for t in flat if isinstance(t, ast.Attribute)]
 
 
-# Assignments to another module's class's attributes that predate the check, outside
-# proxy/limitstore (#60 names them; each owner replaces it by a method or a parameter).
+# Assignments to another module's class's attributes: a library's object whose attribute
+# is named like a field of the project's.
 ASSIGNED_ELSEWHERE = {
-    "cli: report.budgets",
-    "cli: report.charges",
-    "cli: report.source",
-    "ledger/reconciler: tally.refused",
-    "ledger/reconciler: tally.upstream_errors",
-    "serving/admission: exchange.hold.decision",
-    "serving/catalog: model.tokenizer.bound",
     "tokenizers/hf: tok.truncation_side",  # a library's tokenizer, named like a field
 }
 

@@ -14,6 +14,7 @@ chat, and hides that chunk from a client that did not.
 from __future__ import annotations
 
 from proxy.accounting.dispatch import Prepared, Refusal, lax_bool, unbillable_feature
+from proxy.accounting.operations import Operation
 from proxy.accounting.types import Release
 from proxy.wire.forms import File, Form, FormError, is_multipart, read_form, with_field
 
@@ -31,7 +32,7 @@ FEATURE_FIELDS = {
 
 
 def prepare_form(
-    operation: str, body: bytes, content_type: str | None, release: Release
+    operation: Operation, body: bytes, content_type: str | None, release: Release
 ) -> Prepared:
     """Read one audio request: its model, whether it streams, what it cannot be billed
     for; a stream that did not ask for its usage asks for it in the form sent (one part
@@ -95,7 +96,7 @@ def _whole_feature(
     operation: str, response_format: str | File | None, release: Release
 ) -> str | None:
     """The feature of a whole (not streamed) answer that carries no usage."""
-    if operation == "translations":
+    if operation == Operation.TRANSLATIONS:
         return "translations.whole"
     if not release.since(DURATION_FROM):
         return "transcriptions.whole"

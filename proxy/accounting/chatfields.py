@@ -33,9 +33,10 @@ from proxy.accounting.fieldkinds import (
     UNREAD,
     table,
 )
+from proxy.accounting.operations import Operation
 
 COMPLETIONS = table(
-    "completions",
+    Operation.COMPLETIONS,
     BEAM("use_beam_search"),
     BEAM_ONLY("length_penalty"),
     BEST_OF("best_of"),
@@ -105,7 +106,7 @@ COMPLETIONS = table(
 
 
 CHAT = table(
-    "chat",
+    Operation.CHAT,
     BEAM("use_beam_search"),
     BEAM_ONLY("early_stopping", "length_penalty"),
     BEST_OF("best_of"),
@@ -189,7 +190,7 @@ CHAT = table(
 
 
 MESSAGES = table(
-    "messages",
+    Operation.MESSAGES,
     CHAT_PROMPT("messages", "system"),
     COMPLETION_CAP("max_tokens"),
     CONSTRAINTS("output_config"),

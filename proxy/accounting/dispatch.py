@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create
 
 from proxy.accounting.fieldkinds import Effect, Field
 from proxy.accounting.fields import FIELDS
-from proxy.accounting.routes import CHOICES_OPERATIONS, STREAMING_OPERATIONS, operation_of
+from proxy.accounting.operations import CHOICES_OPERATIONS, STREAMING_OPERATIONS, Operation
+from proxy.accounting.routes import operation_of
 from proxy.accounting.shapes import ambiguity, parse_rerank, parse_score
 from proxy.accounting.types import Family, Release
 from proxy.wire.jsonio import load_object, top_members
@@ -39,7 +40,7 @@ class Prepared:
     """A metered request as the proxy will forward and record it."""
 
     body: bytes
-    operation: str
+    operation: Operation
     model: str | None
     streamed: bool = False
     strip_usage: bool = False
@@ -84,28 +85,28 @@ def model_task(family: Family | None, generates: bool) -> str | None:
     return _POOLING_TASK.get(family) if family else None
 
 
-def invocation_operation(payload: Any, task: str | None) -> str:
+def invocation_operation(payload: Any, task: str | None) -> Operation:
     """The endpoint vLLM's ``/invocations`` hands ``payload`` to: the first request type
     that validates, generation types first, then the model's pooling task, rerank, score.
     With the task unknown, the body's shape decides in the same order.
     """
     if not isinstance(payload, dict):
-        return "other"
+        return Operation.OTHER
     chat_like = "messages" in payload
     if task in ("generate", None) and chat_like:
-        return "chat"
+        return Operation.CHAT
     if task in ("generate", None) and ("prompt" in payload or "prompt_embeds" in payload):
         # a completion from prompt embeddings alone (``--enable-prompt-embeds``) is one too
-        return "completions"
+        return Operation.COMPLETIONS
     if task in ("embed", None) and ("input" in payload or chat_like):
-        return "embeddings"
+        return Operation.EMBEDDINGS
     if task == "classify" and ("input" in payload or chat_like):
-        return "classify"
+        return Operation.CLASSIFY
     if parse_rerank(payload) is not None:
-        return "rerank"
+        return Operation.RERANK
     if parse_score(payload) is not None:
-        return "score"
-    return "pooling" if task not in ("generate", None) else "other"
+        return Operation.SCORE
+    return Operation.POOLING if task not in ("generate", None) else Operation.OTHER
 
 
 # Request fields vLLM copies into its answer, or into every event of a stream, and that
@@ -174,10 +175,10 @@ def unbillable_feature(operation: str, payload: dict[str, Any], direct: bool) ->
     ``bytes_only`` (raw tensors, no metadata; on ``/invocations`` whatever operation the
     body looks like, since vLLM may read it as another), or a background response
     (answered queued, the engine's work done after the answer)."""
-    pooled = operation in ("embeddings", "pooling") or not direct
+    pooled = operation in (Operation.EMBEDDINGS, Operation.POOLING) or not direct
     if pooled and payload.get("encoding_format") == "bytes_only":
         return "embeddings.bytes_only"
-    if operation == "responses" and lax_bool(payload.get("background")):
+    if operation == Operation.RESPONSES and lax_bool(payload.get("background")):
         return "responses.background"
     for field in MULTIPLYING.get(operation, ()):
         if field.feature is not None and MULTIPLIERS[field.name](payload):
@@ -230,12 +231,12 @@ UNMETERED_FEATURES = frozenset(
 # refuses it on the V0 engine, so the proxy salts from 0.11, which has only V1). Pooling
 # answers report no cached tokens, and their salt is not set.
 CACHE_SALT_FROM: dict[str, tuple[int, int]] = {
-    "chat": (0, 11),
-    "completions": (0, 11),
-    "responses": (0, 11),
-    "generate": (0, 26),
-    "messages": (0, 29),
-    "decisions": (0, 32),
+    Operation.CHAT: (0, 11),
+    Operation.COMPLETIONS: (0, 11),
+    Operation.RESPONSES: (0, 11),
+    Operation.GENERATE: (0, 26),
+    Operation.MESSAGES: (0, 29),
+    Operation.DECISIONS: (0, 32),
 }
 
 
@@ -341,15 +342,15 @@ def prepare(
     payload = as_sent = top_members(body, HEADS.get(direct, _Head)) if direct else load_object(body)
     if payload is None:
         refusal = Refusal(TOO_DEEP, "body") if too_deep(body) else None
-        return Prepared(body, direct or "other", None, refusal=refusal)
+        return Prepared(body, direct or Operation.OTHER, None, refusal=refusal)
     if adapter_names_model and not direct:
         payload = {**payload, "model": adapter}
     model = payload.get("model") if isinstance(payload.get("model"), str) else None
     if not direct and (unclear := ambiguity(payload, "invocations")) is not None:
-        return Prepared(body, "other", model, ambiguous=unclear)
+        return Prepared(body, Operation.OTHER, model, ambiguous=unclear)
     operation = direct or invocation_operation(payload, task_of(model))
     refusal = echo_refusal(operation, payload)
-    if refusal is None and operation == "responses":
+    if refusal is None and operation == Operation.RESPONSES:
         refusal = responses_refusal(payload)
     if refusal is not None:
         return Prepared(body, operation, model, refusal=refusal)

@@ -28,6 +28,7 @@ from proxy.accounting.fieldkinds import (
     table,
 )
 from proxy.accounting.generationfields import DECISIONS, GENERATE, GENERATIVE_SCORING, RESPONSES
+from proxy.accounting.operations import Operation
 from proxy.accounting.poolingfields import CLASSIFY, EMBEDDINGS, POOLING, RERANK, SCORE
 
 
@@ -65,29 +66,29 @@ def _audio(operation: str, *shaping: str) -> Mapping[str, Field]:
     )
 
 
-TRANSCRIPTIONS = _audio("transcriptions", "timestamp_granularities")
+TRANSCRIPTIONS = _audio(Operation.TRANSCRIPTIONS, "timestamp_granularities")
 # A WebSocket session has no request body: its events (session.update's model, the audio
 # appended and committed) are read as they pass (``proxy.wire.realtime_events``).
-REALTIME = table("realtime")
-TRANSLATIONS = _audio("translations")
+REALTIME = table(Operation.REALTIME)
+TRANSLATIONS = _audio(Operation.TRANSLATIONS)
 
 FIELDS: Mapping[str, Mapping[str, Field]] = MappingProxyType(
     {
-        "score": SCORE,
-        "rerank": RERANK,
-        "embeddings": EMBEDDINGS,
-        "classify": CLASSIFY,
-        "pooling": POOLING,
-        "completions": COMPLETIONS,
-        "chat": CHAT,
-        "messages": MESSAGES,
-        "responses": RESPONSES,
-        "decisions": DECISIONS,
-        "generate": GENERATE,
-        "generative_scoring": GENERATIVE_SCORING,
-        "transcriptions": TRANSCRIPTIONS,
-        "translations": TRANSLATIONS,
-        "realtime": REALTIME,
+        Operation.SCORE: SCORE,
+        Operation.RERANK: RERANK,
+        Operation.EMBEDDINGS: EMBEDDINGS,
+        Operation.CLASSIFY: CLASSIFY,
+        Operation.POOLING: POOLING,
+        Operation.COMPLETIONS: COMPLETIONS,
+        Operation.CHAT: CHAT,
+        Operation.MESSAGES: MESSAGES,
+        Operation.RESPONSES: RESPONSES,
+        Operation.DECISIONS: DECISIONS,
+        Operation.GENERATE: GENERATE,
+        Operation.GENERATIVE_SCORING: GENERATIVE_SCORING,
+        Operation.TRANSCRIPTIONS: TRANSCRIPTIONS,
+        Operation.TRANSLATIONS: TRANSLATIONS,
+        Operation.REALTIME: REALTIME,
     }
 )
 

@@ -35,9 +35,10 @@ from proxy.accounting.fieldkinds import (
     UNREAD,
     table,
 )
+from proxy.accounting.operations import Operation
 
 RESPONSES = table(
-    "responses",
+    Operation.RESPONSES,
     CHAT_PROMPT("previous_input_messages"),
     COMPLETION_CAP("max_output_tokens"),
     CONSTRAINTS("structured_outputs"),
@@ -95,7 +96,7 @@ RESPONSES = table(
 
 
 DECISIONS = table(
-    "decisions",
+    Operation.DECISIONS,
     DECISION_INPUTS("audio", "images", "input", "instructions", "questions", "state", "videos"),
     JOINT_READS("joint"),
     MODEL("model"),
@@ -108,7 +109,7 @@ DECISIONS = table(
 
 
 GENERATE = table(
-    "generate",
+    Operation.GENERATE,
     CONSTRAINTS("reasoning_ended", "reasoning_parser_kwargs"),
     GEN_SAMPLING("sampling_params"),
     MM_FEATURES("features"),
@@ -132,7 +133,7 @@ GENERATE = table(
 
 
 GENERATIVE_SCORING = table(
-    "generative_scoring",
+    Operation.GENERATIVE_SCORING,
     GENERATIVE("apply_softmax", "item_first", "label_token_ids", "query"),
     GENERATIVE_ITEMS("items"),
     MODEL("model"),

@@ -19,9 +19,10 @@ from proxy.accounting.fieldkinds import (
     UNREAD,
     table,
 )
+from proxy.accounting.operations import Operation
 
 SCORE = table(
-    "score",
+    Operation.SCORE,
     MODEL("model"),
     POOLING_OUTPUT("activation", "padding", "softmax", "use_activation"),
     PRIORITY("priority"),
@@ -41,7 +42,7 @@ SCORE = table(
 
 
 RERANK = table(
-    "rerank",
+    Operation.RERANK,
     DOCUMENTS_ECHO("documents"),
     MODEL("model"),
     POOLING_OUTPUT("activation", "padding", "softmax", "use_activation"),
@@ -63,7 +64,7 @@ RERANK = table(
 
 
 EMBEDDINGS = table(
-    "embeddings",
+    Operation.EMBEDDINGS,
     CHAT_PROMPT("add_generation_prompt", "chat_template", "continue_final_message"),
     CONVERSATIONS("messages"),
     MODEL("model"),
@@ -99,7 +100,7 @@ EMBEDDINGS = table(
 
 
 CLASSIFY = table(
-    "classify",
+    Operation.CLASSIFY,
     CHAT_PROMPT("add_generation_prompt", "chat_template", "continue_final_message", "messages"),
     MODEL("model"),
     POOLING_OUTPUT("activation", "padding", "softmax", "use_activation"),
@@ -120,7 +121,7 @@ CLASSIFY = table(
 
 
 POOLING = table(
-    "pooling",
+    Operation.POOLING,
     CHAT_PROMPT("add_generation_prompt", "chat_template", "continue_final_message", "messages"),
     MODEL("model"),
     POOLING_OUTPUT(

@@ -1,11 +1,10 @@
 """Prices in force: what each unit a record carries costs, per served model (and a
-default for the others), from when (``pricefile`` reads them from the ``--prices`` file).
+default for the others), from when (``price_schedule`` reads them from the ``--prices`` file).
 A record is priced at the price in force at its time; amounts are exact Decimals,
 rounded once per invoice (``money.due``)."""
 
 from __future__ import annotations
 
-import enum
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -14,32 +13,14 @@ from decimal import Decimal
 from itertools import pairwise
 
 from proxy.accounting.money import EXACT, due, nanos_up
-
-
-class PricedUnit(enum.StrEnum):
-    """The units a usage record carries (``ledger.records.Units``), as a price names them."""
-
-    PROMPT = "prompt_tokens"
-    CACHED = "cached_prompt_tokens"
-    COMPLETION = "completion_tokens"
-    AUDIO = "audio_seconds"
-
-
-@dataclass(frozen=True, slots=True)
-class Quantities:
-    """What one record (or a sum of records) billed in each unit."""
-
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_prompt_tokens: int = 0  # part of the prompt tokens, not added to them
-    audio_seconds: int = 0
+from proxy.accounting.units import Quantities, Unit
 
 
 @dataclass(frozen=True, slots=True)
 class Line:
     """One unit of a priced quantity: how many, at what price, the exact amount."""
 
-    unit: PricedUnit
+    unit: Unit
     quantity: int
     price: Decimal
     amount: Decimal
@@ -52,9 +33,9 @@ class Rate:
 
     start: datetime | None
     end: datetime | None
-    prices: tuple[tuple[PricedUnit, Decimal], ...]
+    prices: tuple[tuple[Unit, Decimal], ...]
 
-    def price(self, unit: PricedUnit) -> Decimal | None:
+    def price(self, unit: Unit) -> Decimal | None:
         return next((p for u, p in self.prices if u is unit), None)
 
     def covers(self, at: datetime) -> bool:
@@ -65,13 +46,13 @@ class Rate:
         price here (not ``strict``: those units are left out). Cached prompt tokens are
         priced at their own price when there is one (the prompt line then holds the
         others), else as any prompt token."""
-        cached_price = self.price(PricedUnit.CACHED)
+        cached_price = self.price(Unit.CACHED)
         cached = min(q.cached_prompt_tokens, q.prompt_tokens) if cached_price is not None else 0
         wanted = (
-            (PricedUnit.PROMPT, q.prompt_tokens - cached),
-            (PricedUnit.CACHED, cached),
-            (PricedUnit.COMPLETION, q.completion_tokens),
-            (PricedUnit.AUDIO, q.audio_seconds),
+            (Unit.PROMPT, q.prompt_tokens - cached),
+            (Unit.CACHED, cached),
+            (Unit.COMPLETION, q.completion_tokens),
+            (Unit.AUDIO, q.audio_seconds),
         )
         out = []
         for unit, quantity in wanted:
@@ -90,12 +71,12 @@ class Rate:
         and the cached price (which of them the engine's cache serves is known only
         after); None when a unit it holds has no price here (a prompt token needs the
         prompt price: the cached one covers only the tokens the cache serves)."""
-        prompt = self.price(PricedUnit.PROMPT)
-        cached = self.price(PricedUnit.CACHED)
+        prompt = self.price(Unit.PROMPT)
+        cached = self.price(Unit.CACHED)
         wanted = (
             (q.prompt_tokens, prompt if prompt is None or cached is None else max(prompt, cached)),
-            (q.completion_tokens, self.price(PricedUnit.COMPLETION)),
-            (q.audio_seconds, self.price(PricedUnit.AUDIO)),
+            (q.completion_tokens, self.price(Unit.COMPLETION)),
+            (q.audio_seconds, self.price(Unit.AUDIO)),
         )
         total = Decimal(0)
         for quantity, price in wanted:
@@ -106,12 +87,12 @@ class Rate:
             total = EXACT.add(total, EXACT.multiply(Decimal(quantity), price))
         return total
 
-    def unpriced(self, q: Quantities) -> list[PricedUnit]:
+    def unpriced(self, q: Quantities) -> list[Unit]:
         """The units ``q`` holds that have no price here."""
         held = (
-            (PricedUnit.PROMPT, q.prompt_tokens),
-            (PricedUnit.COMPLETION, q.completion_tokens),
-            (PricedUnit.AUDIO, q.audio_seconds),
+            (Unit.PROMPT, q.prompt_tokens),
+            (Unit.COMPLETION, q.completion_tokens),
+            (Unit.AUDIO, q.audio_seconds),
         )
         return [unit for unit, quantity in held if quantity and self.price(unit) is None]
 

@@ -16,6 +16,8 @@ import enum
 import re
 from dataclasses import dataclass
 
+from proxy.accounting.operations import Operation
+
 
 class Handling(enum.StrEnum):
     AUDITED = "audited"
@@ -30,7 +32,7 @@ class Route:
     path: str  # as vLLM declares it; ``{name}`` matches one segment, a final ``*`` any rest
     methods: frozenset[str]
     handling: Handling
-    operation: str  # the record's operation for audited and metered routes
+    operation: Operation  # the record's operation for audited and metered routes
     keyless: bool = False  # probes: reachable without an API key
     why: str = ""  # for refused routes: what the refusal says
 
@@ -38,7 +40,7 @@ class Route:
 def _r(
     handling: Handling,
     methods: str,
-    operation: str,
+    operation: Operation,
     *paths: str,
     keyless: bool = False,
     why: str = "",
@@ -47,54 +49,55 @@ def _r(
     return tuple(Route(p, verbs, handling, operation, keyless, why) for p in paths)
 
 
+Op = Operation
 A, M, F, X = Handling.AUDITED, Handling.METERED, Handling.FREE, Handling.REFUSED
 CONTROL = "controls the engine (adapters, sleep, weights, caches, profiling, scaling, checkpoints)"
 UNMETERABLE = "does engine work whose usage vLLM does not report in a form the proxy bills"
 ROUTES: tuple[Route, ...] = (
-    *_r(A, "POST", "score", "/score", "/v1/score"),
-    *_r(A, "POST", "rerank", "/rerank", "/v1/rerank", "/v2/rerank"),
-    *_r(M, "POST", "embeddings", "/v1/embeddings", "/v2/embed"),
-    *_r(M, "POST", "classify", "/classify"),
-    *_r(M, "POST", "pooling", "/pooling"),
-    *_r(M, "POST", "completions", "/v1/completions"),
+    *_r(A, "POST", Op.SCORE, "/score", "/v1/score"),
+    *_r(A, "POST", Op.RERANK, "/rerank", "/v1/rerank", "/v2/rerank"),
+    *_r(M, "POST", Op.EMBEDDINGS, "/v1/embeddings", "/v2/embed"),
+    *_r(M, "POST", Op.CLASSIFY, "/classify"),
+    *_r(M, "POST", Op.POOLING, "/pooling"),
+    *_r(M, "POST", Op.COMPLETIONS, "/v1/completions"),
     # /v1/chat/completions/batch (vLLM 0.32.0): N conversations, never streamed, one usage
-    *_r(M, "POST", "chat", "/v1/chat/completions", "/v1/chat/completions/batch"),
+    *_r(M, "POST", Op.CHAT, "/v1/chat/completions", "/v1/chat/completions/batch"),
     # Usage as input_tokens/output_tokens: in the answer, or streamed in message_delta
     # (Anthropic Messages) or the final response.completed event (Responses)
-    *_r(M, "POST", "messages", "/v1/messages"),
-    *_r(M, "POST", "responses", "/v1/responses"),
+    *_r(M, "POST", Op.MESSAGES, "/v1/messages"),
+    *_r(M, "POST", Op.RESPONSES, "/v1/responses"),
     # Structured decisions (vLLM 0.32.0; /v1/decisions from 0.33.0, the same reads in the
     # OpenAI Decisions shape, its usage as Responses' input/output_tokens): one usage
     # summing the engine requests it made (joint reads refused: proxy.accounting.fields)
-    *_r(M, "POST", "decisions", "/v1/systemone", "/v1/decisions"),
+    *_r(M, "POST", Op.DECISIONS, "/v1/systemone", "/v1/decisions"),
     # Token ids in, token ids out (scale-out): usage as a completion's
-    *_r(M, "POST", "generate", "/inference/v1/generate"),
+    *_r(M, "POST", Op.GENERATE, "/inference/v1/generate"),
     # Scoring with a generative model: usage as vLLM reports it (no pre-fix inflation)
-    *_r(M, "POST", "generative_scoring", "/generative_scoring"),
+    *_r(M, "POST", Op.GENERATIVE_SCORING, "/generative_scoring"),
     # Multipart forms (``proxy.accounting.audio``): a whole transcription billed in seconds
     # of audio (usage type "duration"), a streamed one in tokens; a whole translation has
     # no usage (refused unless --allow-unmetered names translations.whole)
-    *_r(M, "POST", "transcriptions", "/v1/audio/transcriptions"),
-    *_r(M, "POST", "translations", "/v1/audio/translations"),
+    *_r(M, "POST", Op.TRANSCRIPTIONS, "/v1/audio/transcriptions"),
+    *_r(M, "POST", Op.TRANSLATIONS, "/v1/audio/translations"),
     # A WebSocket session (``proxy.serving.realtime``): billed the tokens of the
     # transcription.done events vLLM sends in it
-    *_r(M, "GET", "realtime", "/v1/realtime"),
-    *_r(Handling.DISPATCHED, "POST", "invocations", "/invocations"),
-    *_r(F, "GET", "probe", "/health", "/healthz", "/readyz", "/load", "/version", keyless=True),
-    *_r(F, "GET,POST", "probe", "/ping", keyless=True),
-    *_r(F, "GET", "probe", "/metrics", keyless=True),
-    *_r(F, "GET", "kv_event_sources", "/kv_event_sources"),
-    *_r(F, "GET", "models", "/v1/models"),
-    *_r(F, "GET", "docs", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"),
-    *_r(F, "GET", "docs", "/static/*"),
-    *_r(F, "POST", "tokenize", "/tokenize", "/detokenize", "/v1/messages/count_tokens"),
-    *_r(F, "GET", "tokenize", "/tokenizer_info"),
+    *_r(M, "GET", Op.REALTIME, "/v1/realtime"),
+    *_r(Handling.DISPATCHED, "POST", Op.INVOCATIONS, "/invocations"),
+    *_r(F, "GET", Op.PROBE, "/health", "/healthz", "/readyz", "/load", "/version", keyless=True),
+    *_r(F, "GET,POST", Op.PROBE, "/ping", keyless=True),
+    *_r(F, "GET", Op.PROBE, "/metrics", keyless=True),
+    *_r(F, "GET", Op.KV_EVENT_SOURCES, "/kv_event_sources"),
+    *_r(F, "GET", Op.MODELS, "/v1/models"),
+    *_r(F, "GET", Op.DOCS, "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"),
+    *_r(F, "GET", Op.DOCS, "/static/*"),
+    *_r(F, "POST", Op.TOKENIZE, "/tokenize", "/detokenize", "/v1/messages/count_tokens"),
+    *_r(F, "GET", Op.TOKENIZE, "/tokenizer_info"),
     # Prompts rendered to tokens and back: no engine work (derender echoes the caller's
     # own prompt_tokens in a usage object, which is never billed)
     *_r(
         F,
         "POST",
-        "render",
+        Op.RENDER,
         "/v1/chat/completions/render",
         "/v1/completions/render",
         "/v1/chat/completions/derender",
@@ -104,17 +107,17 @@ ROUTES: tuple[Route, ...] = (
         "/cohere/v2/chat/render",
     ),
     # A stored response, fetched or cancelled: billed when it was made
-    *_r(F, "GET", "responses", "/v1/responses/{response_id}"),
-    *_r(F, "POST", "responses", "/v1/responses/{response_id}/cancel"),
-    *_r(F, "GET", "server_info", "/server_info", "/is_sleeping", "/is_paused", "/weight_info"),
+    *_r(F, "GET", Op.RESPONSES, "/v1/responses/{response_id}"),
+    *_r(F, "POST", Op.RESPONSES, "/v1/responses/{response_id}/cancel"),
+    *_r(F, "GET", Op.SERVER_INFO, "/server_info", "/is_sleeping", "/is_paused", "/weight_info"),
     # The engine's state, read only (fault tolerance moves under /v1 in 0.34.0; checkpoint
     # status is 0.34.0's): no engine work
-    *_r(F, "GET", "server_info", "/get_world_size", "/fault_tolerance/status"),
-    *_r(F, "GET", "server_info", "/v1/fault_tolerance/status", "/checkpoint/status"),
+    *_r(F, "GET", Op.SERVER_INFO, "/get_world_size", "/fault_tolerance/status"),
+    *_r(F, "GET", Op.SERVER_INFO, "/v1/fault_tolerance/status", "/checkpoint/status"),
     *_r(
         X,
         "POST",
-        "control",
+        Op.CONTROL,
         "/v1/load_lora_adapter",
         "/v1/unload_lora_adapter",
         "/adapters",
@@ -148,8 +151,8 @@ ROUTES: tuple[Route, ...] = (
         "/checkpoint/restore",
         why=CONTROL,
     ),
-    *_r(X, "DELETE", "control", "/adapters/{adapter_name}", why=CONTROL),
-    *_r(X, "POST", "cohere_chat", "/cohere/v2/chat", why=UNMETERABLE),
+    *_r(X, "DELETE", Op.CONTROL, "/adapters/{adapter_name}", why=CONTROL),
+    *_r(X, "POST", Op.COHERE_CHAT, "/cohere/v2/chat", why=UNMETERABLE),
 )
 BY_PATH: dict[str, Route] = {r.path: r for r in ROUTES if "{" not in r.path and "*" not in r.path}
 
@@ -162,14 +165,6 @@ def _pattern(path: str) -> re.Pattern[str]:
 
 _TEMPLATED = tuple((_pattern(r.path), r) for r in ROUTES if r.path not in BY_PATH)
 
-SCORING_OPERATIONS = frozenset({"score", "rerank"})
-STREAMING_OPERATIONS = frozenset({"chat", "completions", "generate"})
-# The operations whose requests are multipart forms, read by ``proxy.accounting.audio``.
-FORM_OPERATIONS = frozenset({"transcriptions", "translations"})
-# The metered routes served as WebSocket sessions.
-SESSION_OPERATIONS = frozenset({"realtime"})
-# The operations whose requests ask for ``n`` choices, each a read of the prompt.
-CHOICES_OPERATIONS = frozenset({"chat", "completions", "generate"})
 KEYLESS_PATHS = frozenset(r.path for r in ROUTES if r.keyless)
 INVOCATIONS_PATH = "/invocations"
 
@@ -182,7 +177,7 @@ def route_of(path: str) -> Route | None:
     return next((r for pattern, r in _TEMPLATED if pattern.fullmatch(path)), None)
 
 
-def operation_of(path: str) -> str | None:
+def operation_of(path: str) -> Operation | None:
     """The operation a direct POST to ``path`` performs (None: not a metered route)."""
     route = BY_PATH.get(path)
     if route is None or route.handling not in (Handling.AUDITED, Handling.METERED):

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from proxy.accounting.operations import Operation
 from proxy.accounting.routes import BY_PATH
 from proxy.accounting.types import Pairing, Truncation
 from proxy.wire.jsonio import load_object
@@ -130,7 +131,7 @@ def endpoint_for_path(path: str) -> Endpoint | Literal["invocations"] | None:
     route = BY_PATH.get(path)
     if route is None:
         return None
-    if route.operation in ("score", "rerank", "invocations"):
+    if route.operation in (Operation.SCORE, Operation.RERANK, Operation.INVOCATIONS):
         return route.operation  # type: ignore[return-value]
     return None
 

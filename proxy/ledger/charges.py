@@ -15,22 +15,12 @@ from datetime import datetime
 from decimal import Decimal
 
 from proxy.accounting.money import EXACT, plain
-from proxy.accounting.prices import PricedUnit, PriceTable, Quantities
+from proxy.accounting.prices import PriceTable
+from proxy.accounting.units import Quantities, Unit
 from proxy.ledger.records import UsageRecord
 
 ZERO = Decimal(0)
 # JSON carries money as strings written in full (``money.plain``): no float in between.
-
-
-def quantities(record: UsageRecord) -> Quantities:
-    """What a record billed, per unit (a unit it does not carry is zero)."""
-    u = record.units
-    return Quantities(
-        u.prompt_tokens or 0,
-        u.completion_tokens or 0,
-        u.cached_prompt_tokens or 0,
-        u.audio_seconds or 0,
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +29,7 @@ class ChargeLine:
 
     tenant: str
     model: str
-    unit: PricedUnit
+    unit: Unit
     since: datetime | None  # when that price came into force (None: always before)
     price: Decimal
     quantity: int
@@ -61,14 +51,14 @@ class ChargeLine:
 class Amounts:
     """Exact amounts per unit of some records, and how many could not be priced."""
 
-    units: dict[PricedUnit, Decimal] = field(default_factory=dict)
+    units: dict[Unit, Decimal] = field(default_factory=dict)
     unpriced: int = 0
 
     @property
     def total(self) -> Decimal:
         return sum(self.units.values(), ZERO)
 
-    def add(self, unit: PricedUnit, amount: Decimal) -> None:
+    def add(self, unit: Unit, amount: Decimal) -> None:
         self.units[unit] = EXACT.add(self.units.get(unit, ZERO), amount)
 
 
@@ -120,7 +110,7 @@ class Charges:
         }
 
 
-LineKey = tuple[str, str, PricedUnit, datetime | None, Decimal]
+LineKey = tuple[str, str, Unit, datetime | None, Decimal]
 
 
 def charge(
@@ -135,7 +125,7 @@ def charge(
     for r in records:
         mine = tenants.setdefault(r.tenant, Amounts())
         row = rows.setdefault(row_of(r), Amounts())
-        q = quantities(r)
+        q = r.units.quantities()
         if q == Quantities():
             continue  # billed nothing (an invalid answer): nothing to price
         rate = table.rate(r.model, r.time)
@@ -151,7 +141,7 @@ def charge(
             held[1] = EXACT.add(held[1], line.amount)
             mine.add(line.unit, line.amount)
             row.add(line.unit, line.amount)
-    units = list(PricedUnit)
+    units = list(Unit)
     ordered = sorted(
         lines.items(),
         key=lambda kv: (kv[0][0], kv[0][1], units.index(kv[0][2]), kv[0][3] is not None, kv[0][3]),

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import structlog
 
+from proxy.accounting.units import Unit
 from proxy.ledger.sqlite import (
     GROUP_MAX,
     Row,
@@ -40,15 +41,15 @@ from proxy.ledger.windows import Entry, parse_entry
 log = structlog.get_logger("proxy.ledger.journal")
 
 # Times are stored as UTC ISO strings, so they compare as text and index as such.
-USAGE_SUMS = """
+USAGE_SUMS = f"""
 SELECT tenant, json_extract(body, '$.model'), json_extract(body, '$.key_hash'),
        (CAST(strftime('%s', substr(time, 1, 19)) AS INTEGER) / ?) * ? AS bucket,
        sum(coalesce(json_extract(body, '$.prompt_tokens_billed'), 0)),
        sum(coalesce(json_extract(body, '$.completion_tokens_billed'), 0)),
        count(*),
-       sum(coalesce(json_extract(body, '$.units.cached_prompt_tokens'), 0)),
-       sum(coalesce(json_extract(body, '$.units.audio_seconds'), 0)),
-       {segment} AS segment
+       sum(coalesce(json_extract(body, '$.units.{Unit.CACHED}'), 0)),
+       sum(coalesce(json_extract(body, '$.units.{Unit.AUDIO}'), 0)),
+       {{segment}} AS segment
 FROM records WHERE kind = 'usage' AND time >= ?
 GROUP BY 1, 2, 3, 4, 10
 """

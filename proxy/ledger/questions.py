@@ -14,6 +14,7 @@ from typing import TypeVar
 
 from proxy.accounting.money import plain
 from proxy.accounting.prices import PriceTable
+from proxy.accounting.units import Unit
 from proxy.ledger.charges import charge
 from proxy.ledger.lookup import After, RecordSource
 from proxy.ledger.records import UsageRecord
@@ -50,10 +51,10 @@ def read_usage(
         line: dict[str, object] = {
             **row.keys,
             "requests": row.requests,
-            "prompt_tokens": row.prompt_tokens_billed,
-            "cached_prompt_tokens": row.cached_prompt_tokens_billed,
-            "completion_tokens": row.completion_tokens_billed,
-            "audio_seconds": row.audio_seconds_billed,
+            Unit.PROMPT.value: row.prompt_tokens_billed,
+            Unit.CACHED.value: row.cached_prompt_tokens_billed,
+            Unit.COMPLETION.value: row.completion_tokens_billed,
+            Unit.AUDIO.value: row.audio_seconds_billed,
         }
         if charges is not None:
             amounts = charges.rows.get(tuple(row.keys[g] for g in GROUP))

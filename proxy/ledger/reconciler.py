@@ -130,8 +130,7 @@ class Reconciler:
             ended = datetime.now(UTC)
             reading = parse_engine_counters(await self._read_counters())
             if self._traffic.started == mark:
-                tally.upstream_errors = failed - self._failed_mark
-                tally.refused = refused - self._refused_mark
+                tally.traffic(failed - self._failed_mark, refused - self._refused_mark)
                 self._failed_mark, self._refused_mark = failed, refused
                 return await self._close(reading, tally, ended)
             self.tally.merge(tally)  # traffic arrived while reading: not a boundary

@@ -22,6 +22,8 @@ from pydantic import (
     model_validator,
 )
 
+from proxy.accounting.units import Quantities
+
 SCHEMA_VERSION = 4
 
 
@@ -59,6 +61,16 @@ class Units(BaseModel):
     def reported(self) -> dict[str, int]:
         """The units the engine reported, by name."""
         return {k: v for k, v in self.model_dump().items() if v is not None}
+
+    def quantities(self) -> Quantities:
+        """What was billed per unit, as settlement, the report, the spend metrics and the
+        limits price it (a unit the engine did not report is zero)."""
+        return Quantities(
+            prompt_tokens=self.prompt_tokens or 0,
+            completion_tokens=self.completion_tokens or 0,
+            cached_prompt_tokens=self.cached_prompt_tokens or 0,
+            audio_seconds=self.audio_seconds or 0,
+        )
 
 
 # W3C Trace Context: a trace id, and the version-00 traceparent that carries it.

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 
 from proxy.accounting.money import from_nanos, plain
+from proxy.accounting.units import Unit
 from proxy.ledger.charges import Charges
 from proxy.ledger.records import UsageRecord
 
@@ -83,14 +84,14 @@ COLUMNS = (
     # Units beyond prompt and completion tokens (schema version 3), after the token
     # figures so a CSV reader that finds columns by position keeps its columns.
     Column(
-        "cached_prompt_tokens_billed",
+        f"{Unit.CACHED}_billed",
         "Cached prompt billed",
         "prompt tokens served from the prefix cache, as vLLM reported them (part of the "
         "prompt tokens billed, not added to them)",
         "Cached",
     ),
     Column(
-        "audio_seconds_billed",
+        f"{Unit.AUDIO}_billed",
         "Audio seconds billed",
         "seconds of audio billed, as vLLM reported them (transcriptions and translations)",
         "Audio s",
@@ -140,8 +141,9 @@ class Row:
         self.completion_tokens_reported += r.completion_tokens_reported or 0
         self.prompt_tokens_billed += prompt
         self.completion_tokens_billed += completion
-        self.cached_prompt_tokens_billed += r.units.cached_prompt_tokens or 0
-        self.audio_seconds_billed += r.units.audio_seconds or 0
+        units = r.units.quantities()
+        self.cached_prompt_tokens_billed += units.cached_prompt_tokens
+        self.audio_seconds_billed += units.audio_seconds
         verdict = r.verdict or "none"
         self.verdicts[verdict] = self.verdicts.get(verdict, 0) + 1
         if verdict in UNPROVEN:
@@ -303,10 +305,14 @@ def aggregate(
     until: str | None = None,
     generated_at: str = "",
     zone: tzinfo = UTC,
+    source: str = "",
+    charges: Charges | None = None,
+    budgets: tuple[BudgetRow, ...] = (),
 ) -> Report:
     """Requests and reported/billed prompt and completion tokens per group (a day is one
     of ``zone``); a subtotal per tenant when the report is grouped by tenant and something
-    else; the totals."""
+    else; the totals. ``source``, ``charges`` and ``budgets`` are carried as given (where
+    the records were read, their amounts, each budget's period so far)."""
     rows: dict[tuple[str, ...], Row] = {}
     for r in records:
         key = row_key(r, group_by, zone)
@@ -319,9 +325,19 @@ def aggregate(
     for row in ordered:
         totals.merge(row)
     subtotals = _subtotals(group_by, ordered)
-    report = Report(tuple(group_by), ordered, subtotals, totals, since, until, generated_at)
-    report.zone = str(zone)
-    return report
+    return Report(
+        tuple(group_by),
+        ordered,
+        subtotals,
+        totals,
+        since,
+        until,
+        generated_at,
+        budgets=budgets,
+        charges=charges,
+        zone=str(zone),
+        source=source,
+    )
 
 
 def _subtotals(group_by: Sequence[str], rows: list[Row]) -> list[Row]:

@@ -16,7 +16,7 @@ from decimal import Decimal
 import jinja2
 
 from proxy.accounting.money import plain
-from proxy.accounting.prices import PricedUnit
+from proxy.accounting.units import Unit
 from proxy.ledger.charges import Charges
 from proxy.ledger.report import COLUMNS, UNPROVEN, BudgetRow, Report, Row
 
@@ -202,7 +202,7 @@ def _charges_table(charges: Charges | None) -> list[str]:
 # With --prices, after every other column (a reader by position keeps its columns).
 AMOUNT_COLUMNS = (
     "currency",
-    *(f"amount_{u.value}" for u in PricedUnit),
+    *(f"amount_{u.value}" for u in Unit),
     "amount",
     "unpriced_requests",
     "tenant_amount_due",
@@ -235,7 +235,7 @@ def _amount_cells(report: Report, row: Row) -> list[object]:
     tenant = charges.tenant(row.keys["tenant"]) if "tenant" in row.keys else None
     return [
         charges.currency,
-        *(plain(units.get(u, Decimal(0))) for u in PricedUnit),
+        *(plain(units.get(u, Decimal(0))) for u in Unit),
         plain(amounts.total) if amounts else "0",
         amounts.unpriced if amounts else 0,
         str(tenant.due) if tenant else "",

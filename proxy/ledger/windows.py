@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from proxy.accounting.routes import CHOICES_OPERATIONS, FORM_OPERATIONS
+from proxy.accounting.operations import CHOICES_OPERATIONS, FORM_OPERATIONS
 from proxy.ledger.records import SCHEMA_VERSION, UsageRecord, new_record_id
 
 PROMPT_COUNTER = "vllm:prompt_tokens_total"
@@ -106,6 +106,11 @@ class Tally:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for verdict, count in other.verdicts.items():
             self.verdicts[verdict] = self.verdicts.get(verdict, 0) + count
+
+    def traffic(self, upstream_errors: int, refused: int) -> None:
+        """What the traffic counted in the window beside the records: requests that failed
+        upstream, and requests the proxy answered itself (no engine work)."""
+        self.upstream_errors, self.refused = upstream_errors, refused
 
     def add(self, record: UsageRecord) -> None:
         self.records += 1

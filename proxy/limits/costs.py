@@ -19,7 +19,8 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from proxy.accounting.money import nanos_up
-from proxy.accounting.prices import PriceTable, Quantities
+from proxy.accounting.prices import PriceTable
+from proxy.accounting.units import Quantities
 from proxy.limits.limiter import Cost
 from proxy.limits.policy import Policies
 

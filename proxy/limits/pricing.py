@@ -21,15 +21,18 @@ from typing import Any
 
 from proxy.accounting.analysis import Analysis
 from proxy.accounting.fieldkinds import Reads
+from proxy.accounting.operations import (
+    AUDIO_OPERATIONS,
+    GENERATION_OPERATIONS,
+    POOLING_OPERATIONS,
+)
 from proxy.accounting.types import ServedModel, Tokenizer
 from proxy.limits.limiter import Cost
 from proxy.limits.pooling import generative_scoring_cost, is_ids, pooling_cost
 from proxy.limits.reading import choices, completion_cap, conversations, media, reading
 
-POOLING = frozenset({"embeddings", "pooling", "classify"})
-GENERATION = frozenset({"chat", "completions", "responses", "messages", "generate"})
-# Operations priced elsewhere (engineer "audio"): their reservation is kept as it was.
-AUDIO = frozenset({"transcriptions", "translations", "realtime"})
+# Operations priced elsewhere (engineer "audio"), AUDIO_OPERATIONS: their reservation is
+# kept as it was.
 UNCAPPED = "no completion cap: what the context leaves"
 # What a request reserves that vLLM answers without engine work (a body that is no JSON
 # object, a model it does not serve: 400 or 404): a token of each kind, so a spent budget
@@ -90,7 +93,7 @@ def price_metered(
     if not isinstance(payload, dict) or model is None or model.max_model_len <= 0:
         return Price(UNPRICED, "unpriced: unknown model or unreadable body (no engine work)")
     context = model.max_model_len
-    if operation in POOLING:
+    if operation in POOLING_OPERATIONS:
         if "messages" in payload and counted_prompt is not None:
             return Price(Cost(counted_prompt), "count (/tokenize)", exact=True)
         found = pooling_cost(operation, payload, context, tokenizer)
@@ -104,11 +107,11 @@ def price_metered(
             return unreadable("the proxy cannot read this request's query and items")
         cost, exact = scored
         return Price(cost, "one engine request per item", exact)
-    if operation in GENERATION:
+    if operation in GENERATION_OPERATIONS:
         return _generation(operation, payload, body, context, counted_prompt)
     if operation == "decisions":
         return _decisions(payload, body, context)
-    if operation in AUDIO:
+    if operation in AUDIO_OPERATIONS:
         return Price(UNPRICED, f"unpriced: {operation}")
     return unreadable(f"the proxy cannot price a {operation} request")
 

@@ -24,14 +24,13 @@ from dataclasses import dataclass
 from pydantic import TypeAdapter, ValidationError
 
 from proxy.accounting.dispatch import Prepared
-from proxy.accounting.prices import Quantities
 from proxy.accounting.types import ServedModel
+from proxy.accounting.units import Quantities
 from proxy.limits.limiter import Cost
 from proxy.limits.pricing import UNPRICED, Price
 from proxy.wire.audiofile import seconds
 from proxy.wire.forms import File, FormError, is_multipart, read_form
 
-SPEECH = frozenset({"transcriptions", "translations"})
 # Prompt tokens a stream's usage reports per second of audio: Whisper's log-mel frames
 # (16 kHz, hop 160), the most of the speech models vLLM serves.
 AUDIO_TOKENS_PER_SECOND = 100

@@ -16,10 +16,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from proxy.accounting.operations import POOLING_OPERATIONS, Operation
 from proxy.accounting.types import Release
 
-CHAT_OPERATIONS = frozenset({"chat", "completions", "responses", "messages"})
-POOLING_OPERATIONS = frozenset({"embeddings", "pooling", "classify"})
 # Content parts that are text alone (chat; Responses' input_text and output_text).
 TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
 # ``tools`` reaches the template through /tokenize from this series on (read from the
@@ -43,13 +42,13 @@ def tokenize_requests(operation: str, payload: dict[str, Any], release: Release)
 def _requests(operation: str, payload: dict[str, Any], release: Release) -> list[Request]:
     model = payload.get("model")
     named = {"model": model} if isinstance(model, str) and model else {}
-    if operation == "chat":
+    if operation == Operation.CHAT:
         return _chat(payload, release, named)
-    if operation == "completions":
+    if operation == Operation.COMPLETIONS:
         return _completions(payload, named)
-    if operation == "responses":
+    if operation == Operation.RESPONSES:
         return _responses(payload, named)
-    if operation == "messages":
+    if operation == Operation.MESSAGES:
         return _messages(payload, named)
     if operation in POOLING_OPERATIONS and "messages" in payload:
         return _pooling_chat(payload, named)

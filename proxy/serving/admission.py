@@ -24,8 +24,9 @@ from pydantic import BaseModel, ConfigDict
 from proxy.accounting.analysis import Analysis
 from proxy.accounting.dispatch import Prepared
 from proxy.accounting.money import from_nanos, plain
-from proxy.accounting.prices import PriceTable, Quantities
-from proxy.ledger.charges import quantities
+from proxy.accounting.operations import FORM_OPERATIONS
+from proxy.accounting.prices import PriceTable
+from proxy.accounting.units import Quantities
 from proxy.ledger.journal import Journal, UsageSum
 from proxy.ledger.records import UsageRecord
 from proxy.limits.costs import Unpriced, billed, reserved
@@ -34,7 +35,7 @@ from proxy.limits.history import BUCKET_SECONDS
 from proxy.limits.limiter import Cost, Decision, Limiter, Ticket, Usage, Who
 from proxy.limits.periods import earliest_start
 from proxy.limits.pricing import Price, price_metered, price_scoring
-from proxy.limits.speech import SPEECH, price_speech
+from proxy.limits.speech import price_speech
 from proxy.metrics import Metrics
 from proxy.serving.catalog import Catalog
 from proxy.serving.exchange import Exchange, Hold
@@ -118,7 +119,7 @@ class Admission:
         model = served.name if served else prepared.model
         if not self.limiter.wants_tokens(tenant):
             return await self.admit(exchange, model, Price(Cost(), "none"))
-        if prepared.operation in SPEECH:
+        if prepared.operation in FORM_OPERATIONS:
             return await self._admit_speech(exchange, prepared)
         count_with = self._pool.copy_for(tenant)
         counted = await self._count_prompt(exchange, prepared) if served else None
@@ -248,7 +249,7 @@ class Admission:
         if isinstance(cost, web.Response):
             return cost
         decision = await self.limiter.reserve(who, cost, now)
-        exchange.hold.decision = decision
+        exchange.hold.decided(decision)
         exchange.request[HOLD] = exchange.hold
         for name, remaining in decision.budgets:
             left = float(from_nanos(remaining)) if name.startswith("cost_") else remaining
@@ -389,7 +390,7 @@ class Admission:
         table = self.table
         if table is None:
             return 0
-        money, whole = billed(table, record.model, quantities(record), record.time, reserved)
+        money, whole = billed(table, record.model, record.units.quantities(), record.time, reserved)
         if not whole and self.limiter.policies.money_applies(who.tenant, who.model, who.key):
             log.warning(
                 "unpriced_record", record_id=record.record_id, model=record.model, charged=money

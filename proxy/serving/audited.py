@@ -26,6 +26,7 @@ from proxy.accounting.analysis import (
     over_limit,
     wants_full_recount,
 )
+from proxy.accounting.operations import Operation
 from proxy.accounting.proof import Change, Proofs, Standing
 from proxy.accounting.shapes import score_ambiguity
 from proxy.accounting.types import Verdict
@@ -122,7 +123,7 @@ class ScoringAuditor:
         refusal = await self._over_limit(body, exchange.path)
         if refusal:
             return error_response(400, refusal, param="documents")
-        if exchange.route.operation == "score":
+        if exchange.route.operation == Operation.SCORE:
             unclear = await off_loop(score_ambiguity, body, body)
             if unclear is not None:
                 self.refuse_unclear()

@@ -293,8 +293,7 @@ class Catalog:
             None, build_model, entry, release, override, self._loader, served, legacy
         )
         if isinstance(model.tokenizer, HFTokenizer):
-            model.tokenizer.cache = self.cache
-            model.tokenizer.bound = model.max_model_len + 2
+            model.tokenizer.serve(self.cache, model.max_model_len)
             if self._pool is not None:
                 await loop.run_in_executor(None, self._pool.warm, model.tokenizer)
         (log.warning if model.problem else log.info)(

@@ -42,6 +42,10 @@ class Hold:
     apart: bool = False
     settled: Cost = field(default_factory=lambda: Cost(requests=0))
 
+    def decided(self, decision: Decision) -> None:
+        """The admission's decision: its reservation is what the exchange holds."""
+        self.decision = decision
+
     def settled_apart(self) -> None:
         """Its units are settled apart from its record (a realtime session's utterances)."""
         self.apart = True

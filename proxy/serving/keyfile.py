@@ -1,6 +1,5 @@
 """The ``--api-keys`` file, reloaded while the proxy runs: on ``SIGHUP`` and when the file
-changes (polled, so a Kubernetes Secret volume, which swaps a symlink to a new directory,
-is seen as a change of the file it names).
+changes (``proxy.serving.filewatch``: a Kubernetes Secret's symlink swap is a change).
 
 A new map is loaded and validated whole before it replaces the old one in one
 assignment; a file that cannot be read or holds no valid map is logged and counted, and
@@ -10,10 +9,7 @@ already attributed keeps its tenant.
 
 from __future__ import annotations
 
-import asyncio
-import os
 import time
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import structlog
@@ -21,11 +17,10 @@ import yaml
 from aiohttp import web
 
 from proxy.metrics import Metrics
+from proxy.serving.filewatch import POLL_SECONDS, Context, FileWatch, watch_context
 from proxy.serving.tenancy import TenantResolver, load_api_keys
 
 log = structlog.get_logger("proxy.serving.keyfile")
-POLL_SECONDS = 2.0
-Stamp = tuple[str, int, int, int]
 
 
 class KeyFile:
@@ -35,22 +30,12 @@ class KeyFile:
         self.path = path
         self._resolver = resolver
         self._metrics = metrics
-        self._poll = poll
-        self._stamp = self._read_stamp()
+        self._watch = FileWatch(path, poll)
         self._loaded(resolver.key_count)
-
-    def _read_stamp(self) -> Stamp | None:
-        """What changes when the file does: where the path leads, and that file's
-        identity, size and modification time."""
-        try:
-            stat = self.path.stat()
-        except OSError:
-            return None
-        return (os.path.realpath(self.path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
 
     def reload(self, why: str) -> bool:
         """Load the file now; True when the new map is in use."""
-        self._stamp = self._read_stamp()
+        self._watch.loading()
         try:
             keys = load_api_keys(self.path)
             if not keys:
@@ -70,21 +55,12 @@ class KeyFile:
         self._metrics.keys_loaded_at.set(time.time())
 
     async def watch(self) -> None:
-        while True:
-            await asyncio.sleep(self._poll)
-            if self._read_stamp() != self._stamp:
-                self.reload("changed")
+        await self._watch.run(self.reload)
 
 
 KEYFILE = web.AppKey("key_file", KeyFile)
 
 
-def key_file_context(keys: KeyFile) -> Callable[[web.Application], AsyncIterator[None]]:
+def key_file_context(keys: KeyFile) -> Context:
     """cleanup_ctx: the file's watch, for the application's lifetime."""
-
-    async def ctx(app: web.Application) -> AsyncIterator[None]:
-        task = asyncio.create_task(keys.watch(), name="key-file")
-        yield
-        task.cancel()
-
-    return ctx
+    return watch_context({"key-file": keys.watch})

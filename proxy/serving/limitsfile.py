@@ -1,5 +1,5 @@
 """The ``--limits`` file, reloaded while the proxy runs, as the key file is: on ``SIGHUP``
-and when the file changes (polled, so a Kubernetes ConfigMap's symlink swap is seen).
+and when the file changes (``proxy.serving.filewatch``: a ConfigMap's symlink swap too).
 
 New policies are validated whole before they replace the ones in use; a file that cannot
 be read or validated is logged and counted, and the policies in use stay. Reservations
@@ -8,10 +8,8 @@ held keep the meters they took from; budgets keep their period's usage.
 
 from __future__ import annotations
 
-import asyncio
-import os
 import time
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 import structlog
@@ -22,19 +20,9 @@ from proxy.limits.policy import Policies
 from proxy.limits.problems import mistakes, read_limits, summary
 from proxy.metrics import Metrics
 from proxy.serving.catalog import Catalog
-from proxy.serving.keyfile import POLL_SECONDS, Stamp
+from proxy.serving.filewatch import POLL_SECONDS, Context, FileWatch, watch_context
 
 log = structlog.get_logger("proxy.serving.limitsfile")
-
-
-def read_stamp(path: Path) -> Stamp | None:
-    """What changes when the file does (as ``KeyFile`` reads it): where the path leads,
-    and that file's identity, size and modification time."""
-    try:
-        stat = path.stat()
-    except OSError:
-        return None
-    return (os.path.realpath(path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
 
 
 class LimitsFile:
@@ -56,19 +44,18 @@ class LimitsFile:
         self.path = path
         self._limiter = limiter
         self._metrics = metrics
-        self._poll = poll
         # why policies cannot be used with the prices in use (a money budget on a model
         # without a price), or None
         self._check = check
         self._tenants = tenants
         self._catalog = catalog
-        self._stamp: Stamp | None = read_stamp(path)
+        self._watch = FileWatch(path, poll)
         metrics.limits_loaded_at.set(time.time())
         announce(path, limiter.policies, "start", self._known())
 
     def reload(self, why: str) -> bool:
         """Load the file now; True when its policies are in use."""
-        self._stamp = read_stamp(self.path)
+        self._watch.loading()
         try:
             policies = read_limits(self.path)
             problem = self._check(policies)
@@ -101,10 +88,7 @@ class LimitsFile:
                 log.warning("limits_mistake", path=str(self.path), problem=problem)
 
     async def watch(self) -> None:
-        while True:
-            await asyncio.sleep(self._poll)
-            if read_stamp(self.path) != self._stamp:
-                self.reload("changed")
+        await self._watch.run(self.reload)
 
 
 def announce(
@@ -132,16 +116,7 @@ def announce(
 LIMITSFILE = web.AppKey("limits_file", LimitsFile)
 
 
-def limits_file_context(limits: LimitsFile) -> Callable[[web.Application], AsyncIterator[None]]:
-    """cleanup_ctx: the file's watch, for the application's lifetime."""
-
-    async def ctx(app: web.Application) -> AsyncIterator[None]:
-        tasks = [
-            asyncio.create_task(limits.watch(), name="limits-file"),
-            asyncio.create_task(limits.check_models(), name="limits-models"),
-        ]
-        yield
-        for task in tasks:
-            task.cancel()
-
-    return ctx
+def limits_file_context(limits: LimitsFile) -> Context:
+    """cleanup_ctx: the file's watch, and the check of its models once they are known,
+    for the application's lifetime."""
+    return watch_context({"limits-file": limits.watch, "limits-models": limits.check_models})

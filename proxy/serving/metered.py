@@ -15,7 +15,7 @@ from multidict import CIMultiDictProxy
 
 from proxy.accounting.audio import FEATURE_FIELDS, prepare_form
 from proxy.accounting.dispatch import Prepared, prepare, takes_cache_salt
-from proxy.accounting.routes import FORM_OPERATIONS
+from proxy.accounting.operations import FORM_OPERATIONS, Operation
 from proxy.ledger.recorder import Recorder
 from proxy.ledger.records import Units
 from proxy.metrics import Metrics
@@ -207,7 +207,7 @@ class MeteredRelay:
         its tenant owns, the tenant's cache salt); or the refusal of a request that names
         another tenant's stored response (``proxy.serving.isolation``)."""
         tenant, members = exchange.who.tenant, dict[str, str]()
-        if prepared.operation == "responses":
+        if prepared.operation == Operation.RESPONSES:
             if prepared.previous_response_id is not None:
                 refusal = await self._owners.refusal(prepared.previous_response_id, tenant)
                 if refusal is not None:

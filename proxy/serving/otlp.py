@@ -23,6 +23,7 @@ from opentelemetry.semconv._incubating.metrics.gen_ai_metrics import GEN_AI_CLIE
 from opentelemetry.semconv.attributes import server_attributes as server
 from yarl import URL
 
+from proxy.accounting.operations import Operation
 from proxy.ledger.records import UsageRecord
 from proxy.metrics import TOKEN_BUCKETS
 from proxy.settings import Settings
@@ -30,13 +31,13 @@ from proxy.settings import Settings
 PROVIDER = "vllm"  # gen_ai.provider.name: no well-known value names vLLM
 # The conventions' well-known operation names, where the proxy's operation is one of them;
 # the others (score, rerank, classify, pooling, decisions, audio, ...) keep their own name.
-OPERATIONS = {
-    "chat": "chat",
-    "messages": "chat",
-    "responses": "chat",
-    "completions": "text_completion",
-    "generate": "text_completion",
-    "embeddings": "embeddings",
+OPERATIONS: dict[str, str] = {
+    Operation.CHAT: "chat",
+    Operation.MESSAGES: "chat",
+    Operation.RESPONSES: "chat",
+    Operation.COMPLETIONS: "text_completion",
+    Operation.GENERATE: "text_completion",
+    Operation.EMBEDDINGS: "embeddings",
 }
 CleanupContext = Callable[[web.Application], AsyncIterator[None]]
 

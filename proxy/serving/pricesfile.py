@@ -8,9 +8,8 @@ fails is logged in one line and counted, and the table in use stays.
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 
@@ -19,13 +18,12 @@ import yaml
 from aiohttp import web
 from pydantic import ValidationError
 
-from proxy.accounting.pricefile import load_prices, one_line
-from proxy.accounting.prices import PriceTable, Quantities
-from proxy.ledger.charges import quantities
+from proxy.accounting.price_schedule import load_prices, one_line
+from proxy.accounting.prices import PriceTable
+from proxy.accounting.units import Quantities
 from proxy.ledger.records import UsageRecord
 from proxy.metrics import Metrics
-from proxy.serving.keyfile import POLL_SECONDS, Stamp
-from proxy.serving.limitsfile import read_stamp
+from proxy.serving.filewatch import POLL_SECONDS, Context, FileWatch, watch_context
 
 log = structlog.get_logger("proxy.serving.pricesfile")
 
@@ -52,7 +50,7 @@ class Prices:
     def account(self, record: UsageRecord) -> None:
         """A recorded record's amount, at its time, into the spend metrics (a Recorder
         subscriber)."""
-        q = quantities(record)
+        q = record.units.quantities()
         if q == Quantities():
             return
         table = self.table
@@ -81,14 +79,13 @@ class PricesFile:
         self.prices = prices
         self._check = check
         self._metrics = metrics
-        self._poll = poll
-        self._stamp: Stamp | None = read_stamp(path)
+        self._watch = FileWatch(path, poll)
         self._missing: str | None = None  # the last problem the watch logged
         metrics.prices_loaded_at.set(time.time())
 
     def reload(self, why: str) -> bool:
         """Load the file now; True when its table is in use."""
-        self._stamp = read_stamp(self.path)
+        self._watch.loading()
         try:
             table = read_table(self.path)
             problem = self._check(table)
@@ -113,11 +110,7 @@ class PricesFile:
     async def watch(self) -> None:
         """Reload on change; and say once when a model served since lacks a price while a
         money budget applies to it (its requests are refused meanwhile)."""
-        while True:
-            await asyncio.sleep(self._poll)
-            if read_stamp(self.path) != self._stamp:
-                self.reload("changed")
-            self.unpriced()
+        await self._watch.run(self.reload, self.unpriced)
 
     def unpriced(self) -> str | None:
         """Why the table in use does not price every model a money budget applies to (a
@@ -132,12 +125,6 @@ class PricesFile:
 PRICESFILE = web.AppKey("prices_file", PricesFile)
 
 
-def prices_file_context(prices: PricesFile) -> Callable[[web.Application], AsyncIterator[None]]:
+def prices_file_context(prices: PricesFile) -> Context:
     """cleanup_ctx: the file's watch, for the application's lifetime."""
-
-    async def ctx(app: web.Application) -> AsyncIterator[None]:
-        task = asyncio.create_task(prices.watch(), name="prices-file")
-        yield
-        task.cancel()
-
-    return ctx
+    return watch_context({"prices-file": prices.watch})

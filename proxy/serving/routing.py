@@ -11,9 +11,8 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from proxy.accounting.dispatch import prepare
+from proxy.accounting.operations import SCORING_OPERATIONS, SESSION_OPERATIONS
 from proxy.accounting.routes import (
-    SCORING_OPERATIONS,
-    SESSION_OPERATIONS,
     Handling,
     Route,
     route_of,

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from proxy.accounting.units import Unit
+
 PREFIX = "/usage-proxy/v1"
 STANDING = f"{PREFIX}/standing"
 USAGE = f"{PREFIX}/usage"
@@ -246,10 +248,7 @@ SCHEMAS: dict[str, Any] = {
                         "model": {"type": "string"},
                         "operation": {"type": "string"},
                         "requests": COUNT,
-                        "prompt_tokens": COUNT,
-                        "cached_prompt_tokens": COUNT,
-                        "completion_tokens": COUNT,
-                        "audio_seconds": COUNT,
+                        **{unit.value: COUNT for unit in Unit},
                         "amount": MONEY,
                         "unpriced_requests": COUNT,
                     },

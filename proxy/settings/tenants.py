@@ -10,6 +10,8 @@ from urllib.parse import parse_qs
 
 from pydantic import BaseModel, Field, field_validator
 
+from proxy.accounting.units import units_named
+
 
 class TenantOptions(BaseModel):
     """Who pays: tenants, keys, limits, prices and the limits store."""
@@ -32,7 +34,7 @@ class TenantOptions(BaseModel):
     prices: Path | None = Field(
         None,
         description="YAML/JSON price file: per served model (and a default) a price per unit "
-        "(prompt_tokens, cached_prompt_tokens, completion_tokens, audio_seconds; LiteLLM's "
+        f"({units_named()}; LiteLLM's "
         "input_cost_per_token etc. too), a currency and effective dates (docs/metering.md, "
         "'Prices'); for the limits file's cost_per_* budgets and the spend metrics; "
         "reloaded on SIGHUP and when it changes.",

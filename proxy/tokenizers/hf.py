@@ -123,8 +123,7 @@ class HFTokenizer:
         # cannot learn from a fast answer that another one sent a text.
         self.cache_key = (self.key, "")
         self.cache: CountCache | None = None
-        # Token counts above this never matter (set to max_model_len + 2 by discovery: any
-        # engine input longer than max_model_len is refused or cut by vLLM); None: exact.
+        # Token counts above this never matter (``serve``); None: exact.
         self.bound: int | None = None
         self._specials = int(tokenizer.num_special_tokens_to_add(pair=False))
         self.semantics = TRANSFORMERS_5  # which library behaviour the counts follow
@@ -255,6 +254,13 @@ class HFTokenizer:
         view = copy.copy(self)
         view.cache_key = (self.key, tenant)
         return view
+
+    def serve(self, cache: CountCache | None, max_model_len: int) -> None:
+        """Serve a discovered model: count through the shared ``cache``, and never past
+        ``max_model_len + 2`` tokens (any engine input longer than ``max_model_len`` is
+        refused or cut by vLLM, so a larger count never matters)."""
+        self.cache = cache
+        self.bound = max_model_len + 2
 
     def copy(self) -> HFTokenizer:
         public = None if self._words is None else self._words.public

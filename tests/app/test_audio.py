@@ -16,7 +16,7 @@ import yaml
 from aiohttp import web
 from structlog.testing import capture_logs
 
-from proxy.accounting.pricefile import load_prices
+from proxy.accounting.price_schedule import load_prices
 from proxy.ledger.charges import charge
 from proxy.limits.meters import BudgetMeter
 from proxy.serving.admission import ADMISSION

@@ -21,7 +21,7 @@ from structlog.testing import capture_logs
 from transformers import AutoTokenizer
 
 from proxy.accounting.money import nanos_up
-from proxy.accounting.pricefile import load_prices
+from proxy.accounting.price_schedule import load_prices
 from proxy.ledger.charges import charge
 from proxy.limitstore.guard import GuardedLimiter
 from proxy.serving.admission import ADMISSION

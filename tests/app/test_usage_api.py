@@ -20,7 +20,7 @@ from aiohttp import web
 from openapi_schema_validator import OAS31Validator
 
 from proxy.accounting.money import nanos_up
-from proxy.accounting.pricefile import load_prices
+from proxy.accounting.price_schedule import load_prices
 from proxy.ledger.charges import charge
 from proxy.ledger.report import aggregate, row_key
 from proxy.limitstore.memory import InProcessLimiter

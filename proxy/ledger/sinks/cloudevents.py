@@ -25,6 +25,7 @@ from typing import Any
 
 import aiohttp
 
+from proxy.accounting.units import Unit
 from proxy.ledger.records import UsageRecord
 from proxy.ledger.sinks import PermanentDeliveryError, RetryLater
 from proxy.ledger.windows import Entry, SettledWindow
@@ -77,8 +78,8 @@ def usage_event(record: UsageRecord) -> dict[str, Any]:
             "prompt_tokens": record.prompt_tokens_billed,
             "completion_tokens": record.completion_tokens_billed,
             "prompt_tokens_reported": record.prompt_tokens_reported,
-            "cached_prompt_tokens": record.units.cached_prompt_tokens or 0,
-            "audio_seconds": record.units.audio_seconds or 0,
+            Unit.CACHED.value: record.units.cached_prompt_tokens or 0,
+            Unit.AUDIO.value: record.units.audio_seconds or 0,
             "units": sorted(record.units.reported()),
             "model": record.model,
             "endpoint": record.endpoint,

@@ -117,10 +117,10 @@ def test_beam_search_is_work_the_seconds_do_not_show(
     assert prepare_form("transcriptions", form(**fields), KIND, NEW).unbillable == unbillable
 
 
-# --- review (adversarial): forms whose appended stream_include_usage vLLM never reads ---
+# --- forms whose appended stream_include_usage vLLM never reads ---
 
 
-def test_review_a_close_delimiter_in_the_epilogue_does_not_hide_the_usage_request() -> None:
+def test_a_close_delimiter_in_the_epilogue_does_not_hide_the_usage_request() -> None:
     """A form closed once, then a second closing delimiter in its epilogue: the part the
     proxy adds must still be one vLLM reads (the sent form asks for include_usage)."""
     raw = form(stream="true") + b"\r\n--xyz--\r\n"  # epilogue: ignored by every parser
@@ -131,7 +131,7 @@ def test_review_a_close_delimiter_in_the_epilogue_does_not_hide_the_usage_reques
     assert read_form(prepared.body, KIND).value("stream_include_usage") == "true"
 
 
-def test_review_a_form_charset_does_not_hide_the_usage_request() -> None:
+def test_a_form_charset_does_not_hide_the_usage_request() -> None:
     """A form whose charset is EBCDIC (cp500), its names and values written in it: vLLM
     (Starlette) reads stream=true and model, and must read the appended include_usage."""
     kind = KIND + "; charset=cp500"

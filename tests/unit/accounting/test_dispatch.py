@@ -18,7 +18,8 @@ from proxy.accounting.dispatch import (
     model_task,
     prepare,
 )
-from proxy.accounting.routes import INVOCATIONS_PATH, STREAMING_OPERATIONS, operation_of
+from proxy.accounting.operations import STREAMING_OPERATIONS
+from proxy.accounting.routes import INVOCATIONS_PATH, operation_of
 from proxy.accounting.shapes import ambiguity
 from proxy.accounting.types import Family, Release
 

@@ -9,13 +9,14 @@ from decimal import Decimal
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.accounting.prices import PricedUnit, PriceTable, Quantities, Rate
+from proxy.accounting.prices import PriceTable, Rate
+from proxy.accounting.units import Quantities, Unit
 
 JAN, MID = datetime(2026, 1, 1, tzinfo=UTC), datetime(2026, 11, 15, 11, tzinfo=UTC)
 
 
-def per_token(price: str) -> tuple[tuple[PricedUnit, Decimal], ...]:
-    return ((PricedUnit.PROMPT, Decimal(price)),)
+def per_token(price: str) -> tuple[tuple[Unit, Decimal], ...]:
+    return ((Unit.PROMPT, Decimal(price)),)
 
 
 def test_a_table_gives_the_rate_in_force() -> None:
@@ -43,20 +44,20 @@ def test_cached_tokens_are_priced_apart_only_when_they_have_a_price() -> None:
         None,
         None,
         (
-            (PricedUnit.PROMPT, Decimal(2)),
-            (PricedUnit.CACHED, Decimal(1)),
-            (PricedUnit.COMPLETION, Decimal(3)),
+            (Unit.PROMPT, Decimal(2)),
+            (Unit.CACHED, Decimal(1)),
+            (Unit.COMPLETION, Decimal(3)),
         ),
     )
-    plain = Rate(None, None, ((PricedUnit.PROMPT, Decimal(2)), (PricedUnit.COMPLETION, Decimal(3))))
+    plain = Rate(None, None, ((Unit.PROMPT, Decimal(2)), (Unit.COMPLETION, Decimal(3))))
     said = [[(x.unit, x.quantity, x.amount) for x in r.lines(q) or ()] for r in (priced, plain)]
     assert said == [
         [
-            (PricedUnit.PROMPT, 60, Decimal(120)),
-            (PricedUnit.CACHED, 40, Decimal(40)),
-            (PricedUnit.COMPLETION, 10, Decimal(30)),
+            (Unit.PROMPT, 60, Decimal(120)),
+            (Unit.CACHED, 40, Decimal(40)),
+            (Unit.COMPLETION, 10, Decimal(30)),
         ],
-        [(PricedUnit.PROMPT, 100, Decimal(200)), (PricedUnit.COMPLETION, 10, Decimal(30))],
+        [(Unit.PROMPT, 100, Decimal(200)), (Unit.COMPLETION, 10, Decimal(30))],
     ]
 
 
@@ -74,9 +75,9 @@ def test_pricing_adds_up(p1: int, c1: int, p2: int, c2: int, cached: int) -> Non
         None,
         None,
         (
-            (PricedUnit.PROMPT, Decimal("1.5e-7")),
-            (PricedUnit.CACHED, Decimal("5.46875e-8")),
-            (PricedUnit.COMPLETION, Decimal("6e-7")),
+            (Unit.PROMPT, Decimal("1.5e-7")),
+            (Unit.CACHED, Decimal("5.46875e-8")),
+            (Unit.COMPLETION, Decimal("6e-7")),
         ),
     )
     cached = min(cached, p1)
@@ -91,14 +92,14 @@ def test_pricing_adds_up(p1: int, c1: int, p2: int, c2: int, cached: int) -> Non
 def test_the_most_a_reservation_costs_needs_every_unit_it_holds_priced() -> None:
     """Each unit at its price (prompt tokens at the dearer of prompt and cached); a unit
     it holds without a price: None, and ``unpriced`` names it."""
-    rate = Rate(None, None, ((PricedUnit.PROMPT, Decimal(1)), (PricedUnit.CACHED, Decimal(3))))
+    rate = Rate(None, None, ((Unit.PROMPT, Decimal(1)), (Unit.CACHED, Decimal(3))))
     assert rate.most(Quantities(prompt_tokens=10)) == Decimal(30)
     assert rate.most(Quantities(prompt_tokens=10, audio_seconds=2)) is None
     assert rate.unpriced(Quantities(completion_tokens=1, audio_seconds=2)) == [
-        PricedUnit.COMPLETION,
-        PricedUnit.AUDIO,
+        Unit.COMPLETION,
+        Unit.AUDIO,
     ]
-    seconds = Rate(None, None, ((PricedUnit.AUDIO, Decimal("0.05")),))
+    seconds = Rate(None, None, ((Unit.AUDIO, Decimal("0.05")),))
     assert seconds.most(Quantities(audio_seconds=3600)) == Decimal(180)
     assert seconds.most(Quantities()) == Decimal(0)
 

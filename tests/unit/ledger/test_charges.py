@@ -9,9 +9,10 @@ from decimal import ROUND_HALF_EVEN, Decimal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.accounting.pricefile import PriceFile
-from proxy.accounting.prices import PricedUnit, PriceTable
-from proxy.ledger.charges import charge, quantities
+from proxy.accounting.price_schedule import PriceFile
+from proxy.accounting.prices import PriceTable
+from proxy.accounting.units import Unit
+from proxy.ledger.charges import charge
 from proxy.ledger.records import Units, UsageRecord
 
 CHANGE = datetime(2026, 11, 15, 12, 30, tzinfo=UTC)  # mid-month, mid-day
@@ -82,10 +83,10 @@ def test_a_price_change_mid_month_prices_each_record_at_its_time() -> None:
     charges = charge(records, prices(), by_tenant)
     said = [(c.unit, c.since, c.price, c.quantity, c.amount) for c in charges.lines]
     assert said == [
-        (PricedUnit.PROMPT, datetime(2026, 11, 1, tzinfo=UTC), OLD, 1000, Decimal("0.0015")),
-        (PricedUnit.PROMPT, CHANGE, NEW, 5333, Decimal("0.0111993")),
+        (Unit.PROMPT, datetime(2026, 11, 1, tzinfo=UTC), OLD, 1000, Decimal("0.0015")),
+        (Unit.PROMPT, CHANGE, NEW, 5333, Decimal("0.0111993")),
         (
-            PricedUnit.COMPLETION,
+            Unit.COMPLETION,
             datetime(2026, 11, 1, tzinfo=UTC),
             COMPLETION,
             10,
@@ -95,7 +96,7 @@ def test_a_price_change_mid_month_prices_each_record_at_its_time() -> None:
     (acme,) = charges.tenants
     assert acme.amount == Decimal("0.0127593")
     assert acme.due == Decimal("0.01")
-    assert charges.rows[("acme",)].units[PricedUnit.PROMPT] == Decimal("0.0126993")
+    assert charges.rows[("acme",)].units[Unit.PROMPT] == Decimal("0.0126993")
 
 
 def test_what_cannot_be_priced_is_counted_never_priced_at_zero() -> None:
@@ -113,17 +114,6 @@ def test_what_cannot_be_priced_is_counted_never_priced_at_zero() -> None:
     assert acme.unpriced == 3
     assert acme.amount == 100 * NEW
     assert charges.unpriced == 3
-
-
-def test_quantities_are_the_records_units() -> None:
-    """Cached prompt tokens and audio seconds come from the units; absent ones are 0."""
-    q = quantities(record("a", CHANGE, 10, 2, cached_prompt_tokens=4, audio_seconds=7))
-    assert (q.prompt_tokens, q.completion_tokens, q.cached_prompt_tokens, q.audio_seconds) == (
-        10,
-        2,
-        4,
-        7,
-    )
 
 
 @settings(max_examples=50, deadline=None)

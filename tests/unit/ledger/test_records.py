@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from proxy.accounting.units import Quantities
 from proxy.ledger.records import SCHEMA_VERSION, Units, UsageRecord, new_record_id
 from tests.support.records import make_record
 
@@ -75,6 +76,17 @@ def test_units_carry_what_the_engine_reported_and_nothing_it_did_not() -> None:
         "prompt_tokens": 36,
         "cached_prompt_tokens": 32,
     }
+
+
+def test_a_record_s_quantities_are_its_units_with_unreported_ones_zero() -> None:
+    """What a record billed per unit, as every pricer reads it: each unit it carries,
+    and zero for a unit the engine did not report (never None, never inferred)."""
+    cached = make_record(2, billed=36).model_dump()
+    cached["units"] = {"cached_prompt_tokens": 32, "audio_seconds": 7}
+    assert UsageRecord(**cached).units.quantities() == Quantities(
+        prompt_tokens=36, completion_tokens=0, cached_prompt_tokens=32, audio_seconds=7
+    )
+    assert Units().quantities() == Quantities()
 
 
 def test_units_are_typed_and_agree_with_the_billed_tokens() -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from proxy.accounting.pricefile import PriceFile
-from proxy.accounting.prices import PriceTable, Quantities
+from proxy.accounting.price_schedule import PriceFile
+from proxy.accounting.prices import PriceTable
+from proxy.accounting.units import Quantities
 from proxy.limits.costs import Unpriced, billed, reserved, unpriced
 from proxy.limits.limiter import Cost
 from proxy.limits.policy import Policies

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proxy.accounting.dispatch import Prepared
-from proxy.accounting.prices import Quantities
 from proxy.accounting.types import ServedModel
+from proxy.accounting.units import Quantities
 from proxy.limits.limiter import Cost
 from proxy.limits.speech import AUDIO_TOKENS_PER_SECOND, UNREADABLE, bound, price_speech
 from tests.support.fakevllm.audio import AUDIO_PROMPT, CLIP_SECONDS, audio_tokens, wav

@@ -8,7 +8,7 @@ from pathlib import Path
 from proxy.limits.policy import Policies, load_policies
 from proxy.limitstore.memory import InProcessLimiter
 from proxy.metrics import Metrics
-from proxy.serving.limitsfile import LimitsFile, read_stamp
+from proxy.serving.limitsfile import LimitsFile
 from proxy.settings import Settings
 
 
@@ -32,13 +32,3 @@ def test_reload_replaces_or_keeps(tmp_path: Path) -> None:
     assert limits.reload("test")
     expected = Policies.model_validate({"default": {"concurrency": 3}})
     assert limiter.policies.model_dump() == expected.model_dump()  # its levels read since
-
-
-def test_the_stamp_follows_the_file(tmp_path: Path) -> None:
-    """A rewrite changes the stamp; a missing file has none."""
-    path = tmp_path / "limits.yaml"
-    assert read_stamp(path) is None
-    path.write_text("{}\n")
-    first = read_stamp(path)
-    path.write_text("default: {concurrency: 1}\n")
-    assert read_stamp(path) != first

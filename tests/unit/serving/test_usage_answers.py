@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from proxy.accounting.pricefile import load_prices
+from proxy.accounting.price_schedule import load_prices
 from proxy.ledger.lookup import RecordSource
 from proxy.ledger.questions import ReadFailed
 from proxy.ledger.records import UsageRecord

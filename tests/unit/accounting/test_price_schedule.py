@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from proxy.accounting.pricefile import PriceFile, load_prices, one_line
-from proxy.accounting.prices import PricedUnit, PriceTable, Quantities
+from proxy.accounting.price_schedule import PriceFile, load_prices, one_line
+from proxy.accounting.prices import PriceTable
+from proxy.accounting.units import Quantities, Unit
 
 EXAMPLE = """
 currency: EUR
@@ -49,14 +50,14 @@ def test_the_example_prices_each_model_from_its_time(tmp_path: Path) -> None:
     after = table.rate("qwen", MID)
     assert before is not None
     assert after is not None
-    assert before.price(PricedUnit.PROMPT) == Decimal("1.5e-7")
-    assert before.price(PricedUnit.CACHED) == Decimal("7.5e-8")
-    assert after.price(PricedUnit.PROMPT) == Decimal("0.00000012")
+    assert before.price(Unit.PROMPT) == Decimal("1.5e-7")
+    assert before.price(Unit.CACHED) == Decimal("7.5e-8")
+    assert after.price(Unit.PROMPT) == Decimal("0.00000012")
     assert before.start == datetime(2025, 12, 31, 23, tzinfo=UTC)  # Paris midnight
     assert table.rate("qwen", datetime(2025, 12, 31, 22, tzinfo=UTC)) is None
     other = table.rate("bge", datetime(2020, 1, 1, tzinfo=UTC))
     assert other is not None
-    assert other.price(PricedUnit.COMPLETION) == Decimal("8e-7")
+    assert other.price(Unit.COMPLETION) == Decimal("8e-7")
     assert table.cuts() == [before.start, MID]
 
 

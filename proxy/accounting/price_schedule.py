@@ -1,7 +1,7 @@
-"""The ``--prices`` file: per served model (and a default), a price per unit a record
-carries, a currency and effective dates, as ``prices.PriceTable``. The file is validated
-whole: an unknown unit, a price that is negative or no number, or two prices of one model
-in force at once refuse it, and the table in use stays."""
+"""The ``--prices`` file read as a price schedule: per served model (and a default), a
+price per unit a record carries, a currency and effective dates, as ``prices.PriceTable``.
+The file is validated whole: an unknown unit, a price that is negative or no number, or
+two prices of one model in force at once refuse it, and the table in use stays."""
 
 from __future__ import annotations
 
@@ -24,18 +24,19 @@ from pydantic import (
 )
 
 from proxy.accounting.money import Amount, DuplicateKeyError, decimals_of, read_yaml
-from proxy.accounting.prices import PricedUnit, PriceTable, Rate
+from proxy.accounting.prices import PriceTable, Rate
+from proxy.accounting.units import Unit
 from proxy.accounting.zones import TimeZone
 
 # LiteLLM's model price table (model_prices_and_context_window.json) names the same prices:
 # per token, and per second of input audio (``input_cost_per_second`` is what it gives
 # whisper; a vLLM model bills no other seconds).
 LITELLM_NAMES = {
-    "input_cost_per_token": PricedUnit.PROMPT,
-    "cache_read_input_token_cost": PricedUnit.CACHED,
-    "output_cost_per_token": PricedUnit.COMPLETION,
-    "input_cost_per_second": PricedUnit.AUDIO,
-    "input_cost_per_audio_per_second": PricedUnit.AUDIO,
+    "input_cost_per_token": Unit.PROMPT,
+    "cache_read_input_token_cost": Unit.CACHED,
+    "output_cost_per_token": Unit.COMPLETION,
+    "input_cost_per_second": Unit.AUDIO,
+    "input_cost_per_audio_per_second": Unit.AUDIO,
 }
 
 
@@ -90,8 +91,8 @@ class Version(BaseModel):
             raise ValueError("no price: name at least one unit")
         return self
 
-    def prices(self) -> tuple[tuple[PricedUnit, Decimal], ...]:
-        return tuple((u, p) for u in PricedUnit if (p := getattr(self, u.value)) is not None)
+    def prices(self) -> tuple[tuple[Unit, Decimal], ...]:
+        return tuple((u, p) for u in Unit if (p := getattr(self, u.value)) is not None)
 
 
 Versions = list[Version]
@@ -218,7 +219,7 @@ LITELLM_OTHER = frozenset(
     }
 )
 TOP = ("currency", "decimals", "timezone", "default", "models")
-UNIT_NAMES = (*(u.value for u in PricedUnit), *LITELLM_NAMES)
+UNIT_NAMES = (*(u.value for u in Unit), *LITELLM_NAMES)
 
 
 def explain(exc: ValidationError) -> list[str]:
@@ -252,7 +253,7 @@ def _unknown(where: str, name: str) -> str:
         known = ", ".join(TOP)
         return f"{name!r} is not a key of a price file ({known}){_meant(near)}"
     near = difflib.get_close_matches(name, UNIT_NAMES, n=1, cutoff=0.8)
-    ours = ", ".join(u.value for u in PricedUnit)
+    ours = ", ".join(u.value for u in Unit)
     return (
         f"{where}: unknown unit {name!r}: a price names one of {ours} (or LiteLLM's "
         f"{', '.join(LITELLM_NAMES)}){_meant(near)}"
