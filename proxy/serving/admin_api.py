@@ -8,12 +8,10 @@ loaded is logged and the tokens in use stay."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import hmac
-import os
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from aiohttp.typedefs import Handler, Middleware
 from proxy.ledger.lookup import After
 from proxy.ledger.questions import ReadFailed
 from proxy.limits.limiter import StandingUnknown
+from proxy.serving.filewatch import POLL_SECONDS, Context, FileWatch, watch_context
 from proxy.serving.startup import file_problem
 from proxy.serving.tenancy import bearer_key, key_digest, load_api_keys
 from proxy.serving.upstream import error_response, unauthorized
@@ -40,7 +39,6 @@ from proxy.serving.usage_openapi import (
 from proxy.settings import Settings
 
 log = structlog.get_logger("proxy.serving.admin_api")
-POLL_SECONDS = 2.0
 PAGE, MOST = 1000, 10_000
 NEXT = "x-usage-next-page"
 
@@ -50,8 +48,7 @@ class AdminTokens:
 
     def __init__(self, path: Path, poll: float = POLL_SECONDS) -> None:
         self.path = path
-        self._poll = poll
-        self._stamp = self._read_stamp()
+        self._watch = FileWatch(path, poll)
         self.digests = self._load()
 
     def _load(self) -> dict[str, str]:
@@ -59,13 +56,6 @@ class AdminTokens:
         if not digests:
             raise ValueError(f"{self.path}: lists no admin token digests")
         return digests
-
-    def _read_stamp(self) -> tuple[str, int, int, int] | None:
-        try:
-            stat = self.path.stat()
-        except OSError:
-            return None
-        return (os.path.realpath(self.path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
 
     def allows(self, request: web.Request) -> bool:
         """Whether the request's bearer token is an admin token."""
@@ -77,7 +67,7 @@ class AdminTokens:
 
     def reload(self, why: str) -> bool:
         """Load the file now; True when its tokens are in use."""
-        self._stamp = self._read_stamp()
+        self._watch.loading()
         try:
             digests = self._load()
         except (OSError, ValueError, UnicodeDecodeError, yaml.YAMLError) as exc:
@@ -90,24 +80,15 @@ class AdminTokens:
         return True
 
     async def watch(self) -> None:
-        while True:
-            await asyncio.sleep(self._poll)
-            if self._read_stamp() != self._stamp:
-                self.reload("changed")
+        await self._watch.run(self.reload)
 
 
 ADMIN_TOKENS = web.AppKey("admin_tokens", AdminTokens)
 
 
-def admin_tokens_context(tokens: AdminTokens) -> Callable[[web.Application], AsyncIterator[None]]:
+def admin_tokens_context(tokens: AdminTokens) -> Context:
     """cleanup_ctx: the token file's watch, for the application's lifetime."""
-
-    async def ctx(app: web.Application) -> AsyncIterator[None]:
-        task = asyncio.create_task(tokens.watch(), name="admin-tokens")
-        yield
-        task.cancel()
-
-    return ctx
+    return watch_context({"admin-tokens": tokens.watch})
 
 
 def cursor(after: After) -> str:
