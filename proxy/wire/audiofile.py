@@ -10,9 +10,9 @@ ADPCM or GSM, has no duration here: refused under a budget); an MP3, a FLAC and 
 last every frame or packet they hold, which FFmpeg decodes whatever their first header
 or last page says (each walked below, headers only).
 
-Pure: bytes in, seconds out. Only headers are read, not samples, so the time it takes
-does not grow with the audio; it still runs off the event loop, with the form it comes
-from.
+Pure: bytes in, seconds out. No sample is decoded: headers only, every MP3/FLAC frame
+header and Ogg packet walked (bounded: a day of audio, a million Ogg packets), off the
+event loop with the form it comes from.
 """
 
 from __future__ import annotations
