@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from proxy.accounting.money import nanos_up
-from proxy.accounting.pricefile import load_prices
+from proxy.accounting.price_schedule import load_prices
 from proxy.ledger.charges import charge
 from proxy.ledger.records import UsageRecord
 from proxy.limits.limiter import Cost, Who
