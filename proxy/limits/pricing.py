@@ -91,9 +91,7 @@ def price_metered(
         return Price(UNPRICED, "unpriced: unknown model or unreadable body (no engine work)")
     context = model.max_model_len
     if operation in POOLING:
-        if "messages" in payload and counted_prompt is not None:
-            return Price(Cost(counted_prompt), "count (/tokenize)", exact=True)
-        found = pooling_cost(operation, payload, context, tokenizer)
+        found = pooling_cost(operation, payload, context, tokenizer, counted_prompt)
         if found is None:
             return unreadable(f"the proxy cannot read the inputs of this {operation} request")
         cost, exact = found
