@@ -9,7 +9,7 @@ import uuid
 from aiohttp import web
 from multidict import CIMultiDict
 
-from tests.support.fakevllm.base import FakeState, dumps, error
+from tests.support.fakevllm.base import dumps, error
 from tests.support.fakevllm.engine import EngineAPI, pooled_conversations, pooled_inputs
 
 

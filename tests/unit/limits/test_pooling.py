@@ -43,7 +43,8 @@ def test_a_body_with_messages_and_input_pays_the_larger_reading(
     inputs = {"input": ["hello there"] * 400}
     alone = pooling_cost(operation, inputs, 256, minilm)
     talks = pooling_cost(operation, {"messages": messages}, 256, minilm)
-    assert alone is not None and talks is not None
+    assert alone is not None
+    assert talks is not None
     both = {**inputs, "messages": messages}
     larger = max(alone[0].prompt, talks[0].prompt)
     assert pooling_cost(operation, both, 256, minilm) == (Cost(larger), False)

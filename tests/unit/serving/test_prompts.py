@@ -40,7 +40,8 @@ def chat(payload: dict[str, Any] = CHAT, operation: str = "chat") -> Prepared:
 
 
 def outcomes(metrics: Metrics) -> dict[str, float]:
-    names = ("tokenize", "not_countable", "too_many", "refused", "timeout", "unreachable", "invalid")
+    names = ("tokenize", "not_countable", "too_many", "refused", "timeout", "unreachable")
+    names += ("invalid",)
     sample = metrics.registry.get_sample_value
     counts = {n: sample("usage_proxy_prompt_counts_total", {"outcome": n}) for n in names}
     return {n: v for n, v in counts.items() if v}
