@@ -28,8 +28,6 @@ from proxy.limits.reading import choices, completion_cap, conversations, media, 
 
 POOLING = frozenset({"embeddings", "pooling", "classify"})
 GENERATION = frozenset({"chat", "completions", "responses", "messages", "generate"})
-# Operations priced elsewhere (engineer "audio"): their reservation is kept as it was.
-AUDIO = frozenset({"transcriptions", "translations", "realtime"})
 UNCAPPED = "no completion cap: what the context leaves"
 # What a request reserves that vLLM answers without engine work (a body that is no JSON
 # object, a model it does not serve: 400 or 404): a token of each kind, so a spent budget
@@ -106,8 +104,6 @@ def price_metered(
         return _generation(operation, payload, body, context, counted_prompt)
     if operation == "decisions":
         return _decisions(payload, body, context)
-    if operation in AUDIO:
-        return Price(UNPRICED, f"unpriced: {operation}")
     return unreadable(f"the proxy cannot price a {operation} request")
 
 

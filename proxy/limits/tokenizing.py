@@ -17,9 +17,12 @@ import json
 from typing import Any
 
 from proxy.accounting.types import Release
+from proxy.limits.pooling import truncation
+from proxy.limits.pricing import GENERATION, POOLING
 
-CHAT_OPERATIONS = frozenset({"chat", "completions", "responses", "messages"})
-POOLING_OPERATIONS = frozenset({"embeddings", "pooling", "classify"})
+# The generation routes whose prompt is text (``generate`` takes token ids: counted by
+# their lengths already).
+CHAT_OPERATIONS = GENERATION - {"generate"}
 # Content parts that are text alone (chat; Responses' input_text and output_text).
 TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
 # ``tools`` reaches the template through /tokenize from this series on (read from the
@@ -51,7 +54,7 @@ def _requests(operation: str, payload: dict[str, Any], release: Release) -> list
         return _responses(payload, named)
     if operation == "messages":
         return _messages(payload, named)
-    if operation in POOLING_OPERATIONS and "messages" in payload:
+    if operation in POOLING and "messages" in payload:
         return _pooling_chat(payload, named)
     return []
 
@@ -178,8 +181,8 @@ def _messages(payload: dict[str, Any], named: Request) -> list[Request]:
         if converted is None:
             return []
         messages.append(converted)
-    kwargs = payload.get("chat_template_kwargs")
-    if kwargs is not None and not isinstance(kwargs, dict):
+    kwargs = _template_kwargs(payload.get("chat_template_kwargs"), {})
+    if kwargs is None:
         return []
     extra = {"chat_template_kwargs": kwargs} if kwargs else {}
     return [{**named, **extra, "messages": messages}]
@@ -245,10 +248,10 @@ def _copied(payload: dict[str, Any], names: tuple[str, ...]) -> Request:
     return {k: payload[k] for k in names if payload.get(k) is not None}
 
 
-def counted(answers: list[bytes], truncation: Any = None) -> int | None:
-    """The prompt tokens ``/tokenize``'s answers count (each cut to ``truncation``, vLLM's
-    ``truncate_prompt_tokens``, when that is a positive count); None when an answer is not
-    vLLM's ``TokenizeResponse``."""
+def counted(answers: list[bytes], cut: Any = None) -> int | None:
+    """The prompt tokens ``/tokenize``'s answers count (each cut to ``cut``, vLLM's
+    ``truncate_prompt_tokens``, when that is a positive count: ``pooling.truncation``);
+    None when an answer is not vLLM's ``TokenizeResponse``."""
     total = 0
     for raw in answers:
         try:
@@ -258,9 +261,5 @@ def counted(answers: list[bytes], truncation: Any = None) -> int | None:
         count = answer.get("count") if isinstance(answer, dict) else None
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
             return None
-        total += min(count, truncation) if _positive(truncation) else count
+        total += truncation(cut, count)
     return total
-
-
-def _positive(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0

@@ -25,7 +25,8 @@ import structlog
 
 from proxy.accounting.dispatch import Prepared
 from proxy.accounting.types import Release
-from proxy.limits.tokenizing import CHAT_OPERATIONS, POOLING_OPERATIONS, counted
+from proxy.limits.pricing import POOLING
+from proxy.limits.tokenizing import CHAT_OPERATIONS, counted
 from proxy.limits.tokenizing import tokenize_requests as requests_for
 from proxy.metrics import Metrics
 from proxy.serving.upstream import LARGE_BODY_BYTES, read_answer
@@ -70,7 +71,7 @@ class PromptCounter:
         ``offload`` runs a callable in a worker thread; ``headers`` go with each call (the
         client's authorization, as the request itself carries it upstream)."""
         operation = prepared.operation
-        if operation not in CHAT_OPERATIONS | POOLING_OPERATIONS:
+        if operation not in CHAT_OPERATIONS | POOLING:
             return None
         try:
             async with asyncio.timeout(self._timeout):
@@ -129,7 +130,7 @@ def _asked(prepared: Prepared, release: Release) -> tuple[list[bytes] | None, An
         return [], None
     if not isinstance(payload, dict):
         return [], None
-    if prepared.operation in POOLING_OPERATIONS and "messages" not in payload:
+    if prepared.operation in POOLING and "messages" not in payload:
         return None, None
     cut = payload.get("truncate_prompt_tokens")
     return requests_for(prepared.operation, payload, release), cut
