@@ -10,10 +10,9 @@ upstream error, client disconnect and cancellation all end the reservation.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -51,6 +50,34 @@ HOLD = web.RequestKey("limits_hold", Hold)
 class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A refusal before forwarding: its status and message, answered in vLLM's error
+    shape (a rate limit in OpenAI's, its ``type`` the units limited) by ``answer``; a
+    realtime session ends with its message alone."""
+
+    status: int
+    message: str
+    kind: str | None = None  # a rate limit's units: tokens, requests, cost
+    final: bool = False  # never admitted as it is: x-should-retry: false
+
+    def answer(self) -> web.Response:
+        if self.status != 429:
+            response = error_response(self.status, self.message)
+            if self.final:
+                response.headers["x-should-retry"] = "false"
+            return response
+        body = {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": None,
+                "code": "rate_limit_exceeded",
+            }
+        }
+        return web.json_response(body, status=429)
 
 
 class Admission:
@@ -195,11 +222,11 @@ class Admission:
         price = Price(Cost(context, context, requests=0), "bound: an utterance at the context")
         now = self._clock()
         cost = self._with_money(who, price.cost, now)
-        if isinstance(cost, web.Response):
-            return _message(cost)
+        if isinstance(cost, Refused):
+            return cost.message
         decision = await self.limiter.reserve(who, cost, now)
         if decision.refusal is not None:
-            return _message(self._refuse(who, decision, price))
+            return self._refuse(who, decision, price).message
         assert decision.ticket is not None
         return decision.ticket
 
@@ -237,8 +264,8 @@ class Admission:
         who = Who(exchange.who.tenant, model, exchange.who.key_hash)
         now = self._clock()
         cost = self._with_money(who, price.cost, now, units)
-        if isinstance(cost, web.Response):
-            return cost
+        if isinstance(cost, Refused):
+            return cost.answer()
         decision = await self.limiter.reserve(who, cost, now)
         exchange.hold.decision = decision
         exchange.request[HOLD] = exchange.hold
@@ -247,11 +274,11 @@ class Admission:
             self._metrics.budget_remaining.labels(name, *self._metrics.tenant(who.tenant)).set(left)
         if decision.refusal is None:
             return None
-        return self._refuse(who, decision, price)
+        return self._refuse(who, decision, price).answer()
 
     def _with_money(
         self, who: Who, cost: Cost, now: float, units: Quantities | None = None
-    ) -> Cost | web.Response:
+    ) -> Cost | Refused:
         """``cost`` with what it may cost in money when a money budget applies to ``who``
         (``units`` at the dearest price in force from now to its timeout); a refusal when
         it cannot be priced."""
@@ -275,11 +302,8 @@ class Admission:
         log.warning(
             "unpriced_request", tenant=who.tenant, model=who.model, budget=budget, why=priced.why
         )
-        refusal = error_response(
-            400, f"This request cannot be admitted under the {budget} budget: {priced.why}."
-        )
-        refusal.headers["x-should-retry"] = "false"
-        return refusal
+        why = f"This request cannot be admitted under the {budget} budget: {priced.why}."
+        return Refused(400, why, final=True)
 
     def _unreadable(self, who: Who, why: str) -> web.Response:
         """A request the pricing cannot read, under a limit that needs its price: it can
@@ -298,7 +322,7 @@ class Admission:
         table = self.table
         return f"{plain(from_nanos(nanos))} {table.currency if table else ''}".rstrip()
 
-    def _refuse(self, who: Who, decision: Decision, price: Price) -> web.Response:
+    def _refuse(self, who: Who, decision: Decision, price: Price) -> Refused:
         refusal = decision.refusal
         assert refusal is not None
         self._metrics.limited.labels(refusal.limit, *self._metrics.tenant(who.tenant)).inc()
@@ -321,7 +345,7 @@ class Admission:
 
         if refusal.unavailable:
             why = refusal.why or "the limits store cannot answer for this tenant's limits"
-            return error_response(503, f"{why[0].upper()}{why[1:]}; please try again later.")
+            return Refused(503, f"{why[0].upper()}{why[1:]}; please try again later.")
         if refusal.alone:
             why = (
                 " It sets no completion cap, so its completion is priced at what the "
@@ -330,24 +354,18 @@ class Admission:
                 if price.uncapped
                 else ""
             )
-            return error_response(
+            return Refused(
                 400,
                 f"This request alone costs {said(refusal.cost)}, more than the whole {where} "
                 f"({said(refusal.amount)}): it can never be admitted; reduce it.{why}",
             )
         kind = "requests" if refusal.limit.startswith(("requests", "concurrency")) else "tokens"
         kind = "cost" if money else kind
-        body = {
-            "error": {
-                "message": f"Rate limit reached for {where}: limit {said(refusal.amount)}, "
-                f"requested {said(refusal.cost)}. Please try again in "
-                f"{duration(refusal.wait)}.",
-                "type": kind,
-                "param": None,
-                "code": "rate_limit_exceeded",
-            }
-        }
-        return web.json_response(body, status=429)
+        message = (
+            f"Rate limit reached for {where}: limit {said(refusal.amount)}, "
+            f"requested {said(refusal.cost)}. Please try again in {duration(refusal.wait)}."
+        )
+        return Refused(429, message, kind)
 
     async def settle(self, hold: Hold) -> None:
         """The exchange ended: its reservation becomes what its record bills, or is given
@@ -391,13 +409,6 @@ class Admission:
 
 
 ADMISSION = web.AppKey("admission", Admission)
-
-
-def _message(refusal: web.Response) -> str:
-    """The message of a refusal in OpenAI's error shape."""
-    assert isinstance(refusal.body, bytes)
-    message = json.loads(refusal.body)["error"]["message"]
-    return str(message)
 
 
 async def add_headers(request: web.Request, response: web.StreamResponse) -> None:
