@@ -36,6 +36,7 @@ UNPRICED = Cost(1, 1)
 # A structured decision's read generates at most two tokens (vLLM 0.32.0, strategies.py:
 # max_tokens=1, the diffusion canvas 2).
 DECISION_REPLY = 2
+UNPARSED: Any = object()  # price_metered's payload when the caller has not parsed the body
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +69,14 @@ def price_scoring(analysis: Analysis | None) -> Price:
     return Price(Cost(sequences * model.max_model_len), "bound: every sequence at the context")
 
 
+def parsed(body: bytes) -> Any:
+    """``body`` as JSON; None when it is none."""
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
 def price_metered(
     operation: str,
     body: bytes,
@@ -75,16 +84,16 @@ def price_metered(
     tokenizer: Tokenizer | None,
     *,
     counted_prompt: int | None = None,
+    payload: Any = UNPARSED,
 ) -> Price:
     """A metered request (runs in a tokenizer thread when ``tokenizer`` is given).
 
     ``counted_prompt``: the exact total prompt tokens of a text generation request's
     prompts as vLLM renders them (its chat template applied), counted by the caller; it
-    replaces the byte bound, and the prompt part of the price is then exact."""
-    try:
-        payload = json.loads(body)
-    except ValueError:
-        payload = None
+    replaces the byte bound, and the prompt part of the price is then exact. ``payload``:
+    ``body`` parsed (``parsed``) when the caller has it, else it is parsed here."""
+    if payload is UNPARSED:
+        payload = parsed(body)
     if not isinstance(payload, dict) or model is None or model.max_model_len <= 0:
         return Price(UNPRICED, "unpriced: unknown model or unreadable body (no engine work)")
     context = model.max_model_len

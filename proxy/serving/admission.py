@@ -32,13 +32,13 @@ from proxy.limits.headers import duration, ratelimit_headers
 from proxy.limits.history import BUCKET_SECONDS
 from proxy.limits.limiter import Cost, Decision, Limiter, Ticket, Usage, Who
 from proxy.limits.periods import earliest_start
-from proxy.limits.pricing import Price, price_metered, price_scoring
+from proxy.limits.pricing import UNPARSED, Price, parsed, price_metered, price_scoring
 from proxy.limits.speech import SPEECH, price_speech
 from proxy.metrics import Metrics
 from proxy.serving.catalog import Catalog
 from proxy.serving.exchange import Exchange, Hold
 from proxy.serving.pricesfile import Prices
-from proxy.serving.prompts import PromptCounter
+from proxy.serving.prompts import PromptCounter, asks
 from proxy.serving.upstream import SESSION, error_response
 from proxy.tokenizers.pool import TokenizerPool
 from proxy.wire.jsonio import top_members
@@ -148,7 +148,12 @@ class Admission:
         if prepared.operation in SPEECH:
             return await self._admit_speech(exchange, prepared)
         count_with = self._pool.copy_for(tenant)
-        counted = await self._count_prompt(exchange, prepared) if served else None
+        lane = self._pool.lane(len(prepared.body))
+        payload, counted = UNPARSED, None
+        if served and self._prompts is not None and asks(prepared.operation):
+            # parsed once, in a worker thread, for the count and the price
+            payload = await asyncio.wrap_future(lane.submit_for(tenant, parsed, prepared.body))
+            counted = await self._count_prompt(exchange, prepared, payload)
 
         def price() -> Price:
             tok = served.tokenizer if served else None
@@ -158,15 +163,18 @@ class Admission:
                 served,
                 count_with(tok) if tok else None,
                 counted_prompt=counted,
+                payload=payload,
             )
 
-        job = self._pool.lane(len(prepared.body)).submit_for(tenant, price)
+        job = lane.submit_for(tenant, price)
         priced = await asyncio.wrap_future(job)
         if priced.refusal is not None:
             return self._unreadable(Who(tenant, model, exchange.who.key_hash), priced.refusal)
         return await self.admit(exchange, model, priced)
 
-    async def _count_prompt(self, exchange: Exchange, prepared: Prepared) -> int | None:
+    async def _count_prompt(
+        self, exchange: Exchange, prepared: Prepared, payload: Any
+    ) -> int | None:
         """A chat-like prompt's tokens as the upstream's /tokenize counts them, or None."""
         if self._prompts is None:
             return None
@@ -179,7 +187,8 @@ class Admission:
 
         headers = {"Authorization": auth} if auth else {}
         release = self.catalog.release
-        return await self._prompts.count(request.app[SESSION], prepared, release, headers, offload)
+        session = request.app[SESSION]
+        return await self._prompts.count(session, prepared, payload, release, headers, offload)
 
     async def _admit_speech(self, exchange: Exchange, prepared: Prepared) -> web.Response | None:
         """An audio request: priced by its audio's duration, read from its file in a

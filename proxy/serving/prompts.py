@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -63,19 +62,21 @@ class PromptCounter:
         self,
         session: aiohttp.ClientSession,
         prepared: Prepared,
+        payload: Any,
         release: Release,
         headers: dict[str, str],
         offload: Offload,
     ) -> int | None:
         """``prepared``'s prompt tokens as vLLM renders them, or None (the byte bound):
-        ``offload`` runs a callable in a worker thread; ``headers`` go with each call (the
-        client's authorization, as the request itself carries it upstream)."""
+        ``payload`` is its body parsed (``pricing.parsed``, by the caller, who prices it
+        from the same); ``offload`` runs a callable in a worker thread; ``headers`` go with
+        each call (the client's authorization, as the request itself carries it upstream)."""
         operation = prepared.operation
-        if operation not in CHAT_OPERATIONS | POOLING:
+        if not asks(operation):
             return None
         try:
             async with asyncio.timeout(self._timeout):
-                bodies, cut = await offload(lambda: _asked(prepared, release))
+                bodies, cut = await offload(lambda: _asked(operation, payload, release))
                 if bodies is None:  # a pooling request of inputs: counted by the proxy
                     return None
                 if not bodies:
@@ -121,16 +122,17 @@ class PromptCounter:
         return None
 
 
-def _asked(prepared: Prepared, release: Release) -> tuple[list[bytes] | None, Any]:
-    """The /tokenize bodies for ``prepared`` and its ``truncate_prompt_tokens``; None for a
+def asks(operation: str) -> bool:
+    """Whether a request of ``operation`` may have its prompt counted by /tokenize."""
+    return operation in CHAT_OPERATIONS | POOLING
+
+
+def _asked(operation: str, payload: Any, release: Release) -> tuple[list[bytes] | None, Any]:
+    """The /tokenize bodies for ``payload`` and its ``truncate_prompt_tokens``; None for a
     pooling request that is no conversation (nothing to ask)."""
-    try:
-        payload = json.loads(prepared.body)
-    except ValueError:
-        return [], None
     if not isinstance(payload, dict):
         return [], None
-    if prepared.operation in POOLING and "messages" not in payload:
+    if operation in POOLING and "messages" not in payload:
         return None, None
     cut = payload.get("truncate_prompt_tokens")
-    return requests_for(prepared.operation, payload, release), cut
+    return requests_for(operation, payload, release), cut

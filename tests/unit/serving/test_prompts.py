@@ -51,7 +51,8 @@ async def count(base: str, prepared: Prepared, timeout: float = 2.0) -> tuple[An
     metrics = Metrics(Settings(upstream=base))
     counter = PromptCounter(base, metrics, timeout=timeout)
     async with aiohttp.ClientSession() as session:
-        got = await counter.count(session, prepared, Release("0.32.0"), {}, inline)
+        payload = json.loads(prepared.body)
+        got = await counter.count(session, prepared, payload, RELEASE, {}, inline)
     return got, metrics
 
 
@@ -197,9 +198,11 @@ async def test_counting_never_holds_the_forwarding_connections(aiohttp_server: A
     settings = Settings(upstream=base)
     counter = PromptCounter(base, Metrics(settings), timeout=30)
     connector = aiohttp.TCPConnector(limit=settings.upstream_connections)
+    many = batch(MOST_CALLS)
+    asked = json.loads(many.body)
     async with aiohttp.ClientSession(connector=connector) as session:
         counts = [
-            asyncio.create_task(counter.count(session, batch(MOST_CALLS), RELEASE, {}, inline))
+            asyncio.create_task(counter.count(session, many, asked, RELEASE, {}, inline))
             for _ in range(20)
         ]
         while len(open_calls) < min(MOST_IN_FLIGHT, settings.upstream_connections):
