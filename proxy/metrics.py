@@ -359,8 +359,8 @@ SPECS: dict[str, _Spec] = {
         Counter,
         "usage_proxy_prompt_counts",
         "Generation prompts priced before forwarding, by how: counted by the upstream's "
-        "/tokenize, or the byte bound (not_countable, refused, timeout, unreachable, "
-        "invalid).",
+        "/tokenize, or the byte bound (not_countable, too_many, refused, timeout, "
+        "unreachable, invalid).",
         ("outcome",),
     ),
     "budget_remaining": _Spec(

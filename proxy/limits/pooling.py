@@ -47,25 +47,61 @@ def lengths(items: list[Any], context: int, tokenizer: Tokenizer | None) -> tupl
 
 
 def pooling_cost(
-    operation: str, payload: dict[str, Any], context: int, tokenizer: Tokenizer | None
+    operation: str,
+    payload: dict[str, Any],
+    context: int,
+    tokenizer: Tokenizer | None,
+    counted: int | None = None,
 ) -> tuple[Cost, bool] | None:
     """A pooling request's prompt tokens and whether they are exact; None when the proxy
-    cannot read its inputs (a plugin's ``data``, no input at all)."""
+    cannot read its inputs (a plugin's ``data``, no input at all). ``counted``: its one
+    conversation's tokens as ``/tokenize`` counted them.
+
+    vLLM reads a body through a union of a chat and a completion variant (pydantic's smart
+    mode, extra fields allowed): a body with both ``messages`` and ``input`` is read as a
+    conversation when ``messages`` validates as one, else by its ``input`` (0.29.0 and
+    0.32.0 alike; ``[]`` or a message without a role reads ``input``). The proxy does not
+    redo that validation: such a body is priced at the larger of both readings."""
     cap = truncation(payload.get("truncate_prompt_tokens"), context)
+    readings = [
+        found
+        for found in (
+            _conversations_cost(operation, payload, cap, counted),
+            _inputs_cost(operation, payload, context, cap, tokenizer),
+        )
+        if found is not None
+    ]
+    if len(readings) > 1:
+        return Cost(max(cost.prompt for cost, _ in readings)), False
+    return readings[0] if readings else None
+
+
+def _conversations_cost(
+    operation: str, payload: dict[str, Any], cap: int, counted: int | None
+) -> tuple[Cost, bool] | None:
+    """Each conversation rendered: its count, else up to the context (``cap``)."""
+    if counted is not None:
+        return Cost(counted), True
     talks = conversations(operation, payload)
-    lists = each(operation, payload)
-    inputs = payload.get("input")
     if talks is None and "messages" in payload:  # classify, pooling: one conversation
         talks = [payload["messages"]]
-    if talks is not None:  # each conversation rendered: up to the context
-        return Cost(len(talks) * min(cap, context)), False
-    if lists:  # /v2/embed: texts counted, images and input parts at the context
+    return None if talks is None else (Cost(len(talks) * cap), False)
+
+
+def _inputs_cost(
+    operation: str, payload: dict[str, Any], context: int, cap: int, tokenizer: Tokenizer | None
+) -> tuple[Cost, bool] | None:
+    """``input`` (or /v2/embed's lists): texts counted, token ids by length, images and
+    input parts at the context, each at most ``cap``."""
+    lists = each(operation, payload)
+    if lists:
         total, exact = 0, True
         for name, items in lists.items():
             texts = items if name == "texts" else [None] * len(items)
             counted, whole = lengths(texts, context, tokenizer)
             total, exact = total + sum(min(n, cap) for n in counted), exact and whole
         return Cost(total), exact
+    inputs = payload.get("input")
     if inputs is None:
         return None
     items = inputs if isinstance(inputs, list) and not is_ids(inputs) else [inputs]

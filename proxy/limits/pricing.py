@@ -22,7 +22,6 @@ from typing import Any
 from proxy.accounting.analysis import Analysis
 from proxy.accounting.fieldkinds import Reads
 from proxy.accounting.operations import (
-    AUDIO_OPERATIONS,
     GENERATION_OPERATIONS,
     POOLING_OPERATIONS,
 )
@@ -31,8 +30,6 @@ from proxy.limits.limiter import Cost
 from proxy.limits.pooling import generative_scoring_cost, is_ids, pooling_cost
 from proxy.limits.reading import choices, completion_cap, conversations, media, reading
 
-# Operations priced elsewhere (engineer "audio"), AUDIO_OPERATIONS: their reservation is
-# kept as it was.
 UNCAPPED = "no completion cap: what the context leaves"
 # What a request reserves that vLLM answers without engine work (a body that is no JSON
 # object, a model it does not serve: 400 or 404): a token of each kind, so a spent budget
@@ -41,6 +38,7 @@ UNPRICED = Cost(1, 1)
 # A structured decision's read generates at most two tokens (vLLM 0.32.0, strategies.py:
 # max_tokens=1, the diffusion canvas 2).
 DECISION_REPLY = 2
+UNPARSED: Any = object()  # price_metered's payload when the caller has not parsed the body
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +71,14 @@ def price_scoring(analysis: Analysis | None) -> Price:
     return Price(Cost(sequences * model.max_model_len), "bound: every sequence at the context")
 
 
+def parsed(body: bytes) -> Any:
+    """``body`` as JSON; None when it is none."""
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
 def price_metered(
     operation: str,
     body: bytes,
@@ -80,23 +86,21 @@ def price_metered(
     tokenizer: Tokenizer | None,
     *,
     counted_prompt: int | None = None,
+    payload: Any = UNPARSED,
 ) -> Price:
     """A metered request (runs in a tokenizer thread when ``tokenizer`` is given).
 
     ``counted_prompt``: the exact total prompt tokens of a text generation request's
     prompts as vLLM renders them (its chat template applied), counted by the caller; it
-    replaces the byte bound, and the prompt part of the price is then exact."""
-    try:
-        payload = json.loads(body)
-    except ValueError:
-        payload = None
+    replaces the byte bound, and the prompt part of the price is then exact. ``payload``:
+    ``body`` parsed (``parsed``) when the caller has it, else it is parsed here."""
+    if payload is UNPARSED:
+        payload = parsed(body)
     if not isinstance(payload, dict) or model is None or model.max_model_len <= 0:
         return Price(UNPRICED, "unpriced: unknown model or unreadable body (no engine work)")
     context = model.max_model_len
     if operation in POOLING_OPERATIONS:
-        if "messages" in payload and counted_prompt is not None:
-            return Price(Cost(counted_prompt), "count (/tokenize)", exact=True)
-        found = pooling_cost(operation, payload, context, tokenizer)
+        found = pooling_cost(operation, payload, context, tokenizer, counted_prompt)
         if found is None:
             return unreadable(f"the proxy cannot read the inputs of this {operation} request")
         cost, exact = found
@@ -111,8 +115,6 @@ def price_metered(
         return _generation(operation, payload, body, context, counted_prompt)
     if operation == "decisions":
         return _decisions(payload, body, context)
-    if operation in AUDIO_OPERATIONS:
-        return Price(UNPRICED, f"unpriced: {operation}")
     return unreadable(f"the proxy cannot price a {operation} request")
 
 

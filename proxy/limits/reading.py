@@ -19,25 +19,7 @@ _LAX_INT: TypeAdapter[int] = TypeAdapter(int)
 # Content parts vLLM's chat renderer hands to a multimodal processor
 # (``renderers/chat_utils.py`` MM_PARSER_MAP, and the parts it reads without a type),
 # Responses' input_image / input_file, Anthropic's image: each may cost up to the context.
-MEDIA_TYPES = frozenset(
-    {
-        "image_url",
-        "image_embeds",
-        "image_pil",
-        "audio_url",
-        "audio_embeds",
-        "input_audio",
-        "video_url",
-        "video_embeds",
-        "prompt_embeds",
-        "input_image",
-        "input_file",
-        "image",
-        "audio",
-        "video",
-        "document",
-    }
-)
+# Parts vLLM's parser reads by a member of that name, with or without a type.
 MEDIA_MEMBERS = frozenset(
     {
         "image_url",
@@ -50,6 +32,18 @@ MEDIA_MEMBERS = frozenset(
         "video_embeds",
     }
 )
+# Content parts vLLM's chat renderer hands to a multimodal processor
+# (``renderers/chat_utils.py`` MM_PARSER_MAP, and the parts it reads without a type),
+# Responses' input_image / input_file, Anthropic's image: each may cost up to the context.
+MEDIA_TYPES = MEDIA_MEMBERS | {
+    "prompt_embeds",
+    "input_image",
+    "input_file",
+    "image",
+    "audio",
+    "video",
+    "document",
+}
 
 
 def reading(operation: str, reads: Reads) -> tuple[Field, ...]:

@@ -18,6 +18,7 @@ from typing import Any
 
 from proxy.accounting.operations import POOLING_OPERATIONS, Operation
 from proxy.accounting.types import Release
+from proxy.limits.pooling import truncation
 
 # Content parts that are text alone (chat; Responses' input_text and output_text).
 TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
@@ -177,8 +178,8 @@ def _messages(payload: dict[str, Any], named: Request) -> list[Request]:
         if converted is None:
             return []
         messages.append(converted)
-    kwargs = payload.get("chat_template_kwargs")
-    if kwargs is not None and not isinstance(kwargs, dict):
+    kwargs = _template_kwargs(payload.get("chat_template_kwargs"), {})
+    if kwargs is None:
         return []
     extra = {"chat_template_kwargs": kwargs} if kwargs else {}
     return [{**named, **extra, "messages": messages}]
@@ -244,10 +245,10 @@ def _copied(payload: dict[str, Any], names: tuple[str, ...]) -> Request:
     return {k: payload[k] for k in names if payload.get(k) is not None}
 
 
-def counted(answers: list[bytes], truncation: Any = None) -> int | None:
-    """The prompt tokens ``/tokenize``'s answers count (each cut to ``truncation``, vLLM's
-    ``truncate_prompt_tokens``, when that is a positive count); None when an answer is not
-    vLLM's ``TokenizeResponse``."""
+def counted(answers: list[bytes], cut: Any = None) -> int | None:
+    """The prompt tokens ``/tokenize``'s answers count (each cut to ``cut``, vLLM's
+    ``truncate_prompt_tokens``, when that is a positive count: ``pooling.truncation``);
+    None when an answer is not vLLM's ``TokenizeResponse``."""
     total = 0
     for raw in answers:
         try:
@@ -257,9 +258,5 @@ def counted(answers: list[bytes], truncation: Any = None) -> int | None:
         count = answer.get("count") if isinstance(answer, dict) else None
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
             return None
-        total += min(count, truncation) if _positive(truncation) else count
+        total += truncation(cut, count)
     return total
-
-
-def _positive(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0

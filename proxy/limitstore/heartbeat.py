@@ -98,7 +98,9 @@ class Heartbeat:
                 "its budgets are rebuilt from every replica's journal",
             )
             generation, complete = None, False
-        self._count(beat.count, beat.stayed >= ttl, continuous)
+        if self._count(beat.count, beat.stayed >= ttl, continuous) and self._kept is not None:
+            # a file written and replaced: off the event loop (its failure logged there)
+            await asyncio.to_thread(self._kept.write, self._local.replicas)
         contribution = self._contribution
         stale = generation is None or generation != contribution.generation
         if stale or not beat.contributed or contribution.dirty or not complete:
@@ -141,26 +143,26 @@ class Heartbeat:
             log.warning("limits_holds_lost", asked=asked, renewed=renewed)
         return renewed
 
-    def _count(self, live: int, settled: bool, continuous: bool) -> None:
+    def _count(self, live: int, settled: bool, continuous: bool) -> bool:
         """Divide by the configured count, else by the live one once this replica has
         stayed a registry TTL in the store (every replica that stayed as long is in it;
         one that joined later has not stayed as long, and refuses); before that the count
         is not known, but for a replica that was counted and has beaten all along (its
         stay began anew because the store lost its registry, restarted empty) or that
         recalls the count it read before it restarted: that count still divides (by no
-        fewer than the live one) until its new stay is a TTL long."""
+        fewer than the live one) until its new stay is a TTL long. Whether the count was
+        read (to keep it)."""
         local = self._local
         if self.configured:
             local.set_replicas(self.configured)
         elif settled:
             self.counted, self.recalled = True, 0
             local.set_replicas(live)
-            if self._kept is not None:
-                self._kept.write(local.replicas)
         else:
             self.counted = self.counted and (continuous or self.recalled > 0)
             local.set_replicas(max(local.replicas, live))
         self._expect()
+        return settled and not self.configured
 
     def counted_now(self) -> bool:
         """Whether this replica knows how many divide: the count is declared, or read by

@@ -10,10 +10,9 @@ upstream error, client disconnect and cancellation all end the reservation.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -34,13 +33,13 @@ from proxy.limits.headers import duration, ratelimit_headers
 from proxy.limits.history import BUCKET_SECONDS
 from proxy.limits.limiter import Cost, Decision, Limiter, Ticket, Usage, Who
 from proxy.limits.periods import earliest_start
-from proxy.limits.pricing import Price, price_metered, price_scoring
+from proxy.limits.pricing import UNPARSED, Price, parsed, price_metered, price_scoring
 from proxy.limits.speech import price_speech
 from proxy.metrics import Metrics
 from proxy.serving.catalog import Catalog
 from proxy.serving.exchange import Exchange, Hold
 from proxy.serving.pricesfile import Prices
-from proxy.serving.prompts import PromptCounter
+from proxy.serving.prompts import PromptCounter, asks
 from proxy.serving.upstream import SESSION, error_response
 from proxy.tokenizers.pool import TokenizerPool
 from proxy.wire.jsonio import top_members
@@ -52,6 +51,34 @@ HOLD = web.RequestKey("limits_hold", Hold)
 class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A refusal before forwarding: its status and message, answered in vLLM's error
+    shape (a rate limit in OpenAI's, its ``type`` the units limited) by ``answer``; a
+    realtime session ends with its message alone."""
+
+    status: int
+    message: str
+    kind: str | None = None  # a rate limit's units: tokens, requests, cost
+    final: bool = False  # never admitted as it is: x-should-retry: false
+
+    def answer(self) -> web.Response:
+        if self.status != 429:
+            response = error_response(self.status, self.message)
+            if self.final:
+                response.headers["x-should-retry"] = "false"
+            return response
+        body = {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": None,
+                "code": "rate_limit_exceeded",
+            }
+        }
+        return web.json_response(body, status=429)
 
 
 class Admission:
@@ -122,7 +149,12 @@ class Admission:
         if prepared.operation in FORM_OPERATIONS:
             return await self._admit_speech(exchange, prepared)
         count_with = self._pool.copy_for(tenant)
-        counted = await self._count_prompt(exchange, prepared) if served else None
+        lane = self._pool.lane(len(prepared.body))
+        payload, counted = UNPARSED, None
+        if served and self._prompts is not None and asks(prepared.operation):
+            # parsed once, in a worker thread, for the count and the price
+            payload = await asyncio.wrap_future(lane.submit_for(tenant, parsed, prepared.body))
+            counted = await self._count_prompt(exchange, prepared, payload)
 
         def price() -> Price:
             tok = served.tokenizer if served else None
@@ -132,15 +164,18 @@ class Admission:
                 served,
                 count_with(tok) if tok else None,
                 counted_prompt=counted,
+                payload=payload,
             )
 
-        job = self._pool.lane(len(prepared.body)).submit_for(tenant, price)
+        job = lane.submit_for(tenant, price)
         priced = await asyncio.wrap_future(job)
         if priced.refusal is not None:
             return self._unreadable(Who(tenant, model, exchange.who.key_hash), priced.refusal)
         return await self.admit(exchange, model, priced)
 
-    async def _count_prompt(self, exchange: Exchange, prepared: Prepared) -> int | None:
+    async def _count_prompt(
+        self, exchange: Exchange, prepared: Prepared, payload: Any
+    ) -> int | None:
         """A chat-like prompt's tokens as the upstream's /tokenize counts them, or None."""
         if self._prompts is None:
             return None
@@ -153,7 +188,8 @@ class Admission:
 
         headers = {"Authorization": auth} if auth else {}
         release = self.catalog.release
-        return await self._prompts.count(request.app[SESSION], prepared, release, headers, offload)
+        session = request.app[SESSION]
+        return await self._prompts.count(session, prepared, payload, release, headers, offload)
 
     async def _admit_speech(self, exchange: Exchange, prepared: Prepared) -> web.Response | None:
         """An audio request: priced by its audio's duration, read from its file in a
@@ -196,11 +232,11 @@ class Admission:
         price = Price(Cost(context, context, requests=0), "bound: an utterance at the context")
         now = self._clock()
         cost = self._with_money(who, price.cost, now)
-        if isinstance(cost, web.Response):
-            return _message(cost)
+        if isinstance(cost, Refused):
+            return cost.message
         decision = await self.limiter.reserve(who, cost, now)
         if decision.refusal is not None:
-            return _message(self._refuse(who, decision, price))
+            return self._refuse(who, decision, price).message
         assert decision.ticket is not None
         return decision.ticket
 
@@ -246,8 +282,8 @@ class Admission:
         who = Who(exchange.who.tenant, model, exchange.who.key_hash)
         now = self._clock()
         cost = self._with_money(who, price.cost, now, units)
-        if isinstance(cost, web.Response):
-            return cost
+        if isinstance(cost, Refused):
+            return cost.answer()
         decision = await self.limiter.reserve(who, cost, now)
         exchange.hold.decided(decision)
         exchange.request[HOLD] = exchange.hold
@@ -256,11 +292,11 @@ class Admission:
             self._metrics.budget_remaining.labels(name, *self._metrics.tenant(who.tenant)).set(left)
         if decision.refusal is None:
             return None
-        return self._refuse(who, decision, price)
+        return self._refuse(who, decision, price).answer()
 
     def _with_money(
         self, who: Who, cost: Cost, now: float, units: Quantities | None = None
-    ) -> Cost | web.Response:
+    ) -> Cost | Refused:
         """``cost`` with what it may cost in money when a money budget applies to ``who``
         (``units`` at the dearest price in force from now to its timeout); a refusal when
         it cannot be priced."""
@@ -284,11 +320,8 @@ class Admission:
         log.warning(
             "unpriced_request", tenant=who.tenant, model=who.model, budget=budget, why=priced.why
         )
-        refusal = error_response(
-            400, f"This request cannot be admitted under the {budget} budget: {priced.why}."
-        )
-        refusal.headers["x-should-retry"] = "false"
-        return refusal
+        why = f"This request cannot be admitted under the {budget} budget: {priced.why}."
+        return Refused(400, why, final=True)
 
     def _unreadable(self, who: Who, why: str) -> web.Response:
         """A request the pricing cannot read, under a limit that needs its price: it can
@@ -307,7 +340,7 @@ class Admission:
         table = self.table
         return f"{plain(from_nanos(nanos))} {table.currency if table else ''}".rstrip()
 
-    def _refuse(self, who: Who, decision: Decision, price: Price) -> web.Response:
+    def _refuse(self, who: Who, decision: Decision, price: Price) -> Refused:
         refusal = decision.refusal
         assert refusal is not None
         self._metrics.limited.labels(refusal.limit, *self._metrics.tenant(who.tenant)).inc()
@@ -330,7 +363,7 @@ class Admission:
 
         if refusal.unavailable:
             why = refusal.why or "the limits store cannot answer for this tenant's limits"
-            return error_response(503, f"{why[0].upper()}{why[1:]}; please try again later.")
+            return Refused(503, f"{why[0].upper()}{why[1:]}; please try again later.")
         if refusal.alone:
             why = (
                 " It sets no completion cap, so its completion is priced at what the "
@@ -339,24 +372,18 @@ class Admission:
                 if price.uncapped
                 else ""
             )
-            return error_response(
+            return Refused(
                 400,
                 f"This request alone costs {said(refusal.cost)}, more than the whole {where} "
                 f"({said(refusal.amount)}): it can never be admitted; reduce it.{why}",
             )
         kind = "requests" if refusal.limit.startswith(("requests", "concurrency")) else "tokens"
         kind = "cost" if money else kind
-        body = {
-            "error": {
-                "message": f"Rate limit reached for {where}: limit {said(refusal.amount)}, "
-                f"requested {said(refusal.cost)}. Please try again in "
-                f"{duration(refusal.wait)}.",
-                "type": kind,
-                "param": None,
-                "code": "rate_limit_exceeded",
-            }
-        }
-        return web.json_response(body, status=429)
+        message = (
+            f"Rate limit reached for {where}: limit {said(refusal.amount)}, "
+            f"requested {said(refusal.cost)}. Please try again in {duration(refusal.wait)}."
+        )
+        return Refused(429, message, kind)
 
     async def settle(self, hold: Hold) -> None:
         """The exchange ended: its reservation becomes what its record bills, or is given
@@ -408,13 +435,6 @@ class Admission:
 
 
 ADMISSION = web.AppKey("admission", Admission)
-
-
-def _message(refusal: web.Response) -> str:
-    """The message of a refusal in OpenAI's error shape."""
-    assert isinstance(refusal.body, bytes)
-    message = json.loads(refusal.body)["error"]["message"]
-    return str(message)
 
 
 async def add_headers(request: web.Request, response: web.StreamResponse) -> None:

@@ -5,13 +5,17 @@ Auditing never breaks serving: a prompt that cannot be counted so (no ``/tokeniz
 error, a timeout, an answer that is not vLLM's) is priced by the byte bound as before,
 logged (``prompt_count_failed``) and counted in ``usage_proxy_prompt_counts_total``.
 Bodies are parsed and answers read in worker threads; the loop only sends and receives.
+
+Counting never crowds out forwarding on the shared upstream session: a request that would
+need more than ``MOST_CALLS`` calls (a batch of many conversations, a long prompt list)
+keeps the byte bound (``too_many``), and at most ``MOST_IN_FLIGHT`` calls per process are
+in flight at once, whatever the number of requests being counted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import io
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -30,6 +34,10 @@ log = structlog.get_logger("proxy.serving.prompts")
 COUNTED = "tokenize"
 # An answer of /tokenize larger than this is not read (a prompt of ~8M token ids).
 MOST_ANSWER_BYTES = 64 << 20
+# A request needing more /tokenize calls than this keeps the byte bound.
+MOST_CALLS = 32
+# /tokenize calls in flight at once per process (of --upstream-connections).
+MOST_IN_FLIGHT = 16
 Offload = Callable[[Callable[[], Any]], Awaitable[Any]]
 
 
@@ -48,28 +56,33 @@ class PromptCounter:
         self._url = base.rstrip("/") + "/tokenize"
         self._metrics = metrics
         self._timeout = timeout
+        self._in_flight = asyncio.Semaphore(MOST_IN_FLIGHT)
 
     async def count(
         self,
         session: aiohttp.ClientSession,
         prepared: Prepared,
+        payload: Any,
         release: Release,
         headers: dict[str, str],
         offload: Offload,
     ) -> int | None:
         """``prepared``'s prompt tokens as vLLM renders them, or None (the byte bound):
-        ``offload`` runs a callable in a worker thread; ``headers`` go with each call (the
-        client's authorization, as the request itself carries it upstream)."""
+        ``payload`` is its body parsed (``pricing.parsed``, by the caller, who prices it
+        from the same); ``offload`` runs a callable in a worker thread; ``headers`` go with
+        each call (the client's authorization, as the request itself carries it upstream)."""
         operation = prepared.operation
-        if operation not in CHAT_OPERATIONS | POOLING_OPERATIONS:
+        if not asks(operation):
             return None
         try:
             async with asyncio.timeout(self._timeout):
-                bodies, cut = await offload(lambda: _asked(prepared, release))
+                bodies, cut = await offload(lambda: _asked(operation, payload, release))
                 if bodies is None:  # a pooling request of inputs: counted by the proxy
                     return None
                 if not bodies:
                     raise CountFailed("not_countable", "no prompt /tokenize can render")
+                if len(bodies) > MOST_CALLS:
+                    raise CountFailed("too_many", f"{len(bodies)} prompts to count")
                 answers = await asyncio.gather(*(self._ask(session, b, headers) for b in bodies))
                 total: int | None = await offload(lambda: counted(list(answers), cut))
             if total is None:
@@ -91,7 +104,10 @@ class PromptCounter:
         data: bytes | io.BytesIO = body
         if len(body) > LARGE_BODY_BYTES:  # written in chunks, as a forwarded body is
             data = io.BytesIO(body)
-        async with session.post(self._url, data=data, headers=sent) as answer:
+        async with (
+            self._in_flight,
+            session.post(self._url, data=data, headers=sent) as answer,
+        ):
             if answer.status != 200:
                 raise CountFailed("refused", f"/tokenize answered {answer.status}")
             body, whole = await read_answer(answer, MOST_ANSWER_BYTES)
@@ -101,21 +117,22 @@ class PromptCounter:
 
     def _fallback(self, operation: str, outcome: str, detail: str) -> None:
         self._metrics.prompt_counts.labels(outcome).inc()
-        if outcome != "not_countable":
+        if outcome not in ("not_countable", "too_many"):
             log.warning("prompt_count_failed", operation=operation, why=outcome, detail=detail)
         return None
 
 
-def _asked(prepared: Prepared, release: Release) -> tuple[list[bytes] | None, Any]:
-    """The /tokenize bodies for ``prepared`` and its ``truncate_prompt_tokens``; None for a
+def asks(operation: str) -> bool:
+    """Whether a request of ``operation`` may have its prompt counted by /tokenize."""
+    return operation in CHAT_OPERATIONS | POOLING_OPERATIONS
+
+
+def _asked(operation: str, payload: Any, release: Release) -> tuple[list[bytes] | None, Any]:
+    """The /tokenize bodies for ``payload`` and its ``truncate_prompt_tokens``; None for a
     pooling request that is no conversation (nothing to ask)."""
-    try:
-        payload = json.loads(prepared.body)
-    except ValueError:
-        return [], None
     if not isinstance(payload, dict):
         return [], None
-    if prepared.operation in POOLING_OPERATIONS and "messages" not in payload:
+    if operation in POOLING_OPERATIONS and "messages" not in payload:
         return None, None
     cut = payload.get("truncate_prompt_tokens")
-    return requests_for(prepared.operation, payload, release), cut
+    return requests_for(operation, payload, release), cut

@@ -167,6 +167,32 @@ async def test_a_list_is_one_engine_request_per_member(
     assert work(fake) <= budget, [s for s, _ in statuses]
 
 
+@pytest.mark.parametrize("messages", [[], [{"content": "x"}]])
+async def test_embeddings_read_by_input_are_priced_by_input(
+    aiohttp_server: Any,
+    aiohttp_client: Any,
+    minilm_path: Path,
+    tmp_path: Path,
+    messages: Any,
+) -> None:
+    """An embeddings body with 400 texts in ``input`` and a ``messages`` that vLLM's union
+    does not read as a conversation (it reads ``input``) was priced as one conversation
+    (62x): ten at once never take the engine past the budget."""
+    body = json.dumps({"input": [LONG] * 400, "messages": messages}).encode()
+    fake, statuses = await burst(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tmp_path,
+        {"total_tokens_per_day": 2000},
+        "/v1/embeddings",
+        body,
+        10,
+        context=256,
+    )
+    assert work(fake) <= 2000, [s for s, _ in statuses]
+
+
 async def test_an_escaped_image_part_is_priced_as_an_image(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
 ) -> None:

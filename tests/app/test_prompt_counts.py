@@ -7,9 +7,11 @@ tokenizer is given a ChatML template."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from transformers import AutoTokenizer
 
@@ -107,3 +109,30 @@ async def test_a_prompt_the_upstream_cannot_count_keeps_the_byte_bound(
     sample = client.app[METRICS].registry.get_sample_value
     assert sample("usage_proxy_prompt_counts_total", {"outcome": "refused"}) == 1
     assert sample("usage_proxy_prompt_counts_total", {"outcome": "tokenize"}) is None
+
+
+async def test_a_budgeted_chat_is_parsed_once_to_count_and_price_it(
+    aiohttp_server: Any,
+    aiohttp_client: Any,
+    minilm_path: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The body is parsed whole once by the proxy (in a worker thread) for both its
+    /tokenize requests and its price (it was parsed for each)."""
+    budget = {"tenants": {"acme": {"total_tokens_per_day": 100_000}}}
+    _, client = await limited_proxy(aiohttp_server, aiohttp_client, minilm_path, tmp_path, budget)
+    raw = json.dumps(chat(8)).encode()
+    callers: list[str] = []
+    loads = json.loads
+
+    def watched(text: Any, **options: Any) -> Any:
+        if text == raw:
+            callers.append(sys._getframe(1).f_globals["__name__"])
+        return loads(text, **options)
+
+    monkeypatch.setattr(json, "loads", watched)
+    headers = {**ACME, "Content-Type": "application/json"}
+    resp = await client.post("/v1/chat/completions", data=raw, headers=headers)
+    assert resp.status == 200, await resp.text()
+    assert [c for c in callers if c.startswith("proxy.")] == ["proxy.limits.pricing"]

@@ -3,11 +3,13 @@ request cases of the matrix, and the report the session prints at its end."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from scripts.vllm_cpu import E2E_VERSIONS
+from scripts.vllm_cpu import E2E_VERSIONS, Process
 
 VERSIONS = E2E_VERSIONS
 # Start-up has its own budget and concurrency (see conftest.py); TIMINGS collects what the
@@ -15,6 +17,9 @@ VERSIONS = E2E_VERSIONS
 STARTUP_BUDGET_S = float(os.environ.get("E2E_STARTUP_BUDGET", "900"))
 START_CONCURRENCY = int(os.environ.get("E2E_START_CONCURRENCY", "3"))
 TIMINGS: dict[str, float] = {}
+# conftest's ``generating``: starts a generating vLLM 0.32.0, ``(logs, context, *extra,
+# env=...)``, as a context manager
+StartGenerate = Callable[..., contextlib.AbstractContextManager[Process]]
 
 FAMILIES = ("bi-encoder", "cross-encoder", "late-interaction")
 MODEL_NAMES = {

@@ -12,6 +12,7 @@ on 2 cores starve each other past any sensible health deadline.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +39,7 @@ from tests.e2e.cases import (
     VERSIONS,
     Cluster,
     Pair,
+    StartGenerate,
 )
 
 TEST_TIMEOUT_S = 300
@@ -115,6 +117,42 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     finally:
         for process in processes:
             process.stop()
+
+
+GENERATE_RELEASE = "0.32.0"
+
+
+@contextlib.contextmanager
+def _generating(
+    logs: Path, context: int, *extra: str, env: dict[str, str] | None = None
+) -> Iterator[Process]:
+    """vLLM 0.32.0 serving the tiny random Qwen3 as a generate model named ``gen`` with a
+    ``context``-token window (and ``extra`` arguments, ``env``), ready; stopped after."""
+    model = prepare_models(provision(VERSIONS[0]))["generate"]
+    with reserved(1) as slots:
+        server = start_vllm(
+            provision(GENERATE_RELEASE),
+            model,
+            "gen",
+            logs,
+            extra_args=["--runner", "generate", "--max-model-len", str(context), *extra],
+            env=env,
+            slots=[slots.pop()],
+        )
+    try:
+        server.wait_ready("/health", STARTUP_BUDGET_S)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def generating() -> StartGenerate:
+    """Starts a generating vLLM 0.32.0 (``_generating``): the set-up the tests of tenant
+    doors, caps and prompt counts share; skipped where 0.32.0 is not an e2e release."""
+    if GENERATE_RELEASE not in VERSIONS:
+        pytest.skip(f"vLLM {GENERATE_RELEASE} is not among the e2e releases")
+    return _generating
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

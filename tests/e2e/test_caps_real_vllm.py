@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from proxy.ledger.windows import parse_engine_counters
-from scripts.vllm_cpu import Process, prepare_models, provision, reserved, start_proxy, start_vllm
-from tests.e2e.cases import STARTUP_BUDGET_S, VERSIONS
+from scripts.vllm_cpu import start_proxy
+from tests.e2e.cases import StartGenerate
 from tests.support.fakevllm.engine import read_generation
 
 pytestmark = pytest.mark.e2e
@@ -46,41 +46,25 @@ class Engine:
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+def engine(tmp_path_factory: pytest.TempPathFactory, generating: StartGenerate) -> Iterator[Engine]:
     """vLLM 0.32.0 generating with a 1,024-token context; the proxy with one tenant per
     case, each with its total-token budget (``BUDGETS``)."""
-    if RELEASE not in VERSIONS:
-        pytest.skip(f"vLLM {RELEASE} is not among the e2e releases")
     logs = tmp_path_factory.mktemp("caps-logs")
     limits = logs / "limits.yaml"
     tenants = {name: {"total_tokens_per_day": BUDGETS[name]} for name in CASES}
     limits.write_text(json.dumps({"tenants": tenants}))
-    model = prepare_models(provision(VERSIONS[0]))["generate"]
-    processes: list[Process] = []
-    try:
-        with reserved(1) as slots:
-            server = start_vllm(
-                provision(RELEASE),
-                model,
-                "gen",
-                logs,
-                extra_args=["--runner", "generate", "--max-model-len", str(CONTEXT)],
-                slots=[slots.pop()],
-            )
-        processes.append(server)
-        server.wait_ready("/health", STARTUP_BUDGET_S)
+    with generating(logs, CONTEXT) as server:
         proxy = start_proxy(
             server.url,
             logs,
             *("--limits", str(limits), "--tenant-header", "X-Tenant-Id"),
             *("--journal", str(logs / "journal.sqlite")),  # its own: no budget restored
         )
-        processes.append(proxy)
-        proxy.wait_ready("/readyz", 60)
-        yield Engine(server.url, proxy.url)
-    finally:
-        for process in processes:
-            process.stop()
+        try:
+            proxy.wait_ready("/readyz", 60)
+            yield Engine(server.url, proxy.url)
+        finally:
+            proxy.stop()
 
 
 def call(url: str, body: dict[str, Any], tenant: str | None = None) -> tuple[int, Any]:

@@ -26,11 +26,9 @@ from scripts.vllm_cpu import (
     post,
     prepare_models,
     provision,
-    reserved,
     start_proxy,
-    start_vllm,
 )
-from tests.e2e.cases import STARTUP_BUDGET_S, VERSIONS
+from tests.e2e.cases import VERSIONS, StartGenerate
 from tests.support.fakevllm import FakeVLLM
 
 pytestmark = pytest.mark.e2e
@@ -49,26 +47,12 @@ class Engine:
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+def engine(tmp_path_factory: pytest.TempPathFactory, generating: StartGenerate) -> Iterator[Engine]:
     """vLLM 0.32.0 generating with the tiny Qwen3 (context 2048)."""
-    if RELEASE not in VERSIONS:
-        pytest.skip(f"vLLM {RELEASE} is not among the e2e releases")
     logs = tmp_path_factory.mktemp("prompt-counts")
-    model = prepare_models(provision(VERSIONS[0]))["generate"]
-    with reserved(1) as slots:
-        server = start_vllm(
-            provision(RELEASE),
-            model,
-            "gen",
-            logs,
-            extra_args=["--runner", "generate", "--max-model-len", "2048"],
-            slots=[slots.pop()],
-        )
-    try:
-        server.wait_ready("/health", STARTUP_BUDGET_S)
+    with generating(logs, 2048) as server:
+        model = prepare_models(provision(VERSIONS[0]))["generate"]
         yield Engine(server.url, model, logs)
-    finally:
-        server.stop()
 
 
 def tokenized(url: str, operation: str, body: dict[str, Any]) -> int | None:

@@ -19,14 +19,9 @@ import pytest
 from proxy.ledger.windows import parse_engine_counters
 from proxy.serving.tenancy import key_digest
 from scripts.vllm_cpu import (
-    Process,
-    prepare_models,
-    provision,
-    reserved,
     start_proxy,
-    start_vllm,
 )
-from tests.e2e.cases import STARTUP_BUDGET_S, VERSIONS
+from tests.e2e.cases import StartGenerate
 
 pytestmark = pytest.mark.e2e
 RELEASE = "0.32.0"
@@ -42,38 +37,19 @@ class Doors:
 
 
 @pytest.fixture(scope="module")
-def doors(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Doors]:
+def doors(tmp_path_factory: pytest.TempPathFactory, generating: StartGenerate) -> Iterator[Doors]:
     """vLLM 0.32.0 generating, with the response store, and the proxy with two tenants."""
-    if RELEASE not in VERSIONS:
-        pytest.skip(f"vLLM {RELEASE} is not among the e2e releases")
     logs = tmp_path_factory.mktemp("doors-logs")
     keys = logs / "keys.yaml"
     keys.write_text("".join(f"{t}: {key_digest(k)}\n" for t, k in KEYS.items()))
-    model = prepare_models(provision(VERSIONS[0]))["generate"]
-    processes: list[Process] = []
-    try:
-        with reserved(1) as slots:
-            server = start_vllm(
-                provision(RELEASE),
-                model,
-                "gen",
-                logs,
-                extra_args=[
-                    *("--runner", "generate", "--max-model-len", "2048"),
-                    "--enable-prompt-tokens-details",
-                ],
-                env={"VLLM_ENABLE_RESPONSES_API_STORE": "1"},
-                slots=[slots.pop()],
-            )
-        processes.append(server)
-        server.wait_ready("/health", STARTUP_BUDGET_S)
+    store = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
+    with generating(logs, 2048, "--enable-prompt-tokens-details", env=store) as server:
         proxy = start_proxy(server.url, logs, "--api-keys", str(keys))
-        processes.append(proxy)
-        proxy.wait_ready("/readyz", 60)
-        yield Doors(server.url, proxy.url)
-    finally:
-        for process in processes:
-            process.stop()
+        try:
+            proxy.wait_ready("/readyz", 60)
+            yield Doors(server.url, proxy.url)
+        finally:
+            proxy.stop()
 
 
 def call(

@@ -11,7 +11,8 @@ how vLLM reads the body. Read from vLLM 0.32.0's source, independently of the pr
   than the context.
 - one engine request per conversation of ``/v1/chat/completions/batch``, per prompt of a
   completion's list, per ``/v2/embed`` text, image or input, per conversation of an
-  embeddings ``messages`` list, per ``/generative_scoring`` item (the query and the item
+  embeddings ``messages`` list (or per ``input`` where vLLM's union reads that:
+  ``pooled_conversations``), per ``/generative_scoring`` item (the query and the item
   cut to the context less one, one token generated).
 - a prompt's tokens: its text with the real tokenizer (roles and contents in order),
   ``media_tokens`` per media part (the processor's placeholders), token ids by length.
@@ -71,8 +72,9 @@ class EngineAPI(FakeState):
             others = len(body.get("images") or []) + len(body.get("inputs") or [])
             return [Work(min(n, context), 0) for n in texts] + [Work(self.media_tokens, 0)] * others
         if path == "/v1/embeddings":
-            talks = body.get("messages") or []
-            talks = talks if talks and isinstance(talks[0], list) else [talks]
+            talks = pooled_conversations(body)
+            if talks is None:
+                return [Work(min(self.count(i), context), 0) for i in pooled_inputs(body)]
             return [Work(self.prompt_of(t), 0) for t in talks]
         if path == "/generative_scoring":
             query = self.count(body["query"])
@@ -120,6 +122,36 @@ class EngineAPI(FakeState):
         if _ids(prompt):
             return len(prompt)
         return len(self.tokenizer(str(prompt), add_special_tokens=special)["input_ids"])
+
+
+def pooled_conversations(body: dict[str, Any], batch: bool = True) -> list[Any] | None:
+    """The conversations a pooling body renders as vLLM 0.29.0 and 0.32.0's request union
+    (``EmbeddingRequest``, ``ClassificationRequest``, ``PoolingRequest``: pydantic's smart
+    mode, extra fields allowed) reads it, checked against both: the chat variant when
+    ``messages`` is a non-empty list of messages (each an object with a role), or, for
+    embeddings (``batch``), a non-empty list of such lists; else None, and the completion
+    variant reads ``input`` (whatever ``messages`` holds: ``[]``, a string, messages
+    without a role)."""
+    messages = body.get("messages")
+    if _conversation(messages):
+        return [messages]
+    if batch and isinstance(messages, list) and messages and all(map(_conversation, messages)):
+        return list(messages)
+    return None
+
+
+def pooled_inputs(body: dict[str, Any]) -> list[Any]:
+    """A pooling body's ``input`` as the completion variant reads it: each one prompt."""
+    given = body.get("input")
+    return given if isinstance(given, list) and not _ids(given) else [given]
+
+
+def _conversation(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in value)
+    )
 
 
 def read_generation(path: str, body: dict[str, Any]) -> tuple[list[Any], int | None, int]:

@@ -9,10 +9,11 @@ import uuid
 from aiohttp import web
 from multidict import CIMultiDict
 
-from tests.support.fakevllm.base import FakeState, dumps, error
+from tests.support.fakevllm.base import dumps, error
+from tests.support.fakevllm.engine import EngineAPI, pooled_conversations, pooled_inputs
 
 
-class EmbeddingsAPI(FakeState):
+class EmbeddingsAPI(EngineAPI):
     """The pooling endpoint of an embedding model."""
 
     async def handle_embeddings(self, request: web.Request) -> web.Response:
@@ -21,8 +22,12 @@ class EmbeddingsAPI(FakeState):
         self.seen_headers.append(CIMultiDict(request.headers))
         if not self.known_model(body):
             return error(404, f"The model `{body['model']}` does not exist.", "NotFoundError")
-        inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
-        lengths = [len(self.tokenizer(text)["input_ids"]) for text in inputs]
+        talks = pooled_conversations(body)
+        if talks is None:
+            inputs = pooled_inputs(body)
+            lengths = [len(self.tokenizer(text)["input_ids"]) for text in inputs]
+        else:  # as vLLM's union reads the body: a chat variant, each conversation rendered
+            inputs, lengths = talks, [self.prompt_of(t) for t in talks]
         self.prompt_tokens_total += sum(lengths)
         answer = {
             "id": f"embd-{uuid.uuid4().hex[:16]}",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from proxy.limits.limiter import Cost
 from proxy.limits.pooling import generative_scoring_cost, pooling_cost
 from proxy.tokenizers.hf import HFTokenizer
@@ -22,6 +24,32 @@ def test_a_list_of_conversations_is_a_context_each() -> None:
     talk = [{"role": "user", "content": "hi"}]
     assert pooling_cost("embeddings", {"messages": [talk] * 3}, 100, None) == (Cost(300), False)
     assert pooling_cost("classify", {"messages": talk}, 100, None) == (Cost(100), False)
+
+
+TALK = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("operation", ["embeddings", "classify", "pooling"])
+@pytest.mark.parametrize(
+    "messages", [[], [{"content": "x"}], "a string", TALK, [TALK, TALK]], ids=repr
+)
+def test_a_body_with_messages_and_input_pays_the_larger_reading(
+    minilm: HFTokenizer, operation: str, messages: object
+) -> None:
+    """vLLM's union reads ``input`` when ``messages`` is no conversation (``[]``, a message
+    without a role, a string; a batch on classify and pooling: checked on 0.29.0 and
+    0.32.0), else the conversation: priced at the larger reading, whichever vLLM picks
+    (400 texts were priced as one conversation)."""
+    inputs = {"input": ["hello there"] * 400}
+    alone = pooling_cost(operation, inputs, 256, minilm)
+    talks = pooling_cost(operation, {"messages": messages}, 256, minilm)
+    assert alone is not None
+    assert talks is not None
+    both = {**inputs, "messages": messages}
+    larger = max(alone[0].prompt, talks[0].prompt)
+    assert pooling_cost(operation, both, 256, minilm) == (Cost(larger), False)
+    counted = pooling_cost(operation, both, 256, minilm, counted=9)
+    assert counted == (Cost(max(alone[0].prompt, 9)), False)
 
 
 def test_inputs_the_proxy_cannot_read_have_no_price() -> None:

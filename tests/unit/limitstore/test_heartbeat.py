@@ -5,6 +5,7 @@ from an old snapshot rebuilt."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 
@@ -149,4 +150,32 @@ async def test_a_count_read_replaces_the_one_recalled(
         await asyncio.sleep(0.4)
         assert await limiter.beat(1.0) == 1
     assert (limiter.heartbeat.counted, limiter.mode.replicas) == (True, 1)
+    assert CountFile(tmp_path / "count").read() == 1
+
+
+class WatchedCountFile(CountFile):
+    """A count file that notes the thread each write runs in."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.threads: list[threading.Thread] = []
+
+    def write(self, count: int) -> None:
+        self.threads.append(threading.current_thread())
+        super().write(count)
+
+
+async def test_the_count_is_kept_off_the_event_loop(
+    make_guarded: MakeGuarded, tmp_path: Path
+) -> None:
+    """Keeping the count read (a file written and replaced) never runs on the event loop:
+    each write is in a worker thread, and the count is kept."""
+    kept = WatchedCountFile(tmp_path / "count")
+    limiter = make_guarded(policies(prompt_tokens_per_day=300), "r0", kept=kept)
+    await limiter.restore([], time.time())
+    for _ in range(3):  # it stays a whole registry TTL (0.6 s here)
+        assert await limiter.beat(0.6) == 1
+        await asyncio.sleep(0.3)
+    assert kept.threads
+    assert threading.current_thread() not in kept.threads
     assert CountFile(tmp_path / "count").read() == 1

@@ -18,7 +18,7 @@ from transformers import AutoTokenizer
 from proxy.accounting.dispatch import Prepared
 from proxy.accounting.types import Release
 from proxy.metrics import Metrics
-from proxy.serving.prompts import PromptCounter
+from proxy.serving.prompts import MOST_CALLS, MOST_IN_FLIGHT, PromptCounter
 from proxy.settings import Settings
 from tests.support.fakevllm import FakeVLLM
 
@@ -27,6 +27,7 @@ CHATML = (
     "{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+RELEASE = Release("0.32.0")
 CHAT = {"model": "minilm", "messages": [{"role": "user", "content": "hello there"}]}
 
 
@@ -39,7 +40,8 @@ def chat(payload: dict[str, Any] = CHAT, operation: str = "chat") -> Prepared:
 
 
 def outcomes(metrics: Metrics) -> dict[str, float]:
-    names = ("tokenize", "not_countable", "refused", "timeout", "unreachable", "invalid")
+    names = ("tokenize", "not_countable", "too_many", "refused", "timeout", "unreachable")
+    names += ("invalid",)
     sample = metrics.registry.get_sample_value
     counts = {n: sample("usage_proxy_prompt_counts_total", {"outcome": n}) for n in names}
     return {n: v for n, v in counts.items() if v}
@@ -49,7 +51,8 @@ async def count(base: str, prepared: Prepared, timeout: float = 2.0) -> tuple[An
     metrics = Metrics(Settings(upstream=base))
     counter = PromptCounter(base, metrics, timeout=timeout)
     async with aiohttp.ClientSession() as session:
-        got = await counter.count(session, prepared, Release("0.32.0"), {}, inline)
+        payload = json.loads(prepared.body)
+        got = await counter.count(session, prepared, payload, RELEASE, {}, inline)
     return got, metrics
 
 
@@ -153,3 +156,60 @@ async def test_a_long_prompt_is_counted_whole(aiohttp_server: Any, fake: FakeVLL
     text = "word " * 300_000
     got, _ = await count(str(server.make_url("")), chat({"prompt": text}, "completions"), 30)
     assert got == len(fake.tokenizer(text)["input_ids"])
+
+
+def batch(conversations: int) -> Prepared:
+    turn = [{"role": "user", "content": "hi"}]
+    return chat({"model": "minilm", "messages": [turn] * conversations})
+
+
+async def test_a_huge_batch_is_not_asked(aiohttp_server: Any, fake: FakeVLLM) -> None:
+    """A batch chat of 10,000 tiny conversations makes no /tokenize call (the byte bound
+    stays, counted as too_many); one of MOST_CALLS conversations is still counted."""
+    server = await aiohttp_server(fake.app())
+    base = str(server.make_url(""))
+    got, metrics = await count(base, batch(10_000))
+    assert (got, fake.tokenize_calls) == (None, 0)
+    assert outcomes(metrics) == {"too_many": 1}
+    got, metrics = await count(base, batch(MOST_CALLS))
+    assert got is not None
+    assert (fake.tokenize_calls, outcomes(metrics)) == (MOST_CALLS, {"tokenize": 1})
+
+
+async def test_counting_never_holds_the_forwarding_connections(aiohttp_server: Any) -> None:
+    """Twenty batches of MOST_CALLS conversations counted at once on a session with the
+    proxy's connection limit: at most MOST_IN_FLIGHT /tokenize calls are open, and another
+    tenant's request through the same session is answered while they all still wait."""
+    release, open_calls = asyncio.Event(), []
+
+    async def held(request: web.Request) -> web.Response:
+        open_calls.append(request)
+        await release.wait()
+        return web.json_response({"count": 1})
+
+    async def other(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_post("/tokenize", held)
+    app.router.add_get("/v1/models", other)
+    server = await aiohttp_server(app)
+    base = str(server.make_url(""))
+    settings = Settings(upstream=base)
+    counter = PromptCounter(base, Metrics(settings), timeout=30)
+    connector = aiohttp.TCPConnector(limit=settings.upstream_connections)
+    many = batch(MOST_CALLS)
+    asked = json.loads(many.body)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        counts = [
+            asyncio.create_task(counter.count(session, many, asked, RELEASE, {}, inline))
+            for _ in range(20)
+        ]
+        while len(open_calls) < min(MOST_IN_FLIGHT, settings.upstream_connections):
+            await asyncio.sleep(0.01)
+        async with asyncio.timeout(5):
+            async with session.get(base + "/v1/models") as answer:
+                assert answer.status == 200
+        assert len(open_calls) == MOST_IN_FLIGHT
+        release.set()
+        assert await asyncio.gather(*counts) == [MOST_CALLS] * 20
