@@ -40,6 +40,8 @@ def tokenize_requests(operation: str, payload: dict[str, Any], release: Release)
 
 
 def _requests(operation: str, payload: dict[str, Any], release: Release) -> list[Request]:
+    if _forwarded_ids(payload):
+        return []
     model = payload.get("model")
     named = {"model": model} if isinstance(model, str) and model else {}
     if operation == Operation.CHAT:
@@ -238,6 +240,15 @@ def _plain_content(content: Any) -> bool:
     return isinstance(content, list) and all(
         isinstance(p, dict) and p.get("type") in TEXT_PARTS for p in content
     )
+
+
+def _forwarded_ids(payload: dict[str, Any]) -> bool:
+    """Prompt token ids forwarded for decode-side reuse: vLLM 0.32.0 feeds them to the
+    engine instead of the rendered messages (chat, Responses and Messages, on any server:
+    ``renderers/online_renderer.py`` ``_reused_prompt_token_ids``), so the messages'
+    count says nothing of the engine's prompt."""
+    params = payload.get("kv_transfer_params")
+    return isinstance(params, dict) and params.get("prompt_token_ids") is not None
 
 
 def _copied(payload: dict[str, Any], names: tuple[str, ...]) -> Request:

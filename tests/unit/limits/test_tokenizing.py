@@ -85,6 +85,24 @@ def test_prompts_it_cannot_render_as_the_route_are_not_asked(
     assert asked(operation, payload, release) == []
 
 
+REUSED = {"prompt_token_ids": list(range(1000))}
+
+
+@pytest.mark.parametrize(
+    ("operation", "payload"),
+    [
+        ("chat", {"messages": HI, "kv_transfer_params": REUSED}),
+        ("responses", {"input": "hi", "kv_transfer_params": REUSED}),
+        ("messages", {"messages": HI, "max_tokens": 1, "kv_transfer_params": REUSED}),
+    ],
+)
+def test_a_prompt_forwarded_as_token_ids_is_not_asked(operation: str, payload: Any) -> None:
+    """vLLM 0.32.0 feeds ``kv_transfer_params.prompt_token_ids`` to the engine instead of
+    the rendered messages (``_reused_prompt_token_ids``, on any server): counting the
+    messages would price 1,000 prompt tokens as a few. Not asked: the byte bound stays."""
+    assert asked(operation, payload) == []
+
+
 def test_completions_ask_each_text_prompt() -> None:
     """A batch of text prompts is one /tokenize each, special tokens as the request says."""
     payload = {"model": "gen", "prompt": ["a", "b c"], "add_special_tokens": False}
