@@ -98,8 +98,9 @@ def _template_kwargs(given: Any, payload: dict[str, Any]) -> dict[str, Any] | No
 
 
 def _completions(payload: dict[str, Any], named: Request) -> list[Request]:
-    """Text prompts, each counted with the special tokens the route adds."""
-    if payload.get("prompt_embeds") is not None:
+    """Text prompts, each counted with the special tokens the route adds; none with a
+    ``suffix`` (a FIM renderer renders prompt, hole and suffix; /tokenize the prompt)."""
+    if payload.get("prompt_embeds") is not None or payload.get("suffix") is not None:
         return []
     prompt = payload.get("prompt")
     prompts = prompt if isinstance(prompt, list) and prompt else [prompt]

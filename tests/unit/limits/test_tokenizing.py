@@ -103,6 +103,13 @@ def test_a_prompt_forwarded_as_token_ids_is_not_asked(operation: str, payload: A
     assert asked(operation, payload) == []
 
 
+def test_a_completion_with_a_suffix_is_not_asked() -> None:
+    """A ``suffix`` is rendered into the prompt (fill-in-the-middle: prompt, hole, suffix)
+    by renderers that have FIM; /tokenize has no suffix, so the prompt alone would count
+    less than the engine reads."""
+    assert asked("completions", {"prompt": "def f(", "suffix": "x" * 4000}) == []
+
+
 def test_completions_ask_each_text_prompt() -> None:
     """A batch of text prompts is one /tokenize each, special tokens as the request says."""
     payload = {"model": "gen", "prompt": ["a", "b c"], "add_special_tokens": False}
