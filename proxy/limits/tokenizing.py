@@ -60,10 +60,16 @@ def _requests(operation: str, payload: dict[str, Any], release: Release) -> list
 def _chat(payload: dict[str, Any], release: Release, named: Request) -> list[Request]:
     """A chat (or the batch route's conversations): its messages, tools and template
     fields; ``documents`` and ``reasoning_effort`` reach the template as the chat route
-    passes them (``ChatCompletionRequest.build_chat_params``)."""
+    passes them (``ChatCompletionRequest.build_chat_params``). None with a
+    ``response_format`` or a tool choice the renderer may render (``kimi_k3.py`` renders
+    both; /tokenize has neither field)."""
     tools = payload.get("tools")
     if tools is not None and not (isinstance(tools, list) and release.since(TOOLS_SINCE)):
         return []
+    if payload.get("response_format") is not None or (
+        tools and payload.get("tool_choice") not in (None, "auto", "none")
+    ):
+        return []  # Kimi K3's renderer renders them; /tokenize carries neither
     messages = payload.get("messages")
     if not isinstance(messages, list):
         return []

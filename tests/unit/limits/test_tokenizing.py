@@ -110,6 +110,25 @@ def test_a_completion_with_a_suffix_is_not_asked() -> None:
     assert asked("completions", {"prompt": "def f(", "suffix": "x" * 4000}) == []
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "s"}}},
+        {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
+        {
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": {"type": "function", "function": {"name": "f"}},
+        },
+    ],
+)
+def test_a_chat_whose_template_reads_what_tokenize_lacks_is_not_asked(
+    extra: dict[str, Any],
+) -> None:
+    """Kimi K3's renderer (``renderers/kimi_k3.py``) renders ``response_format`` and a
+    tool choice other than auto/none into the prompt, and /tokenize carries neither."""
+    assert asked("chat", {"messages": HI, **extra}) == []
+
+
 def test_completions_ask_each_text_prompt() -> None:
     """A batch of text prompts is one /tokenize each, special tokens as the request says."""
     payload = {"model": "gen", "prompt": ["a", "b c"], "add_special_tokens": False}
