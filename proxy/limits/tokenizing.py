@@ -119,8 +119,10 @@ def _completions(payload: dict[str, Any], named: Request) -> list[Request]:
 def _responses(payload: dict[str, Any], named: Request) -> list[Request]:
     """vLLM's ``construct_input_messages``: the instructions as a system message, then the
     input (a string as one user message; message items as they are, an assistant's as its
-    first text). Tools, reasoning, a stored conversation and other items: not counted."""
-    if any(payload.get(k) is not None for k in ("tools", "previous_response_id", "reasoning")):
+    first text). Tools, reasoning, a stored conversation, Harmony's previous input
+    messages and other items: not counted."""
+    unread = ("tools", "previous_response_id", "previous_input_messages", "reasoning")
+    if any(payload.get(k) is not None for k in unread):
         return []
     messages: list[Any] = []
     instructions = payload.get("instructions")

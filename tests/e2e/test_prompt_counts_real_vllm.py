@@ -109,6 +109,27 @@ def test_a_chat_is_admitted_at_its_counted_prompt(engine: Engine) -> None:
         proxy.stop()
 
 
+def test_prompt_ids_forwarded_for_reuse_are_not_counted_from_the_messages(
+    engine: Engine,
+) -> None:
+    """A chat whose ``kv_transfer_params.prompt_token_ids`` carries ids is prefilled from
+    those ids, not from its messages, on a plain server (no KV connector): the messages'
+    count is a few tokens, the engine reads them all. The proxy asks /tokenize nothing
+    for it (its byte bound, one token per byte, covers the ids)."""
+    ids = json.loads(post(engine.url + "/tokenize", {"prompt": TEXT * 2})[2])["tokens"]
+    said = {"model": "gen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    body = {**said, "kv_transfer_params": {"prompt_token_ids": ids}}
+    messages_only = tokenized(engine.url, "chat", said)
+    assert messages_only is not None and messages_only < len(ids) // 10
+    before = metric(engine.url)
+    status, _, raw = post(engine.url + "/v1/chat/completions", body)
+    assert status == 200, raw
+    assert metric(engine.url) - before == len(ids)
+    assert json.loads(raw)["usage"]["prompt_tokens"] == len(ids)
+    assert tokenize_requests("chat", body, Release(RELEASE)) == []
+    assert len(json.dumps(body)) >= len(ids)
+
+
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
 ROUTES = [
     ("chat", "/v1/chat/completions", CHAT),

@@ -129,6 +129,13 @@ def test_a_chat_whose_template_reads_what_tokenize_lacks_is_not_asked(
     assert asked("chat", {"messages": HI, **extra}) == []
 
 
+def test_responses_with_previous_input_messages_are_not_asked() -> None:
+    """A Harmony model (gpt-oss) renders ``previous_input_messages`` ahead of the input
+    (``construct_harmony_previous_input_messages``): history /tokenize is never shown."""
+    history = [{"role": "user", "content": "x" * 4000}]
+    assert asked("responses", {"input": "hi", "previous_input_messages": history}) == []
+
+
 def test_completions_ask_each_text_prompt() -> None:
     """A batch of text prompts is one /tokenize each, special tokens as the request says."""
     payload = {"model": "gen", "prompt": ["a", "b c"], "add_special_tokens": False}
