@@ -264,6 +264,15 @@ def _copied(payload: dict[str, Any], names: tuple[str, ...]) -> Request:
     return {k: payload[k] for k in names if payload.get(k) is not None}
 
 
+def truncation(operation: str, payload: dict[str, Any]) -> Any:
+    """``truncate_prompt_tokens`` where the route's request model reads it (chat, its
+    batch, completions, pooling); vLLM's Messages request drops it and Responses truncates
+    by ``truncation`` alone, so there it cuts nothing."""
+    if operation in (Operation.CHAT, Operation.COMPLETIONS) or operation in POOLING_OPERATIONS:
+        return payload.get("truncate_prompt_tokens")
+    return None
+
+
 def counted(answers: list[bytes], truncation: Any = None) -> int | None:
     """The prompt tokens ``/tokenize``'s answers count (each cut to ``truncation``, vLLM's
     ``truncate_prompt_tokens``, when that is a positive count); None when an answer is not

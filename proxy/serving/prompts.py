@@ -23,6 +23,7 @@ from proxy.accounting.operations import CHAT_OPERATIONS, POOLING_OPERATIONS
 from proxy.accounting.types import Release
 from proxy.limits.tokenizing import counted
 from proxy.limits.tokenizing import tokenize_requests as requests_for
+from proxy.limits.tokenizing import truncation
 from proxy.metrics import Metrics
 from proxy.serving.upstream import LARGE_BODY_BYTES, read_answer
 
@@ -117,5 +118,5 @@ def _asked(prepared: Prepared, release: Release) -> tuple[list[bytes] | None, An
         return [], None
     if prepared.operation in POOLING_OPERATIONS and "messages" not in payload:
         return None, None
-    cut = payload.get("truncate_prompt_tokens")
+    cut = truncation(prepared.operation, payload)
     return requests_for(prepared.operation, payload, release), cut

@@ -82,6 +82,27 @@ async def test_a_batch_is_the_sum_of_its_prompts(aiohttp_server: Any, fake: Fake
     assert fake.tokenize_calls == 2
 
 
+@pytest.mark.parametrize(
+    ("operation", "payload"),
+    [
+        ("messages", {"messages": CHAT["messages"], "max_tokens": 1}),
+        ("responses", {"input": "hello there, how are you today?"}),
+    ],
+)
+async def test_a_truncation_the_route_does_not_read_cuts_nothing(
+    aiohttp_server: Any, fake: FakeVLLM, operation: str, payload: dict[str, Any]
+) -> None:
+    """``truncate_prompt_tokens`` is no field of vLLM's Messages or Responses request (the
+    first drops it, the second truncates by ``truncation`` only): the engine reads the
+    whole prompt, so the count is not cut to it."""
+    server = await aiohttp_server(fake.app())
+    whole, _ = await count(str(server.make_url("")), chat(payload, operation))
+    cut = {**payload, "truncate_prompt_tokens": 1}
+    got, _ = await count(str(server.make_url("")), chat(cut, operation))
+    assert isinstance(whole, int) and whole > 1
+    assert got == whole
+
+
 async def test_a_prompt_it_cannot_render_is_not_asked(aiohttp_server: Any, fake: FakeVLLM) -> None:
     """An image part (which /tokenize would fetch): not asked, the byte bound stays."""
     server = await aiohttp_server(fake.app())
