@@ -143,7 +143,8 @@ def _responses(payload: dict[str, Any], named: Request) -> list[Request]:
     if kwargs is None:
         return []
     extra = {"chat_template_kwargs": kwargs} if kwargs else {}
-    return [{**named, **extra, "messages": messages}]
+    # the route tokenizes the rendered prompt with special tokens (TokenizeParams' default)
+    return [{**named, **extra, "add_special_tokens": True, "messages": messages}]
 
 
 def _response_item(item: Any) -> bool:

@@ -161,6 +161,17 @@ def test_responses_become_the_messages_vllm_builds() -> None:
     assert request["messages"] == [text, {"role": "assistant", "content": "yo"}, text]
 
 
+def test_responses_are_counted_with_the_special_tokens_their_route_adds() -> None:
+    """vLLM 0.32.0's ``ResponsesRequest.build_tok_params`` leaves ``add_special_tokens`` at
+    TokenizeParams' default, true: the rendered prompt gets the tokenizer's special tokens
+    (a second BOS on Llama 3), which /tokenize's chat default (false) leaves out. The chat
+    and Messages routes add none (ChatCompletionRequest's default, false)."""
+    (request,) = asked("responses", {"input": "hi"})
+    assert request["add_special_tokens"] is True
+    (request,) = asked("messages", {"messages": HI, "max_tokens": 1})
+    assert "add_special_tokens" not in request
+
+
 def test_messages_become_the_chat_vllm_converts_them_to() -> None:
     """The system blocks joined (the billing header dropped), one text block as a string,
     several as parts."""
