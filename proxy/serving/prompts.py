@@ -21,9 +21,8 @@ import structlog
 from proxy.accounting.dispatch import Prepared
 from proxy.accounting.operations import CHAT_OPERATIONS, POOLING_OPERATIONS
 from proxy.accounting.types import Release
-from proxy.limits.tokenizing import counted
+from proxy.limits.tokenizing import counted, truncation
 from proxy.limits.tokenizing import tokenize_requests as requests_for
-from proxy.limits.tokenizing import truncation
 from proxy.metrics import Metrics
 from proxy.serving.upstream import LARGE_BODY_BYTES, read_answer
 
