@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestServer
 from transformers import AutoTokenizer
 
 from proxy.accounting.types import Release
-from proxy.limits.tokenizing import counted, tokenize_requests
+from proxy.limits.tokenizing import counted, tokenize_requests, truncation
 from scripts.vllm_cpu import (
     Process,
     metric,
@@ -120,7 +120,8 @@ def test_prompt_ids_forwarded_for_reuse_are_not_counted_from_the_messages(
     said = {"model": "gen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
     body = {**said, "kv_transfer_params": {"prompt_token_ids": ids}}
     messages_only = tokenized(engine.url, "chat", said)
-    assert messages_only is not None and messages_only < len(ids) // 10
+    assert messages_only is not None
+    assert messages_only < len(ids) // 10
     before = metric(engine.url)
     status, _, raw = post(engine.url + "/v1/chat/completions", body)
     assert status == 200, raw
@@ -128,6 +129,30 @@ def test_prompt_ids_forwarded_for_reuse_are_not_counted_from_the_messages(
     assert json.loads(raw)["usage"]["prompt_tokens"] == len(ids)
     assert tokenize_requests("chat", body, Release(RELEASE)) == []
     assert len(json.dumps(body)) >= len(ids)
+    print(f"prompt ids: {len(ids)} prefilled, {messages_only} counted from the messages")
+
+
+@pytest.mark.parametrize(
+    ("operation", "path", "body"),
+    [
+        ("messages", "/v1/messages", {"messages": CHAT["messages"], "max_tokens": 1}),
+        ("responses", "/v1/responses", {"input": TEXT, "max_output_tokens": 1}),
+    ],
+)
+def test_a_truncation_the_route_does_not_read_is_not_applied(
+    engine: Engine, operation: str, path: str, body: dict[str, Any]
+) -> None:
+    """``truncate_prompt_tokens: 1`` on the Messages or Responses route: vLLM prefills the
+    whole prompt, so the proxy does not cut its count to it."""
+    whole = tokenized(engine.url, operation, body)
+    assert whole is not None
+    assert whole > 100
+    cut = {**body, "model": "gen", "truncate_prompt_tokens": 1}
+    before = metric(engine.url)
+    status, _, raw = post(engine.url + path, cut)
+    assert status == 200, raw
+    assert metric(engine.url) - before == whole
+    assert truncation(operation, cut) is None
 
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
