@@ -104,6 +104,26 @@ async def test_a_truncation_the_route_does_not_read_cuts_nothing(
     assert got == whole
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"messages": [{"role": "user", "content": "hi"}], "kv_transfer_params": null,'
+        b' "kv_transfer_params": {"prompt_token_ids": [5, 6, 7]}}',
+        b'{"messages": [{"role": "user", "content": "hi"}],'
+        b' "\\u006bv_transfer_params": {"prompt_token_ids": [5, 6, 7]}}',
+    ],
+)
+async def test_fields_are_read_as_vllm_parses_json(
+    aiohttp_server: Any, fake: FakeVLLM, raw: bytes
+) -> None:
+    """A duplicate member (the last one wins, as in vLLM's parser) or an escaped member
+    name hides no forwarded prompt ids: the prompt is not counted from its messages."""
+    server = await aiohttp_server(fake.app())
+    got, metrics = await count(str(server.make_url("")), Prepared(raw, "chat", "minilm"))
+    assert (got, fake.tokenize_calls) == (None, 0)
+    assert outcomes(metrics) == {"not_countable": 1}
+
+
 async def test_a_prompt_it_cannot_render_is_not_asked(aiohttp_server: Any, fake: FakeVLLM) -> None:
     """An image part (which /tokenize would fetch): not asked, the byte bound stays."""
     server = await aiohttp_server(fake.app())
