@@ -109,27 +109,36 @@ def test_a_chat_is_admitted_at_its_counted_prompt(engine: Engine) -> None:
         proxy.stop()
 
 
+HI = [{"role": "user", "content": "hi"}]
+REUSED = [
+    ("chat", "/v1/chat/completions", {"messages": HI, "max_tokens": 1}),
+    ("responses", "/v1/responses", {"input": "hi", "max_output_tokens": 1}),
+    ("messages", "/v1/messages", {"messages": HI, "max_tokens": 1}),
+]
+
+
+@pytest.mark.parametrize(("operation", "path", "said"), REUSED)
 def test_prompt_ids_forwarded_for_reuse_are_not_counted_from_the_messages(
-    engine: Engine,
+    engine: Engine, operation: str, path: str, said: dict[str, Any]
 ) -> None:
-    """A chat whose ``kv_transfer_params.prompt_token_ids`` carries ids is prefilled from
-    those ids, not from its messages, on a plain server (no KV connector): the messages'
-    count is a few tokens, the engine reads them all. The proxy asks /tokenize nothing
-    for it (its byte bound, one token per byte, covers the ids)."""
+    """A chat, Responses or Messages request whose ``kv_transfer_params.prompt_token_ids``
+    carries ids is prefilled from those ids, not from its messages, on a plain server (no
+    KV connector): the messages' count is a few tokens, the engine reads them all. The
+    proxy asks /tokenize nothing for it (its byte bound, one token per byte, covers the
+    ids)."""
     ids = json.loads(post(engine.url + "/tokenize", {"prompt": TEXT * 2})[2])["tokens"]
-    said = {"model": "gen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    said = {**said, "model": "gen"}
     body = {**said, "kv_transfer_params": {"prompt_token_ids": ids}}
-    messages_only = tokenized(engine.url, "chat", said)
+    messages_only = tokenized(engine.url, operation, said)
     assert messages_only is not None
     assert messages_only < len(ids) // 10
     before = metric(engine.url)
-    status, _, raw = post(engine.url + "/v1/chat/completions", body)
+    status, _, raw = post(engine.url + path, body)
     assert status == 200, raw
     assert metric(engine.url) - before == len(ids)
-    assert json.loads(raw)["usage"]["prompt_tokens"] == len(ids)
-    assert tokenize_requests("chat", body, Release(RELEASE)) == []
+    assert tokenize_requests(operation, body, Release(RELEASE)) == []
     assert len(json.dumps(body)) >= len(ids)
-    print(f"prompt ids: {len(ids)} prefilled, {messages_only} counted from the messages")
+    print(f"{operation}: {len(ids)} ids prefilled, {messages_only} counted from the messages")
 
 
 @pytest.mark.parametrize(
