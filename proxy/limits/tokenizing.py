@@ -41,6 +41,8 @@ def tokenize_requests(operation: str, payload: dict[str, Any], release: Release)
 
 
 def _requests(operation: str, payload: dict[str, Any], release: Release) -> list[Request]:
+    if _forwarded_ids(payload):
+        return []
     model = payload.get("model")
     named = {"model": model} if isinstance(model, str) and model else {}
     if operation == Operation.CHAT:
@@ -59,10 +61,16 @@ def _requests(operation: str, payload: dict[str, Any], release: Release) -> list
 def _chat(payload: dict[str, Any], release: Release, named: Request) -> list[Request]:
     """A chat (or the batch route's conversations): its messages, tools and template
     fields; ``documents`` and ``reasoning_effort`` reach the template as the chat route
-    passes them (``ChatCompletionRequest.build_chat_params``)."""
+    passes them (``ChatCompletionRequest.build_chat_params``). None with a
+    ``response_format`` or a tool choice the renderer may render (``kimi_k3.py`` renders
+    both; /tokenize has neither field)."""
     tools = payload.get("tools")
     if tools is not None and not (isinstance(tools, list) and release.since(TOOLS_SINCE)):
         return []
+    if payload.get("response_format") is not None or (
+        tools and payload.get("tool_choice") not in (None, "auto", "none")
+    ):
+        return []  # Kimi K3's renderer renders them; /tokenize carries neither
     messages = payload.get("messages")
     if not isinstance(messages, list):
         return []
@@ -97,8 +105,9 @@ def _template_kwargs(given: Any, payload: dict[str, Any]) -> dict[str, Any] | No
 
 
 def _completions(payload: dict[str, Any], named: Request) -> list[Request]:
-    """Text prompts, each counted with the special tokens the route adds."""
-    if payload.get("prompt_embeds") is not None:
+    """Text prompts, each counted with the special tokens the route adds; none with a
+    ``suffix`` (a FIM renderer renders prompt, hole and suffix; /tokenize the prompt)."""
+    if payload.get("prompt_embeds") is not None or payload.get("suffix") is not None:
         return []
     prompt = payload.get("prompt")
     prompts = prompt if isinstance(prompt, list) and prompt else [prompt]
@@ -111,8 +120,10 @@ def _completions(payload: dict[str, Any], named: Request) -> list[Request]:
 def _responses(payload: dict[str, Any], named: Request) -> list[Request]:
     """vLLM's ``construct_input_messages``: the instructions as a system message, then the
     input (a string as one user message; message items as they are, an assistant's as its
-    first text). Tools, reasoning, a stored conversation and other items: not counted."""
-    if any(payload.get(k) is not None for k in ("tools", "previous_response_id", "reasoning")):
+    first text). Tools, reasoning, a stored conversation, Harmony's previous input
+    messages and other items: not counted."""
+    unread = ("tools", "previous_response_id", "previous_input_messages", "reasoning")
+    if any(payload.get(k) is not None for k in unread):
         return []
     messages: list[Any] = []
     instructions = payload.get("instructions")
@@ -133,7 +144,8 @@ def _responses(payload: dict[str, Any], named: Request) -> list[Request]:
     if kwargs is None:
         return []
     extra = {"chat_template_kwargs": kwargs} if kwargs else {}
-    return [{**named, **extra, "messages": messages}]
+    # the route tokenizes the rendered prompt with special tokens (TokenizeParams' default)
+    return [{**named, **extra, "add_special_tokens": True, "messages": messages}]
 
 
 def _response_item(item: Any) -> bool:
@@ -241,8 +253,26 @@ def _plain_content(content: Any) -> bool:
     )
 
 
+def _forwarded_ids(payload: dict[str, Any]) -> bool:
+    """Prompt token ids forwarded for decode-side reuse: vLLM 0.32.0 feeds them to the
+    engine instead of the rendered messages (chat, Responses and Messages, on any server:
+    ``renderers/online_renderer.py`` ``_reused_prompt_token_ids``), so the messages'
+    count says nothing of the engine's prompt."""
+    params = payload.get("kv_transfer_params")
+    return isinstance(params, dict) and params.get("prompt_token_ids") is not None
+
+
 def _copied(payload: dict[str, Any], names: tuple[str, ...]) -> Request:
     return {k: payload[k] for k in names if payload.get(k) is not None}
+
+
+def route_truncation(operation: str, payload: dict[str, Any]) -> Any:
+    """``truncate_prompt_tokens`` where the route's request model reads it (chat, its
+    batch, completions, pooling); vLLM's Messages request drops it and Responses truncates
+    by ``truncation`` alone, so there it cuts nothing."""
+    if operation in (Operation.CHAT, Operation.COMPLETIONS) or operation in POOLING_OPERATIONS:
+        return payload.get("truncate_prompt_tokens")
+    return None
 
 
 def counted(answers: list[bytes], cut: Any = None) -> int | None:

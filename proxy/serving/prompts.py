@@ -25,7 +25,7 @@ import structlog
 from proxy.accounting.dispatch import Prepared
 from proxy.accounting.operations import CHAT_OPERATIONS, POOLING_OPERATIONS
 from proxy.accounting.types import Release
-from proxy.limits.tokenizing import counted
+from proxy.limits.tokenizing import counted, route_truncation
 from proxy.limits.tokenizing import tokenize_requests as requests_for
 from proxy.metrics import Metrics
 from proxy.serving.upstream import LARGE_BODY_BYTES, read_answer
@@ -134,5 +134,5 @@ def _asked(operation: str, payload: Any, release: Release) -> tuple[list[bytes] 
         return [], None
     if operation in POOLING_OPERATIONS and "messages" not in payload:
         return None, None
-    cut = payload.get("truncate_prompt_tokens")
+    cut = route_truncation(operation, payload)
     return requests_for(operation, payload, release), cut

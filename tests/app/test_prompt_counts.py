@@ -16,6 +16,7 @@ import yaml
 from transformers import AutoTokenizer
 
 from proxy.serving.keys import METRICS
+from tests.support.fakevllm import FakeVLLM
 from tests.support.proxies import fake_and_proxy
 from tests.support.records import journal_records
 
@@ -136,3 +137,36 @@ async def test_a_budgeted_chat_is_parsed_once_to_count_and_price_it(
     resp = await client.post("/v1/chat/completions", data=raw, headers=headers)
     assert resp.status == 200, await resp.text()
     assert [c for c in callers if c.startswith("proxy.")] == ["proxy.limits.pricing"]
+
+
+async def test_a_prompt_forwarded_as_token_ids_is_not_priced_by_its_messages(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """A chat of "hi" whose ``kv_transfer_params.prompt_token_ids`` holds 600 ids: vLLM
+    prefills the ids (the fake at its worst, as vLLM 0.32.0 reads them). Counted from its
+    messages it was reserved at a few tokens and admitted under a 300-token budget, and
+    the engine did 601; priced by its bytes it is refused, and the engine does nothing."""
+    limits = tmp_path / "limits.yaml"
+    limits.write_text(yaml.safe_dump({"tenants": {"acme": {"total_tokens_per_day": 300}}}))
+    fake, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tenant_header="X-Tenant-Id",
+        limits=str(limits),
+        version="0.32.0",
+        fake_class=_at_the_cap,
+    )
+    fake.tokenizer.chat_template = CHATML
+    ids = list(range(1000, 1600))
+    body = {**chat(1), "kv_transfer_params": {"prompt_token_ids": ids}}
+    body["messages"] = [{"role": "user", "content": "hi"}]
+    resp = await client.post("/v1/chat/completions", json=body, headers=ACME)
+    await resp.read()
+    assert fake.prompt_tokens_total + fake.generation_tokens_total <= 300, resp.status
+    assert resp.status in (400, 429)
+
+
+def _at_the_cap(tokenizer: Any, root: Path, **options: Any) -> FakeVLLM:
+    """The fake vLLM at its worst (every engine request to its cap), context 1024."""
+    return FakeVLLM(tokenizer, root, **options, max_model_len=1024, to_cap=True)

@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestServer
 from transformers import AutoTokenizer
 
 from proxy.accounting.types import Release
-from proxy.limits.tokenizing import counted, tokenize_requests
+from proxy.limits.tokenizing import counted, route_truncation, tokenize_requests
 from scripts.vllm_cpu import (
     Process,
     metric,
@@ -91,6 +91,61 @@ def test_a_chat_is_admitted_at_its_counted_prompt(engine: Engine) -> None:
             assert int(headers["x-ratelimit-remaining-tokens"]) <= 655 - prompt
     finally:
         proxy.stop()
+
+
+HI = [{"role": "user", "content": "hi"}]
+REUSED = [
+    ("chat", "/v1/chat/completions", {"messages": HI, "max_tokens": 1}),
+    ("responses", "/v1/responses", {"input": "hi", "max_output_tokens": 1}),
+    ("messages", "/v1/messages", {"messages": HI, "max_tokens": 1}),
+]
+
+
+@pytest.mark.parametrize(("operation", "path", "said"), REUSED)
+def test_prompt_ids_forwarded_for_reuse_are_not_counted_from_the_messages(
+    engine: Engine, operation: str, path: str, said: dict[str, Any]
+) -> None:
+    """A chat, Responses or Messages request whose ``kv_transfer_params.prompt_token_ids``
+    carries ids is prefilled from those ids, not from its messages, on a plain server (no
+    KV connector): the messages' count is a few tokens, the engine reads them all. The
+    proxy asks /tokenize nothing for it (its byte bound, one token per byte, covers the
+    ids)."""
+    ids = json.loads(post(engine.url + "/tokenize", {"prompt": TEXT * 2})[2])["tokens"]
+    said = {**said, "model": "gen"}
+    body = {**said, "kv_transfer_params": {"prompt_token_ids": ids}}
+    messages_only = tokenized(engine.url, operation, said)
+    assert messages_only is not None
+    assert messages_only < len(ids) // 10
+    before = metric(engine.url)
+    status, _, raw = post(engine.url + path, body)
+    assert status == 200, raw
+    assert metric(engine.url) - before == len(ids)
+    assert tokenize_requests(operation, body, Release(RELEASE)) == []
+    assert len(json.dumps(body)) >= len(ids)
+    print(f"{operation}: {len(ids)} ids prefilled, {messages_only} counted from the messages")
+
+
+@pytest.mark.parametrize(
+    ("operation", "path", "body"),
+    [
+        ("messages", "/v1/messages", {"messages": CHAT["messages"], "max_tokens": 1}),
+        ("responses", "/v1/responses", {"input": TEXT, "max_output_tokens": 1}),
+    ],
+)
+def test_a_truncation_the_route_does_not_read_is_not_applied(
+    engine: Engine, operation: str, path: str, body: dict[str, Any]
+) -> None:
+    """``truncate_prompt_tokens: 1`` on the Messages or Responses route: vLLM prefills the
+    whole prompt, so the proxy does not cut its count to it."""
+    whole = tokenized(engine.url, operation, body)
+    assert whole is not None
+    assert whole > 100
+    cut = {**body, "model": "gen", "truncate_prompt_tokens": 1}
+    before = metric(engine.url)
+    status, _, raw = post(engine.url + path, cut)
+    assert status == 200, raw
+    assert metric(engine.url) - before == whole
+    assert route_truncation(operation, cut) is None
 
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]

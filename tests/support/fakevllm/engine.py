@@ -16,6 +16,9 @@ how vLLM reads the body. Read from vLLM 0.32.0's source, independently of the pr
   cut to the context less one, one token generated).
 - a prompt's tokens: its text with the real tokenizer (roles and contents in order),
   ``media_tokens`` per media part (the processor's placeholders), token ids by length.
+- chat, Responses and Messages prefill ``kv_transfer_params.prompt_token_ids`` instead of
+  the rendered messages when given (decode-side reuse, ``_reused_prompt_token_ids``: on
+  any server; not with ``echo`` or media).
 """
 
 from __future__ import annotations
@@ -92,6 +95,11 @@ class EngineAPI(FakeState):
         prompts, cap, outputs = read_generation(path, body)
         if path in ("/v1/completions", "/inference/v1/generate"):
             return [self.count(p) for p in prompts], cap, outputs
+        reused = _reused_ids(path, body)
+        if reused is not None:
+            if len(reused) > self.max_model_len:
+                raise EngineError(f"Input length ({len(reused)}) exceeds the context.")
+            return [len(reused)], cap, outputs
         return [self.prompt_of(p) for p in prompts], cap, outputs
 
     def prompt_of(self, conversation: Any) -> int:
@@ -175,6 +183,30 @@ def read_generation(path: str, body: dict[str, Any]) -> tuple[list[Any], int | N
         return [[{"content": body.get("system") or ""}, *body["messages"]]], body["max_tokens"], 1
     params = body.get("sampling_params") or {}
     return [body["token_ids"]], params.get("max_tokens"), int(params.get("n") or 1)
+
+
+def _reused_ids(path: str, body: dict[str, Any]) -> list[int] | None:
+    """The prompt token ids a single conversation is prefilled from instead of its
+    messages (vLLM 0.32.0's ``_reused_prompt_token_ids``), or None."""
+    if path not in ("/v1/chat/completions", "/v1/responses", "/v1/messages"):
+        return None
+    params = body.get("kv_transfer_params")
+    ids = params.get("prompt_token_ids") if isinstance(params, dict) else None
+    if ids is None or body.get("echo") or MEDIA_PARTS & set(_part_types(body)):
+        return None
+    if not _ids(ids) or any(i < 0 for i in ids):
+        raise EngineError("`kv_transfer_params['prompt_token_ids']` must be a non-empty list")
+    return list(ids)
+
+
+def _part_types(body: dict[str, Any]) -> list[Any]:
+    talk = body.get("messages") or body.get("input")
+    contents = [m.get("content") for m in talk if isinstance(m, dict)] if _listed(talk) else []
+    return [p.get("type") for c in contents if _listed(c) for p in c if isinstance(p, dict)]
+
+
+def _listed(value: Any) -> bool:
+    return isinstance(value, list)
 
 
 def _ids(value: Any) -> bool:

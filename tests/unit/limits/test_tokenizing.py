@@ -85,6 +85,57 @@ def test_prompts_it_cannot_render_as_the_route_are_not_asked(
     assert asked(operation, payload, release) == []
 
 
+REUSED = {"prompt_token_ids": list(range(1000))}
+
+
+@pytest.mark.parametrize(
+    ("operation", "payload"),
+    [
+        ("chat", {"messages": HI, "kv_transfer_params": REUSED}),
+        ("responses", {"input": "hi", "kv_transfer_params": REUSED}),
+        ("messages", {"messages": HI, "max_tokens": 1, "kv_transfer_params": REUSED}),
+    ],
+)
+def test_a_prompt_forwarded_as_token_ids_is_not_asked(operation: str, payload: Any) -> None:
+    """vLLM 0.32.0 feeds ``kv_transfer_params.prompt_token_ids`` to the engine instead of
+    the rendered messages (``_reused_prompt_token_ids``, on any server): counting the
+    messages would price 1,000 prompt tokens as a few. Not asked: the byte bound stays."""
+    assert asked(operation, payload) == []
+
+
+def test_a_completion_with_a_suffix_is_not_asked() -> None:
+    """A ``suffix`` is rendered into the prompt (fill-in-the-middle: prompt, hole, suffix)
+    by renderers that have FIM; /tokenize has no suffix, so the prompt alone would count
+    less than the engine reads."""
+    assert asked("completions", {"prompt": "def f(", "suffix": "x" * 4000}) == []
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "s"}}},
+        {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
+        {
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": {"type": "function", "function": {"name": "f"}},
+        },
+    ],
+)
+def test_a_chat_whose_template_reads_what_tokenize_lacks_is_not_asked(
+    extra: dict[str, Any],
+) -> None:
+    """Kimi K3's renderer (``renderers/kimi_k3.py``) renders ``response_format`` and a
+    tool choice other than auto/none into the prompt, and /tokenize carries neither."""
+    assert asked("chat", {"messages": HI, **extra}) == []
+
+
+def test_responses_with_previous_input_messages_are_not_asked() -> None:
+    """A Harmony model (gpt-oss) renders ``previous_input_messages`` ahead of the input
+    (``construct_harmony_previous_input_messages``): history /tokenize is never shown."""
+    history = [{"role": "user", "content": "x" * 4000}]
+    assert asked("responses", {"input": "hi", "previous_input_messages": history}) == []
+
+
 def test_completions_ask_each_text_prompt() -> None:
     """A batch of text prompts is one /tokenize each, special tokens as the request says."""
     payload = {"model": "gen", "prompt": ["a", "b c"], "add_special_tokens": False}
@@ -108,6 +159,17 @@ def test_responses_become_the_messages_vllm_builds() -> None:
     (request,) = asked("responses", {"input": [user, said, user]})
     text = {"role": "user", "content": [{"type": "text", "text": "and?"}]}
     assert request["messages"] == [text, {"role": "assistant", "content": "yo"}, text]
+
+
+def test_responses_are_counted_with_the_special_tokens_their_route_adds() -> None:
+    """vLLM 0.32.0's ``ResponsesRequest.build_tok_params`` leaves ``add_special_tokens`` at
+    TokenizeParams' default, true: the rendered prompt gets the tokenizer's special tokens
+    (a second BOS on Llama 3), which /tokenize's chat default (false) leaves out. The chat
+    and Messages routes add none (ChatCompletionRequest's default, false)."""
+    (request,) = asked("responses", {"input": "hi"})
+    assert request["add_special_tokens"] is True
+    (request,) = asked("messages", {"messages": HI, "max_tokens": 1})
+    assert "add_special_tokens" not in request
 
 
 def test_messages_become_the_chat_vllm_converts_them_to() -> None:

@@ -85,6 +85,48 @@ async def test_a_batch_is_the_sum_of_its_prompts(aiohttp_server: Any, fake: Fake
     assert fake.tokenize_calls == 2
 
 
+@pytest.mark.parametrize(
+    ("operation", "payload"),
+    [
+        ("messages", {"messages": CHAT["messages"], "max_tokens": 1}),
+        ("responses", {"input": "hello there, how are you today?"}),
+    ],
+)
+async def test_a_truncation_the_route_does_not_read_cuts_nothing(
+    aiohttp_server: Any, fake: FakeVLLM, operation: str, payload: dict[str, Any]
+) -> None:
+    """``truncate_prompt_tokens`` is no field of vLLM's Messages or Responses request (the
+    first drops it, the second truncates by ``truncation`` only): the engine reads the
+    whole prompt, so the count is not cut to it."""
+    server = await aiohttp_server(fake.app())
+    whole, _ = await count(str(server.make_url("")), chat(payload, operation))
+    cut = {**payload, "truncate_prompt_tokens": 1}
+    got, _ = await count(str(server.make_url("")), chat(cut, operation))
+    assert isinstance(whole, int)
+    assert whole > 1
+    assert got == whole
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"messages": [{"role": "user", "content": "hi"}], "kv_transfer_params": null,'
+        b' "kv_transfer_params": {"prompt_token_ids": [5, 6, 7]}}',
+        b'{"messages": [{"role": "user", "content": "hi"}],'
+        b' "\\u006bv_transfer_params": {"prompt_token_ids": [5, 6, 7]}}',
+    ],
+)
+async def test_fields_are_read_as_vllm_parses_json(
+    aiohttp_server: Any, fake: FakeVLLM, raw: bytes
+) -> None:
+    """A duplicate member (the last one wins, as in vLLM's parser) or an escaped member
+    name hides no forwarded prompt ids: the prompt is not counted from its messages."""
+    server = await aiohttp_server(fake.app())
+    got, metrics = await count(str(server.make_url("")), Prepared(raw, "chat", "minilm"))
+    assert (got, fake.tokenize_calls) == (None, 0)
+    assert outcomes(metrics) == {"not_countable": 1}
+
+
 async def test_a_prompt_it_cannot_render_is_not_asked(aiohttp_server: Any, fake: FakeVLLM) -> None:
     """An image part (which /tokenize would fetch): not asked, the byte bound stays."""
     server = await aiohttp_server(fake.app())
