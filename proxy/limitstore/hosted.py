@@ -21,7 +21,17 @@ from pathlib import Path
 import structlog
 from pydantic import ValidationError
 
-from proxy.limits.limiter import Cost, Decision, Refusal, Ticket, Usage, Who
+from proxy.limits.limiter import (
+    Cost,
+    Decision,
+    Lifetime,
+    LimitStanding,
+    Refusal,
+    StandingUnknown,
+    Ticket,
+    Usage,
+    Who,
+)
 from proxy.limits.policy import Policies
 from proxy.limitstore.hostwire import (
     FROM_HOST,
@@ -36,6 +46,7 @@ from proxy.limitstore.hostwire import (
     Settle,
     Welcome,
 )
+from proxy.limitstore.memory import still
 
 log = structlog.get_logger("proxy.limitstore.hosted")
 WELCOME_SECONDS = 10.0
@@ -55,6 +66,8 @@ class HostedTicket(Ticket):
 
 class HostedLimiter:
     """``proxy.limits.limiter.Limiter`` on the pod's limiter host."""
+
+    shared_store = False  # the pod's host, not a store every replica reads
 
     def __init__(
         self, policies: Policies, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -124,6 +137,17 @@ class HostedLimiter:
     async def release(self, ticket: Ticket, now: float) -> None:
         if isinstance(ticket, HostedTicket) and ticket.end():
             self._send(Release(ticket=ticket.number, now=now).line())
+
+    def problem(self) -> tuple[str, bool] | None:
+        """A worker whose host is gone fails readiness (its limited requests are refused)."""
+        return (self._gone, True) if self._gone is not None else None
+
+    def lifetime(self, *, journaled: bool) -> Lifetime:
+        return still
+
+    async def standing(self, tenant: str, now: float) -> list[LimitStanding]:
+        """The host answers no standings yet (the wire has no message for them)."""
+        raise StandingUnknown("the pod's limiter host answers no standings yet")
 
     async def restore(self, history: Iterable[Usage], now: float) -> int:
         """Nothing: the host reads every worker's shard before any worker starts."""

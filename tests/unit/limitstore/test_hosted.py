@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.limits.limiter import Cost, Usage, Who
+from proxy.limits.limiter import Cost, Limiter, StandingUnknown, Usage, Who
 from proxy.limits.policy import Policies
 from proxy.limitstore.host import LimiterHost
 from proxy.limitstore.hosted import HostedLimiter, HostedTicket
@@ -108,3 +108,21 @@ async def test_the_host_restores_not_the_worker(pod: tuple[LimiterHost, HostedLi
     assert await worker.restore([Usage(ACME, time.time(), Cost(5, 0))], time.time()) == 0
     assert worker.wants_tokens("acme")
     assert not worker.wants_tokens("globex")
+
+
+async def test_a_worker_is_a_limiter_whose_readiness_follows_its_host(
+    pod: tuple[LimiterHost, HostedLimiter],
+) -> None:
+    """The hosted limiter is the application's ``Limiter`` (a typed seam: mypy holds it):
+    ready while its host answers, not ready once it is gone; it reads no standings yet."""
+    host, worker = pod
+    limiter: Limiter = worker
+    assert not limiter.shared_store
+    assert limiter.problem() is None
+    with pytest.raises(StandingUnknown):
+        await limiter.standing("acme", time.time())
+    await host.close()
+    await worker.reserve(ACME, Cost(1, 0), time.time())  # learns the host is gone
+    problem = limiter.problem()
+    assert problem is not None
+    assert problem[1] is True
