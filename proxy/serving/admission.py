@@ -41,7 +41,7 @@ from proxy.serving.exchange import Exchange, Hold
 from proxy.serving.pricesfile import Prices
 from proxy.serving.prompts import PromptCounter, asks
 from proxy.serving.upstream import SESSION, error_response
-from proxy.tokenizers.pool import TokenizerPool
+from proxy.tokenizers.pool import FairExecutor, TokenizerPool
 from proxy.wire.jsonio import top_members
 
 log = structlog.get_logger("proxy.serving.admission")
@@ -63,10 +63,11 @@ class Refused:
     message: str
     kind: str | None = None  # a rate limit's units: tokens, requests, cost
     final: bool = False  # never admitted as it is: x-should-retry: false
+    param: str | None = None  # the member the refusal names (vLLM's ``param``)
 
     def answer(self) -> web.Response:
         if self.status != 429:
-            response = error_response(self.status, self.message)
+            response = error_response(self.status, self.message, param=self.param)
             if self.final:
                 response.headers["x-should-retry"] = "false"
             return response
@@ -79,6 +80,16 @@ class Refused:
             }
         }
         return web.json_response(body, status=429)
+
+
+def _unreadable(why: str) -> Refused:
+    """The refusal of a request whose shape the pricing cannot read."""
+    return Refused(
+        400,
+        f"This request cannot be admitted under this tenant's token or cost limits: {why}, "
+        "so its cost is not known before it runs; send it in a shape the proxy prices.",
+        final=True,
+    )
 
 
 class Admission:
@@ -154,7 +165,7 @@ class Admission:
         if served and self._prompts is not None and asks(prepared.operation):
             # parsed once, in a worker thread, for the count and the price
             payload = await asyncio.wrap_future(lane.submit_for(tenant, parsed, prepared.body))
-            counted = await self._count_prompt(exchange, prepared, payload)
+            counted = await self._count_prompt(exchange, prepared, payload, lane)
 
         def price() -> Price:
             tok = served.tokenizer if served else None
@@ -170,18 +181,19 @@ class Admission:
         job = lane.submit_for(tenant, price)
         priced = await asyncio.wrap_future(job)
         if priced.refusal is not None:
-            return self._unreadable(Who(tenant, model, exchange.who.key_hash), priced.refusal)
+            return self._unpriced(
+                Who(tenant, model, exchange.who.key_hash), _unreadable(priced.refusal)
+            )
         return await self.admit(exchange, model, priced)
 
     async def _count_prompt(
-        self, exchange: Exchange, prepared: Prepared, payload: Any
+        self, exchange: Exchange, prepared: Prepared, payload: Any, lane: FairExecutor
     ) -> int | None:
-        """A chat-like prompt's tokens as the upstream's /tokenize counts them, or None."""
-        if self._prompts is None:
-            return None
+        """A chat-like prompt's tokens as the upstream's /tokenize counts them (its work in
+        the tenant's ``lane``), or None."""
+        assert self._prompts is not None  # the caller asks only when prompts are counted
         request = exchange.request
         auth = request.headers.get("Authorization")
-        lane = self._pool.lane(len(prepared.body))
 
         async def offload(fn: Callable[[], Any]) -> Any:
             return await asyncio.wrap_future(lane.submit_for(exchange.who.tenant, fn))
@@ -201,9 +213,8 @@ class Admission:
         job = lane.submit_for(exchange.who.tenant, price_speech, prepared, kind, served)
         speech = await asyncio.wrap_future(job)
         if speech.refusal is not None:
-            self._metrics.refused.labels("400").inc()
-            log.warning("speech_unpriced", tenant=exchange.who.tenant, reason=speech.refusal)
-            return error_response(400, speech.refusal, param="file")
+            who = Who(exchange.who.tenant, model, exchange.who.key_hash)
+            return self._unpriced(who, Refused(400, speech.refusal, final=True, param="file"))
         return await self.admit(exchange, model, speech.price, units=speech.bills)
 
     async def admit_session(self, exchange: Exchange) -> web.Response | None:
@@ -323,18 +334,14 @@ class Admission:
         why = f"This request cannot be admitted under the {budget} budget: {priced.why}."
         return Refused(400, why, final=True)
 
-    def _unreadable(self, who: Who, why: str) -> web.Response:
-        """A request the pricing cannot read, under a limit that needs its price: it can
-        never be admitted (admitting it for a token would let its engine work go unbudgeted)."""
+    def _unpriced(self, who: Who, refused: Refused) -> web.Response:
+        """A request whose cost cannot be known before it runs (a shape the pricing cannot
+        read, an audio file whose duration cannot be read), under a limit that needs its
+        price: it can never be admitted as it is (admitting it for a token would let its
+        engine work go unbudgeted)."""
         self._metrics.limited.labels("unpriced", *self._metrics.tenant(who.tenant)).inc()
-        log.info("unpriced_refused", tenant=who.tenant, model=who.model, why=why)
-        refusal = error_response(
-            400,
-            f"This request cannot be admitted under this tenant's token or cost limits: {why}, "
-            "so its cost is not known before it runs; send it in a shape the proxy prices.",
-        )
-        refusal.headers["x-should-retry"] = "false"
-        return refusal
+        log.info("unpriced_refused", tenant=who.tenant, model=who.model, why=refused.message)
+        return refused.answer()
 
     def _said(self, nanos: int) -> str:
         table = self.table

@@ -451,7 +451,9 @@ async def test_audio_whose_duration_cannot_be_read_is_refused_under_a_budget(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
 ) -> None:
     """A file libsndfile cannot read has no duration to price: refused (400, ``file``)
-    under a budget, nothing forwarded."""
+    under a budget, nothing forwarded; as every request whose cost cannot be known before
+    it runs, never to be retried as it is (``x-should-retry: false``) and counted as
+    limited for it (``unpriced``)."""
     seen, client = await audio_budget(
         aiohttp_server, aiohttp_client, minilm_path, tmp_path, SECONDS_PRICED, "1.00"
     )
@@ -460,7 +462,10 @@ async def test_audio_whose_duration_cannot_be_read_is_refused_under_a_budget(
     resp = await client.post(TRANSCRIPTIONS, data=data, headers={"X-Tenant-Id": "acme"})
     assert resp.status == 400
     assert (await resp.json())["error"]["param"] == "file"
+    assert resp.headers["x-should-retry"] == "false"
     assert seen == []
+    metrics = await (await client.get("/metrics")).text()
+    assert 'usage_proxy_limited_requests_total{limit="unpriced"' in metrics
 
 
 async def test_a_wav_whose_header_says_no_length_is_reserved_at_what_vllm_decodes(
