@@ -187,7 +187,8 @@ async def _through_proxy(
 
             guarded = proxy.app[ADMISSION].limiter
             assert isinstance(guarded, GuardedLimiter)
-            assert not any(guarded.fail_admissions.values()), guarded.fail_admissions
+            fails = guarded.mode.fail_admissions
+            assert not any(fails.values()), fails
         await proxy.close()
         return cpu
 
