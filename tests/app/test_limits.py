@@ -19,7 +19,7 @@ from proxy.serving.admission import ADMISSION
 from proxy.serving.app import EXCHANGES
 from proxy.serving.keys import METRICS
 from proxy.serving.limitsfile import LIMITSFILE
-from tests.support.proxies import fake_and_proxy
+from tests.support.proxies import limited_proxy
 from tests.support.records import journal_records
 from tests.support.texts import RERANK
 
@@ -29,26 +29,6 @@ ACME = {"X-Tenant-Id": "acme"}
 def write_limits(path: Path, policies: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(policies))
     return path
-
-
-async def limited_proxy(
-    aiohttp_server: Any,
-    aiohttp_client: Any,
-    minilm_path: Path,
-    tmp: Path,
-    policies: Any,
-    **options: Any,
-) -> tuple[Any, Any]:
-    limits = write_limits(tmp / "limits.yaml", policies)
-    return await fake_and_proxy(
-        aiohttp_server,
-        aiohttp_client,
-        minilm_path,
-        tenant_header="X-Tenant-Id",
-        journal=str(tmp / "journal.sqlite"),
-        limits=str(limits),
-        **options,
-    )
 
 
 def reached() -> tuple[list[str], Any]:

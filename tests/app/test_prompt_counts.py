@@ -18,6 +18,7 @@ from transformers import AutoTokenizer
 from proxy.serving.keys import METRICS
 from tests.support.fakevllm import FakeVLLM
 from tests.support.proxies import fake_and_proxy
+from tests.support.proxies import limited_proxy as budgeted
 from tests.support.records import journal_records
 
 CHATML = (
@@ -37,16 +38,7 @@ async def limited_proxy(
     aiohttp_server: Any, aiohttp_client: Any, root: Path, tmp: Path, policies: Any
 ) -> tuple[Any, Any]:
     """The fake vLLM (MiniLM, a ChatML template) and the proxy with ``policies``."""
-    limits = tmp / "limits.yaml"
-    limits.write_text(yaml.safe_dump(policies))
-    fake, client = await fake_and_proxy(
-        aiohttp_server,
-        aiohttp_client,
-        root,
-        tenant_header="X-Tenant-Id",
-        journal=str(tmp / "journal.sqlite"),
-        limits=str(limits),
-    )
+    fake, client = await budgeted(aiohttp_server, aiohttp_client, root, tmp, policies)
     fake.tokenizer.chat_template = CHATML
     return fake, client
 

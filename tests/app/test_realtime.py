@@ -24,7 +24,7 @@ from proxy.limits.limiter import Cost, Who
 from proxy.limits.meters import BudgetMeter
 from proxy.serving.admission import ADMISSION
 from tests.support.fakevllm.audio import realtime_usage
-from tests.support.proxies import fake_and_proxy
+from tests.support.proxies import fake_and_proxy, limited_proxy
 from tests.support.records import journal_records
 
 ACME = {"Authorization": "Bearer sk-acme"}
@@ -290,16 +290,13 @@ async def test_each_utterance_is_admitted_at_its_commit_and_a_spent_budget_ends_
         "models": {"minilm": {"prompt_tokens": "0.0001", "completion_tokens": "0.0001"}},
     }
     (tmp_path / "prices.yaml").write_text(yaml.safe_dump(prices))
-    limits = tmp_path / "limits.yaml"
-    limits.write_text(yaml.safe_dump({"tenants": {"acme": {"cost_per_day": "0.06"}}}))
-    fake, client = await fake_and_proxy(
+    fake, client = await limited_proxy(
         aiohttp_server,
         aiohttp_client,
         minilm_path,
+        tmp_path,
+        {"tenants": {"acme": {"cost_per_day": "0.06"}}},
         version="0.32.0",
-        tenant_header="X-Tenant-Id",
-        journal=str(tmp_path / "journal.sqlite"),
-        limits=str(limits),
         prices=str(tmp_path / "prices.yaml"),
     )
     ran, refusal = 0, None

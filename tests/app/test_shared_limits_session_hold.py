@@ -9,10 +9,9 @@ from typing import Any
 
 import aiohttp
 import pytest
-import yaml
 
 from proxy.serving.admission import ADMISSION
-from tests.support.proxies import fake_and_proxy
+from tests.support.proxies import limited_proxy
 from tests.support.redisserver import Store
 
 
@@ -26,16 +25,13 @@ async def test_a_long_session_keeps_its_concurrency_hold_on_the_store(
     """concurrency: 1 on a shared store; a realtime session still open after the
     reservation TTL (0.3 s here, 600 s by default) still holds the tenant's one slot, so
     a second session is refused 429."""
-    limits = tmp_path / "limits.yaml"
-    limits.write_text(yaml.safe_dump({"tenants": {"acme": {"concurrency": 1}}}))
-    _, client = await fake_and_proxy(
+    _, client = await limited_proxy(
         aiohttp_server,
         aiohttp_client,
         minilm_path,
+        tmp_path,
+        {"tenants": {"acme": {"concurrency": 1}}},
         version="0.32.0",
-        tenant_header="X-Tenant-Id",
-        journal=str(tmp_path / "journal.sqlite"),
-        limits=str(limits),
         limits_store=redis_store.url,
         limits_store_timeout=0.5,
         limits_replicas=1,

