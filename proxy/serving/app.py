@@ -39,6 +39,7 @@ from proxy.serving.keys import METRICS, OUTBOX, POOL, RECONCILER, RECORDER
 from proxy.serving.lifetimes import counters_reader, ledger_context, reconciler_context
 from proxy.serving.limitsfile import LIMITSFILE, LimitsFile, limits_file_context
 from proxy.serving.metered import METERED, MeteredRelay
+from proxy.serving.pod import Place
 from proxy.serving.pricesfile import (
     PRICESFILE,
     Prices,
@@ -260,10 +261,12 @@ def create_app(
     catalog: Catalog | None = None,
     pool: TokenizerPool | None = None,
     sinks: list[Sink] | None = None,
-    metrics_dir: Path | None = None,
+    pod: Place | None = None,
 ) -> web.Application:
     """The proxy application; tests pass their own catalog (e.g. a tokenizer loader). A
-    pod's worker passes the pod's metrics directory (``PROMETHEUS_MULTIPROC_DIR``)."""
+    pod's worker passes its place in the pod (``serve --workers N``): its metrics go to
+    the pod's multiprocess directory."""
+    metrics_dir = pod.metrics_dir if pod is not None else None
     resolver = build_resolver(settings)
     pool = pool or TokenizerPool(settings.tokenizer_threads)
     catalog = catalog or Catalog(settings, pool=pool)
