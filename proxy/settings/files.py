@@ -16,6 +16,8 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from proxy.accounting.money import UniqueKeyLoader
+
 
 def file_source(settings_cls: type[BaseSettings], path: Path) -> PydanticBaseSettingsSource:
     """pydantic-settings' TOML source for a ``.toml`` file, its YAML source otherwise."""
@@ -28,7 +30,16 @@ def file_source(settings_cls: type[BaseSettings], path: Path) -> PydanticBaseSet
 
 class _YamlFile(YamlConfigSettingsSource):
     def _read_file(self, file_path: Any) -> dict[str, Any]:
-        return option_names(file_path, super()._read_file)
+        return option_names(file_path, _unique_keys)
+
+
+def _unique_keys(path: Path) -> Any:
+    """pydantic-settings' YAML reading (UTF-8, an empty file is no options), refusing an
+    option given twice: YAML would silently keep the later, and an operator who set
+    ``read-timeout`` at the top and again at the bottom would run with the one they did
+    not look at."""
+    with path.open(encoding="utf-8") as text:
+        return yaml.load(text, Loader=UniqueKeyLoader) or {}  # a SafeLoader subclass
 
 
 class _TomlFile(TomlConfigSettingsSource):
@@ -47,4 +58,13 @@ def option_names(path: Path, read: Callable[[Path], Any]) -> dict[str, Any]:
         raise ValueError(f"config file {path} is not valid: {exc}") from exc
     if not isinstance(data, dict):
         raise ValueError(f"config file {path} must hold a mapping of option names to values")
-    return {str(k).replace("-", "_"): v for k, v in data.items()}
+    options: dict[str, Any] = {}
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        if name in options:
+            raise ValueError(
+                f"config file {path} is not valid: {name!r} is given twice (spelled "
+                f"{key!r} once): an option may appear once only"
+            )
+        options[name] = value
+    return options
