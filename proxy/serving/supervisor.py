@@ -93,6 +93,7 @@ class Pod:
         admin = admin_app(self.settings, self.metrics, self.report)
         runner = await serve_admin(self.settings, admin)
         async with self.services:
+            await self.start_services()
             server = await asyncio.start_unix_server(self._connected, path=str(control))
             self._handle_signals()
             for index in range(self.size):
@@ -130,6 +131,11 @@ class Pod:
             problems["pod"] = "draining"
         status = "ready" if ready else "not ready"
         return ready, {"status": status, "workers": workers, "problems": problems}
+
+    async def start_services(self) -> None:
+        """The pod's services, entered into ``self.services`` before the first worker
+        starts (they close after the last has drained). None yet: the pod's limiter host
+        goes here."""
 
     async def worker_exited(self, child: Child, code: int) -> None:
         """Every exit of a worker, asked for or not, before anything else happens at its
