@@ -69,9 +69,9 @@ def test_the_port_probe_fails_on_a_port_in_use() -> None:
 def test_one_pod_per_journal(tmp_path: Path) -> None:
     """A second pod on the same journal waits for the lock, then says so in one line."""
     settings = Settings(**POD, journal=str(tmp_path / "j.sqlite"))
-    with journal_lock(settings), pytest.raises(StartupError, match="one pod per journal"):
-        with journal_lock(settings, patience=0.3):
-            pass
+    refused = pytest.raises(StartupError, match="one pod per journal")
+    with journal_lock(settings), refused, journal_lock(settings, patience=0.3):
+        pass
     with journal_lock(settings):  # released with the first pod
         pass
 
