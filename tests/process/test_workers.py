@@ -239,3 +239,21 @@ async def test_a_start_up_mistake_is_said_once(fake_upstream: Process, tmp_path:
     assert code == 2, said
     assert said.count("address already in use") == 1, said
     assert "worker_started" not in said
+
+
+async def test_a_workers_start_up_mistake_ends_the_pod(
+    fake_upstream: Process, tmp_path: Path
+) -> None:
+    """A mistake only a worker finds (a price file that is not there): it exits 2, the
+    supervisor restarts nothing, drains the other worker and exits 2; the line names the
+    flag."""
+    prices = tmp_path / "missing" / "prices.yaml"
+    proxy = start_proxy(fake_upstream.url, tmp_path, *POD, "--prices", str(prices))
+    try:
+        code = proxy.popen.wait(60)
+    finally:
+        proxy.stop()
+    said = proxy.log.read_text()
+    assert code == 2, said
+    assert f"cannot read --prices {prices}" in said
+    assert "worker_restarting" not in said
