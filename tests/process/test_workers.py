@@ -257,3 +257,44 @@ async def test_a_workers_start_up_mistake_ends_the_pod(
     assert code == 2, said
     assert f"cannot read --prices {prices}" in said
     assert "worker_restarting" not in said
+
+
+async def test_a_smaller_pod_delivers_the_shards_it_no_longer_writes(
+    fake_upstream: Process, tmp_path: Path
+) -> None:
+    """A pod of 3 workers journals without an exporter; the same journal then serves 2
+    workers with a JSON-lines exporter: worker 0 adopts shard 2 (2 mod 2), so every record
+    of all three shards is exported, each once."""
+    port = free_port()
+    larger = start_proxy(
+        fake_upstream.url, tmp_path, "--workers", "3", "--reconcile-interval", "0",
+        "--journal", str(tmp_path / "j.sqlite"), port=port,
+    )  # fmt: skip
+    try:
+        larger.wait_ready("/readyz", 60)
+        statuses = await spread(larger.url, 90, connections=90)
+    finally:
+        larger.stop()
+    assert statuses == [200] * 90
+    held = shard_records(tmp_path / "j.sqlite")
+    assert len(held) == 3
+    assert all(held.values()), {p.name: len(r) for p, r in held.items()}
+    journaled = {r.record_id for shard in held.values() for r in shard}
+    exported = tmp_path / "records.jsonl"
+    smaller = start_pod(fake_upstream.url, tmp_path, "--jsonl", str(exported), port=port)
+    try:
+        deadline = time.monotonic() + 30
+        while len(exported_ids(exported)) < len(journaled) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+    finally:
+        smaller.stop()
+    ids = exported_ids(exported)
+    assert sorted(ids) == sorted(journaled)
+    assert "shard_adopted" in smaller.log.read_text()
+
+
+def exported_ids(path: Path) -> list[str]:
+    """The record ids of a JSON-lines export, as often as they appear."""
+    if not path.exists():
+        return []
+    return [json.loads(line)["record_id"] for line in path.read_text().splitlines() if line]
