@@ -21,6 +21,7 @@ import asyncpg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.serving.tenancy import key_digest
 from scripts.vllm_cpu import Process, free_port, metric, start_proxy
 from tests.support.postgres import Cluster, fresh_database
 from tests.support.processes import shard_records, start_ledgered_proxy, workers_of
@@ -298,3 +299,44 @@ def exported_ids(path: Path) -> list[str]:
     if not path.exists():
         return []
     return [json.loads(line)["record_id"] for line in path.read_text().splitlines() if line]
+
+
+def test_sighup_reaches_every_worker(fake_upstream: Process, tmp_path: Path) -> None:
+    """SIGHUP to the supervisor is forwarded: each worker reloads the key file on it (its
+    log says why: SIGHUP), the new key works on every new connection, and the pod serves
+    on."""
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"acme: {key_digest('sk-old')}\n")
+    proxy = start_pod(fake_upstream.url, tmp_path, "--api-keys", str(keys))
+    try:
+        keys.write_text(f"acme: {key_digest('sk-new')}\n")
+        proxy.popen.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while reloads(proxy) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert reloads(proxy) == 2, proxy.tail()
+        assert {key_status(proxy.url, "sk-new") for _ in range(20)} == {200}
+        assert {key_status(proxy.url, "sk-old") for _ in range(20)} == {401}
+        assert proxy.popen.poll() is None
+    finally:
+        proxy.stop()
+
+
+def reloads(proxy: Process) -> int:
+    """Workers that reloaded the key file on SIGHUP (one log line each)."""
+    lines = proxy.log.read_text().splitlines()
+    return sum('"keys_loaded"' in line and '"why": "SIGHUP"' in line for line in lines)
+
+
+def key_status(url: str, key: str) -> int:
+    """An embedding with ``key``, on a new connection (either worker may take it)."""
+    request = urllib.request.Request(
+        url + "/v1/embeddings",
+        data=json.dumps({"model": "minilm", "input": "hi"}).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
