@@ -340,3 +340,74 @@ def key_status(url: str, key: str) -> int:
             return int(answer.status)
     except urllib.error.HTTPError as exc:
         return exc.code
+
+
+async def test_sigterm_under_load_drains_every_worker(
+    fake_upstream: Process, tmp_path: Path
+) -> None:
+    """SIGTERM to the supervisor alone, mid-load: it forwards it, every worker drains,
+    the pod exits 0, and every answer a client received has its record in a shard."""
+    proxy = start_pod(fake_upstream.url, tmp_path)
+    ids: list[str] = []
+
+    async def client(session: aiohttp.ClientSession, n: int) -> None:
+        for i in range(100):
+            body = {"model": "minilm", "input": f"client {n} request {i}"}
+            try:
+                async with session.post(proxy.url + "/v1/embeddings", json=body) as resp:
+                    await resp.read()
+                    if resp.status == 200:
+                        ids.append(resp.headers["x-usage-record-id"])
+            except aiohttp.ClientError:
+                return
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=32)) as session:
+        clients = asyncio.gather(*(client(session, n) for n in range(32)))
+        while len(ids) < 100:
+            await asyncio.sleep(0.01)
+        proxy.popen.send_signal(signal.SIGTERM)
+        await clients
+    code = proxy.popen.wait(60)
+    assert code == 0, proxy.tail()
+    journaled = {
+        r.record_id for shard in shard_records(tmp_path / "j.sqlite").values() for r in shard
+    }
+    assert len(ids) < 3200, "the SIGTERM must interrupt the load"
+    assert [i for i in ids if i not in journaled] == []
+    assert "pod_draining" in proxy.log.read_text()
+
+
+async def test_the_admin_port_is_the_pods(fake_upstream: Process, tmp_path: Path) -> None:
+    """--admin-port is served by the supervisor: the pod's /metrics (both workers
+    summed), its /readyz naming the workers, /healthz and vLLM's /upstream/metrics; the
+    main port then refuses /metrics as one process does."""
+    admin = free_port()
+    proxy = start_pod(fake_upstream.url, tmp_path, "--admin-port", str(admin))
+    admin_url = f"http://127.0.0.1:{admin}"
+    try:
+        before = metric(fake_upstream.url)
+        assert await spread(proxy.url, 40, connections=16) == [200] * 40
+        engine = metric(fake_upstream.url) - before
+        status, body = readyz(admin_url)
+        page = families(admin_url)
+        _, upstream = fetch(admin_url + "/upstream/metrics")
+        healthy, _ = fetch(admin_url + "/healthz")
+        main, _ = fetch(proxy.url + "/metrics")
+    finally:
+        proxy.stop()
+    assert status == 200, body
+    assert body["workers"] == {"0": "ready", "1": "ready"}
+    assert page["usage_proxy_billed_prompt_tokens_total"] == engine
+    assert page["usage_proxy_workers_ready"] == 2
+    assert "vllm:prompt_tokens_total" in upstream
+    assert healthy == 200
+    assert main == 404
+
+
+def fetch(url: str) -> tuple[int, str]:
+    """GET ``url``: its status and body, errors included."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
