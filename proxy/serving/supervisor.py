@@ -23,6 +23,7 @@ from proxy.serving import process
 from proxy.serving.control import HUNG_SECONDS, PING_SECONDS, decode, encode
 from proxy.serving.pod import Place, orders
 from proxy.serving.podadmin import PodMetrics, admin_app, serve_admin
+from proxy.serving.podreconcile import PodTraffic, pod_reconciler
 from proxy.serving.podstart import journal_lock, probe_port, refusal, resolve_workers, runtime_dir
 from proxy.serving.restarts import GiveUp, Restarts, cause
 from proxy.serving.startup import StartupError
@@ -80,6 +81,7 @@ class Pod:
         self.children: dict[int, Child] = {}
         self.restarts = Restarts()
         self.services = contextlib.AsyncExitStack()
+        self.traffic = PodTraffic(size)  # the pod's reconciler asks the workers
         self.stopping = asyncio.Event()
         self.code = 0
         self._told: dict[str, Any] = {}
@@ -134,13 +136,15 @@ class Pod:
 
     async def start_services(self) -> None:
         """The pod's services, entered into ``self.services`` before the first worker
-        starts (they close after the last has drained). None yet: the pod's limiter host
-        goes here."""
+        starts (they close after the last has drained): the pod's reconciler."""
+        await self.services.enter_async_context(pod_reconciler(self.settings, self.traffic))
 
     async def worker_exited(self, child: Child, code: int) -> None:
         """Every exit of a worker, asked for or not, before anything else happens at its
-        index: its metrics' live gauges go (the pod's limits hook in here too)."""
+        index: its metrics' live gauges go, its reconciliation window is abandoned (the
+        pod's limits hook in here too)."""
         self.metrics.dead(child.process.pid)
+        self.traffic.exited()
 
     def _ended(self, life: asyncio.Task[None]) -> None:
         """A worker's life that ended by a defect stops the pod (exit 1), said once."""
@@ -211,6 +215,7 @@ class Pod:
             return
         child.writer, child.seen = writer, time.monotonic()
         self._tell(child, self.report()[1])
+        self.traffic.joined(child.index, child.process.pid, writer)
         try:
             while line := await reader.readline():
                 message = decode(line)
@@ -219,9 +224,12 @@ class Pod:
                     child.state = "ready" if message.get("ready") else "not ready"
                     child.problems = message.get("problems") or {}
                     self._changed()
+                elif message.get("op") == "answer":
+                    self.traffic.answered(message)
         except OSError:
             pass
         finally:
+            self.traffic.left(child.index, child.process.pid)
             child.writer = None
             writer.close()
 

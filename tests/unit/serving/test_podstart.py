@@ -20,24 +20,30 @@ from proxy.serving.podstart import (
 from proxy.serving.startup import StartupError
 from proxy.settings import Settings
 
-POD = {"upstream": "http://vllm:8000", "workers": 2, "reconcile_interval": 0}
+POD = {"upstream": "http://vllm:8000", "workers": 2}
 
 
 def test_a_pod_that_can_start_is_refused_nothing() -> None:
-    """No reconciler, no limits: nothing to refuse."""
+    """No limits: nothing to refuse."""
+    assert refusal(Settings(**POD)) is None
+
+
+def test_a_pod_reconciles_with_the_defaults() -> None:
+    """The pod's reconciler runs in the supervisor (serving.podreconcile): the default
+    --reconcile-interval (15 s) is no longer refused, so ``--workers auto`` starts as is."""
+    assert Settings(**POD).reconcile_interval > 0
     assert refusal(Settings(**POD)) is None
 
 
 @pytest.mark.parametrize(
     ("extra", "said"),
     [
-        ({"reconcile_interval": 15}, "--reconcile-interval 0"),
         ({"limits": "/etc/limits.yaml"}, "--limits-store"),
     ],
 )
 def test_what_a_pod_cannot_do_yet_is_refused(extra: dict[str, object], said: str) -> None:
-    """The pod's reconciler and its limits without a store are not built: refused at
-    start with the fix, never run wrong."""
+    """The pod's limits without a store are not built: refused at start with the fix,
+    never run wrong."""
     problem = refusal(Settings(**{**POD, **extra}))
     assert problem is not None
     assert said in problem
