@@ -159,7 +159,10 @@ class PodTraffic:
         finally:
             for seq in asked:
                 self._waiting.pop(seq, None)
-        return dict(zip(links, answers, strict=True))
+        # Who answered is the worker that said hello on the link (its pid).
+        return {
+            index: {**a, "pid": links[index].pid} for index, a in zip(links, answers, strict=True)
+        }
 
     def _tell_all(self, body: Message) -> None:
         for link in self._links.values():

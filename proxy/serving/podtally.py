@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -66,8 +65,10 @@ class TallyDesk:
 
     def _counts(self) -> Message:
         x = self._exchanges
-        counts = {"in_flight": x.in_flight, "started": x.started}
-        return {"pid": os.getpid(), **counts, "failed": x.failed, "refused": x.refused}
+        return {"in_flight": x.in_flight, "started": x.started} | {
+            "failed": x.failed,
+            "refused": x.refused,
+        }
 
     def _set_aside(self, mark: int) -> Message:
         for earlier in list(self._aside):  # an attempt whose end never came: not lost

@@ -5,6 +5,7 @@ worker has an exchange in flight, its billed tokens matching the engine's growth
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import urllib.request
 from collections.abc import Callable
@@ -93,7 +94,7 @@ async def test_a_pod_journals_one_chain_of_windows_that_matches_the_engine(
     journal = tmp_path / "j.sqlite"
     assert held[shard_path(journal, 1)] == [], "only worker 0 journals windows"
     chain = windows(tmp_path)
-    assert all(a.end == b.start for a, b in zip(chain, chain[1:], strict=False))
+    assert all(a.end == b.start for a, b in itertools.pairwise(chain))
     assert all(w.status == "settled" for w in chain)
     assert sum(w.billed_prompt_tokens for w in chain) == engine > 0
     assert sum(w.engine_prompt_tokens or 0 for w in chain) == engine
@@ -118,9 +119,11 @@ async def test_an_exchange_in_flight_in_either_worker_keeps_the_window_open(
         await until(lambda: bool(windows(tmp_path)))
         sent = datetime.now(UTC)
         body = {"model": "minilm", "query": "a question", "documents": ["one", "two words"]}
-        async with aiohttp.ClientSession() as session:
-            async with session.post(proxy.url + "/rerank", json=body) as resp:
-                assert resp.status == 200, await resp.text()
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(proxy.url + "/rerank", json=body) as resp,
+        ):
+            assert resp.status == 200, await resp.text()
         answered = datetime.now(UTC)
         await until(lambda: any(w.records for w in windows(tmp_path)))
     finally:
@@ -133,6 +136,7 @@ async def test_an_exchange_in_flight_in_either_worker_keeps_the_window_open(
     assert closed_meanwhile == []
     (window,) = [w for w in chain if w.records]
     assert window.records == 1
-    assert window.start < sent + margin and window.end > answered - margin
+    assert window.start < sent + margin
+    assert window.end > answered - margin
     assert window.status == "settled"
     assert window.billed_prompt_tokens == window.engine_prompt_tokens

@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from proxy.ledger.records import UsageRecord
-from proxy.ledger.windows import SettledWindow
 from proxy.ledger.shards import shards
+from proxy.ledger.windows import SettledWindow
 from scripts.vllm_cpu import Process, _spawn, free_port, start_proxy
 
 
