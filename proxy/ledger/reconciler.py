@@ -140,6 +140,15 @@ class Reconciler:
         """A record was journaled: it is billed in the current window."""
         self.tally.add(record)
 
+    def set_aside(self) -> Tally:
+        """The window's records so far, taken to close it; the tally starts anew."""
+        tally, self.tally = self.tally, Tally()
+        return tally
+
+    def carry(self, tally: Tally) -> None:
+        """Records set aside and given back: the window carries on with them."""
+        self.tally.merge(tally)
+
     async def run(self) -> None:
         interval = self._interval
         failing: str | None = None
@@ -254,8 +263,8 @@ class _Local:
         traffic = self._traffic
         if traffic.in_flight:
             return None
-        tally, self._reconciler.tally, self._mark = self._reconciler.tally, Tally(), traffic.started
-        return Taken(tally, traffic.failed, traffic.refused)
+        self._mark = traffic.started
+        return Taken(self._reconciler.set_aside(), traffic.failed, traffic.refused)
 
     async def keep(self, taken: Taken) -> bool:
         if self._traffic.started == self._mark:
@@ -264,7 +273,7 @@ class _Local:
         return False
 
     def give_back(self, taken: Taken) -> None:
-        self._reconciler.tally.merge(taken.tally)
+        self._reconciler.carry(taken.tally)
 
 
 def _summary(window: SettledWindow) -> dict[str, object]:

@@ -73,14 +73,13 @@ class TallyDesk:
     def _set_aside(self, mark: int) -> Message:
         for earlier in list(self._aside):  # an attempt whose end never came: not lost
             self._merge_back(earlier)
-        tally, self._reconciler.tally = self._reconciler.tally, Tally()
-        self._aside[mark] = tally
+        self._aside[mark] = tally = self._reconciler.set_aside()
         return dataclasses.asdict(tally)
 
     def _merge_back(self, mark: int) -> None:
         tally = self._aside.pop(mark, None)
         if tally is not None:
-            self._reconciler.tally.merge(tally)
+            self._reconciler.carry(tally)
 
     def _when_quiet(self, seq: int) -> None:
         self._quiet.append(seq)

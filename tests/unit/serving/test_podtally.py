@@ -9,7 +9,7 @@ from typing import Any
 
 from proxy.ledger.windows import EngineReading, Tally, settle
 from proxy.serving.podtally import TallyDesk
-from tests.unit.serving.test_podreconcile import Worker
+from tests.support.podworkers import Worker
 
 
 def desk_of(worker: Worker) -> tuple[TallyDesk, list[dict[str, Any]]]:
