@@ -41,7 +41,7 @@ from proxy.serving.keys import METRICS, OUTBOX, POOL, RECONCILER, RECORDER
 from proxy.serving.lifetimes import counters_reader, ledger_context, reconciler_context
 from proxy.serving.limitsfile import LIMITSFILE, LimitsFile, limits_file_context
 from proxy.serving.metered import METERED, MeteredRelay
-from proxy.serving.pod import Place
+from proxy.serving.pod import Place, PodState
 from proxy.serving.podlimits import hosted_context, replica_settings
 from proxy.serving.pricesfile import (
     PRICESFILE,
@@ -67,6 +67,9 @@ from proxy.settings import CacheSalting, Durability, Settings
 from proxy.tokenizers.pool import TokenizerPool
 
 EXCHANGES = web.AppKey("exchanges", Exchanges)
+# This process's readiness verdict (what /readyz answers, without the pod's state).
+READINESS: web.AppKey[admin.Check] = web.AppKey("readiness")
+POD_STATE = web.AppKey("pod_state", PodState)
 
 
 def pool_context(pool: TokenizerPool) -> Callable[[web.Application], AsyncIterator[None]]:
@@ -285,7 +288,9 @@ def create_app(
 ) -> web.Application:
     """The proxy application; tests pass their own catalog (e.g. a tokenizer loader). A
     pod's worker passes its place in the pod (``serve --workers N``): its metrics go to
-    the pod's multiprocess directory, its limits to the pod's limiter host (or, with a
+    the pod's multiprocess directory, its ``/readyz`` adds the pod's state
+    (``POD_STATE``, which its control channel keeps), the supervisor, not the worker,
+    serves ``--admin-port``, and its limits go to the pod's limiter host (or, with a
     store, it is a replica of its own)."""
     metrics_dir = pod.metrics_dir if pod is not None else None
     resolver = build_resolver(settings)
@@ -340,8 +345,11 @@ def create_app(
     figures = build_figures(settings, admission, prices)
     admin_api = build_admin_api(app, settings, figures, lambda: known(resolver, admission))
 
+    check = admin.readiness_check(catalog, journal, store, priced)
+    app[READINESS] = check
+
     def admin_routes(port: web.Application) -> None:
-        admin.add_routes(port, catalog, journal, metrics, store, priced)
+        admin.add_routes(port, check, metrics)
         admin_api(port)
 
     restore = []  # a hosted limiter's host restored every shard before any worker started
@@ -357,13 +365,15 @@ def create_app(
         *restore,
         reconciler_context(settings, reconciler),
         send_watch_context(sends),
-        admin.admin_context(settings, admin_routes),
     ):
         app.cleanup_ctx.append(context)
-    if metrics_dir is not None:
+    if pod is None:
+        app.cleanup_ctx.append(admin.admin_context(settings, admin_routes))
+    else:  # the pod's supervisor serves --admin-port
+        app[POD_STATE] = PodState()
         app.cleanup_ctx.append(admin.task_sampler_context(metrics))
     page = metrics if settings.admin_port is None else None
-    admin.add_routes(app, catalog, journal, page, store, priced)
+    admin.add_routes(app, check, page, app.get(POD_STATE))
     add_usage_routes(app, figures)
     relay = Relay(settings.upstream_base, settings.body_read_timeout, metrics)
     admin_port = settings.admin_port is not None
