@@ -23,6 +23,7 @@ from proxy.serving import process
 from proxy.serving.control import HUNG_SECONDS, PING_SECONDS, decode, encode
 from proxy.serving.pod import Place, orders
 from proxy.serving.podadmin import PodMetrics, admin_app, serve_admin
+from proxy.serving.podlimits import PodLimits, hosted_limits
 from proxy.serving.podstart import journal_lock, probe_port, refusal, resolve_workers, runtime_dir
 from proxy.serving.restarts import GiveUp, Restarts, cause
 from proxy.serving.startup import StartupError
@@ -80,6 +81,7 @@ class Pod:
         self.children: dict[int, Child] = {}
         self.restarts = Restarts()
         self.services = contextlib.AsyncExitStack()
+        self.limits: PodLimits | None = None  # the pod's limiter host, without a store
         self.stopping = asyncio.Event()
         self.code = 0
         self._told: dict[str, Any] = {}
@@ -93,6 +95,8 @@ class Pod:
         admin = admin_app(self.settings, self.metrics, self.report)
         runner = await serve_admin(self.settings, admin)
         async with self.services:
+            limits = hosted_limits(self.settings, self.runtime)
+            self.limits = await self.services.enter_async_context(limits)
             server = await asyncio.start_unix_server(self._connected, path=str(control))
             self._handle_signals()
             for index in range(self.size):
@@ -133,8 +137,11 @@ class Pod:
 
     async def worker_exited(self, child: Child, code: int) -> None:
         """Every exit of a worker, asked for or not, before anything else happens at its
-        index: its metrics' live gauges go (the pod's limits hook in here too)."""
+        index: its metrics' live gauges go, and the pod's limits read its shard again
+        (what its lost connection held is then counted once, from its records)."""
         self.metrics.dead(child.process.pid)
+        if self.limits is not None:
+            await self.limits.worker_exited(child.index)
 
     def _state(self, index: int) -> str:
         child = self.children.get(index)
