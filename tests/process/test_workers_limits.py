@@ -16,6 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 import yaml
+from redis.asyncio import Redis
 
 from scripts.vllm_cpu import Process, free_port, metric, start_proxy
 from tests.support.processes import shard_records
@@ -82,6 +83,15 @@ def fresh() -> aiohttp.ClientSession:
 async def one_by_one(url: str, count: int) -> list[int]:
     async with fresh() as session:
         return [await embed(session, url) for _ in range(count)]
+
+
+async def forget(store: Store) -> None:
+    """The store loses every key (as a restarted store without persistence)."""
+    client = Redis.from_url(store.url)
+    try:
+        await client.flushall()
+    finally:
+        await client.aclose()
 
 
 def records_per_shard(tmp: Path, tenant: str = "acme") -> list[int]:
@@ -152,7 +162,9 @@ async def test_a_restart_keeps_the_month(
     fake_upstream: Process, tmp_path: Path, store: Store | None
 ) -> None:
     """20 of 30 requests' budget spent, the pod stopped (SIGTERM: drained) and started
-    again with two workers: exactly 10 more are admitted."""
+    again with two workers: exactly 10 more are admitted. With a store, the store lost
+    everything meanwhile: it is rebuilt from both workers' journals, each worker a
+    replica of its own (two sharing one replica id would count one shard)."""
     tenant = {"prompt_tokens_per_month": 30 * 3}
     port = free_port()
     proxy = start_pod(fake_upstream, tmp_path, tenant, store, port)
@@ -162,6 +174,8 @@ async def test_a_restart_keeps_the_month(
         proxy.stop()
     assert proxy.popen.returncode == 0, proxy.tail()
     assert first == [200] * 20
+    if store is not None:
+        await forget(store)
     proxy = start_pod(fake_upstream, tmp_path, tenant, store, port)
     try:
         second = await one_by_one(proxy.url, 12)
