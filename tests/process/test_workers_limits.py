@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import time
 import urllib.error
 import urllib.request
@@ -184,3 +186,29 @@ async def test_a_restart_keeps_the_month(
     assert proxy.popen.returncode == 0, proxy.tail()
     assert second == [200] * 10 + [429] * 2
     assert sum(records_per_shard(tmp_path)) == 30
+
+
+async def test_a_changed_limits_file_and_sighup_reach_every_worker_and_the_host(
+    fake_upstream: Process, tmp_path: Path, store: Store | None
+) -> None:
+    """The limits file raised from 10 to 20 a minute and SIGHUP sent to the supervisor:
+    once every worker has loaded it (the pod's oldest load, a livemin gauge, is after
+    the signal), a burst of 30 over new connections admits exactly 20: the workers and
+    the host (or the store) use the new amount."""
+    proxy = start_pod(fake_upstream, tmp_path, {"requests_per_minute": 10}, store, free_port())
+    try:
+        limits = tmp_path / "limits.yaml"
+        limits.write_text(yaml.safe_dump({"tenants": {"acme": {"requests_per_minute": 20}}}))
+        signalled = time.time()
+        os.kill(proxy.popen.pid, signal.SIGHUP)
+        loaded = "usage_proxy_limits_loaded_timestamp_seconds"
+        deadline = time.monotonic() + 20
+        while metric(proxy.url, loaded) < signalled:
+            assert time.monotonic() < deadline, proxy.tail()
+            await asyncio.sleep(0.1)
+        async with fresh() as session:
+            statuses = await asyncio.gather(*(embed(session, proxy.url) for _ in range(30)))
+    finally:
+        proxy.stop()
+    assert proxy.popen.returncode == 0, proxy.tail()
+    assert (statuses.count(200), statuses.count(429)) == (20, 10), statuses
