@@ -4,6 +4,7 @@ host that cannot be reached is a start-up error; with a store, every worker a re
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import tempfile
 import time
@@ -12,6 +13,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import settings as examples
+from hypothesis import strategies as st
 
 from proxy.ledger.journal import Journal
 from proxy.ledger.shards import shard_path
@@ -163,3 +167,56 @@ def test_with_a_store_every_worker_is_a_replica(runtime: Path) -> None:
     assert settings.instance == "pod-a"  # the worker's own records keep the pod's name
     unset = replica_settings(settings_in(runtime), Place(0, 4, runtime))
     assert unset.limits_replicas == 0  # 0: the live count, read from the store
+
+
+async def _death(
+    runtime: Path, mine: list[int], settled: list[int], unsettled: list[int], lost: list[int]
+) -> tuple[int, int]:
+    """Worker 0 bills ``mine``; worker 1 bills ``settled`` (journaled and settled),
+    journals ``unsettled`` without settling them, holds ``lost`` (never journaled), and
+    dies. What is left of a 10,000-token month once its shard is read again, and what
+    the shards billed."""
+    limits = yaml.safe_dump({"tenants": {"acme": {"prompt_tokens_per_month": 10_000}}})
+    settings = settings_in(runtime, limits)
+    journal = Path(settings.journal)
+    async with hosted_limits(settings, runtime) as pod:
+        assert pod is not None
+        path, policies = pod.host.path, pod.host.limiter.policies
+        workers = [await HostedLimiter.connect(path, policies, k) for k in (0, 1)]
+        now = time.time()
+        for k, bills, settles in ((0, mine, True), (1, settled, True), (1, unsettled, False)):
+            for billed in bills:
+                decision = await workers[k].reserve(ACME, Cost(billed + 1, 0), now)
+                assert decision.ticket is not None
+                if settles:
+                    await workers[k].settle(decision.ticket, Cost(billed, 0), now)
+        for cost in lost:
+            assert (await workers[1].reserve(ACME, Cost(cost, 0), now)).ticket is not None
+        await journal_into(journal, *mine)
+        await journal_into(shard_path(journal, 1), *settled, *unsettled)
+        await workers[1].close()  # tickets open: its units held, as a death leaves them
+        await pod.worker_exited(1)
+        left = await remaining(workers[0])
+        await workers[0].close()
+    return left, sum(mine) + sum(settled) + sum(unsettled)
+
+
+@examples(max_examples=20, deadline=None)
+@given(
+    mine=st.lists(st.integers(0, 300), max_size=4),
+    settled=st.lists(st.integers(0, 300), max_size=4),
+    unsettled=st.lists(st.integers(0, 300), max_size=4),
+    lost=st.lists(st.integers(1, 300), max_size=4),
+)
+def test_a_dead_worker_is_billed_exactly_what_its_shard_holds(
+    mine: list[int], settled: list[int], unsettled: list[int], lost: list[int]
+) -> None:
+    """Whatever a dead worker had settled, journaled without settling, or held without
+    a record: once its shard is read again the pod's month is the budget less exactly
+    what every shard billed (nothing twice, nothing held, nothing missed)."""
+    runtime = Path(tempfile.mkdtemp(prefix="prop-"))
+    try:
+        left, billed = asyncio.run(_death(runtime, mine, settled, unsettled, lost))
+    finally:
+        shutil.rmtree(runtime)
+    assert left == 10_000 - billed
