@@ -13,6 +13,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 
+import structlog
 from aiohttp import web
 
 from proxy.serving.control import worker_link
@@ -41,6 +42,7 @@ def until_stopped(place: Place) -> Callable[[web.Application], Awaitable[None]]:
 
 def main() -> int:
     place, settings = read_orders(sys.stdin.read())
+    structlog.contextvars.bind_contextvars(worker=place.index)
     return run_or_explain(settings, PodLink(place, until_stopped(place)))
 
 
