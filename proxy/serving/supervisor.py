@@ -145,7 +145,7 @@ class Pod:
         index: its metrics' live gauges go, and the pod's limits read its shard again
         (what its lost connection held is then counted once, from its records)."""
         self.metrics.dead(child.process.pid)
-        if self.limits is not None:
+        if self.limits is not None and not self.stopping.is_set():  # else no restart follows
             await self.limits.worker_exited(child.index)
 
     def _ended(self, life: asyncio.Task[None]) -> None:
