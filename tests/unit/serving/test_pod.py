@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from proxy.serving.pod import Place, PodState, orders, read_orders
+from proxy.serving.pod import (
+    Place,
+    PodState,
+    adopted_shards,
+    orders,
+    own_settings,
+    read_orders,
+)
 from proxy.settings import Settings
 
 
@@ -28,8 +35,10 @@ def test_a_workers_orders_carry_the_settings_and_its_shard(tmp_path: Path) -> No
     )
     runtime = tmp_path / "run"
     for index, name in ((0, "usage.sqlite"), (1, "usage.worker-1.sqlite")):
-        place, read = read_orders(orders(Place(index, 2, runtime), settings).decode())
+        place, pod = read_orders(orders(Place(index, 2, runtime), settings).decode())
         assert place == Place(index, 2, runtime)
+        assert pod == settings
+        read = own_settings(place, pod)
         assert read.journal == str(tmp_path / name)
         assert read.ledger_dsn == settings.ledger_dsn
         assert read.model_copy(update={"journal": settings.journal}) == settings
@@ -38,8 +47,9 @@ def test_a_workers_orders_carry_the_settings_and_its_shard(tmp_path: Path) -> No
 def test_orders_without_a_journal_keep_it_off() -> None:
     """--journal off stays off in every worker: there is no shard of nothing."""
     settings = Settings(upstream="http://vllm:8000", journal="off")
-    _, read = read_orders(orders(Place(1, 2, Path("/run/p")), settings).decode())
-    assert read.journal == "off"
+    place, pod = read_orders(orders(Place(1, 2, Path("/run/p")), settings).decode())
+    assert own_settings(place, pod).journal == "off"
+    assert adopted_shards(place, pod) == []
 
 
 def test_a_worker_takes_the_pods_state() -> None:
