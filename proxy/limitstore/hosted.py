@@ -16,9 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import structlog
 from pydantic import ValidationError
@@ -50,7 +51,6 @@ from proxy.limitstore.hostwire import (
     Standings,
     Welcome,
 )
-from proxy.limitstore.memory import still
 
 log = structlog.get_logger("proxy.limitstore.hosted")
 WELCOME_SECONDS = 10.0
@@ -149,7 +149,15 @@ class HostedLimiter:
         return (self._gone, True) if self._gone is not None else None
 
     def lifetime(self, *, journaled: bool) -> Lifetime:
-        return still
+        """Connected while the worker serves: before it accepts (``HostError``: no host),
+        goodbye after its exchanges have settled."""
+
+        async def connected(app: Any) -> AsyncIterator[None]:
+            await self.open()
+            yield
+            await self.close()
+
+        return connected
 
     async def standing(self, tenant: str, now: float) -> list[LimitStanding]:
         """``tenant``'s standing as the host's limiter has it: the pod's, through any

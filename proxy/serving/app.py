@@ -24,7 +24,6 @@ from proxy.limits.costs import unpriced
 from proxy.limits.limiter import Limiter
 from proxy.limits.policy import Policies
 from proxy.limits.problems import read_limits
-from proxy.limitstore.hosted import HostedLimiter
 from proxy.limitstore.wiring import build_limiter
 from proxy.metrics import Metrics
 from proxy.serving import admin
@@ -43,7 +42,7 @@ from proxy.serving.lifetimes import counters_reader, ledger_context, reconciler_
 from proxy.serving.limitsfile import LIMITSFILE, LimitsFile, limits_file_context
 from proxy.serving.metered import METERED, MeteredRelay
 from proxy.serving.pod import Place, PodState
-from proxy.serving.podlimits import hosted_context, replica_settings
+from proxy.serving.podlimits import hosted, hosted_context, replica_settings
 from proxy.serving.pricesfile import (
     PRICESFILE,
     Prices,
@@ -201,12 +200,12 @@ def build_admission(
 def build_pod_limiter(
     settings: Settings, policies: Policies, metrics: Metrics, pod: Place | None
 ) -> Limiter:
-    """The limiter of ``policies``: in this process, on the store, or, for a pod's worker
-    without a store, on the pod's limiter host (connected at start: ``hosted_context``)."""
+    """The limiter of ``policies``: in this process, on the store (a pod's worker: a
+    replica of its own), or, for a pod's worker without a store, on the pod's limiter
+    host (connected in its lifetime, before the worker serves)."""
     if settings.limits_store is None:
-        if pod is None:
-            return build_limiter(settings, policies, metrics)
-        return HostedLimiter(policies, pod.limiter_socket, pod.index)
+        host = pod.limiter_socket if pod is not None else None
+        return build_limiter(settings, policies, metrics, host=host, part=pod.index if pod else 0)
     password = store_password(settings)
     replica = settings if pod is None else replica_settings(settings, pod)
     return build_limiter(replica, policies, metrics, password=password)
@@ -223,6 +222,7 @@ def add_limits(
     metrics: Metrics,
     resolver: TenantResolver,
     catalog: Catalog,
+    pod: Place | None = None,
 ) -> None:
     """Headers on every answer, the file's live reload, budgets rebuilt at start."""
     assert settings.limits is not None
@@ -238,9 +238,8 @@ def add_limits(
     )
     app.on_response_prepare.append(add_headers)
     app.cleanup_ctx.append(limits_file_context(app[LIMITSFILE]))
-    if isinstance(admission.limiter, HostedLimiter):
-        app.cleanup_ctx.append(hosted_context(admission.limiter))
-    app.cleanup_ctx.append(admission.limiter.lifetime(journaled=journal is not None))
+    lifetime = admission.limiter.lifetime(journaled=journal is not None)
+    app.cleanup_ctx.append(hosted_context(lifetime) if hosted(settings, pod) else lifetime)
 
 
 def money_check(admission: Admission) -> Callable[[Policies], str | None]:
@@ -337,7 +336,7 @@ def create_app(
     if outbox is not None:
         app[OUTBOX] = outbox
     if admission is not None:
-        add_limits(app, settings, admission, journal, metrics, resolver, catalog)
+        add_limits(app, settings, admission, journal, metrics, resolver, catalog, pod)
     if prices is not None:
         add_prices(app, settings, prices, admission, metrics)
     if settings.api_keys:
@@ -356,7 +355,7 @@ def create_app(
         admin_api(port)
 
     restore = []  # a hosted limiter's host restored every shard before any worker started
-    if admission is not None and not isinstance(admission.limiter, HostedLimiter):
+    if admission is not None and not hosted(settings, pod):
         restore.append(restore_context(admission, journal, metrics))
     for context in (
         # first in, last out: the metric is flushed after every exchange has its record

@@ -1,10 +1,10 @@
 """A pod's limits across its workers (``serve --workers N``, docs/workers.md, "Limits").
 
 Without ``--limits-store`` the supervisor hosts the pod's limiter (``hosted_limits``):
-one ``InProcessLimiter`` rebuilt from every worker's journal shard, a part per shard,
-served on ``limiter.sock`` before any worker starts; a worker admits through it
-(``HostedLimiter``, connected by ``hosted_context`` before it serves). With a store, every
-worker is a replica of its own (``replica_settings``).
+one in-process limiter rebuilt from every worker's journal shard, a part per shard,
+served on ``limiter.sock`` before any worker starts; a worker admits through it (its
+limiter connects in its lifetime, before it serves: ``hosted_context``). With a store,
+every worker is a replica of its own (``replica_settings``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,12 +22,12 @@ from aiohttp import web
 from proxy.accounting.prices import PriceTable
 from proxy.ledger.journal import Journal
 from proxy.ledger.shards import numbered, shard_path
-from proxy.limits.limiter import Usage
+from proxy.limits.limiter import Lifetime, Usage
 from proxy.limits.policy import Policies
 from proxy.limits.problems import read_limits
 from proxy.limitstore.host import LimiterHost
-from proxy.limitstore.hosted import HostedLimiter, HostError
-from proxy.limitstore.memory import InProcessLimiter
+from proxy.limitstore.hosted import HostError
+from proxy.limitstore.wiring import build_host
 from proxy.serving.admission import history_start, journal_history
 from proxy.serving.pod import Place
 from proxy.serving.pricesfile import read_table
@@ -88,25 +88,24 @@ async def hosted_limits(settings: Settings, runtime: Path) -> AsyncIterator[PodL
     prices = Path(settings.prices) if settings.prices is not None else None
     table = _table(prices) if prices is not None else None
     journal = Path(settings.journal) if settings.metering else None
-    limiter = InProcessLimiter(policies)
+    host = build_host(policies, runtime / "limiter.sock")
     if journal is not None:
-        await restore_shards(limiter, journal, table)
-    host = LimiterHost(limiter, runtime / "limiter.sock")
+        await restore_shards(host, journal, table)
     await host.start()
-    log.info("limiter_host_started", path=str(host.path), parts=sorted(limiter.parts))
+    log.info("limiter_host_started", path=str(host.path), parts=sorted(host.limiter.parts))
     try:
         yield PodLimits(host, journal, prices, table)
     finally:
         await host.close()
 
 
-async def restore_shards(limiter: InProcessLimiter, journal: Path, table: PriceTable | None) -> int:
-    """Every shard's usage since the earliest period start, one part per shard (scaled
-    down ones too): the records read."""
+async def restore_shards(host: LimiterHost, journal: Path, table: PriceTable | None) -> int:
+    """Every shard's usage since the earliest period start into the ``host``, one part
+    per shard (scaled down ones too), before any worker connects: the records read."""
     now, restored = time.time(), 0
     for index, path in await asyncio.to_thread(numbered, journal):
-        history = await read_shard(path, limiter.policies, table, now)
-        await limiter.restore(history, now, part=index)
+        history = await read_shard(path, host.limiter.policies, table, now)
+        await host.reread(index, history, now)
         restored += sum(usage.cost.requests for usage in history)
     log.info("budgets_restored", journal=str(journal), records=restored)
     return restored
@@ -128,18 +127,25 @@ async def read_shard(
     return history
 
 
-def hosted_context(limiter: HostedLimiter) -> Callable[[web.Application], AsyncIterator[None]]:
-    """cleanup_ctx of a pod's worker: connect to the pod's limiter host before serving
-    (a host that cannot be reached then is a start-up error), say goodbye after the
-    exchanges have settled."""
+def hosted(settings: Settings, pod: Place | None) -> bool:
+    """Whether a worker admits through the pod's limiter host (a pod without a store):
+    the host, not the worker, restores its usage."""
+    return pod is not None and settings.limits_store is None
+
+
+def hosted_context(lifetime: Lifetime) -> Lifetime:
+    """A hosted limiter's ``lifetime`` (connected before the worker serves), a host that
+    cannot be reached then said as a start-up error."""
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
+        connected = lifetime(app)
         try:
-            await limiter.open()
+            await anext(connected)
         except HostError as exc:
             raise StartupError(f"{exc}; the supervisor starts it before any worker") from None
         yield
-        await limiter.close()
+        with contextlib.suppress(StopAsyncIteration):
+            await anext(connected)
 
     return ctx
 

@@ -152,7 +152,7 @@ async def test_a_worker_without_its_host_does_not_start(runtime: Path) -> None:
         assert pod is not None
         policies = pod.host.limiter.policies
     limiter = HostedLimiter(policies, runtime / "limiter.sock", 0)
-    context = hosted_context(limiter)(None)  # type: ignore[arg-type]
+    context = hosted_context(limiter.lifetime(journaled=True))(None)  # type: ignore[arg-type]
     with pytest.raises(StartupError, match=r"limiter\.sock"):
         await anext(context)
 
