@@ -18,6 +18,7 @@ import pytest
 
 from bench.ratios import GOALS
 from bench.render import END, START, splice
+from bench.workers import Case, Sample
 from tests.support.waits import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -316,17 +317,15 @@ finally:
         bench.communicate()
 
 
-def _sample(case: object, scenario: str, requests: int, pod_cpu: float) -> object:
-    from bench.workers import Sample
-
-    assert not isinstance(case, str)
-    return Sample(case, scenario, requests, 0, 1.0, pod_cpu, 0.5, 0.5)  # type: ignore[arg-type]
+def _sample(case: Case, scenario: str, requests: int, pod_cpu: float) -> Sample:
+    """A sample of one second: ``requests`` answered for ``pod_cpu`` seconds of CPU."""
+    return Sample(case, scenario, requests, 0, 1.0, pod_cpu, 0.5, 0.5)
 
 
 def test_the_workers_cases_pass_no_workers_flag_for_one() -> None:
     """One worker is today's process (no --workers, so the bench runs before the flag
     exists); each count >= 2 runs with the default tokenizer threads and with one."""
-    from bench.workers import Case, cases, counts_of
+    from bench.workers import cases, counts_of
 
     assert cases([1, 2]) == [Case(1), Case(2), Case(2, threads=1)]
     assert Case(1).argv() == ()
@@ -342,7 +341,7 @@ def test_the_workers_goal_judges_cpu_per_request_against_one_worker() -> None:
     """Two workers are judged against one worker's CPU per request (<= 1.1x), per scenario,
     on the medians of the rounds; saturation against 2 x one worker's is shown but not
     judged on a machine with fewer than two cores per worker."""
-    from bench.workers import Case, goal_lines, summarize, table
+    from bench.workers import goal_lines, summarize, table
 
     one, two, thin = Case(1), Case(2), Case(2, threads=1)
     samples = [
@@ -354,7 +353,7 @@ def test_the_workers_goal_judges_cpu_per_request_against_one_worker() -> None:
         *(_sample(one, "rerank 1x64", 500, cpu) for cpu in (0.5, 0.5, 0.5)),
         *(_sample(two, "rerank 1x64", 1000, cpu) for cpu in (1.05, 1.05, 1.05)),
     ]
-    result = summarize(samples, [], [1, 2], 1.0, 3, 64)  # type: ignore[arg-type]
+    result = summarize(samples, [], [1, 2], 1.0, 3, 64)
     result["cores"] = 2
     lines = goal_lines(result)
     assert "| 2 workers' CPU per request <= 1.1x one worker's | embeddings | 1.20x | no |" in lines
@@ -379,7 +378,7 @@ def test_the_workers_goal_judges_cpu_per_request_against_one_worker() -> None:
 def test_the_pods_cpu_counts_the_supervisor_and_every_worker(tmp_path: Path) -> None:
     """A pod's CPU is read from the process started and every process under it: a child
     that burns CPU shows under its own pid, and the pod's sum holds it."""
-    from bench.workers import Case, Pod
+    from bench.workers import Pod
     from scripts.vllm_cpu import Process
 
     burn = (
@@ -399,7 +398,7 @@ def test_the_pods_cpu_counts_the_supervisor_and_every_worker(tmp_path: Path) -> 
     try:
         assert parent.stdout is not None
         child = int(parent.stdout.readline())
-        pod = Pod(Case(2), Process("pod", "http://127.0.0.1:1", parent, tmp_path / "log"))  # type: ignore[arg-type]
+        pod = Pod(Case(2), Process("pod", "http://127.0.0.1:1", parent, tmp_path / "log"))
         assert pod.pids() == [parent.pid, child]
 
         deadline = time.monotonic() + 10
