@@ -8,7 +8,8 @@ Figures: the cost goals as ratios to their floors, measured in alternating block
 (bench/ratios.py) on each event loop; p50/p99 latency and added latency vs direct
 (sequential requests), throughput at saturation (concurrent clients), proxy CPU seconds
 and RSS, SSE first byte and chunk gaps, and accounting CPU against the raw batched
-tokenizer cost of the same texts.
+tokenizer cost of the same texts; and the pod's capacity with 1 and N workers
+(bench/workers.py: saturation requests/s and CPU per request, ``--workers 1,2``).
 """
 
 from __future__ import annotations
