@@ -587,6 +587,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"usage-proxy: {exc}", file=sys.stderr)
         return 2
-    from proxy.serving.process import run_or_explain  # the other commands need no server
+    from proxy.serving.supervisor import main as serve  # the other commands need no server
 
-    return run_or_explain(settings)
+    return serve(settings)

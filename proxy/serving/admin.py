@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -15,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from proxy.ledger.journal import Journal
 from proxy.metrics import Metrics
 from proxy.serving.catalog import Catalog
+from proxy.serving.pod import PodState
 from proxy.serving.startup import listen
 from proxy.serving.upstream import SESSION, UpstreamError, translated
 from proxy.settings import Settings
@@ -30,20 +32,24 @@ StoreProblem = Callable[[], tuple[str, bool] | None]
 PricesProblem = Callable[[], str | None]
 
 
-def readiness(
+Check = Callable[[], Awaitable[tuple[bool, dict[str, Any]]]]
+
+
+def readiness_check(
     catalog: Catalog,
     journal: Journal | None,
     store: StoreProblem | None,
     prices: PricesProblem | None = None,
-) -> Handler:
+) -> Check:
     """Ready when discovery has reached the upstream, every served model can be audited,
     and records can be journaled (a load balancer then drains a pod whose disk failed).
     The limits store's problem is reported; it fails readiness only when ``store`` says
     so (unreachable in closed mode). A model a money budget applies to without a price in
     force is reported (``prices``) and never fails readiness: every replica shares the
-    price file, so draining one helps nobody, and only that budget's requests are refused."""
+    price file, so draining one helps nobody, and only that budget's requests are refused.
+    A pod's worker sends the same verdict to its supervisor every second."""
 
-    async def readyz(request: web.Request) -> web.Response:
+    async def check() -> tuple[bool, dict[str, Any]]:
         problems = {name: m.problem for name, m in catalog.models.items() if m.problem}
         if not catalog.ready.is_set():
             problems["upstream"] = catalog.problem or "discovery has not completed yet"
@@ -65,6 +71,23 @@ def readiness(
             "models": sorted(catalog.models),
             "problems": problems,
         }
+        return ready, body
+
+    return check
+
+
+def readiness(check: Check, pod: PodState | None = None) -> Handler:
+    """``/readyz``: this process's check; in a pod's worker, also the pod's state as the
+    supervisor last sent it (ready only when every worker is)."""
+
+    async def readyz(request: web.Request) -> web.Response:
+        ready, body = await check()
+        if pod is not None:
+            body["workers"] = pod.workers
+            if not pod.ready:
+                body["problems"]["pod"] = "not every worker of the pod is ready"
+            ready = ready and pod.ready
+            body["status"] = "ready" if ready else "not ready"
         return web.json_response(body, status=200 if ready else 503)
 
     return readyz
@@ -79,15 +102,14 @@ def metrics_page(metrics: Metrics) -> Handler:
 
 def add_routes(
     app: web.Application,
-    catalog: Catalog,
-    journal: Journal | None,
+    check: Check,
     metrics: Metrics | None = None,
-    store: StoreProblem | None = None,
-    prices: PricesProblem | None = None,
+    pod: PodState | None = None,
 ) -> None:
-    """Health and readiness; the metrics page too when ``metrics`` is given."""
+    """Health and readiness (``check``, with the pod's state in a pod's worker); the
+    metrics page too when ``metrics`` is given."""
     app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readiness(catalog, journal, store, prices))
+    app.router.add_get("/readyz", readiness(check, pod))
     if metrics is not None:
         app.router.add_get("/metrics", metrics_page(metrics))
 

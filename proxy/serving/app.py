@@ -39,7 +39,7 @@ from proxy.serving.keys import METRICS, OUTBOX, POOL, RECONCILER, RECORDER
 from proxy.serving.lifetimes import counters_reader, ledger_context, reconciler_context
 from proxy.serving.limitsfile import LIMITSFILE, LimitsFile, limits_file_context
 from proxy.serving.metered import METERED, MeteredRelay
-from proxy.serving.pod import Place
+from proxy.serving.pod import Place, PodState
 from proxy.serving.pricesfile import (
     PRICESFILE,
     Prices,
@@ -64,6 +64,9 @@ from proxy.settings import CacheSalting, Durability, Settings
 from proxy.tokenizers.pool import TokenizerPool
 
 EXCHANGES = web.AppKey("exchanges", Exchanges)
+# This process's readiness verdict (what /readyz answers, without the pod's state).
+READINESS: web.AppKey[admin.Check] = web.AppKey("readiness")
+POD_STATE = web.AppKey("pod_state", PodState)
 
 
 def pool_context(pool: TokenizerPool) -> Callable[[web.Application], AsyncIterator[None]]:
@@ -265,7 +268,9 @@ def create_app(
 ) -> web.Application:
     """The proxy application; tests pass their own catalog (e.g. a tokenizer loader). A
     pod's worker passes its place in the pod (``serve --workers N``): its metrics go to
-    the pod's multiprocess directory."""
+    the pod's multiprocess directory, its ``/readyz`` adds the pod's state
+    (``POD_STATE``, which its control channel keeps), and the supervisor, not the
+    worker, serves ``--admin-port``."""
     metrics_dir = pod.metrics_dir if pod is not None else None
     resolver = build_resolver(settings)
     pool = pool or TokenizerPool(settings.tokenizer_threads)
@@ -319,8 +324,11 @@ def create_app(
     figures = build_figures(settings, admission, prices)
     admin_api = build_admin_api(app, settings, figures, lambda: known(resolver, admission))
 
+    check = admin.readiness_check(catalog, journal, store, priced)
+    app[READINESS] = check
+
     def admin_routes(port: web.Application) -> None:
-        admin.add_routes(port, catalog, journal, metrics, store, priced)
+        admin.add_routes(port, check, metrics)
         admin_api(port)
 
     for context in (
@@ -333,13 +341,15 @@ def create_app(
         *([restore_context(admission, journal, metrics)] if admission else []),
         reconciler_context(settings, reconciler),
         send_watch_context(sends),
-        admin.admin_context(settings, admin_routes),
     ):
         app.cleanup_ctx.append(context)
-    if metrics_dir is not None:
+    if pod is None:
+        app.cleanup_ctx.append(admin.admin_context(settings, admin_routes))
+    else:  # the pod's supervisor serves --admin-port
+        app[POD_STATE] = PodState()
         app.cleanup_ctx.append(admin.task_sampler_context(metrics))
     page = metrics if settings.admin_port is None else None
-    admin.add_routes(app, catalog, journal, page, store, priced)
+    admin.add_routes(app, check, page, app.get(POD_STATE))
     add_usage_routes(app, figures)
     relay = Relay(settings.upstream_base, settings.body_read_timeout, metrics)
     admin_port = settings.admin_port is not None

@@ -4,8 +4,13 @@ socket, the limiter host's socket and the multiprocess metrics directory."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from proxy.ledger.shards import shard_path
+from proxy.settings import Settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,3 +35,43 @@ class Place:
     def metrics_dir(self) -> Path:
         """``PROMETHEUS_MULTIPROC_DIR``: every process of the pod writes its values here."""
         return self.runtime / "metrics"
+
+
+@dataclass
+class PodState:
+    """The pod as the supervisor last told this worker (the control channel's ``pod``
+    message): ready only when every worker is, and not draining."""
+
+    ready: bool = False
+    workers: dict[str, str] = field(default_factory=dict)
+
+    def update(self, message: dict[str, object]) -> None:
+        """Take the supervisor's ``pod`` message."""
+        self.ready = message.get("status") == "ready"
+        workers = message.get("workers")
+        self.workers = (
+            {str(k): str(v) for k, v in workers.items()} if isinstance(workers, dict) else {}
+        )
+
+
+def orders(place: Place, settings: Settings) -> bytes:
+    """What the supervisor writes to worker ``place.index``'s stdin: its place and the
+    pod's settings, secrets included (never in the environment)."""
+    order = {
+        "index": place.index,
+        "workers": place.workers,
+        "runtime": str(place.runtime),
+        "settings": settings.model_dump(mode="json"),
+    }
+    return json.dumps(order).encode()
+
+
+def read_orders(text: str) -> tuple[Place, Settings]:
+    """The worker's place and its settings: the pod's, with the journal at its shard."""
+    order: dict[str, Any] = json.loads(text)
+    place = Place(int(order["index"]), int(order["workers"]), Path(order["runtime"]))
+    settings = Settings.model_validate(order["settings"])  # no environment, no file
+    if settings.metering:
+        shard = shard_path(Path(settings.journal), place.index)
+        settings = settings.model_copy(update={"journal": str(shard)})
+    return place, settings

@@ -10,6 +10,8 @@ import json
 import resource
 import signal
 import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -26,6 +28,7 @@ from proxy.serving.catalog import CATALOG, Catalog
 from proxy.serving.keyfile import KEYFILE
 from proxy.serving.keys import METRICS
 from proxy.serving.limitsfile import LIMITSFILE
+from proxy.serving.pod import Place
 from proxy.serving.pricesfile import PRICESFILE
 from proxy.serving.startup import StartupError, key_file_problem, listen
 from proxy.serving.tenancy import KeyFileError
@@ -43,10 +46,10 @@ def raise_open_files_limit() -> None:
     log.info("open_files_limit", limit=max(soft, hard))
 
 
-def run_or_explain(settings: Settings) -> int:
+def run_or_explain(settings: Settings, pod: PodLink | None = None) -> int:
     """Serve; a start-up mistake the operator can fix is one line on stderr and exit 2."""
     try:
-        run(settings)
+        run(settings, pod)
     except KeyFileError as exc:
         print(f"usage-proxy: {key_file_problem(exc)}", file=sys.stderr)
         return 2
@@ -56,8 +59,8 @@ def run_or_explain(settings: Settings) -> int:
     return 0
 
 
-def run(settings: Settings) -> None:
-    """Serve until SIGINT/SIGTERM."""
+def run(settings: Settings, pod: PodLink | None = None) -> None:
+    """Serve until SIGINT/SIGTERM (a pod's worker: or until its supervisor is gone)."""
     tune_allocator()
     configure_logging(settings.log_level)
     raise_open_files_limit()
@@ -71,7 +74,7 @@ def run(settings: Settings) -> None:
     )
     loop = new_event_loop(settings.event_loop)
     asyncio.set_event_loop(loop)
-    main = loop.create_task(serve(settings))
+    main = loop.create_task(serve(settings, pod))
     try:
         with contextlib.suppress(web.GracefulExit, KeyboardInterrupt):
             loop.run_until_complete(main)
@@ -101,13 +104,24 @@ def _cancel(loop: asyncio.AbstractEventLoop, tasks: set[asyncio.Task[Any]]) -> N
         loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
 
 
-async def serve(settings: Settings) -> None:
+@dataclass(frozen=True, slots=True)
+class PodLink:
+    """How a pod's worker serves (``serving.worker``): its place, sharing the port with
+    the other workers (SO_REUSEPORT), and ``until``, which returns when it must stop
+    (SIGTERM or SIGINT, or its supervisor gone; a second signal changes nothing, so a
+    drain is never cut short by the signal the supervisor forwards after the group's)."""
+
+    place: Place
+    until: Callable[[web.Application], Awaitable[None]]
+
+
+async def serve(settings: Settings, pod: PodLink | None = None) -> None:
     """aiohttp's run_app, plus the client connection cap (which run_app cannot take)."""
-    app = create_app(settings)
+    app = create_app(settings, pod=pod.place if pod is not None else None)
     runner = web.AppRunner(
         app,
         access_log=None,
-        handle_signals=True,
+        handle_signals=pod is None,
         shutdown_timeout=30,
         keepalive_timeout=settings.keepalive_timeout,  # aiohttp's handler default: 3,630 s
         # A client that hangs up does not cancel its handler (aiohttp's default, said
@@ -117,11 +131,15 @@ async def serve(settings: Settings) -> None:
     await runner.setup()
     assert runner.server is not None
     cap_connections(runner.server, settings.max_connections, app[METRICS])
-    await listen(runner, settings.host, settings.port, "--port")
+    shared = pod is not None
+    await listen(runner, settings.host, settings.port, "--port", reuse_port=shared)
     reload_on_hangup(app)
     freeze = asyncio.create_task(freeze_heap(app[CATALOG]), name="freeze-heap")
     try:
-        await asyncio.Event().wait()  # until SIGINT/SIGTERM (GracefulExit)
+        if pod is not None:
+            await pod.until(app)
+        else:
+            await asyncio.Event().wait()  # until SIGINT/SIGTERM (GracefulExit)
     finally:
         freeze.cancel()
         await runner.cleanup()

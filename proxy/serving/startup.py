@@ -37,10 +37,13 @@ def listen_problem(exc: OSError, host: str, port: int, flag: str) -> StartupErro
     )
 
 
-async def listen(runner: web.BaseRunner, host: str, port: int, flag: str) -> None:
-    """Start ``runner`` on ``host:port``; a port that cannot be bound is a StartupError."""
+async def listen(
+    runner: web.BaseRunner, host: str, port: int, flag: str, *, reuse_port: bool = False
+) -> None:
+    """Start ``runner`` on ``host:port`` (``reuse_port``: beside a pod's other workers); a
+    port that cannot be bound is a StartupError."""
     try:
-        await web.TCPSite(runner, host, port).start()
+        await web.TCPSite(runner, host, port, reuse_port=reuse_port or None).start()
     except OSError as exc:
         raise listen_problem(exc, host, port, flag) from exc
 

@@ -1,9 +1,10 @@
-"""The options of the process itself: its event loop, its log level and its name in the
-records."""
+"""The options of the process itself: its worker processes, its event loop, its log level
+and its name in the records."""
 
 from __future__ import annotations
 
 import socket
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
@@ -11,7 +12,17 @@ from proxy.settings.choices import EventLoop
 
 
 class RuntimeOptions(BaseModel):
-    """The process: event loop, logs, instance name."""
+    """The process: workers, event loop, logs, instance name."""
+
+    workers: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        1,
+        description="Worker processes serving the port (SO_REUSEPORT), under one supervisor "
+        "that restarts them: 1 is one process, no supervisor; 'auto' is the cores this "
+        "process may use (CPU affinity and cgroup quota). The kernel gives each client "
+        "connection to one worker for its life: clients should open at least 8 "
+        "connections per worker. Each worker has its own tokenizers and connection pools "
+        "(--upstream-connections and --max-connections are per worker).",
+    )
 
     event_loop: EventLoop = Field(
         EventLoop.UVLOOP,

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import sqlite3
 import sys
 from pathlib import Path
 
+from proxy.ledger.records import UsageRecord
+from proxy.ledger.shards import shards
 from scripts.vllm_cpu import Process, _spawn, free_port, start_proxy
 
 
@@ -37,3 +40,26 @@ def start_ledgered_proxy(
     proxy = start_proxy(upstream, workdir, *journal, *args, port=port or free_port())
     proxy.wait_ready("/readyz", 60)
     return proxy
+
+
+def workers_of(proxy: Process) -> list[int]:
+    """The worker pids of a ``serve --workers N`` pod (its supervisor's children)."""
+    pid = proxy.popen.pid
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(child) for child in text.split()]
+
+
+def shard_records(journal: Path) -> dict[Path, list[UsageRecord]]:
+    """Every shard of ``journal`` with the usage records it holds itself."""
+    found = {}
+    for shard in shards(journal):
+        db = sqlite3.connect(f"file:{shard}?mode=ro", uri=True)
+        try:
+            rows = db.execute("SELECT body FROM records WHERE kind = 'usage' ORDER BY seq")
+            found[shard] = [UsageRecord.from_json(body) for (body,) in rows]
+        finally:
+            db.close()
+    return found

@@ -1,0 +1,128 @@
+"""What a pod's supervisor does before its first worker (docs/workers.md, "Start"): how
+many workers, what a pod cannot do yet, the port probe, the pod's journal lock and the
+private runtime directory. Each mistake is a ``StartupError``: one line, exit 2."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import structlog
+
+from proxy.serving.cpus import budget
+from proxy.serving.startup import StartupError, listen_problem
+from proxy.settings import Settings
+
+log = structlog.get_logger("proxy.serving.podstart")
+
+LOCK_MARGIN = 35.0  # aiohttp's 30 s shutdown timeout, and some
+
+
+def resolve_workers(settings: Settings) -> int:
+    """``--workers``: a number, or ``auto``, the cores this process may use."""
+    if settings.workers != "auto":
+        return settings.workers
+    found = budget()
+    log.info("workers", workers=found.workers, affinity=found.affinity, cgroup_quota=found.quota)
+    return found.workers
+
+
+def refusal(settings: Settings) -> str | None:
+    """What a pod of several workers cannot do yet, as the start-up error's text."""
+    if settings.reconcile_interval > 0:
+        return (
+            "--workers above 1 cannot reconcile yet (each worker would see the whole "
+            "engine against its own records): add --reconcile-interval 0"
+        )
+    if settings.limits is not None and settings.limits_store is None:
+        return (
+            "--workers above 1 with --limits needs --limits-store for now (each worker "
+            "would enforce every budget on its own, multiplying it): give --limits-store "
+            "or run --workers 1"
+        )
+    if settings.admin_tokens is not None:
+        return (
+            "--workers above 1 does not serve the admin API yet: drop --admin-tokens "
+            "or run --workers 1"
+        )
+    return None
+
+
+def probe_port(settings: Settings) -> None:
+    """Bind the port without SO_REUSEPORT, then let it go: a port held by anything else,
+    another pod's workers included, fails here instead of joining their group."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((settings.host, settings.port))
+        except OSError as exc:
+            raise listen_problem(exc, settings.host, settings.port, "--port") from None
+
+
+@contextmanager
+def journal_lock(settings: Settings) -> Iterator[None]:
+    """The pod's hold on its journal shards: ``<journal>.lock``, waited for up to the
+    drain timeout and aiohttp's (a rolling update's old pod is still draining)."""
+    if not settings.metering:
+        yield
+        return
+    path = Path(settings.journal + ".lock")
+    try:
+        handle = path.open("a")
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        raise StartupError(f"cannot create {path} (--journal): {why}") from None
+    with handle:
+        _wait_for(handle.fileno(), path, settings.drain_timeout + LOCK_MARGIN)
+        yield
+
+
+def _wait_for(fd: int, path: Path, patience: float) -> None:
+    deadline = time.monotonic() + patience
+    said = 0.0
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+        now = time.monotonic()
+        if now >= deadline:
+            raise StartupError(
+                f"another proxy holds the journal {path.with_suffix('')} (--journal, "
+                f"{path} locked for {patience:g} s): one pod per journal"
+            )
+        if now - said >= 5:
+            log.info("waiting_for_journal_lock", lock=str(path))
+            said = now
+        time.sleep(0.2)
+
+
+@contextmanager
+def runtime_dir() -> Iterator[Path]:
+    """The supervisor's private directory (0700): the control socket, the limiter
+    host's socket and the multiprocess metrics (an operator's ``PROMETHEUS_MULTIPROC_DIR``
+    instead when set, wiped of its ``*.db`` files)."""
+    root = Path(tempfile.mkdtemp(prefix="usage-proxy-"))
+    own = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    metrics = root / "metrics"
+    try:
+        if own:
+            for stale in Path(own).glob("*.db"):
+                stale.unlink()
+            metrics.symlink_to(Path(own).resolve(), target_is_directory=True)
+        else:
+            metrics.mkdir(mode=0o700)
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

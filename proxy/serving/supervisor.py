@@ -1,0 +1,275 @@
+"""``usage-proxy serve --workers N`` (docs/workers.md): one supervisor, N worker
+processes on one port. The supervisor serves no client: it starts the workers, watches
+them on the control channel, restarts one that dies (with back-off; it gives the pod up
+when they keep dying), forwards SIGHUP, drains them on SIGTERM or SIGINT, answers for the
+pod's readiness and serves ``--admin-port``. ``--workers 1`` is today's process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from proxy.logs import configure_logging
+from proxy.serving import process
+from proxy.serving.control import HUNG_SECONDS, PING_SECONDS, decode, encode
+from proxy.serving.pod import Place, orders
+from proxy.serving.podadmin import PodMetrics, admin_app, serve_admin
+from proxy.serving.podstart import journal_lock, probe_port, refusal, resolve_workers, runtime_dir
+from proxy.serving.restarts import GiveUp, Restarts, cause
+from proxy.serving.startup import StartupError
+from proxy.settings import Settings
+
+log = structlog.get_logger("proxy.serving.supervisor")
+
+KILLED = 1  # the pod's exit code when a worker had to be killed at shutdown
+
+
+def main(settings: Settings) -> int:
+    """Serve with as many workers as ``--workers`` says: one is today's process."""
+    configure_logging(settings.log_level)
+    workers = resolve_workers(settings)
+    if workers == 1:
+        return process.run_or_explain(settings)
+    try:
+        problem = refusal(settings)
+        if problem is not None:
+            raise StartupError(problem)
+        probe_port(settings)
+        with journal_lock(settings), runtime_dir() as runtime:
+            pod = Pod(settings, workers, runtime)
+            loop = process.new_event_loop(settings.event_loop)
+            try:
+                return loop.run_until_complete(pod.run())
+            finally:
+                loop.close()
+    except StartupError as exc:
+        print(f"usage-proxy: {exc}", file=sys.stderr)
+        return 2
+
+
+@dataclass
+class Child:
+    """One worker process at its index, as the supervisor sees it."""
+
+    index: int
+    process: asyncio.subprocess.Process
+    started: float = field(default_factory=time.monotonic)
+    state: str = "starting"
+    problems: dict[str, Any] = field(default_factory=dict)
+    seen: float = field(default_factory=time.monotonic)
+    writer: asyncio.StreamWriter | None = None
+
+
+class Pod:
+    """The supervisor's work, on its event loop. The pod's services (``services``: the
+    limiter host) start before the first worker and close after the last has drained;
+    every worker's exit goes through ``worker_exited`` before any restart."""
+
+    def __init__(self, settings: Settings, size: int, runtime: Path) -> None:
+        self.settings, self.size, self.runtime = settings, size, runtime
+        self.metrics = PodMetrics(Place(0, size, runtime).metrics_dir)
+        self.children: dict[int, Child] = {}
+        self.restarts = Restarts()
+        self.services = contextlib.AsyncExitStack()
+        self.stopping = asyncio.Event()
+        self.code = 0
+        self._told: dict[str, Any] = {}
+
+    def place(self, index: int) -> Place:
+        return Place(index, self.size, self.runtime)
+
+    async def run(self) -> int:
+        """Start the workers and serve until stopped; the pod's exit code."""
+        control = self.place(0).control_socket
+        admin = admin_app(self.settings, self.metrics, self.report)
+        runner = await serve_admin(self.settings, admin)
+        async with self.services:
+            server = await asyncio.start_unix_server(self._connected, path=str(control))
+            self._handle_signals()
+            for index in range(self.size):
+                self.metrics.restarts.labels(str(index))
+            lives = [
+                asyncio.create_task(self._life(k), name=f"worker-{k}") for k in range(self.size)
+            ]
+            watch = asyncio.create_task(self._watch(), name="watchdog")
+            await self.stopping.wait()
+            self._changed()
+            await self._drain()
+            await asyncio.gather(*lives, return_exceptions=True)
+            watch.cancel()
+            server.close()
+        if runner is not None:
+            await runner.cleanup()
+        log.info("pod_stopped", code=self.code)
+        return self.code
+
+    def stop(self, code: int = 0) -> None:
+        """Stop restarting and drain every worker; the pod exits ``code`` (the first
+        reason given wins)."""
+        if not self.stopping.is_set():
+            self.code = code
+            self.stopping.set()
+
+    def report(self) -> tuple[bool, dict[str, Any]]:
+        """The pod's readiness: every worker connected and ready, and not draining."""
+        workers = {str(k): self._state(k) for k in range(self.size)}
+        ready = not self.stopping.is_set() and all(s == "ready" for s in workers.values())
+        problems: dict[str, Any] = {
+            f"worker {k}": c.problems for k, c in self.children.items() if c.problems
+        }
+        if self.stopping.is_set():
+            problems["pod"] = "draining"
+        status = "ready" if ready else "not ready"
+        return ready, {"status": status, "workers": workers, "problems": problems}
+
+    async def worker_exited(self, child: Child, code: int) -> None:
+        """Every exit of a worker, asked for or not, before anything else happens at its
+        index: its metrics' live gauges go (the pod's limits hook in here too)."""
+        self.metrics.dead(child.process.pid)
+
+    def _state(self, index: int) -> str:
+        child = self.children.get(index)
+        return child.state if child is not None else "starting"
+
+    async def _life(self, index: int) -> None:
+        """Worker ``index``: start it, wait for its exit, start it again after the
+        back-off, until the pod stops or gives up."""
+        while not self.stopping.is_set():
+            child = await self._spawn(index)
+            code = await child.process.wait()
+            child.state = "exited"
+            self._changed()
+            await self.worker_exited(child, code)
+            if self.stopping.is_set():
+                return
+            uptime = time.monotonic() - child.started
+            log.warning(
+                "worker_exited",
+                worker=index,
+                pid=child.process.pid,
+                cause=cause(code),
+                uptime=round(uptime, 3),
+            )
+            decision = self.restarts.exited(index, code, uptime, time.monotonic())
+            if isinstance(decision, GiveUp):
+                event = "workers_keep_dying" if decision.code == 1 else "worker_could_not_start"
+                log.error(event, worker=index, reason=decision.why, code=decision.code)
+                self.stop(decision.code)
+                return
+            self.metrics.restarts.labels(str(index)).inc()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), decision.after)
+
+    async def _spawn(self, index: int) -> Child:
+        spawned = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "proxy.serving.worker",
+            stdin=asyncio.subprocess.PIPE,
+            env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(self.metrics.directory)},
+        )
+        assert spawned.stdin is not None
+        spawned.stdin.write(orders(self.place(index), self.settings))
+        with contextlib.suppress(OSError):  # a worker that died at once: its exit says why
+            await spawned.stdin.drain()
+        spawned.stdin.close()
+        child = self.children[index] = Child(index, spawned)
+        log.info("worker_started", worker=index, pid=spawned.pid)
+        self._changed()
+        return child
+
+    async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A worker's control connection: hello, then its state until it hangs up."""
+        hello = decode(await reader.readline())
+        child = self.children.get(hello.get("index", -1))
+        if child is None or child.process.pid != hello.get("pid"):
+            writer.close()
+            return
+        child.writer, child.seen = writer, time.monotonic()
+        self._tell(child, self.report()[1])
+        try:
+            while line := await reader.readline():
+                message = decode(line)
+                child.seen = time.monotonic()
+                if message.get("op") == "state" and child.state != "exited":
+                    child.state = "ready" if message.get("ready") else "not ready"
+                    child.problems = message.get("problems") or {}
+                    self._changed()
+        except OSError:
+            pass
+        finally:
+            child.writer = None
+            writer.close()
+
+    def _changed(self) -> None:
+        """Tell every worker the pod's state when it changed; set the ready gauge."""
+        _, body = self.report()
+        pod = {"op": "pod", "status": body["status"], "workers": body["workers"]}
+        self.metrics.ready.set(sum(s == "ready" for s in body["workers"].values()))
+        if pod == self._told:
+            return
+        self._told = pod
+        for child in self.children.values():
+            self._tell(child, pod)
+
+    def _tell(self, child: Child, body: dict[str, Any]) -> None:
+        if child.writer is not None and not child.writer.is_closing():
+            child.writer.write(encode({"op": "pod", **body}))
+
+    async def _watch(self) -> None:
+        """Kill a worker whose loop stopped answering: it would hold its share of the
+        connections for ever."""
+        while True:
+            await asyncio.sleep(PING_SECONDS)
+            now = time.monotonic()
+            for child in list(self.children.values()):
+                if child.writer is not None and now - child.seen > HUNG_SECONDS:
+                    log.error("worker_hung", worker=child.index, pid=child.process.pid)
+                    child.writer = None
+                    _signal(child, signal.SIGKILL)
+
+    def _handle_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, self.stop)
+        loop.add_signal_handler(signal.SIGINT, self.stop)
+        loop.add_signal_handler(signal.SIGHUP, self._hangup)
+
+    def _hangup(self) -> None:
+        log.info("sighup_forwarded", workers=len(self._alive()))
+        for child in self._alive():
+            _signal(child, signal.SIGHUP)
+
+    def _alive(self) -> list[Child]:
+        return [c for c in self.children.values() if c.process.returncode is None]
+
+    async def _drain(self) -> None:
+        """SIGTERM every worker (each drains as today's process does); SIGKILL what is
+        left after the drain timeout and aiohttp's."""
+        alive = self._alive()
+        log.info("pod_draining", workers=len(alive))
+        for child in alive:
+            _signal(child, signal.SIGTERM)
+        patience = self.settings.drain_timeout + 35
+        waits = [c.process.wait() for c in alive]
+        try:
+            await asyncio.wait_for(asyncio.gather(*waits), patience)
+        except TimeoutError:
+            for child in self._alive():
+                log.error("worker_killed", worker=child.index, pid=child.process.pid)
+                _signal(child, signal.SIGKILL)
+                await child.process.wait()
+            self.code = self.code or KILLED
+
+
+def _signal(child: Child, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        child.process.send_signal(sig)
