@@ -319,7 +319,7 @@ finally:
 
 def _sample(case: Case, scenario: str, requests: int, pod_cpu: float) -> Sample:
     """A sample of one second: ``requests`` answered for ``pod_cpu`` seconds of CPU."""
-    return Sample(case, scenario, requests, 0, 1.0, pod_cpu, 0.5, 0.5)
+    return Sample(case, scenario, requests, 0, 1.0, pod_cpu, 0.01, 0.5, 0.5)
 
 
 def test_the_workers_cases_pass_no_workers_flag_for_one() -> None:
@@ -371,7 +371,9 @@ def test_the_workers_goal_judges_cpu_per_request_against_one_worker() -> None:
         in goal_lines(result)
     )
     rendered = "\n".join(table(result))
-    assert "| embeddings | 2 workers | 1,000 (1,000-1,000) | 0.600 (0.600-2.000) |" in rendered
+    assert (
+        "| embeddings | 2 workers | 1,000 (1,000-1,000) | 0.600 (0.600-2.000) | 0.010 |" in rendered
+    )
     assert "| embeddings | 1 worker | 1,000 (1,000-1,000) | 0.500 (0.400-0.600) |" in rendered
 
 
