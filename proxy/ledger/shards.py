@@ -45,3 +45,11 @@ def _workers(journal: Path) -> list[tuple[int, Path]]:
 def _pattern(journal: Path) -> re.Pattern[str]:
     stem, suffix = re.escape(journal.stem), re.escape(journal.suffix)
     return re.compile(rf"{stem}\.worker-([1-9][0-9]*){suffix}")
+
+
+def adopted(journal: Path, index: int, workers: int) -> list[Path]:
+    """The shards of ``journal`` that worker ``index`` of a pod of ``workers`` delivers
+    besides its own: those of indexes the pod no longer has (``k >= workers``, left by a
+    larger pod), each to worker ``k mod workers``."""
+    found = sorted(_workers(journal))
+    return [path for k, path in found if k >= workers and k % workers == index]

@@ -6,7 +6,7 @@ Every resource is built here, in order, and handed to what uses it as a paramete
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -28,6 +28,7 @@ from proxy.metrics import Metrics
 from proxy.serving import admin
 from proxy.serving.admin_api import build_admin_api
 from proxy.serving.admission import ADMISSION, Admission, add_headers, restore_context
+from proxy.serving.adoption import adoption_context
 from proxy.serving.attribution import attribution, build_resolver
 from proxy.serving.audited import AUDITOR, ScoringAuditor
 from proxy.serving.bodies import BodyBudget
@@ -265,12 +266,13 @@ def create_app(
     pool: TokenizerPool | None = None,
     sinks: list[Sink] | None = None,
     pod: Place | None = None,
+    adopted: Sequence[Path] = (),
 ) -> web.Application:
     """The proxy application; tests pass their own catalog (e.g. a tokenizer loader). A
     pod's worker passes its place in the pod (``serve --workers N``): its metrics go to
     the pod's multiprocess directory, its ``/readyz`` adds the pod's state
     (``POD_STATE``, which its control channel keeps), and the supervisor, not the
-    worker, serves ``--admin-port``."""
+    worker, serves ``--admin-port``; it delivers the ``adopted`` shards a larger pod left."""
     metrics_dir = pod.metrics_dir if pod is not None else None
     resolver = build_resolver(settings)
     pool = pool or TokenizerPool(settings.tokenizer_threads)
@@ -338,6 +340,7 @@ def create_app(
         catalog_context(catalog),
         pool_context(pool),
         ledger_context(settings, journal, outbox, exchanges),
+        *([adoption_context(settings, adopted, sinks)] if adopted else []),
         *([restore_context(admission, journal, metrics)] if admission else []),
         reconciler_context(settings, reconciler),
         send_watch_context(sends),

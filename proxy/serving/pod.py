@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from proxy.ledger.shards import shard_path
+from proxy.ledger.shards import adopted, shard_path
 from proxy.settings import Settings
 
 
@@ -67,11 +67,23 @@ def orders(place: Place, settings: Settings) -> bytes:
 
 
 def read_orders(text: str) -> tuple[Place, Settings]:
-    """The worker's place and its settings: the pod's, with the journal at its shard."""
+    """The worker's place and the pod's settings (read as written: no environment, no
+    configuration file)."""
     order: dict[str, Any] = json.loads(text)
     place = Place(int(order["index"]), int(order["workers"]), Path(order["runtime"]))
-    settings = Settings.model_validate(order["settings"])  # no environment, no file
-    if settings.metering:
-        shard = shard_path(Path(settings.journal), place.index)
-        settings = settings.model_copy(update={"journal": str(shard)})
-    return place, settings
+    return place, Settings.model_validate(order["settings"])
+
+
+def own_settings(place: Place, pod: Settings) -> Settings:
+    """The worker's settings: the pod's, with the journal at its shard."""
+    if not pod.metering:
+        return pod
+    shard = shard_path(Path(pod.journal), place.index)
+    return pod.model_copy(update={"journal": str(shard)})
+
+
+def adopted_shards(place: Place, pod: Settings) -> list[Path]:
+    """The shards left by a larger pod that this worker delivers (``shards.adopted``)."""
+    if not pod.metering:
+        return []
+    return adopted(Path(pod.journal), place.index, place.workers)

@@ -69,9 +69,10 @@ def probe_port(settings: Settings) -> None:
 
 
 @contextmanager
-def journal_lock(settings: Settings) -> Iterator[None]:
-    """The pod's hold on its journal shards: ``<journal>.lock``, waited for up to the
-    drain timeout and aiohttp's (a rolling update's old pod is still draining)."""
+def journal_lock(settings: Settings, patience: float | None = None) -> Iterator[None]:
+    """The pod's hold on its journal shards: ``<journal>.lock``, waited for up to
+    ``patience`` seconds, by default the drain timeout and aiohttp's (a rolling update's
+    old pod is still draining)."""
     if not settings.metering:
         yield
         return
@@ -82,7 +83,8 @@ def journal_lock(settings: Settings) -> Iterator[None]:
         why = exc.strerror or str(exc)
         raise StartupError(f"cannot create {path} (--journal): {why}") from None
     with handle:
-        _wait_for(handle.fileno(), path, settings.drain_timeout + LOCK_MARGIN)
+        wait = settings.drain_timeout + LOCK_MARGIN if patience is None else patience
+        _wait_for(handle.fileno(), path, wait)
         yield
 
 

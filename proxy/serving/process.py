@@ -10,8 +10,9 @@ import json
 import resource
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -113,11 +114,15 @@ class PodLink:
 
     place: Place
     until: Callable[[web.Application], Awaitable[None]]
+    adopted: Sequence[Path] = ()  # shards left by a larger pod, delivered here
 
 
 async def serve(settings: Settings, pod: PodLink | None = None) -> None:
     """aiohttp's run_app, plus the client connection cap (which run_app cannot take)."""
-    app = create_app(settings, pod=pod.place if pod is not None else None)
+    if pod is None:
+        app = create_app(settings)
+    else:
+        app = create_app(settings, pod=pod.place, adopted=pod.adopted)
     runner = web.AppRunner(
         app,
         access_log=None,

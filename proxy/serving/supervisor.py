@@ -93,13 +93,14 @@ class Pod:
         admin = admin_app(self.settings, self.metrics, self.report)
         runner = await serve_admin(self.settings, admin)
         async with self.services:
+            await self.start_services()
             server = await asyncio.start_unix_server(self._connected, path=str(control))
             self._handle_signals()
             for index in range(self.size):
                 self.metrics.restarts.labels(str(index))
-            lives = [
-                asyncio.create_task(self._life(k), name=f"worker-{k}") for k in range(self.size)
-            ]
+            lives = [asyncio.create_task(self._life(k), name=f"life-{k}") for k in range(self.size)]
+            for life in lives:
+                life.add_done_callback(self._ended)
             watch = asyncio.create_task(self._watch(), name="watchdog")
             await self.stopping.wait()
             self._changed()
@@ -131,10 +132,21 @@ class Pod:
         status = "ready" if ready else "not ready"
         return ready, {"status": status, "workers": workers, "problems": problems}
 
+    async def start_services(self) -> None:
+        """The pod's services, entered into ``self.services`` before the first worker
+        starts (they close after the last has drained). None yet: the pod's limiter host
+        goes here."""
+
     async def worker_exited(self, child: Child, code: int) -> None:
         """Every exit of a worker, asked for or not, before anything else happens at its
         index: its metrics' live gauges go (the pod's limits hook in here too)."""
         self.metrics.dead(child.process.pid)
+
+    def _ended(self, life: asyncio.Task[None]) -> None:
+        """A worker's life that ended by a defect stops the pod (exit 1), said once."""
+        if not life.cancelled() and (exc := life.exception()) is not None:
+            log.error("supervisor_defect", task=life.get_name(), exc_info=exc)
+            self.stop(1)
 
     def _state(self, index: int) -> str:
         child = self.children.get(index)
@@ -166,6 +178,7 @@ class Pod:
                 self.stop(decision.code)
                 return
             self.metrics.restarts.labels(str(index)).inc()
+            log.info("worker_restarting", worker=index, after=decision.after)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), decision.after)
 
@@ -178,10 +191,11 @@ class Pod:
             env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(self.metrics.directory)},
         )
         assert spawned.stdin is not None
-        spawned.stdin.write(orders(self.place(index), self.settings))
-        with contextlib.suppress(OSError):  # a worker that died at once: its exit says why
+        # A worker that died at once (its pipe closed under us): its exit says why.
+        with contextlib.suppress(OSError, RuntimeError):
+            spawned.stdin.write(orders(self.place(index), self.settings))
             await spawned.stdin.drain()
-        spawned.stdin.close()
+            spawned.stdin.close()
         child = self.children[index] = Child(index, spawned)
         log.info("worker_started", worker=index, pid=spawned.pid)
         self._changed()

@@ -13,10 +13,11 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable
 
+import structlog
 from aiohttp import web
 
 from proxy.serving.control import worker_link
-from proxy.serving.pod import Place, read_orders
+from proxy.serving.pod import Place, adopted_shards, own_settings, read_orders
 from proxy.serving.process import PodLink, run_or_explain
 
 
@@ -40,8 +41,10 @@ def until_stopped(place: Place) -> Callable[[web.Application], Awaitable[None]]:
 
 
 def main() -> int:
-    place, settings = read_orders(sys.stdin.read())
-    return run_or_explain(settings, PodLink(place, until_stopped(place)))
+    place, pod = read_orders(sys.stdin.read())
+    structlog.contextvars.bind_contextvars(worker=place.index)
+    link = PodLink(place, until_stopped(place), adopted_shards(place, pod))
+    return run_or_explain(own_settings(place, pod), link)
 
 
 if __name__ == "__main__":

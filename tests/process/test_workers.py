@@ -6,14 +6,24 @@ end the pod; a start-up mistake is said once."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
+import socket
+import time
+import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+import asyncpg
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from scripts.vllm_cpu import Process, free_port, metric, start_proxy
-from tests.support.processes import shard_records, workers_of
+from tests.support.postgres import Cluster, fresh_database
+from tests.support.processes import shard_records, start_ledgered_proxy, workers_of
 
 POD = ("--workers", "2", "--reconcile-interval", "0")
 
@@ -85,3 +95,206 @@ async def test_two_workers_serve_one_port(fake_upstream: Process, tmp_path: Path
     name = "usage_proxy_billed_prompt_tokens_total"
     assert {page.get(name) for page in pages} == {engine}, [p.get(name) for p in pages]
     assert {page.get("usage_proxy_workers_ready") for page in pages} == {2.0}
+
+
+async def answered(session: aiohttp.ClientSession, url: str, text: str, ids: list[str]) -> None:
+    """One embedding, sent again after a connection error (a client of a pod retries
+    them: a worker that dies resets its connections) until it is answered; the record
+    id of a 200 joins ``ids``."""
+    body = {"model": "minilm", "input": text}
+    for _ in range(50):
+        try:
+            async with session.post(url + "/v1/embeddings", json=body) as resp:
+                await resp.read()
+                assert resp.status == 200, resp.status
+                ids.append(resp.headers["x-usage-record-id"])
+                return
+        except aiohttp.ClientConnectionError:
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"{text!r} was never answered")
+
+
+async def load(url: str, count: int, connections: int, ids: list[str]) -> None:
+    """``count`` embeddings, ``connections`` at a time over keep-alive connections."""
+    queue = [f"load {i}: the quick brown fox" for i in range(count)]
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        while queue:
+            await answered(session, url, queue.pop(), ids)
+
+    connector = aiohttp.TCPConnector(limit=connections)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        await asyncio.gather(*(client(session) for _ in range(connections)))
+
+
+async def in_ledger(dsn: str, ids: list[str]) -> tuple[set[str], int, int]:
+    """The ledger's record ids once ``ids`` are all there (or 20 s passed), its rows and
+    its distinct ids."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        for _ in range(200):
+            rows = await conn.fetch("SELECT record_id::text AS id FROM usage_records")
+            if set(ids) <= {r["id"] for r in rows}:
+                break
+            await asyncio.sleep(0.1)
+        total = await conn.fetchval("SELECT count(*) FROM usage_records")
+        distinct = await conn.fetchval("SELECT count(DISTINCT record_id) FROM usage_records")
+    finally:
+        await conn.close()
+    return {r["id"] for r in rows}, total, distinct
+
+
+def readyz(url: str) -> tuple[int, dict[str, Any]]:
+    """The pod's readiness, on a new connection."""
+    try:
+        with urllib.request.urlopen(url + "/readyz", timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+async def test_a_worker_killed_under_load_comes_back(
+    postgres: Cluster, fake_upstream: Process, tmp_path: Path
+) -> None:
+    """SIGKILL one worker of two under load (PostgreSQL ledger): the port keeps
+    answering, the worker comes back (restarts counter 1, /readyz 200 with 2 ready
+    workers), and after delivery every acknowledged record is in the ledger exactly
+    once."""
+    dsn = await fresh_database(postgres)
+    proxy = start_ledgered_proxy(fake_upstream.url, tmp_path, dsn, *POD)
+    try:
+        ids: list[str] = []
+        running = asyncio.create_task(load(proxy.url, 600, 32, ids))
+        while len(ids) < 150:
+            await asyncio.sleep(0.01)
+        victim = workers_of(proxy)[-1]
+        os.kill(victim, signal.SIGKILL)
+        await running
+        assert len(ids) == 600
+        deadline = time.monotonic() + 30
+        while readyz(proxy.url)[0] != 200 and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        status, body = readyz(proxy.url)
+        assert status == 200, body
+        assert body["workers"] == {"0": "ready", "1": "ready"}
+        assert victim not in workers_of(proxy)
+        assert len(workers_of(proxy)) == 2
+        assert families(proxy.url)["usage_proxy_worker_restarts_total"] == 1
+        ledger, total, distinct = await in_ledger(dsn, ids)
+    finally:
+        proxy.stop()
+    assert [i for i in ids if i not in ledger] == []
+    assert total == distinct
+    assert len(set(ids)) == len(ids)
+
+
+async def test_workers_keep_dying_then_the_pod_exits(
+    fake_upstream: Process, tmp_path: Path
+) -> None:
+    """One worker SIGKILLed each time it comes back, 5 times: the supervisor drains the
+    other and exits 1 within the back-off (0.5 + 1 + 2 + 4 s) and the starts, saying
+    why; the port is closed afterwards."""
+    proxy = start_pod(fake_upstream.url, tmp_path)
+    survivor, victim = workers_of(proxy)
+    started = time.monotonic()
+    killed = 0
+    try:
+        while killed < 5 and time.monotonic() - started < 60:
+            os.kill(victim, signal.SIGKILL)
+            killed += 1
+            while proxy.popen.poll() is None and time.monotonic() - started < 60:
+                others = [p for p in workers_of(proxy) if p not in (survivor, victim)]
+                if others:
+                    victim = others[0]
+                    break
+                await asyncio.sleep(0.02)
+        code = proxy.popen.wait(60)
+    finally:
+        proxy.stop()
+    assert killed == 5
+    assert code == 1, proxy.tail()
+    assert time.monotonic() - started < 40
+    assert "workers_keep_dying" in proxy.log.read_text()
+    with (
+        pytest.raises(ConnectionRefusedError),
+        socket.create_connection(("127.0.0.1", port_of(proxy)), 2),
+    ):
+        pass
+
+
+def port_of(proxy: Process) -> int:
+    return int(proxy.url.rsplit(":", 1)[1])
+
+
+async def test_a_start_up_mistake_is_said_once(fake_upstream: Process, tmp_path: Path) -> None:
+    """--workers 2 on a port already taken: exit 2, the one line of the port probe,
+    once, and no worker started."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proxy = start_proxy(fake_upstream.url, tmp_path, *POD, port=port)
+        code = proxy.popen.wait(60)
+    said = proxy.log.read_text()
+    assert code == 2, said
+    assert said.count("address already in use") == 1, said
+    assert "worker_started" not in said
+
+
+async def test_a_workers_start_up_mistake_ends_the_pod(
+    fake_upstream: Process, tmp_path: Path
+) -> None:
+    """A mistake only a worker finds (a price file that is not there): it exits 2, the
+    supervisor restarts nothing, drains the other worker and exits 2; the line names the
+    flag."""
+    prices = tmp_path / "missing" / "prices.yaml"
+    proxy = start_proxy(fake_upstream.url, tmp_path, *POD, "--prices", str(prices))
+    try:
+        code = proxy.popen.wait(60)
+    finally:
+        proxy.stop()
+    said = proxy.log.read_text()
+    assert code == 2, said
+    assert f"cannot read --prices {prices}" in said
+    assert "worker_restarting" not in said
+
+
+async def test_a_smaller_pod_delivers_the_shards_it_no_longer_writes(
+    fake_upstream: Process, tmp_path: Path
+) -> None:
+    """A pod of 3 workers journals without an exporter; the same journal then serves 2
+    workers with a JSON-lines exporter: worker 0 adopts shard 2 (2 mod 2), so every record
+    of all three shards is exported, each once."""
+    port = free_port()
+    larger = start_proxy(
+        fake_upstream.url, tmp_path, "--workers", "3", "--reconcile-interval", "0",
+        "--journal", str(tmp_path / "j.sqlite"), port=port,
+    )  # fmt: skip
+    try:
+        larger.wait_ready("/readyz", 60)
+        statuses = await spread(larger.url, 90, connections=90)
+    finally:
+        larger.stop()
+    assert statuses == [200] * 90
+    held = shard_records(tmp_path / "j.sqlite")
+    assert len(held) == 3
+    assert all(held.values()), {p.name: len(r) for p, r in held.items()}
+    journaled = {r.record_id for shard in held.values() for r in shard}
+    exported = tmp_path / "records.jsonl"
+    smaller = start_pod(fake_upstream.url, tmp_path, "--jsonl", str(exported), port=port)
+    try:
+        deadline = time.monotonic() + 30
+        while len(exported_ids(exported)) < len(journaled) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+    finally:
+        smaller.stop()
+    ids = exported_ids(exported)
+    assert sorted(ids) == sorted(journaled)
+    assert "shard_adopted" in smaller.log.read_text()
+
+
+def exported_ids(path: Path) -> list[str]:
+    """The record ids of a JSON-lines export, as often as they appear."""
+    if not path.exists():
+        return []
+    return [json.loads(line)["record_id"] for line in path.read_text().splitlines() if line]

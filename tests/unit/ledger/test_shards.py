@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.ledger.shards import shard_path, shards
+from proxy.ledger.shards import adopted, shard_path, shards
 
 
 @pytest.mark.parametrize(
@@ -63,3 +63,26 @@ def test_without_files_there_are_no_shards(tmp_path: Path) -> None:
     assert shards(tmp_path / "missing" / "usage.sqlite") == []
     shard_path(journal, 1).write_text("")
     assert shards(journal) == [shard_path(journal, 1)]
+
+
+@pytest.mark.parametrize(
+    ("workers", "index", "delivers"),
+    [
+        (2, 0, [2, 4]),  # 2 mod 2 and 4 mod 2
+        (2, 1, [3]),
+        (3, 0, [3]),
+        (3, 1, [4]),
+        (3, 2, []),
+        (5, 0, []),  # every shard has its own worker
+    ],
+)
+def test_a_smaller_pod_adopts_the_shards_of_the_workers_it_lost(
+    tmp_path: Path, workers: int, index: int, delivers: list[int]
+) -> None:
+    """Shards 0-4 on disk: each index the pod no longer has goes to worker k mod N, and a
+    worker's own shard is never adopted."""
+    journal = tmp_path / "usage.sqlite"
+    for k in range(5):
+        shard_path(journal, k).write_bytes(b"")
+    found = adopted(journal, index, workers)
+    assert found == [shard_path(journal, k) for k in delivers]
