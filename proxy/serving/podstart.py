@@ -84,11 +84,11 @@ def journal_lock(settings: Settings, patience: float | None = None) -> Iterator[
         raise StartupError(f"cannot create {path} (--journal): {why}") from None
     with handle:
         wait = settings.drain_timeout + LOCK_MARGIN if patience is None else patience
-        _wait_for(handle.fileno(), path, wait)
+        _hold(handle.fileno(), path, wait)
         yield
 
 
-def _wait_for(fd: int, path: Path, patience: float) -> None:
+def _hold(fd: int, path: Path, patience: float) -> None:
     deadline = time.monotonic() + patience
     said = 0.0
     while True:

@@ -180,7 +180,8 @@ class Pod:
             self.metrics.restarts.labels(str(index)).inc()
             log.info("worker_restarting", worker=index, after=decision.after)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stopping.wait(), decision.after)
+                async with asyncio.timeout(decision.after):
+                    await self.stopping.wait()
 
     async def _spawn(self, index: int) -> Child:
         spawned = await asyncio.create_subprocess_exec(
@@ -273,9 +274,9 @@ class Pod:
         for child in alive:
             _signal(child, signal.SIGTERM)
         patience = self.settings.drain_timeout + 35
-        waits = [c.process.wait() for c in alive]
         try:
-            await asyncio.wait_for(asyncio.gather(*waits), patience)
+            async with asyncio.timeout(patience):
+                await asyncio.gather(*(c.process.wait() for c in alive))
         except TimeoutError:
             for child in self._alive():
                 log.error("worker_killed", worker=child.index, pid=child.process.pid)

@@ -21,6 +21,7 @@ import asyncpg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.serving.tenancy import key_digest
 from scripts.vllm_cpu import Process, free_port, metric, start_proxy
 from tests.support.postgres import Cluster, fresh_database
 from tests.support.processes import shard_records, start_ledgered_proxy, workers_of
@@ -298,3 +299,137 @@ def exported_ids(path: Path) -> list[str]:
     if not path.exists():
         return []
     return [json.loads(line)["record_id"] for line in path.read_text().splitlines() if line]
+
+
+def test_sighup_reaches_every_worker(fake_upstream: Process, tmp_path: Path) -> None:
+    """SIGHUP to the supervisor is forwarded: each worker reloads the key file on it (its
+    log says why: SIGHUP), the new key works on every new connection, and the pod serves
+    on."""
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"acme: {key_digest('sk-old')}\n")
+    proxy = start_pod(fake_upstream.url, tmp_path, "--api-keys", str(keys))
+    try:
+        keys.write_text(f"acme: {key_digest('sk-new')}\n")
+        proxy.popen.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while reloads(proxy) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert reloads(proxy) == 2, proxy.tail()
+        assert {key_status(proxy.url, "sk-new") for _ in range(20)} == {200}
+        assert {key_status(proxy.url, "sk-old") for _ in range(20)} == {401}
+        assert proxy.popen.poll() is None
+    finally:
+        proxy.stop()
+
+
+def reloads(proxy: Process) -> int:
+    """Workers that reloaded the key file on SIGHUP (one log line each)."""
+    lines = proxy.log.read_text().splitlines()
+    return sum('"keys_loaded"' in line and '"why": "SIGHUP"' in line for line in lines)
+
+
+def key_status(url: str, key: str) -> int:
+    """An embedding with ``key``, on a new connection (either worker may take it)."""
+    request = urllib.request.Request(
+        url + "/v1/embeddings",
+        data=json.dumps({"model": "minilm", "input": "hi"}).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+async def test_sigterm_under_load_drains_every_worker(
+    fake_upstream: Process, tmp_path: Path
+) -> None:
+    """SIGTERM to the supervisor alone, mid-load: it forwards it, every worker drains,
+    the pod exits 0, and every answer a client received has its record in a shard."""
+    proxy = start_pod(fake_upstream.url, tmp_path)
+    ids: list[str] = []
+
+    async def client(session: aiohttp.ClientSession, n: int) -> None:
+        for i in range(30):  # a few seconds of load: the drain serves what is in flight
+            body = {"model": "minilm", "input": f"client {n} request {i}"}
+            try:
+                async with session.post(proxy.url + "/v1/embeddings", json=body) as resp:
+                    await resp.read()
+                    if resp.status == 200:
+                        ids.append(resp.headers["x-usage-record-id"])
+            except aiohttp.ClientError:
+                return
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=32)) as session:
+        clients = asyncio.gather(*(client(session, n) for n in range(32)))
+        while len(ids) < 100:
+            await asyncio.sleep(0.01)
+        proxy.popen.send_signal(signal.SIGTERM)
+        await clients
+    code = proxy.popen.wait(60)
+    assert code == 0, proxy.tail()
+    journaled = {
+        r.record_id for shard in shard_records(tmp_path / "j.sqlite").values() for r in shard
+    }
+    assert len(ids) < 32 * 30, "the SIGTERM must interrupt the load"
+    assert [i for i in ids if i not in journaled] == []
+    assert "pod_draining" in proxy.log.read_text()
+
+
+async def test_the_admin_port_is_the_pods(fake_upstream: Process, tmp_path: Path) -> None:
+    """--admin-port is served by the supervisor: the pod's /metrics (both workers
+    summed), its /readyz naming the workers, /healthz and vLLM's /upstream/metrics; the
+    main port then refuses /metrics as one process does."""
+    admin = free_port()
+    proxy = start_pod(fake_upstream.url, tmp_path, "--admin-port", str(admin))
+    admin_url = f"http://127.0.0.1:{admin}"
+    try:
+        before = metric(fake_upstream.url)
+        assert await spread(proxy.url, 40, connections=16) == [200] * 40
+        engine = metric(fake_upstream.url) - before
+        status, body = readyz(admin_url)
+        page = families(admin_url)
+        _, upstream = fetch(admin_url + "/upstream/metrics")
+        healthy, _ = fetch(admin_url + "/healthz")
+        main, _ = fetch(proxy.url + "/metrics")
+    finally:
+        proxy.stop()
+    assert status == 200, body
+    assert body["workers"] == {"0": "ready", "1": "ready"}
+    assert page["usage_proxy_billed_prompt_tokens_total"] == engine
+    assert page["usage_proxy_workers_ready"] == 2
+    assert "vllm:prompt_tokens_total" in upstream
+    assert healthy == 200
+    assert main == 404
+
+
+def fetch(url: str) -> tuple[int, str]:
+    """GET ``url``: its status and body, errors included."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+async def test_a_hung_worker_is_killed_and_replaced(fake_upstream: Process, tmp_path: Path) -> None:
+    """A worker whose loop stops answering (SIGSTOP: no state on the control channel for
+    10 s) is killed and started again: it would hold its connections for ever."""
+    proxy = start_pod(fake_upstream.url, tmp_path)
+    try:
+        hung = workers_of(proxy)[-1]
+        os.kill(hung, signal.SIGSTOP)
+        deadline = time.monotonic() + 40
+        while hung in workers_of(proxy) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert hung not in workers_of(proxy)
+        while readyz(proxy.url)[0] != 200 and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        status, body = readyz(proxy.url)
+        restarts = families(proxy.url)["usage_proxy_worker_restarts_total"]
+    finally:
+        proxy.stop()
+    assert status == 200, body
+    assert restarts == 1
+    assert "worker_hung" in proxy.log.read_text()
