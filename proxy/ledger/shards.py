@@ -26,8 +26,14 @@ def shard_path(journal: Path, k: int) -> Path:
 def shards(journal: Path) -> list[Path]:
     """Every shard of ``journal`` that exists, worker 0's first, then by index (SQLite's
     own ``-wal`` and ``-shm`` files are not shards)."""
-    found = [journal] if journal.is_file() else []
-    return found + [path for _, path in sorted(_workers(journal))]
+    return [path for _, path in numbered(journal)]
+
+
+def numbered(journal: Path) -> list[tuple[int, Path]]:
+    """``shards``, each with its worker's index (a pod's limiter keeps a part per
+    shard)."""
+    found = [(0, journal)] if journal.is_file() else []
+    return found + sorted(_workers(journal))
 
 
 def _workers(journal: Path) -> list[tuple[int, Path]]:

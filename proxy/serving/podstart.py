@@ -37,12 +37,6 @@ def resolve_workers(settings: Settings) -> int:
 
 def refusal(settings: Settings) -> str | None:
     """What a pod of several workers cannot do yet, as the start-up error's text."""
-    if settings.limits is not None and settings.limits_store is None:
-        return (
-            "--workers above 1 with --limits needs --limits-store for now (each worker "
-            "would enforce every budget on its own, multiplying it): give --limits-store "
-            "or run --workers 1"
-        )
     if settings.admin_tokens is not None:
         return (
             "--workers above 1 does not serve the admin API yet: drop --admin-tokens "

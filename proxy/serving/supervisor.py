@@ -23,6 +23,7 @@ from proxy.serving import process
 from proxy.serving.control import HUNG_SECONDS, PING_SECONDS, decode, encode
 from proxy.serving.pod import Place, orders
 from proxy.serving.podadmin import PodMetrics, admin_app, serve_admin
+from proxy.serving.podlimits import PodLimits, hosted_limits
 from proxy.serving.podreconcile import PodTraffic, pod_reconciler
 from proxy.serving.podstart import journal_lock, probe_port, refusal, resolve_workers, runtime_dir
 from proxy.serving.restarts import GiveUp, Restarts, cause
@@ -81,6 +82,7 @@ class Pod:
         self.children: dict[int, Child] = {}
         self.restarts = Restarts()
         self.services = contextlib.AsyncExitStack()
+        self.limits: PodLimits | None = None  # the pod's limiter host, without a store
         self.traffic = PodTraffic(size)  # the pod's reconciler asks the workers
         self.stopping = asyncio.Event()
         self.code = 0
@@ -136,15 +138,21 @@ class Pod:
 
     async def start_services(self) -> None:
         """The pod's services, entered into ``self.services`` before the first worker
-        starts (they close after the last has drained): the pod's reconciler."""
+        starts (they close after the last has drained): the pod's limiter host and its
+        reconciler."""
+        limits = hosted_limits(self.settings, self.runtime)
+        self.limits = await self.services.enter_async_context(limits)
         await self.services.enter_async_context(pod_reconciler(self.settings, self.traffic))
 
     async def worker_exited(self, child: Child, code: int) -> None:
         """Every exit of a worker, asked for or not, before anything else happens at its
-        index: its metrics' live gauges go, its reconciliation window is abandoned (the
-        pod's limits hook in here too)."""
+        index: its metrics' live gauges go, its reconciliation window is abandoned, and the
+        pod's limits read its shard again (what its lost connection held is then counted
+        once, from its records)."""
         self.metrics.dead(child.process.pid)
         self.traffic.exited()
+        if self.limits is not None and not self.stopping.is_set():  # else no restart follows
+            await self.limits.worker_exited(child.index)
 
     def _ended(self, life: asyncio.Task[None]) -> None:
         """A worker's life that ended by a defect stops the pod (exit 1), said once."""

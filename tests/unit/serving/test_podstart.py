@@ -24,7 +24,7 @@ POD = {"upstream": "http://vllm:8000", "workers": 2}
 
 
 def test_a_pod_that_can_start_is_refused_nothing() -> None:
-    """No limits: nothing to refuse."""
+    """The defaults: nothing to refuse."""
     assert refusal(Settings(**POD)) is None
 
 
@@ -38,21 +38,23 @@ def test_a_pod_reconciles_with_the_defaults() -> None:
 @pytest.mark.parametrize(
     ("extra", "said"),
     [
-        ({"limits": "/etc/limits.yaml"}, "--limits-store"),
+        ({"admin_tokens": "/etc/admin-tokens.yaml", "admin_port": 9001}, "--admin-tokens"),
     ],
 )
 def test_what_a_pod_cannot_do_yet_is_refused(extra: dict[str, object], said: str) -> None:
-    """The pod's limits without a store are not built: refused at start with the fix,
-    never run wrong."""
+    """The admin API in a pod is not built: refused at start with the fix, never run
+    wrong."""
     problem = refusal(Settings(**{**POD, **extra}))
     assert problem is not None
     assert said in problem
     assert "\n" not in problem
 
 
-def test_limits_with_a_store_are_not_refused() -> None:
-    """With --limits-store every worker is one of the store's replicas."""
-    settings = Settings(**POD, limits="/etc/limits.yaml", limits_store="redis://r:6379/0")
+@pytest.mark.parametrize("store", [None, "redis://r:6379/0"])
+def test_limits_are_not_refused(store: str | None) -> None:
+    """Without a store the supervisor hosts the pod's limiter; with one every worker is
+    one of the store's replicas."""
+    settings = Settings(**POD, limits="/etc/limits.yaml", limits_store=store)
     assert refusal(settings) is None
 
 
