@@ -77,7 +77,8 @@ class PodTraffic:
 
     def answered(self, message: Message) -> None:
         """A worker's answer to one of the asks below."""
-        waiting = self._waiting.pop(message.get("seq", -1), None)
+        seq = message.get("seq")
+        waiting = self._waiting.pop(seq, None) if isinstance(seq, int) else None
         if waiting is not None and not waiting[1].done():
             waiting[1].set_result(message)
 

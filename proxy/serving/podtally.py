@@ -17,12 +17,15 @@ import dataclasses
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import structlog
 from aiohttp import web
+from pydantic import ValidationError
 
 from proxy.ledger.windows import SettledWindow, Tally
 from proxy.serving.app import EXCHANGES
 from proxy.serving.keys import RECONCILER
 
+log = structlog.get_logger("proxy.serving.podtally")
 Message = dict[str, Any]
 Answer = Callable[[Message], None]
 
@@ -51,7 +54,7 @@ class TallyDesk:
         elif op == "give_back" and isinstance(mark, int):
             self._merge_back(mark)
         elif op == "window":
-            self._spawn(self._journal(seq, SettledWindow.model_validate(message["window"])))
+            self._spawn(self._journal(seq, message.get("window")))
         else:
             return False
         return True
@@ -92,7 +95,13 @@ class TallyDesk:
         for seq in asks:
             self._answer({"seq": seq})
 
-    async def _journal(self, seq: object, window: SettledWindow) -> None:
+    async def _journal(self, seq: object, body: object) -> None:
+        try:
+            window = SettledWindow.model_validate(body)
+        except ValidationError as exc:  # a defect, said; the worker serves on
+            log.error("reconcile_window_unreadable", error=str(exc))
+            self._answer({"seq": seq, "ok": False})
+            return
         await self._reconciler.record(window)
         self._answer({"seq": seq, "ok": True})
 

@@ -103,3 +103,14 @@ async def test_a_window_is_journaled_then_answered() -> None:
     await asyncio.sleep(0.01)
     assert worker.shard.windows == [window]
     assert answers == [{"seq": 5, "ok": True}]
+
+
+async def test_an_unreadable_window_is_refused_and_the_worker_serves_on() -> None:
+    """A window that does not parse (a defect) is answered not ok, never raised into the
+    control connection (whose end would stop the worker)."""
+    worker = Worker(0, 1)
+    desk, answers = desk_of(worker)
+    assert desk.handle({"op": "window", "seq": 6, "window": {"records": "many"}})
+    await asyncio.sleep(0.01)
+    assert answers == [{"seq": 6, "ok": False}]
+    assert worker.shard.windows == []
