@@ -39,7 +39,7 @@ from proxy.metrics import Metrics
 from proxy.serving.catalog import Catalog
 from proxy.serving.exchange import Exchange, Hold
 from proxy.serving.pricesfile import Prices
-from proxy.serving.prompts import PromptCounter, asks
+from proxy.serving.prompts import PromptCounter, asks, tokenizes
 from proxy.serving.upstream import SESSION, error_response
 from proxy.tokenizers.pool import FairExecutor, TokenizerPool
 from proxy.wire.jsonio import top_members
@@ -161,13 +161,8 @@ class Admission:
             return await self._admit_speech(exchange, prepared)
         count_with = self._pool.copy_for(tenant)
         lane = self._pool.lane(len(prepared.body))
-        payload, counted = UNPARSED, None
-        if served and self._prompts is not None and asks(prepared.operation):
-            # parsed once, in a worker thread, for the count and the price
-            payload = await asyncio.wrap_future(lane.submit_for(tenant, parsed, prepared.body))
-            counted = await self._count_prompt(exchange, prepared, payload, lane)
 
-        def price() -> Price:
+        def price(payload: Any = UNPARSED, counted: int | None = None) -> Price:
             tok = served.tokenizer if served else None
             return price_metered(
                 prepared.operation,
@@ -178,8 +173,21 @@ class Admission:
                 payload=payload,
             )
 
-        job = lane.submit_for(tenant, price)
-        priced = await asyncio.wrap_future(job)
+        def look() -> tuple[Any, Price | None]:
+            """The body parsed, and its price when it has no prompt for /tokenize."""
+            payload = parsed(prepared.body)
+            return payload, None if tokenizes(prepared.operation, payload) else price(payload)
+
+        if served and self._prompts is not None and asks(prepared.operation):
+            # parsed once, in a worker thread, for the count and the price; a body with no
+            # prompt to count (a pooling request of inputs) is priced in the same step
+            payload, priced = await asyncio.wrap_future(lane.submit_for(tenant, look))
+            if priced is None:
+                counted = await self._count_prompt(exchange, prepared, payload, lane)
+                job = lane.submit_for(tenant, price, payload, counted)
+                priced = await asyncio.wrap_future(job)
+        else:
+            priced = await asyncio.wrap_future(lane.submit_for(tenant, price))
         if priced.refusal is not None:
             return self._unpriced(
                 Who(tenant, model, exchange.who.key_hash), _unreadable(priced.refusal)
