@@ -4,6 +4,7 @@ grow, never change). Validated whole with pydantic before it replaces the one in
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -209,6 +210,9 @@ class Policies(BaseModel):
     _levels: dict[tuple[str, str | None, str | None], tuple[Level, ...]] = PrivateAttr(
         default_factory=dict
     )
+    # Which tenants a token or money limit may apply to, and whether the default's does
+    # (read once: every metered request asks, some twice).
+    _priced: tuple[frozenset[str], bool] | None = PrivateAttr(None)
 
     @property
     def zone(self) -> ZoneInfo:
@@ -263,11 +267,21 @@ class Policies(BaseModel):
     def wants_tokens(self, tenant: str) -> bool:
         """Whether any token or money limit may apply to the tenant (its count is then
         needed before forwarding)."""
-        own = self.tenants.get(tenant)
-        if own is None:
-            return self.default is not None and any(x.priced for x in self.default.limits())
-        every = [own, *own.models.values(), *own.keys.values()]
-        return any(x.priced for limits in every for x in limits.limits())
+        if self._priced is None:
+            self._priced = self._find_priced()
+        named, default = self._priced
+        return tenant in named if tenant in self.tenants else default
+
+    def _find_priced(self) -> tuple[frozenset[str], bool]:
+        def priced(every: Iterable[Limits]) -> bool:
+            return any(x.priced for limits in every for x in limits.limits())
+
+        named = frozenset(
+            tenant
+            for tenant, own in self.tenants.items()
+            if priced([own, *own.models.values(), *own.keys.values()])
+        )
+        return named, self.default is not None and priced([self.default])
 
     def money_applies(self, tenant: str, model: str | None, key: str | None) -> bool:
         """Whether a money budget is among the limits of such a request."""
