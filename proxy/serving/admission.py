@@ -141,8 +141,11 @@ class Admission:
             return await self.admit(exchange, self._named(exchange.body), Price(Cost(), "none"))
         analysis = None
         try:
-            async with asyncio.timeout(self._count_timeout):
-                analysis = await asyncio.shield(counting)
+            if counting.done():  # counted from the count cache: no timer to arm
+                analysis = counting.result()
+            else:
+                async with asyncio.timeout(self._count_timeout):
+                    analysis = await asyncio.shield(counting)
         except Exception:  # priced as unpriced: admitted on its request limits alone
             log.warning("admission_count_failed", tenant=tenant, exc_info=True)
         model = analysis.model.name if analysis and analysis.model else self._named(exchange.body)
