@@ -311,7 +311,7 @@ class Admission:
         exchange.request[HOLD] = exchange.hold
         for name, remaining in decision.budgets:
             left = float(from_nanos(remaining)) if name.startswith("cost_") else remaining
-            self._metrics.budget_remaining.labels(name, *self._metrics.tenant(who.tenant)).set(left)
+            self._metrics.budget_left(name, who.tenant, left)
         if decision.refusal is None:
             return None
         return self._refuse(who, decision, price).answer()
