@@ -26,8 +26,25 @@ def shard_path(journal: Path, k: int) -> Path:
 def shards(journal: Path) -> list[Path]:
     """Every shard of ``journal`` that exists, worker 0's first, then by index (SQLite's
     own ``-wal`` and ``-shm`` files are not shards)."""
-    found = [journal] if journal.is_file() else []
-    return found + [path for _, path in sorted(_workers(journal))]
+    return [path for _, path in numbered(journal)]
+
+
+def numbered(journal: Path) -> list[tuple[int, Path]]:
+    """``shards``, each with its worker index (0: ``journal`` itself)."""
+    found = [(0, journal)] if journal.is_file() else []
+    return found + sorted(_workers(journal))
+
+
+def journal_of(shard: Path, k: int) -> Path:
+    """The pod's journal whose worker ``k`` writes ``shard`` (``shard_path``'s inverse):
+    what a worker reads to answer for the whole pod."""
+    if k == 0:
+        return shard
+    stem, _, suffix = shard.name.rpartition(f".worker-{k}")
+    journal = shard.with_name(stem + suffix) if stem else shard
+    if shard_path(journal, k) != shard:
+        raise ValueError(f"{shard} is not worker {k}'s shard")
+    return journal
 
 
 def _workers(journal: Path) -> list[tuple[int, Path]]:

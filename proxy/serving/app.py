@@ -323,7 +323,7 @@ def create_app(
         app.cleanup_ctx.append(key_file_context(app[KEYFILE]))
     store = admission.limiter.problem if admission else None
     priced = app[PRICESFILE].unpriced if prices is not None else None
-    figures = build_figures(settings, admission, prices)
+    figures = build_figures(settings, admission, prices, pod.index if pod is not None else 0)
     admin_api = build_admin_api(app, settings, figures, lambda: known(resolver, admission))
 
     check = admin.readiness_check(catalog, journal, store, priced)
