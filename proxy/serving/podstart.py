@@ -48,11 +48,6 @@ def refusal(settings: Settings) -> str | None:
             "would enforce every budget on its own, multiplying it): give --limits-store "
             "or run --workers 1"
         )
-    if settings.admin_tokens is not None:
-        return (
-            "--workers above 1 does not serve the admin API yet: drop --admin-tokens "
-            "or run --workers 1"
-        )
     return None
 
 

@@ -90,7 +90,7 @@ class Pod:
     async def run(self) -> int:
         """Start the workers and serve until stopped; the pod's exit code."""
         control = self.place(0).control_socket
-        admin = admin_app(self.settings, self.metrics, self.report)
+        admin = admin_app(self.settings, self.metrics, self.report, self.place(0).admin_socket)
         runner = await serve_admin(self.settings, admin)
         async with self.services:
             await self.start_services()

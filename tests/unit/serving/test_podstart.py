@@ -95,3 +95,9 @@ def test_an_operators_metrics_directory_is_wiped_and_used(
         assert (root / "metrics").resolve() == tmp_path.resolve()
         assert sorted(os.listdir(tmp_path)) == ["keep.txt"]
     assert (tmp_path / "keep.txt").exists()
+
+
+def test_the_admin_api_is_not_refused() -> None:
+    """--admin-tokens with workers: the supervisor relays the admin API to worker 0
+    (``adminrelay``), so a pod serves it."""
+    assert refusal(Settings(**POD, admin_tokens="/etc/admin.yaml", admin_port=9100)) is None
