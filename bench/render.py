@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench import admission as limits_admission
-from bench import frontend, gateway, ratios
+from bench import frontend, gateway, ratios, workers
 from bench.costs import IDLE_APPENDS, IDLE_SECONDS
 
 # Only the text between these markers is rewritten; the rest of the file is written by hand.
@@ -36,6 +36,7 @@ class Report:
     admission: dict[str, float] = field(default_factory=dict)  # bench/admission.py
     frontend: dict[str, Any] = field(default_factory=dict)  # bench/frontend.py
     gateway: dict[str, Any] = field(default_factory=dict)  # bench/gateway.py
+    workers: dict[str, Any] = field(default_factory=dict)  # bench/workers.py
 
 
 def splice(document: str, block: str) -> str:
@@ -70,6 +71,7 @@ def render(report: Report) -> str:
         accounting(report.accounting),
         journal(report.journal),
         limits_admission.render(report.admission) if report.admission else [],
+        workers.table(report.workers) if report.workers else [],
         scale(report.results, report.accounting),
     ]
     return "\n\n".join("\n".join(s) for s in sections if s) + "\n"

@@ -1,15 +1,16 @@
 """How ``SO_REUSEPORT`` spreads a client's load over the workers of ``serve --workers N``
 (issue #61), and what a worker killed under load costs the clients.
 
-    .venv/bin/python -m bench.reuseport [--requests 2000]
+    .venv/bin/python -m bench.reuseport [--requests 2000] [--workers 2]
 
-Two aiohttp processes (uvloop) listen on one loopback port with ``reuse_port=True`` and
-answer each POST after 5 ms (the upstream's time) with their pid. An aiohttp client sends
-the requests with a pool of 1, 2, 4, 16 and 64 keep-alive connections, and with a new
-connection per request; each row gives the busiest worker's share (0.5 is even). Then,
-under load over 32 connections, worker 1 is killed with SIGKILL and started again 0.5 s
-later: the requests answered, those that failed (by error), and whether requests sent
-after the kill were answered. Loopback only; stops by itself (about 15 s).
+``--workers`` aiohttp processes (uvloop; 2 by default) listen on one loopback port with
+``reuse_port=True`` and answer each POST after 5 ms (the upstream's time) with their pid.
+An aiohttp client sends the requests with a pool of 1, 2, 4, 16 and 64 keep-alive
+connections, and with a new connection per request; each row gives the busiest worker's
+share (1/N is even). Then, under load over 32 connections, worker 1 is killed with SIGKILL
+and started again 0.5 s later: the requests answered, those that failed (by error), and
+whether requests sent after the kill were answered. Loopback only; stops by itself (about
+15 s).
 """
 
 from __future__ import annotations
@@ -139,10 +140,11 @@ async def kill_under_load(url: str, port: int, victim: BaseProcess, requests: in
     ]
 
 
-async def measure(requests: int) -> list[str]:
+async def measure(requests: int, count: int = 2) -> list[str]:
+    """The spread over ``count`` workers for every pool, then worker 1 killed under load."""
     port = free_port()
     url = f"http://127.0.0.1:{port}/"
-    workers = [start(port), start(port)]
+    workers = [start(port) for _ in range(count)]
     await ready(url)
     lines = ["| client connections | busiest worker's share of the requests |", "|---|---|"]
     for pool in (*POOLS, None):
@@ -159,9 +161,12 @@ async def measure(requests: int) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000, help="per row (default 2000)")
+    parser.add_argument("--workers", type=int, default=2, help="processes on the port (>= 2)")
     args = parser.parse_args()
-    print(f"## SO_REUSEPORT, 2 workers ({os.cpu_count()} CPUs)\n")
-    print("\n".join(asyncio.run(measure(args.requests))))
+    if args.workers < 2:
+        parser.error("--workers: at least 2 (worker 1 is the one killed)")
+    print(f"## SO_REUSEPORT, {args.workers} workers ({os.cpu_count()} CPUs)\n")
+    print("\n".join(asyncio.run(measure(args.requests, args.workers))))
 
 
 if __name__ == "__main__":

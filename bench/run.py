@@ -8,7 +8,8 @@ Figures: the cost goals as ratios to their floors, measured in alternating block
 (bench/ratios.py) on each event loop; p50/p99 latency and added latency vs direct
 (sequential requests), throughput at saturation (concurrent clients), proxy CPU seconds
 and RSS, SSE first byte and chunk gaps, and accounting CPU against the raw batched
-tokenizer cost of the same texts.
+tokenizer cost of the same texts; and the pod's capacity with 1 and N workers
+(bench/workers.py: saturation requests/s and CPU per request, ``--workers 1,2``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import frontend, gateway, ratios
+from bench import frontend, gateway, ratios, workers
 from bench.admission import admission_cost
 from bench.costs import accounting_cost, journal_cost
 from bench.harness import (
@@ -229,11 +230,24 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="cost goals: sequential requests with the cores free to idle (bench/ratios.py)",
     )
+    parser.add_argument(
+        "--workers",
+        type=workers.counts_of,
+        default=[1, 2],
+        help="capacity: the pods' worker counts, 1 among them (1,2,4,8 on a bigger machine)",
+    )
+    parser.add_argument(
+        "--workers-seconds", type=float, default=3.0, help="capacity: seconds per sample"
+    )
+    parser.add_argument(
+        "--workers-rounds", type=int, default=3, help="capacity: interleaved rounds"
+    )
     args = parser.parse_args(argv)
     if args.smoke:
         args.requests, args.seconds, args.clients, args.sse = 3, 0.3, 2, 2
         args.latencies = [0.0]
         args.hits, args.recounts, args.rounds = 8, 4, 2
+        args.workers_seconds, args.workers_rounds = 0.3, 1
     return args
 
 
@@ -257,6 +271,7 @@ def main() -> int:
     if not args.smoke and args.vllm_version != "none":
         versus_vllm = frontend.run(args.vllm_version)
     versus_litellm = gateway.run(3 if args.smoke else args.requests)
+    capacity = workers.measure(args.workers, args.workers_seconds, args.workers_rounds)
     report = Report(
         date=time.strftime("%Y-%m-%d"),
         machine=machine(),
@@ -271,6 +286,7 @@ def main() -> int:
         admission=admission,
         frontend=versus_vllm,
         gateway=versus_litellm,
+        workers=capacity,
     )
     block = render(report)
     print(block)

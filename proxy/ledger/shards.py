@@ -30,7 +30,8 @@ def shards(journal: Path) -> list[Path]:
 
 
 def numbered(journal: Path) -> list[tuple[int, Path]]:
-    """``shards``, each with its worker index (0: ``journal`` itself)."""
+    """``shards``, each with its worker's index (a pod's limiter keeps a part per
+    shard; a page of a pod's records, a place per shard)."""
     found = [(0, journal)] if journal.is_file() else []
     return found + sorted(_workers(journal))
 

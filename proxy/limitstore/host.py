@@ -29,6 +29,7 @@ from proxy.limitstore.hostwire import (
     TO_HOST,
     VERSION,
     Answer,
+    Ask,
     Bye,
     Failure,
     Hello,
@@ -37,6 +38,7 @@ from proxy.limitstore.hostwire import (
     Replace,
     Reserve,
     Settle,
+    Standings,
     Welcome,
     digest,
 )
@@ -123,7 +125,7 @@ class LimiterHost:
             raise ProtocolError(f"protocol version {hello.version}: this host speaks {VERSION}")
         return hello
 
-    async def _handle(self, message: Message, connection: _Connection) -> Answer | None:
+    async def _handle(self, message: Message, connection: _Connection) -> Answer | Standings | None:
         if isinstance(message, Reserve):
             decision = await self.limiter.reserve(message.who, message.cost, message.now)
             number = None
@@ -147,6 +149,9 @@ class LimiterHost:
                 await self.limiter.release(ticket, message.now)
         elif isinstance(message, Replace):
             self._replace(message)
+        elif isinstance(message, Ask):
+            limits = await self.limiter.standing(message.tenant, message.now)
+            return Standings(n=message.n, limits=tuple(limits))
         else:
             raise ProtocolError(f"unexpected {message.model_dump_json()[:80]}")
         return None

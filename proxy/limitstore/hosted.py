@@ -3,10 +3,12 @@ limiter host (``limitstore.host``), so that a tenant's whole remainder is usable
 any worker and a burst spread over every worker is admitted exactly as one process admits
 it.
 
-``reserve`` is one round trip; ``settle`` and ``release`` are written without waiting
-(the host takes one connection's lines in order). ``restore`` does nothing here: the host
-reads every shard. Once the host is gone (its connection closed), limited requests are
-refused as a store outage refuses them in closed mode (503), never admitted unmetered.
+``reserve`` and ``standing`` are one round trip each; ``settle`` and ``release`` are
+written without waiting (the host takes one connection's lines in order). ``restore`` does
+nothing here: the host reads every shard. The limiter is built before it connects
+(``open``, in the worker's start-up: the application's limits file holds it). Once the
+host is gone (its connection closed), limited requests are refused as a store outage
+refuses them in closed mode (503), never admitted unmetered.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import structlog
 from pydantic import ValidationError
@@ -37,6 +40,7 @@ from proxy.limitstore.hostwire import (
     FROM_HOST,
     VERSION,
     Answer,
+    Ask,
     Bye,
     Failure,
     Hello,
@@ -44,9 +48,9 @@ from proxy.limitstore.hostwire import (
     Replace,
     Reserve,
     Settle,
+    Standings,
     Welcome,
 )
-from proxy.limitstore.memory import still
 
 log = structlog.get_logger("proxy.limitstore.hosted")
 WELCOME_SECONDS = 10.0
@@ -69,37 +73,45 @@ class HostedLimiter:
 
     shared_store = False  # the pod's host, not a store every replica reads
 
-    def __init__(
-        self, policies: Policies, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    def __init__(self, policies: Policies, path: Path, part: int) -> None:
         self.policies = policies
-        self._reader, self._writer = reader, writer
+        self.path, self.part = path, part
+        self._writer: asyncio.StreamWriter | None = None
         self._numbers = itertools.count(1)
-        self._waiting: dict[int, asyncio.Future[Answer | None]] = {}
-        self._gone: str | None = None
+        self._waiting: dict[int, asyncio.Future[Answer | Standings | None]] = {}
+        self._gone: str | None = "not connected to the pod's limiter host yet"
         self._listening: asyncio.Task[None] | None = None
 
     @classmethod
     async def connect(cls, path: Path, policies: Policies, part: int) -> HostedLimiter:
-        """Connect to the host at ``path`` as worker ``part`` (its journal shard)."""
+        """A limiter connected to the host at ``path`` as worker ``part``."""
+        limiter = cls(policies, path, part)
+        await limiter.open()
+        return limiter
+
+    async def open(self) -> None:
+        """Connect as worker ``part`` (its journal shard), before the worker serves; the
+        policies it loaded go with the hello (applied only where they differ: a worker
+        restarted after the file changed brings the file's). ``HostError``: no host."""
+        path = self.path
         try:
             reader, writer = await asyncio.open_unix_connection(str(path))
         except OSError as exc:
             raise HostError(f"cannot reach the limiter host at {path}: {exc}") from None
-        writer.write(Hello(version=VERSION, part=part).line())
+        writer.write(Hello(version=VERSION, part=self.part).line())
         try:
             async with asyncio.timeout(WELCOME_SECONDS):
                 answer = _parsed(await reader.readline())
-        except (TimeoutError, ConnectionError) as exc:
+        except (TimeoutError, ConnectionError, HostError) as exc:
             writer.close()
             raise HostError(f"no welcome from the limiter host at {path}: {exc!r}") from None
         if not isinstance(answer, Welcome):
             writer.close()
             why = answer.why if isinstance(answer, Failure) else "no welcome"
             raise HostError(f"the limiter host at {path} refused this worker: {why}")
-        limiter = cls(policies, reader, writer)
-        limiter._listening = asyncio.create_task(limiter._listen(), name="limiter-host")
-        return limiter
+        self._writer, self._gone = writer, None
+        self._send(Replace(policies=self.policies).line())
+        self._listening = asyncio.create_task(self._listen(reader), name="limiter-host")
 
     def wants_tokens(self, tenant: str) -> bool:
         return self.policies.wants_tokens(tenant)
@@ -114,14 +126,8 @@ class HostedLimiter:
         if self._gone is not None:
             return _unavailable(who, self._gone)
         n = next(self._numbers)
-        future: asyncio.Future[Answer | None] = asyncio.get_running_loop().create_future()
-        self._waiting[n] = future
-        self._send(Reserve(n=n, who=who, cost=cost, now=now).line())
-        try:
-            answer = await future
-        finally:
-            self._waiting.pop(n, None)
-        if answer is None:
+        answer = await self._ask(n, Reserve(n=n, who=who, cost=cost, now=now).line())
+        if not isinstance(answer, Answer):
             return _unavailable(who, self._gone or GONE)
         ticket = None
         if answer.ticket is not None:
@@ -143,11 +149,26 @@ class HostedLimiter:
         return (self._gone, True) if self._gone is not None else None
 
     def lifetime(self, *, journaled: bool) -> Lifetime:
-        return still
+        """Connected while the worker serves: before it accepts (``HostError``: no host),
+        goodbye after its exchanges have settled."""
+
+        async def connected(app: Any) -> AsyncIterator[None]:
+            await self.open()
+            yield
+            await self.close()
+
+        return connected
 
     async def standing(self, tenant: str, now: float) -> list[LimitStanding]:
-        """The host answers no standings yet (the wire has no message for them)."""
-        raise StandingUnknown("the pod's limiter host answers no standings yet")
+        """``tenant``'s standing as the host's limiter has it: the pod's, through any
+        worker (``StandingUnknown`` once the host is gone)."""
+        if self._gone is not None:
+            raise StandingUnknown(self._gone)
+        n = next(self._numbers)
+        answer = await self._ask(n, Ask(n=n, tenant=tenant, now=now).line())
+        if not isinstance(answer, Standings):
+            raise StandingUnknown(self._gone or GONE)
+        return list(answer.limits)
 
     async def restore(self, history: Iterable[Usage], now: float) -> int:
         """Nothing: the host reads every worker's shard before any worker starts."""
@@ -157,25 +178,38 @@ class HostedLimiter:
         """Say goodbye (every ticket is settled or released by now) and hang up."""
         self._send(Bye().line())
         self._gone = "this worker's limiter is closed"
-        self._writer.close()
-        with contextlib.suppress(ConnectionError):
-            await self._writer.wait_closed()
+        if self._writer is not None:
+            self._writer.close()
+            with contextlib.suppress(ConnectionError):
+                await self._writer.wait_closed()
         if self._listening is not None:
             self._listening.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._listening
 
-    def _send(self, line: bytes) -> None:
-        if self._gone is None and not self._writer.is_closing():
-            self._writer.write(line)
+    async def _ask(self, n: int, line: bytes) -> Answer | Standings | None:
+        """Send ``line`` and wait for the answer numbered ``n`` (None: the host is gone)."""
+        future: asyncio.Future[Answer | Standings | None]
+        future = asyncio.get_running_loop().create_future()
+        self._waiting[n] = future
+        self._send(line)
+        try:
+            return await future
+        finally:
+            self._waiting.pop(n, None)
 
-    async def _listen(self) -> None:
-        """Hand each answer to the reservation waiting for it, until the host hangs up."""
+    def _send(self, line: bytes) -> None:
+        writer = self._writer
+        if self._gone is None and writer is not None and not writer.is_closing():
+            writer.write(line)
+
+    async def _listen(self, reader: asyncio.StreamReader) -> None:
+        """Hand each answer to the call waiting for it, until the host hangs up."""
         why = GONE
         try:
-            while line := await self._reader.readline():
+            while line := await reader.readline():
                 answer = _parsed(line)
-                if isinstance(answer, Answer):
+                if isinstance(answer, Answer | Standings):
                     future = self._waiting.get(answer.n)
                     if future is not None and not future.done():
                         future.set_result(answer)
@@ -200,7 +234,7 @@ def _unavailable(who: Who, why: str) -> Decision:
     return Decision(None, refusal, None, None)
 
 
-def _parsed(line: bytes) -> Welcome | Answer | Failure:
+def _parsed(line: bytes) -> Welcome | Answer | Standings | Failure:
     if not line:
         raise HostError("the limiter host closed the connection")
     try:

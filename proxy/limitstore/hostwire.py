@@ -5,8 +5,10 @@ protocol's version agreed once, in the hello.
 A worker says ``hello`` (its version and its part: the index of its journal shard), then
 ``reserve`` (answered by a ``decision`` carrying its sequence number), ``settle``,
 ``release`` and ``replace`` (not answered: the host handles one connection's lines in
-order, so a settle never overtakes its reserve), and ``bye`` before it closes. The host
-answers a hello with ``welcome``, or ``error`` and closes.
+order, so a settle never overtakes its reserve), ``standing`` (answered by ``standings``,
+by its sequence number: the usage API's standing of a tenant, read on the host), and
+``bye`` before it closes. The host answers a hello with ``welcome``, or ``error`` and
+closes.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from proxy.limits.limiter import Cost, Refusal, Standing, Who
+from proxy.limits.limiter import Cost, LimitStanding, Refusal, Standing, Who
 from proxy.limits.policy import Policies
 
-VERSION = 1
+VERSION = 2  # 2: standing and standings
 
 
 class Message(BaseModel):
@@ -64,6 +66,15 @@ class Replace(Message):
     policies: Policies
 
 
+class Ask(Message):
+    """How ``tenant`` stands now (the usage API's standing), read on the host."""
+
+    op: Literal["standing"] = "standing"
+    n: int  # the answer carries it back
+    tenant: str
+    now: float
+
+
 class Bye(Message):
     op: Literal["bye"] = "bye"
 
@@ -86,13 +97,23 @@ class Answer(Message):
     cost: Standing | None = None
 
 
+class Standings(Message):
+    """The answer to an ``Ask``: every limit of the tenant's levels, nothing reserved."""
+
+    op: Literal["standings"] = "standings"
+    n: int
+    limits: tuple[LimitStanding, ...]
+
+
 class Failure(Message):
     op: Literal["error"] = "error"
     why: str
 
 
-ToHost = Annotated[Hello | Reserve | Settle | Release | Replace | Bye, Field(discriminator="op")]
-FromHost = Annotated[Welcome | Answer | Failure, Field(discriminator="op")]
+ToHost = Annotated[
+    Hello | Reserve | Settle | Release | Replace | Ask | Bye, Field(discriminator="op")
+]
+FromHost = Annotated[Welcome | Answer | Standings | Failure, Field(discriminator="op")]
 TO_HOST: TypeAdapter[ToHost] = TypeAdapter(ToHost)
 FROM_HOST: TypeAdapter[FromHost] = TypeAdapter(FromHost)
 

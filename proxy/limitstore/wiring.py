@@ -1,7 +1,8 @@
-"""The limiter as the application wires it: in process, or on the limits store, the
-guarded limiter on a client of the store, built from the settings (the password given by
-the caller: it is read where a missing file is a start-up error), with the replica count
-it last read kept beside the journal (``headcount``)."""
+"""The limiter as the application wires it: in process, on the pod's limiter host (and
+that host), or on the limits store, the guarded limiter on a client of the store, built
+from the settings (the password given by the caller: it is read where a missing file is
+a start-up error), with the replica count it last read kept beside the journal
+(``headcount``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from proxy.limits.policy import FailMode, Policies
 from proxy.limitstore.client import SLOTS, connect
 from proxy.limitstore.guard import GuardedLimiter
 from proxy.limitstore.headcount import CountFile
+from proxy.limitstore.host import LimiterHost
+from proxy.limitstore.hosted import HostedLimiter
 from proxy.limitstore.lifetime import HEARTBEAT_SECONDS
 from proxy.limitstore.memory import InProcessLimiter
 from proxy.limitstore.redislimiter import RedisLimiter
@@ -27,11 +30,23 @@ def build_limiter(
     metrics: Metrics | None = None,
     *,
     password: str | None = None,
+    host: Path | None = None,
+    part: int = 0,
 ) -> Limiter:
-    """The limiter of ``policies``: in this process, or on ``--limits-store``."""
-    if settings.limits_store is None:
-        return InProcessLimiter(policies)
-    return build_shared_limiter(settings, policies, metrics, password=password)
+    """The limiter of ``policies``: in this process, on ``--limits-store``, or, for
+    worker ``part`` of a pod without a store, on the pod's limiter ``host`` (its socket;
+    connected in the limiter's lifetime)."""
+    if settings.limits_store is not None:
+        return build_shared_limiter(settings, policies, metrics, password=password)
+    if host is not None:
+        return HostedLimiter(policies, host, part)
+    return InProcessLimiter(policies)
+
+
+def build_host(policies: Policies, path: Path) -> LimiterHost:
+    """The pod's limiter host on the Unix socket ``path``: one in-process limiter of
+    ``policies`` every worker admits through (started by the caller)."""
+    return LimiterHost(InProcessLimiter(policies), path)
 
 
 def build_shared_limiter(

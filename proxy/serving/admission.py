@@ -33,6 +33,7 @@ from proxy.limits.headers import duration, ratelimit_headers
 from proxy.limits.history import BUCKET_SECONDS
 from proxy.limits.limiter import Cost, Decision, Limiter, Ticket, Usage, Who
 from proxy.limits.periods import earliest_start
+from proxy.limits.policy import Policies
 from proxy.limits.pricing import UNPARSED, Price, parsed, price_metered, price_scoring
 from proxy.limits.speech import price_speech
 from proxy.metrics import Metrics
@@ -461,26 +462,38 @@ def restore_context(
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         if journal is not None:
             now = time.time()
-            start = earliest_start(now, admission.limiter.policies.zone)
-            since = datetime.fromtimestamp(start, UTC)
-            table = admission.table
-            cuts = table.cuts() if table is not None else []
-            sums = await journal.usage_since(since, BUCKET_SECONDS, cuts)
-            history = [
-                Usage(
-                    Who(s.tenant, s.model, s.key_hash),
-                    float(s.start),
-                    Cost(s.prompt, s.completion, s.records, _money_of(s, table, cuts)),
-                )
-                for s in sums
-            ]
+            since = history_start(admission.limiter.policies, now)
+            history, restored = await journal_history(journal, since, admission.table)
             await admission.limiter.restore(history, now)
-            restored = sum(s.records for s in sums)
             metrics.limits_restored.inc(restored)
             log.info("budgets_restored", since=since.isoformat(), records=restored)
         yield
 
     return ctx
+
+
+def history_start(policies: Policies, now: float) -> datetime:
+    """Where the budgets' history starts: the earliest period start in their zone."""
+    return datetime.fromtimestamp(earliest_start(now, policies.zone), UTC)
+
+
+async def journal_history(
+    journal: Journal, since: datetime, table: PriceTable | None
+) -> tuple[list[Usage], int]:
+    """What ``journal`` billed from ``since`` (by tenant, model, key and quarter hour,
+    its money at the price in force over it), as budgets are rebuilt from it; and how many
+    records that is."""
+    cuts = table.cuts() if table is not None else []
+    sums = await journal.usage_since(since, BUCKET_SECONDS, cuts)
+    history = [
+        Usage(
+            Who(s.tenant, s.model, s.key_hash),
+            float(s.start),
+            Cost(s.prompt, s.completion, s.records, _money_of(s, table, cuts)),
+        )
+        for s in sums
+    ]
+    return history, sum(s.records for s in sums)
 
 
 def _money_of(s: UsageSum, table: PriceTable | None, cuts: list[datetime]) -> int:

@@ -21,6 +21,7 @@ from proxy.ledger.reconciler import Reconciler
 from proxy.ledger.recorder import Recorder, Subscriber
 from proxy.ledger.sinks import Sink
 from proxy.limits.costs import unpriced
+from proxy.limits.limiter import Limiter
 from proxy.limits.policy import Policies
 from proxy.limits.problems import read_limits
 from proxy.limitstore.wiring import build_limiter
@@ -42,6 +43,7 @@ from proxy.serving.lifetimes import counters_reader, ledger_context, reconciler_
 from proxy.serving.limitsfile import LIMITSFILE, LimitsFile, limits_file_context
 from proxy.serving.metered import METERED, MeteredRelay
 from proxy.serving.pod import Place, PodState
+from proxy.serving.podlimits import hosted, hosted_context, replica_settings
 from proxy.serving.pricesfile import (
     PRICESFILE,
     Prices,
@@ -162,10 +164,12 @@ def build_admission(
     pool: TokenizerPool,
     metrics: Metrics,
     prices: Prices | None = None,
+    pod: Place | None = None,
 ) -> Admission | None:
     """Admission against the --limits file's policies (None without one). A file that
     cannot be loaded at start, or whose money budgets apply to a model without a price,
-    stops the start: there are no policies in use to keep."""
+    stops the start: there are no policies in use to keep. A pod's worker admits through
+    the pod's limiter host, or as a replica of its own on the store (``podlimits``)."""
     if settings.limits is None:
         return None
     path = Path(settings.limits)
@@ -179,8 +183,7 @@ def build_admission(
     if problem is not None:
         fix = "price those models in --prices, or change the budget"
         raise file_problem(ValueError(problem), "--limits", path, fix)
-    password = store_password(settings) if settings.limits_store is not None else None
-    limiter = build_limiter(settings, policies, metrics, password=password)
+    limiter = build_pod_limiter(settings, policies, metrics, pod)
     timeout = settings.accounting_timeout
     prompts = PromptCounter(settings.upstream_base, metrics, timeout=timeout)
     return Admission(
@@ -195,6 +198,20 @@ def build_admission(
     )
 
 
+def build_pod_limiter(
+    settings: Settings, policies: Policies, metrics: Metrics, pod: Place | None
+) -> Limiter:
+    """The limiter of ``policies``: in this process, on the store (a pod's worker: a
+    replica of its own), or, for a pod's worker without a store, on the pod's limiter
+    host (connected in its lifetime, before the worker serves)."""
+    if settings.limits_store is None:
+        host = pod.limiter_socket if pod is not None else None
+        return build_limiter(settings, policies, metrics, host=host, part=pod.index if pod else 0)
+    password = store_password(settings)
+    replica = settings if pod is None else replica_settings(settings, pod)
+    return build_limiter(replica, policies, metrics, password=password)
+
+
 A, M, D = Handling.AUDITED, Handling.METERED, Handling.DISPATCHED
 
 
@@ -206,6 +223,7 @@ def add_limits(
     metrics: Metrics,
     resolver: TenantResolver,
     catalog: Catalog,
+    pod: Place | None = None,
 ) -> None:
     """Headers on every answer, the file's live reload, budgets rebuilt at start."""
     assert settings.limits is not None
@@ -221,7 +239,8 @@ def add_limits(
     )
     app.on_response_prepare.append(add_headers)
     app.cleanup_ctx.append(limits_file_context(app[LIMITSFILE]))
-    app.cleanup_ctx.append(admission.limiter.lifetime(journaled=journal is not None))
+    lifetime = admission.limiter.lifetime(journaled=journal is not None)
+    app.cleanup_ctx.append(hosted_context(lifetime) if hosted(settings, pod) else lifetime)
 
 
 def money_check(admission: Admission) -> Callable[[Policies], str | None]:
@@ -272,8 +291,10 @@ def create_app(
     """The proxy application; tests pass their own catalog (e.g. a tokenizer loader). A
     pod's worker passes its place in the pod (``serve --workers N``): its metrics go to
     the pod's multiprocess directory, its ``/readyz`` adds the pod's state
-    (``POD_STATE``, which its control channel keeps), and the supervisor, not the
-    worker, serves ``--admin-port``; it delivers the ``adopted`` shards a larger pod left."""
+    (``POD_STATE``, which its control channel keeps), the supervisor, not the worker,
+    serves ``--admin-port``; it delivers the ``adopted`` shards a larger pod left, and
+    its limits go to the pod's limiter host (or, with a store, it is a replica of its
+    own)."""
     metrics_dir = pod.metrics_dir if pod is not None else None
     resolver = build_resolver(settings)
     pool = pool or TokenizerPool(settings.tokenizer_threads)
@@ -287,7 +308,7 @@ def create_app(
     journal, outbox = build_ledger(settings, metrics, sinks)
     shares = build_shares(settings, metrics)
     prices = build_prices(settings, metrics)
-    admission = build_admission(settings, catalog, pool, metrics, prices)
+    admission = build_admission(settings, catalog, pool, metrics, prices, pod)
     settle = {"settle": admission.settle} if admission else {}
     exchanges = Exchanges(build_budget(settings), shares, metrics, **settle)
     sends = SendWatch(settings.send_timeout, metrics)
@@ -316,7 +337,7 @@ def create_app(
     if outbox is not None:
         app[OUTBOX] = outbox
     if admission is not None:
-        add_limits(app, settings, admission, journal, metrics, resolver, catalog)
+        add_limits(app, settings, admission, journal, metrics, resolver, catalog, pod)
     if prices is not None:
         add_prices(app, settings, prices, admission, metrics)
     if settings.api_keys:
@@ -334,6 +355,9 @@ def create_app(
         admin.add_routes(port, check, metrics)
         admin_api(port)
 
+    restore = []  # a hosted limiter's host restored every shard before any worker started
+    if admission is not None and not hosted(settings, pod):
+        restore.append(restore_context(admission, journal, metrics))
     for context in (
         # first in, last out: the metric is flushed after every exchange has its record
         *([usage[1]] if usage else []),
@@ -342,7 +366,7 @@ def create_app(
         pool_context(pool),
         ledger_context(settings, journal, outbox, exchanges),
         *([adoption_context(settings, adopted, sinks)] if adopted else []),
-        *([restore_context(admission, journal, metrics)] if admission else []),
+        *restore,
         reconciler_context(settings, reconciler),
         send_watch_context(sends),
     ):

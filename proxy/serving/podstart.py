@@ -42,12 +42,6 @@ def refusal(settings: Settings) -> str | None:
             "--workers above 1 cannot reconcile yet (each worker would see the whole "
             "engine against its own records): add --reconcile-interval 0"
         )
-    if settings.limits is not None and settings.limits_store is None:
-        return (
-            "--workers above 1 with --limits needs --limits-store for now (each worker "
-            "would enforce every budget on its own, multiplying it): give --limits-store "
-            "or run --workers 1"
-        )
     return None
 
 

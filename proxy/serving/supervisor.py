@@ -23,6 +23,7 @@ from proxy.serving import process
 from proxy.serving.control import HUNG_SECONDS, PING_SECONDS, decode, encode
 from proxy.serving.pod import Place, orders
 from proxy.serving.podadmin import PodMetrics, admin_app, serve_admin
+from proxy.serving.podlimits import PodLimits, hosted_limits
 from proxy.serving.podstart import journal_lock, probe_port, refusal, resolve_workers, runtime_dir
 from proxy.serving.restarts import GiveUp, Restarts, cause
 from proxy.serving.startup import StartupError
@@ -80,6 +81,7 @@ class Pod:
         self.children: dict[int, Child] = {}
         self.restarts = Restarts()
         self.services = contextlib.AsyncExitStack()
+        self.limits: PodLimits | None = None  # the pod's limiter host, without a store
         self.stopping = asyncio.Event()
         self.code = 0
         self._told: dict[str, Any] = {}
@@ -134,13 +136,17 @@ class Pod:
 
     async def start_services(self) -> None:
         """The pod's services, entered into ``self.services`` before the first worker
-        starts (they close after the last has drained). None yet: the pod's limiter host
-        goes here."""
+        starts (they close after the last has drained): the pod's limiter host."""
+        limits = hosted_limits(self.settings, self.runtime)
+        self.limits = await self.services.enter_async_context(limits)
 
     async def worker_exited(self, child: Child, code: int) -> None:
         """Every exit of a worker, asked for or not, before anything else happens at its
-        index: its metrics' live gauges go (the pod's limits hook in here too)."""
+        index: its metrics' live gauges go, and the pod's limits read its shard again
+        (what its lost connection held is then counted once, from its records)."""
         self.metrics.dead(child.process.pid)
+        if self.limits is not None and not self.stopping.is_set():  # else no restart follows
+            await self.limits.worker_exited(child.index)
 
     def _ended(self, life: asyncio.Task[None]) -> None:
         """A worker's life that ended by a defect stops the pod (exit 1), said once."""

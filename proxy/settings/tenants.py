@@ -67,7 +67,8 @@ class TenantOptions(BaseModel):
         ge=0,
         description="Replicas that share the limits store (what local fail mode divides "
         "by, and how many journals a store found empty waits for); 0: the live count the "
-        "store reported while it was up.",
+        "store reported while it was up. It counts pods: with --workers N each worker is "
+        "a replica, and the count is multiplied by N.",
     )
     limits_reservation_ttl: float = Field(
         600.0,

@@ -75,13 +75,15 @@ class TrafficOptions(BaseModel):
         4096,
         ge=1,
         description="Client connections open at once; beyond it a connection gets 503 and "
-        "is closed (logged, counted), so a flood cannot exhaust file descriptors.",
+        "is closed (logged, counted), so a flood cannot exhaust file descriptors. Per worker: "
+        "a pod of --workers N accepts up to N times as many.",
     )
     upstream_connections: int = Field(
         256,
         ge=1,
         description="Most connections open to the upstream at once (requests beyond it "
-        "wait for a free one), so slow clients cannot exhaust vLLM's connections.",
+        "wait for a free one), so slow clients cannot exhaust vLLM's connections. Per "
+        "worker: a pod of --workers N opens up to N times as many to vLLM.",
     )
     upstream_keepalive: float = Field(
         2.0,

@@ -4,17 +4,21 @@ import one way."""
 
 from __future__ import annotations
 
+import argparse
 import ast
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from bench.ratios import GOALS
 from bench.render import END, START, splice
+from bench.workers import Case, Sample
 from tests.support.waits import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,6 +40,7 @@ LAYERS = {
     "instructions": 1,
     "frontend": 1,
     "gateway": 1,
+    "workers": 1,
     "render": 2,
     "run": 3,
 }
@@ -64,6 +69,7 @@ def test_bench_smoke() -> None:
         "## Accounting CPU",
         "## The sync commit and its parts",
         "## What admission adds",
+        "## Workers (issue #61)",
     ):
         assert heading in out
     for goal in GOALS:  # both modes against their floors, information: no verdict (#42)
@@ -309,3 +315,103 @@ finally:
     finally:
         bench.kill()
         bench.communicate()
+
+
+def _samples(case: Case, scenario: str, requests: int, cpu: tuple[float, ...]) -> list[Sample]:
+    """Samples of one second, one per round: ``requests`` answered for ``cpu[k]`` seconds
+    of the pod's CPU in round k."""
+    return [
+        Sample(case, scenario, requests, 0, 1.0, spent, 0.01, 0.5, 0.5, round=k)
+        for k, spent in enumerate(cpu)
+    ]
+
+
+def test_the_workers_cases_pass_no_workers_flag_for_one() -> None:
+    """One worker is today's process (no --workers, so the bench runs before the flag
+    exists); each count >= 2 runs with the default tokenizer threads and with one."""
+    from bench.workers import cases, counts_of
+
+    assert cases([1, 2]) == [Case(1), Case(2), Case(2, threads=1)]
+    assert Case(1).argv() == ()
+    assert Case(2).argv() == ("--workers", "2")
+    assert Case(4, threads=1).argv() == ("--workers", "4", "--tokenizer-threads", "1")
+    assert Case(2, threads=1).name == "2 workers, --tokenizer-threads 1"
+    assert counts_of("1,2,4,8") == [1, 2, 4, 8]
+    with pytest.raises(argparse.ArgumentTypeError, match="1 among them"):
+        counts_of("2,4")
+
+
+def test_the_workers_goal_judges_cpu_per_request_against_one_worker() -> None:
+    """Two workers are judged against one worker's CPU per request (<= 1.1x), per scenario,
+    on the medians of the rounds; saturation against 2 x one worker's is shown but not
+    judged on a machine with fewer than two cores per worker."""
+    from bench.workers import goal_lines, summarize, table
+
+    one, two, thin = Case(1), Case(2), Case(2, threads=1)
+    samples = [
+        # one worker: 1,000 requests for 0.5 s of CPU (0.5 ms each); rounds 0.4 and 0.6
+        *_samples(one, "embeddings", 1000, (0.4, 0.5, 0.6)),
+        # two workers: 0.6 ms each (1.2x, over the goal), with one outlier round
+        *_samples(two, "embeddings", 1000, (0.6, 0.6, 2.0)),
+        *_samples(thin, "embeddings", 1000, (0.5, 0.5, 0.5)),
+        *_samples(one, "rerank 1x64", 500, (0.5, 0.5, 0.5)),
+        *_samples(two, "rerank 1x64", 1000, (1.05, 1.05, 1.05)),
+    ]
+    result = summarize(samples, [], [1, 2], 1.0, 3, 64)
+    result["cores"] = 2
+    lines = goal_lines(result)
+    goal = "| 2 workers' CPU per request <= 1.1x one worker's |"
+    assert f"{goal} embeddings | 1.20x (rounds 1.20-3.33) | no |" in lines
+    assert f"{goal} rerank 1x64 | 1.05x (rounds 1.05-1.05) | yes |" in lines
+    assert (
+        "| 2 workers' saturation >= 0.8 x 2 x one worker's | rerank 1x64 "
+        "| 1.00 (not judged: 2 cores) | not judged |" in lines
+    )
+    assert not any("tokenizer-threads" in line for line in lines)  # shown, not judged
+    result["cores"] = 16
+    assert (
+        "| 2 workers' saturation >= 0.8 x 2 x one worker's | embeddings | 0.50 | no |"
+        in goal_lines(result)
+    )
+    rendered = "\n".join(table(result))
+    assert (
+        "| embeddings | 2 workers | 1,000 (1,000-1,000) | 0.600 (0.600-2.000) | 0.010 |" in rendered
+    )
+    assert "| embeddings | 1 worker | 1,000 (1,000-1,000) | 0.500 (0.400-0.600) |" in rendered
+
+
+def test_the_pods_cpu_counts_the_supervisor_and_every_worker(tmp_path: Path) -> None:
+    """A pod's CPU is read from the process started and every process under it: a child
+    that burns CPU shows under its own pid, and the pod's sum holds it."""
+    from bench.workers import Pod
+    from scripts.vllm_cpu import Process
+
+    burn = (
+        "import time\n"
+        "end = time.process_time() + 0.3\n"
+        "while time.process_time() < end: pass\n"
+        "time.sleep(30)"
+    )
+    code = (
+        "import subprocess, sys, time\n"
+        f"child = subprocess.Popen([sys.executable, '-c', {burn!r}])\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child = 0
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        pod = Pod(Case(2), Process("pod", "http://127.0.0.1:1", parent, tmp_path / "log"))
+        assert pod.pids() == [parent.pid, child]
+
+        deadline = time.monotonic() + 10
+        while pod.cpu()[child] < 0.25 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sum(pod.cpu().values()) >= 0.25
+    finally:
+        if child:
+            os.kill(child, signal.SIGKILL)
+        parent.kill()
+        parent.communicate()

@@ -15,7 +15,7 @@ import pytest
 from proxy.limits.limiter import Cost, Limiter, StandingUnknown, Usage, Who
 from proxy.limits.policy import Policies
 from proxy.limitstore.host import LimiterHost
-from proxy.limitstore.hosted import HostedLimiter, HostedTicket
+from proxy.limitstore.hosted import HostedLimiter, HostedTicket, HostError
 from proxy.limitstore.memory import InProcessLimiter
 
 ACME = Who("acme", "m", "k1")
@@ -114,15 +114,54 @@ async def test_a_worker_is_a_limiter_whose_readiness_follows_its_host(
     pod: tuple[LimiterHost, HostedLimiter],
 ) -> None:
     """The hosted limiter is the application's ``Limiter`` (a typed seam: mypy holds it):
-    ready while its host answers, not ready once it is gone; it reads no standings yet."""
+    ready while its host answers, not ready once it is gone, when its standings are
+    unknown (the usage API answers 503)."""
     host, worker = pod
     limiter: Limiter = worker
     assert not limiter.shared_store
     assert limiter.problem() is None
-    with pytest.raises(StandingUnknown):
-        await limiter.standing("acme", time.time())
     await host.close()
     await worker.reserve(ACME, Cost(1, 0), time.time())  # learns the host is gone
     problem = limiter.problem()
     assert problem is not None
     assert problem[1] is True
+    with pytest.raises(StandingUnknown, match="limiter host is gone"):
+        await limiter.standing("acme", time.time())
+
+
+async def test_a_standing_is_the_hosts_through_any_worker(
+    pod: tuple[LimiterHost, HostedLimiter],
+) -> None:
+    """The usage API's standing is read on the host: what another worker holds and
+    billed shows through this one, exactly as the host's own limiter tells it."""
+    host, worker = pod
+    other = await HostedLimiter.connect(host.path, POLICIES, 1)
+    now = time.time()
+    billed = await worker.reserve(ACME, Cost(9, 0), now)
+    assert billed.ticket is not None
+    await worker.settle(billed.ticket, Cost(4, 0), now)
+    held = await other.reserve(ACME, Cost(10, 0), now)
+    assert held.ticket is not None
+    hosted = await worker.standing("acme", now)
+    assert hosted == await host.limiter.standing("acme", now)
+    day = next(s for s in hosted if s.limit.name == "prompt_tokens_per_day")
+    assert (day.used, day.held, day.standing.remaining) == (4, 10, 50 - 4 - 10)
+    gate = next(s for s in hosted if s.limit.name == "concurrency")
+    assert gate.used == 1  # the other worker's request in flight
+    await other.release(held.ticket, now)
+    await other.close()
+
+
+async def test_a_limiter_not_yet_connected_refuses_and_says_so() -> None:
+    """Built before the worker's start-up connects it (the limits file holds it from
+    construction): until then it admits nothing and fails readiness; a host that is not
+    there is a ``HostError`` naming the socket."""
+    path = Path(tempfile.mkdtemp(prefix="hosted-")) / "limiter.sock"
+    limiter = HostedLimiter(POLICIES, path, 0)
+    decision = await limiter.reserve(ACME, Cost(1, 0), time.time())
+    assert decision.refusal is not None
+    assert decision.refusal.unavailable
+    assert limiter.problem() is not None
+    with pytest.raises(HostError, match=str(path)):
+        await limiter.open()
+    shutil.rmtree(path.parent)

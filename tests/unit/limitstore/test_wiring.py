@@ -10,7 +10,9 @@ import pytest
 
 from proxy.limits.policy import FailMode
 from proxy.limitstore.guard import GuardedLimiter
-from proxy.limitstore.wiring import build_limiter, build_shared_limiter, count_file
+from proxy.limitstore.hosted import HostedLimiter
+from proxy.limitstore.memory import InProcessLimiter
+from proxy.limitstore.wiring import build_host, build_limiter, build_shared_limiter, count_file
 from proxy.serving.startup import store_password
 from proxy.settings import Settings
 from tests.support.limitstores import UPSTREAM, admitted_in_store, policies, tls_settings
@@ -90,3 +92,17 @@ def test_without_a_store_the_limiter_is_in_process() -> None:
     limiter = build_limiter(settings, policies(prompt_tokens_per_day=10))
     assert limiter.problem() is None
     assert not isinstance(limiter, GuardedLimiter)
+
+
+def test_a_pods_worker_without_a_store_admits_through_the_host(tmp_path: Path) -> None:
+    """A pod's worker without --limits-store gets a limiter on the pod's host socket,
+    as its part (its journal shard); the host itself is an in-process limiter of the
+    same policies on that socket."""
+    settings = Settings(upstream=UPSTREAM)
+    pols = policies(prompt_tokens_per_day=10)
+    limiter = build_limiter(settings, pols, host=tmp_path / "limiter.sock", part=1)
+    assert isinstance(limiter, HostedLimiter)
+    assert (limiter.path, limiter.part) == (tmp_path / "limiter.sock", 1)
+    host = build_host(pols, tmp_path / "limiter.sock")
+    assert isinstance(host.limiter, InProcessLimiter)
+    assert host.limiter.policies == pols

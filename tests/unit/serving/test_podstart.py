@@ -32,21 +32,22 @@ def test_a_pod_that_can_start_is_refused_nothing() -> None:
     ("extra", "said"),
     [
         ({"reconcile_interval": 15}, "--reconcile-interval 0"),
-        ({"limits": "/etc/limits.yaml"}, "--limits-store"),
     ],
 )
 def test_what_a_pod_cannot_do_yet_is_refused(extra: dict[str, object], said: str) -> None:
-    """The pod's reconciler and its limits without a store are not built: refused at
-    start with the fix, never run wrong."""
+    """The pod's reconciler is not built: refused at start with the fix, never run
+    wrong."""
     problem = refusal(Settings(**{**POD, **extra}))
     assert problem is not None
     assert said in problem
     assert "\n" not in problem
 
 
-def test_limits_with_a_store_are_not_refused() -> None:
-    """With --limits-store every worker is one of the store's replicas."""
-    settings = Settings(**POD, limits="/etc/limits.yaml", limits_store="redis://r:6379/0")
+@pytest.mark.parametrize("store", [None, "redis://r:6379/0"])
+def test_limits_are_not_refused(store: str | None) -> None:
+    """Without a store the supervisor hosts the pod's limiter; with one every worker is
+    one of the store's replicas."""
+    settings = Settings(**POD, limits="/etc/limits.yaml", limits_store=store)
     assert refusal(settings) is None
 
 
