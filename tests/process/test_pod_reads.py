@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import yaml
 
 from proxy.serving.tenancy import key_digest
 from scripts.vllm_cpu import Process, free_port, start_proxy
@@ -22,6 +24,7 @@ POD = ("--workers", "2", "--reconcile-interval", "0")
 SINCE = "2000-01-01T00:00:00Z"
 COUNT = 60
 TOKEN = "admin-token"
+BUDGET = 100_000
 
 
 def start_pod(upstream: str, workdir: Path, *args: str) -> Process:
@@ -113,24 +116,53 @@ def pages(admin: str, size: int, tenant: str = "") -> list[list[str]]:
         query = f"{base}&after={after}"
 
 
+def timeless(limits: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Limits less the seconds to their reset (which differ by when each was read)."""
+    return [{k: v for k, v in limit.items() if k != "reset_seconds"} for limit in limits]
+
+
+def settled(url: str, token: str, billed: int) -> dict[str, Any]:
+    """A standing, asked again (each time on a new connection) until its budget's use
+    is ``billed`` (a reservation settles just after its answer is sent)."""
+    deadline = time.monotonic() + 10
+    while True:
+        status, _, body = get(url, token)
+        assert status == 200, body
+        found: dict[str, Any] = json.loads(body)
+        if found["limits"][0]["used"] == billed or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
 async def test_the_admin_api_answers_the_pods_figures(
     fake_upstream: Process, tmp_path: Path
 ) -> None:
     """--admin-tokens with --workers 2 (refused before): the supervisor's admin port
-    answers the standings of every tenant and the pod's records, page by page, each
-    once; no token or a wrong one is refused (401), and the main port serves none of
-    it."""
+    answers the standings of every tenant (acme's monthly budget used by what both
+    shards billed it, as the tenant's own standing says) and the pod's records, page by
+    page, each once; no token or a wrong one is refused (401), and the main port serves
+    none of it."""
     tokens = tmp_path / "admin.yaml"
     tokens.write_text(f"ops: {key_digest(TOKEN)}\n")
+    limits = tmp_path / "limits.yaml"
+    budget = {"prompt_tokens_per_month": BUDGET}
+    limits.write_text(yaml.safe_dump({"tenants": {"acme": budget, "globex": budget}}))
     port = free_port()
     admin = f"http://127.0.0.1:{port}"
-    flags = ("--admin-port", str(port), "--admin-tokens", str(tokens))
+    flags = ("--admin-port", str(port), "--admin-tokens", str(tokens), "--limits", str(limits))
     proxy = start_pod(fake_upstream.url, tmp_path, *flags)
     try:
         acme = await spend(proxy.url, "sk-acme", COUNT // 2)
         globex = await spend(proxy.url, "sk-globex", COUNT // 2)
+        billed = sum(
+            r.prompt_tokens_billed or 0
+            for shard in shard_records(tmp_path / "j.sqlite").values()
+            for r in shard
+            if r.tenant == "acme"
+        )
+        one = settled(f"{admin}/usage-proxy/admin/v1/standings/acme", TOKEN, billed)
+        own = settled(f"{proxy.url}/usage-proxy/v1/standing", "sk-acme", billed)
         standings = get(f"{admin}/usage-proxy/admin/v1/standings", TOKEN)
-        one = get(f"{admin}/usage-proxy/admin/v1/standings/acme", TOKEN)
         read = pages(admin, 7)
         theirs = pages(admin, 4, "globex")
         refused = [
@@ -142,8 +174,9 @@ async def test_the_admin_api_answers_the_pods_figures(
         proxy.stop()
     assert standings[0] == 200, standings
     assert sorted(s["tenant"] for s in json.loads(standings[2])) == ["acme", "globex"]
-    assert one[0] == 200, one
-    assert json.loads(one[2])["tenant"] == "acme"
+    assert one["tenant"] == "acme"
+    assert timeless(one["limits"]) == timeless(own["limits"])
+    assert one["limits"][0]["remaining"] == BUDGET - billed
     listed = [i for page in read for i in page]
     assert sorted(listed) == sorted(acme + globex)
     assert all(len(page) == 7 for page in read[:-1])
