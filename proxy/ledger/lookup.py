@@ -45,7 +45,8 @@ APPENDED = (
 
 @dataclass(frozen=True, slots=True)
 class RecordSource:
-    """Where records are read: ``dsn`` (the ledger) or else ``journal``."""
+    """Where records are read: ``dsn`` (the ledger) or else ``journal`` and every shard
+    of it (a pod's: pass the pod's journal, not a worker's shard)."""
 
     dsn: str | None
     journal: Path | None
