@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import time
 import urllib.error
 import urllib.request
@@ -183,3 +185,46 @@ async def test_the_admin_api_answers_the_pods_figures(
     assert sorted(i for page in theirs for i in page) == sorted(globex)
     assert refused == [401, 401, 401]
     assert main == 404
+
+
+def worker_0(proxy: Process) -> int:
+    """The pid of the pod's worker 0 as last started (the supervisor's log)."""
+    started = [
+        json.loads(line)
+        for line in proxy.log.read_text().splitlines()
+        if '"worker_started"' in line
+    ]
+    return int([s for s in started if s["worker"] == 0][-1]["pid"])
+
+
+def test_the_admin_api_waits_for_a_restarting_worker_0(
+    fake_upstream: Process, tmp_path: Path
+) -> None:
+    """Worker 0 killed: the supervisor's admin port answers 503 in vLLM's shape with
+    Retry-After until the new worker 0 serves, then 200 again."""
+    tokens = tmp_path / "admin.yaml"
+    tokens.write_text(f"ops: {key_digest(TOKEN)}\n")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/usage-proxy/admin/v1/standings"
+    proxy = start_pod(
+        fake_upstream.url, tmp_path, "--admin-port", str(port), "--admin-tokens", str(tokens)
+    )
+    try:
+        assert get(url, TOKEN)[0] == 200
+        os.kill(worker_0(proxy), signal.SIGKILL)
+        seen: list[tuple[int, dict[str, str], str]] = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            seen.append(get(url, TOKEN))
+            if seen[-1][0] == 200 and len(seen) > 1:
+                break
+            time.sleep(0.05)
+    finally:
+        proxy.stop()
+    statuses = [status for status, _, _ in seen]
+    assert statuses[-1] == 200, statuses
+    away = [(headers, body) for status, headers, body in seen if status == 503]
+    assert away, statuses
+    assert set(statuses) <= {200, 503}, statuses
+    assert int(away[0][0]["Retry-After"]) > 0
+    assert json.loads(away[0][1])["error"]["code"] == 503
