@@ -15,6 +15,7 @@ ledger's pages follow (time, record id)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import sqlite3
 import uuid
@@ -87,25 +88,14 @@ class RecordSource:
             found = self.page(since, until, tenant, after, limit)
             return [((r.time.isoformat(), r.record_id), r) for r in found]
         marks = read_marks(after[1]) if after is not None and not after[0] else {}
-        streams = [
-            [(str(t), k, int(str(seq)), str(body)) for seq, t, body in rows]
-            for k, rows in self._shard_rows(
-                APPENDED, lambda k: (since, until, tenant, tenant, marks.get(k, 0), limit)
-            )
-        ]
-        # heapq.merge takes each stream's rows in their order: a page is a prefix of each
-        # shard's appends, whatever the times, so each shard's mark is exact.
-        taken: list[tuple[After, UsageRecord]] = []
-        seen: set[str] = set()
-        for _, k, seq, body in heapq.merge(*streams, key=lambda row: row[0]):
-            if len(taken) == limit:
-                break
-            marks[k] = seq
-            record = UsageRecord.from_json(body)
-            if record.record_id not in seen:  # ids are uuid7: one in two shards is a bug
-                seen.add(record.record_id)
-                taken.append((("", marks_text(marks)), record))
-        return taken
+        with contextlib.ExitStack() as held:
+            streams = []
+            for k, path in self._shards():
+                args = (since, until, tenant, tenant, marks.get(k, 0), limit)
+                rows = _cursor(held, path, APPENDED, args)
+                if rows is not None:
+                    streams.append(_appended(k, rows))
+            return _page(streams, marks, limit)
 
     def record(self, record_id: str) -> UsageRecord | None:
         """The record with this id (None: no such record); one the ledger does not have
@@ -130,12 +120,55 @@ class RecordSource:
     def _shard_rows(
         self, query: str, args: Callable[[int], tuple[object, ...]]
     ) -> list[tuple[int, list[Row]]]:
-        if self.journal is None:
-            return []
-        return [(k, _shard(path, query, args(k))) for k, path in numbered(self.journal)]
+        return [(k, _shard(path, query, args(k))) for k, path in self._shards()]
+
+    def _shards(self) -> list[tuple[int, Path]]:
+        return numbered(self.journal) if self.journal is not None else []
 
 
 Row = tuple[object, ...]
+Appended = tuple[str, int, int, str]  # a journal row's time, shard, seq and body
+
+
+def _page(
+    streams: list[Iterator[Appended]], marks: Marks, limit: int
+) -> list[tuple[After, UsageRecord]]:
+    """At most ``limit`` records of the shards' ``streams``, each with its place.
+    heapq.merge takes each stream's rows in their order (lazily: a shard's rows are
+    read as the page needs them): a page is a prefix of each shard's appends, whatever
+    the times, so each shard's mark is exact."""
+    taken: list[tuple[After, UsageRecord]] = []
+    seen: set[str] = set()
+    for _, k, seq, body in heapq.merge(*streams, key=lambda row: row[0]):
+        if len(taken) == limit:
+            break
+        marks[k] = seq
+        record = UsageRecord.from_json(body)
+        if record.record_id not in seen:  # ids are uuid7: one in two shards is a bug
+            seen.add(record.record_id)
+            taken.append((("", marks_text(marks)), record))
+    return taken
+
+
+def _appended(k: int, rows: Iterator[Row]) -> Iterator[Appended]:
+    for seq, time, body in rows:
+        yield str(time), k, int(str(seq)), str(body)
+
+
+def _cursor(
+    held: contextlib.ExitStack, path: Path, query: str, args: tuple[object, ...]
+) -> Iterator[Row] | None:
+    """One shard's rows of ``query``, read as they are asked for, the shard held open
+    by ``held``; None when it is gone or not yet given its schema."""
+    try:
+        db = open_existing(path, writable=False)
+    except FileNotFoundError:
+        return None
+    held.callback(db.close)
+    try:
+        return iter(db.execute(query, args))
+    except sqlite3.OperationalError:
+        return None
 
 
 def _shard(path: Path, query: str, args: tuple[object, ...]) -> list[Row]:
