@@ -6,6 +6,7 @@ where CPU time moves by 20 % from run to run and wall-clock time means little.
 
     python bench/instructions.py --targets proxy-sync --scenario embeddings  # issue #42's x1
     python bench/instructions.py --targets proxy-sync --scenario "rerank 1x64 unique docs"
+    python bench/instructions.py --targets proxy-sync --limits "token budget"
 
 Each target runs under ``valgrind --tool=callgrind`` with collection off; after warm-up
 requests (count cache filled, code paths translated) collection is switched on and the
@@ -14,16 +15,22 @@ default; ``embeddings``: one short input; ``rerank 1x64 unique docs``: documents
 request sent before, each a full recount) are sent sequentially at 0 ms upstream, and
 the dump's total (all threads) is divided by their number. ``--keep`` keeps the
 dumps for ``callgrind_annotate``. The fake upstream and the client run outside valgrind.
+``--limits`` gives the proxy a limits file and sends every request as the tenant
+``acme`` (``--tenant-header``): ``token budget``, the tenant's prompt tokens budgeted per
+day, so every request is priced and reserved; ``other tenant``, only another tenant
+limited, so admission finds no limit for ``acme``; ``none`` (the default), no file.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -42,20 +49,34 @@ from bench.workload import SCENARIOS, UNIQUE, request, unique_bodies
 from scripts.vllm_cpu import _spawn
 
 TARGETS = ("relay", "durable", "proxy-sync", "proxy-async")
+TENANT_HEADER, TENANT = "X-Tenant-Id", "acme"
+LIMITS: dict[str, dict[str, Any] | None] = {
+    "none": None,
+    "other tenant": {"tenants": {"other": {"prompt_tokens_per_day": 10**12}}},
+    "token budget": {"tenants": {TENANT: {"prompt_tokens_per_day": 10**12}}},
+}
 
 
-def argv_of(target: str, upstream: str, port: int, loop: str, workdir: Path) -> list[str]:
+def argv_of(
+    target: str, upstream: str, port: int, loop: str, workdir: Path, limits: str = "none"
+) -> list[str]:
     """The target's command line (as bench/harness.py starts it, without valgrind)."""
     if target in ("relay", "durable"):
         argv = [sys.executable, str(ROOT / "bench" / "minimal_relay.py"), upstream, str(port)]
         return argv + ([str(workdir / f"relay-{port}.sqlite")] if target == "durable" else [])
     mode = target.removeprefix("proxy-")
-    return [
+    argv = [
         *(sys.executable, "-m", "proxy", "serve", "--upstream", upstream),
         *("--host", "127.0.0.1", "--port", str(port), "--event-loop", loop),
         *("--journal", str(workdir / f"journal-{port}.sqlite"), "--durability", mode),
         *("--log-level", "warning"),
     ]
+    policies = LIMITS[limits]
+    if policies is None:
+        return argv
+    path = workdir / f"limits-{port}.json"
+    path.write_text(json.dumps(policies))
+    return [*argv, "--limits", str(path), "--tenant-header", TENANT_HEADER]
 
 
 def control(pid: int, *options: str) -> None:
@@ -77,6 +98,7 @@ async def count(
     workdir: Path,
     requests: int,
     scenario: str = "rerank 1x64",
+    limits: str = "none",
 ) -> float:
     """Million instructions per request of ``scenario`` to ``target`` on ``loop``."""
     port = free_port()
@@ -86,7 +108,7 @@ async def count(
         "--tool=callgrind",
         "--instr-atstart=no",
         f"--callgrind-out-file={out}",
-        *argv_of(target, upstream.url, port, loop, workdir),
+        *argv_of(target, upstream.url, port, loop, workdir, limits),
     ]
     log = workdir / f"{target}-{loop}.log"
     process = _spawn(target, argv, {LOOP_ENV: loop}, log, port)
@@ -99,7 +121,9 @@ async def count(
             async with aiohttp.ClientSession() as session:
                 await sequential(session, upstream.url + path, bodies)
         url = process.url + path
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        timeout = aiohttp.ClientTimeout(total=120)
+        headers = {} if LIMITS[limits] is None else {TENANT_HEADER: TENANT}
+        async with aiohttp.ClientSession(timeout=timeout, headers=headers) as session:
             await sequential(session, url, bodies[:20])  # translated, cache filled
             control(process.popen.pid, "--instr=on")
             await sequential(session, url, bodies[20:30])
@@ -119,7 +143,9 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, dict[str
         upstream.wait_ready("/health", 60)
         for loop in args.event_loops:
             for target in args.targets:
-                figure = await count(target, loop, upstream, workdir, args.requests, args.scenario)
+                figure = await count(
+                    target, loop, upstream, workdir, args.requests, args.scenario, args.limits
+                )
                 results.setdefault(loop, {})[target] = figure
                 print(f"{loop:8} {target:12} {figure:.3f} M instructions/request", flush=True)
     finally:
@@ -133,6 +159,7 @@ def main() -> int:
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="rerank 1x64")
     parser.add_argument("--targets", nargs="+", choices=TARGETS, default=list(TARGETS))
     parser.add_argument("--event-loops", nargs="+", choices=EVENT_LOOPS, default=EVENT_LOOPS)
+    parser.add_argument("--limits", choices=list(LIMITS), default="none")
     parser.add_argument("--keep", type=Path, help="keep the callgrind dumps in this folder")
     args = parser.parse_args()
     if args.keep:

@@ -548,6 +548,7 @@ class Metrics:
         self._children: dict[tuple[str, ...], tuple[Any, Any, Any, Any]] = {}
         self._genai_children: dict[tuple[str, str, str], Any] = {}
         self._metered_children: dict[tuple[str, ...], tuple[Any, ...]] = {}
+        self._budget_children: dict[tuple[str, ...], Any] = {}
         tenant = ("tenant",) if self._tenants else ()
         for attr, spec in SPECS.items():
             setattr(self, attr, spec.build(self.registry, tenant))
@@ -648,6 +649,14 @@ class Metrics:
             children[4].inc(cached)
         if seconds:
             children[5].inc(seconds)
+
+    def budget_left(self, budget: str, tenant: str, left: float) -> None:
+        """What a reservation left of a tenant's budget (the series looked up once)."""
+        key = (budget, *self.tenant(tenant))
+        child = self._budget_children.get(key)
+        if child is None:
+            child = self._budget_children[key] = self.budget_remaining.labels(*key)
+        child.set(left)
 
     def token_usage(
         self, operation: str, model: str, prompt: int | None, completion: int | None

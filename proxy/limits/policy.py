@@ -4,8 +4,10 @@ grow, never change). Validated whole with pydantic before it replaces the one in
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any
 from zoneinfo import ZoneInfo
@@ -16,7 +18,6 @@ from pydantic import (
     ConfigDict,
     Field,
     PositiveInt,
-    PrivateAttr,
     field_validator,
     model_validator,
 )
@@ -127,8 +128,6 @@ class Limits(BaseModel):
     cost_per_month: Money | None = None
     concurrency: PositiveInt | None = None
 
-    _limits: tuple[Limit, ...] | None = PrivateAttr(None)
-
     @model_validator(mode="before")
     @classmethod
     def _no_money_rates(cls, data: Any) -> Any:
@@ -143,10 +142,11 @@ class Limits(BaseModel):
 
     def limits(self) -> tuple[Limit, ...]:
         """The limits set at this level (read once: every admission asks)."""
-        if self._limits is None:
-            self._limits = self._read()
-        return self._limits
+        return self._read
 
+    # Caches are cached properties, not pydantic private attributes: reading one of those
+    # raises and catches an AttributeError inside pydantic, about 10 us a read.
+    @cached_property
     def _read(self) -> tuple[Limit, ...]:
         out = []
         for name, value in self:
@@ -206,9 +206,9 @@ class Policies(BaseModel):
     tenants: dict[str, TenantLimits] = Field(default_factory=dict)
 
     # Levels already worked out, by (tenant, model, key); dropped whole past LEVELS_HELD.
-    _levels: dict[tuple[str, str | None, str | None], tuple[Level, ...]] = PrivateAttr(
-        default_factory=dict
-    )
+    @cached_property
+    def _levels(self) -> dict[tuple[str, str | None, str | None], tuple[Level, ...]]:
+        return {}
 
     @property
     def zone(self) -> ZoneInfo:
@@ -263,11 +263,24 @@ class Policies(BaseModel):
     def wants_tokens(self, tenant: str) -> bool:
         """Whether any token or money limit may apply to the tenant (its count is then
         needed before forwarding)."""
-        own = self.tenants.get(tenant)
-        if own is None:
-            return self.default is not None and any(x.priced for x in self.default.limits())
-        every = [own, *own.models.values(), *own.keys.values()]
-        return any(x.priced for limits in every for x in limits.limits())
+        named, default = self.priced_tenants
+        return tenant in named if tenant in self.tenants else default
+
+    @cached_property
+    def priced_tenants(self) -> tuple[frozenset[str], bool]:
+        """The tenants a token or money limit may apply to, and whether the default's may:
+        read once (every metered request asks, a scoring one twice; a pydantic private
+        attribute would cost an AttributeError raised and caught per read)."""
+
+        def priced(every: Iterable[Limits]) -> bool:
+            return any(x.priced for limits in every for x in limits.limits())
+
+        named = frozenset(
+            tenant
+            for tenant, own in self.tenants.items()
+            if priced([own, *own.models.values(), *own.keys.values()])
+        )
+        return named, self.default is not None and priced([self.default])
 
     def money_applies(self, tenant: str, model: str | None, key: str | None) -> bool:
         """Whether a money budget is among the limits of such a request."""

@@ -40,7 +40,7 @@ from proxy.metrics import Metrics
 from proxy.serving.catalog import Catalog
 from proxy.serving.exchange import Exchange, Hold
 from proxy.serving.pricesfile import Prices
-from proxy.serving.prompts import PromptCounter, asks
+from proxy.serving.prompts import PromptCounter, asks, tokenizes
 from proxy.serving.upstream import SESSION, error_response
 from proxy.tokenizers.pool import FairExecutor, TokenizerPool
 from proxy.wire.jsonio import top_members
@@ -142,8 +142,11 @@ class Admission:
             return await self.admit(exchange, self._named(exchange.body), Price(Cost(), "none"))
         analysis = None
         try:
-            async with asyncio.timeout(self._count_timeout):
-                analysis = await asyncio.shield(counting)
+            if counting.done():  # counted from the count cache: no timer to arm
+                analysis = counting.result()
+            else:
+                async with asyncio.timeout(self._count_timeout):
+                    analysis = await asyncio.shield(counting)
         except Exception:  # priced as unpriced: admitted on its request limits alone
             log.warning("admission_count_failed", tenant=tenant, exc_info=True)
         model = analysis.model.name if analysis and analysis.model else self._named(exchange.body)
@@ -162,13 +165,8 @@ class Admission:
             return await self._admit_speech(exchange, prepared)
         count_with = self._pool.copy_for(tenant)
         lane = self._pool.lane(len(prepared.body))
-        payload, counted = UNPARSED, None
-        if served and self._prompts is not None and asks(prepared.operation):
-            # parsed once, in a worker thread, for the count and the price
-            payload = await asyncio.wrap_future(lane.submit_for(tenant, parsed, prepared.body))
-            counted = await self._count_prompt(exchange, prepared, payload, lane)
 
-        def price() -> Price:
+        def price(payload: Any = UNPARSED, counted: int | None = None) -> Price:
             tok = served.tokenizer if served else None
             return price_metered(
                 prepared.operation,
@@ -179,8 +177,21 @@ class Admission:
                 payload=payload,
             )
 
-        job = lane.submit_for(tenant, price)
-        priced = await asyncio.wrap_future(job)
+        def look() -> tuple[Any, Price | None]:
+            """The body parsed, and its price when it has no prompt for /tokenize."""
+            payload = parsed(prepared.body)
+            return payload, None if tokenizes(prepared.operation, payload) else price(payload)
+
+        if served and self._prompts is not None and asks(prepared.operation):
+            # parsed once, in a worker thread, for the count and the price; a body with no
+            # prompt to count (a pooling request of inputs) is priced in the same step
+            payload, priced = await asyncio.wrap_future(lane.submit_for(tenant, look))
+            if priced is None:
+                counted = await self._count_prompt(exchange, prepared, payload, lane)
+                job = lane.submit_for(tenant, price, payload, counted)
+                priced = await asyncio.wrap_future(job)
+        else:
+            priced = await asyncio.wrap_future(lane.submit_for(tenant, price))
         if priced.refusal is not None:
             return self._unpriced(
                 Who(tenant, model, exchange.who.key_hash), _unreadable(priced.refusal)
@@ -301,7 +312,7 @@ class Admission:
         exchange.request[HOLD] = exchange.hold
         for name, remaining in decision.budgets:
             left = float(from_nanos(remaining)) if name.startswith("cost_") else remaining
-            self._metrics.budget_remaining.labels(name, *self._metrics.tenant(who.tenant)).set(left)
+            self._metrics.budget_left(name, who.tenant, left)
         if decision.refusal is None:
             return None
         return self._refuse(who, decision, price).answer()

@@ -102,6 +102,7 @@ class ScoringAuditor:
         admission: Admission | None = None,
     ) -> None:
         self._settings = settings
+        self._base = settings.upstream_base  # read once: a pydantic URL made a string
         self._admission = admission
         self._catalog = catalog
         self._pool = pool
@@ -140,7 +141,7 @@ class ScoringAuditor:
         limit = self._settings.max_answer_bytes
         try:
             async with forward(
-                request.app[SESSION], self._settings.upstream_base, request, body, metered=True
+                request.app[SESSION], self._base, request, body, metered=True
             ) as upstream:
                 payload, whole = await read_answer(upstream, limit)
                 if not whole:

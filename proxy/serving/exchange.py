@@ -28,6 +28,8 @@ from proxy.serving.tenancy import Attribution
 from proxy.serving.tracing import trace_of
 from proxy.serving.upstream import FORWARDED, served_path
 
+NO_UNITS = Units()  # a record that bills in no unit beyond tokens (frozen: one serves all)
+
 
 @dataclass(slots=True)
 class Hold:
@@ -117,7 +119,7 @@ class Exchange:
             aborted=aborted,
             latency_ms=round(self.elapsed_ms, 3),
             instance=instance,
-            units=units or Units(),
+            units=units or NO_UNITS,
             trace_id=trace.trace_id,
             traceparent=trace.traceparent,
         )

@@ -127,12 +127,22 @@ def asks(operation: str) -> bool:
     return operation in CHAT_OPERATIONS | POOLING_OPERATIONS
 
 
+def tokenizes(operation: str, payload: Any) -> bool:
+    """Whether counting ``payload`` (the body parsed) of ``operation`` goes to /tokenize:
+    not for a pooling request that is no conversation (the proxy counts its inputs)."""
+    if not asks(operation):
+        return False
+    return not (
+        operation in POOLING_OPERATIONS and isinstance(payload, dict) and "messages" not in payload
+    )
+
+
 def _asked(operation: str, payload: Any, release: Release) -> tuple[list[bytes] | None, Any]:
     """The /tokenize bodies for ``payload`` and its ``truncate_prompt_tokens``; None for a
     pooling request that is no conversation (nothing to ask)."""
     if not isinstance(payload, dict):
         return [], None
-    if operation in POOLING_OPERATIONS and "messages" not in payload:
+    if not tokenizes(operation, payload):
         return None, None
     cut = route_truncation(operation, payload)
     return requests_for(operation, payload, release), cut

@@ -46,7 +46,8 @@ class TraceContext:
 def start() -> TraceContext:
     """A new trace: random ids, sampled (so an upstream that records traces with a
     parent-based sampler records this request as it would one that came without a trace)."""
-    trace_id, parent_id = secrets.token_hex(16), secrets.token_hex(8)
+    ids = secrets.token_hex(24)  # both ids from one read of the system's random source
+    trace_id, parent_id = ids[:32], ids[32:]
     if trace_id == _ZERO_TRACE or parent_id == _ZERO_SPAN:  # one chance in 2**64
         return start()
     return TraceContext(trace_id, parent_id, SAMPLED, restarted=True)

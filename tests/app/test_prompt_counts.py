@@ -16,6 +16,7 @@ import yaml
 from transformers import AutoTokenizer
 
 from proxy.serving.keys import METRICS
+from proxy.tokenizers.pool import FairExecutor
 from tests.support.fakevllm import FakeVLLM
 from tests.support.proxies import fake_and_proxy
 from tests.support.proxies import limited_proxy as budgeted
@@ -129,6 +130,38 @@ async def test_a_budgeted_chat_is_parsed_once_to_count_and_price_it(
     resp = await client.post("/v1/chat/completions", data=raw, headers=headers)
     assert resp.status == 200, await resp.text()
     assert [c for c in callers if c.startswith("proxy.")] == ["proxy.limits.pricing"]
+
+
+async def test_a_budgeted_embedding_of_inputs_is_priced_in_one_worker_step(
+    aiohttp_server: Any,
+    aiohttp_client: Any,
+    minilm_path: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An embedding of inputs has no prompt for /tokenize: its admission parses and prices
+    it in one worker-thread job (it took three: parse, find nothing to ask, price), asks
+    /tokenize nothing, and reserves what it did before: its counted inputs."""
+    budget = {"tenants": {"acme": {"total_tokens_per_day": 100_000}}}
+    fake, client = await limited_proxy(
+        aiohttp_server, aiohttp_client, minilm_path, tmp_path, budget
+    )
+    jobs: list[str] = []
+    submit_for = FairExecutor.submit_for
+
+    def watched(self: FairExecutor, tenant: str, fn: Any, /, *args: Any, **kw: Any) -> Any:
+        jobs.append(tenant)
+        return submit_for(self, tenant, fn, *args, **kw)
+
+    monkeypatch.setattr(FairExecutor, "submit_for", watched)
+    body = {"model": "minilm", "input": ["the capital of France", "paris"]}
+    for tenant in ("nobody", "acme"):  # unlimited: its count alone; budgeted: and its price
+        resp = await client.post("/v1/embeddings", json=body, headers={"X-Tenant-Id": tenant})
+        assert resp.status == 200, await resp.text()
+    assert jobs.count("acme") == jobs.count("nobody") + 1
+    assert fake.tokenize_calls == 0
+    reserved = 100_000 - int(resp.headers["x-ratelimit-remaining-tokens"])
+    assert reserved == (await resp.json())["usage"]["prompt_tokens"] > 0
 
 
 async def test_a_prompt_forwarded_as_token_ids_is_not_priced_by_its_messages(

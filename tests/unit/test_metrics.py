@@ -45,6 +45,28 @@ def test_tenant_label_cap() -> None:
     assert Metrics(Settings(upstream="http://x")).tenant("a") == ()
 
 
+def test_a_budgets_remainder_is_set_per_budget_and_capped_tenant() -> None:
+    """budget_left sets usage_proxy_budget_remaining for the budget and the tenant's label
+    (folded into 'other' past the cap), the latest value of each series kept."""
+    metrics = Metrics(
+        Settings(
+            upstream="http://x", metrics_tenant_label=True, metrics_max_tenants=1, admin_port=9
+        )
+    )
+    for budget, tenant, left in [
+        ("prompt_tokens_per_day", "a", 90),
+        ("prompt_tokens_per_day", "a", 80),
+        ("cost_per_month", "a", 2.5),
+        ("prompt_tokens_per_day", "b", 7),
+    ]:
+        metrics.budget_left(budget, tenant, left)
+    value = metrics.registry.get_sample_value
+    name = "usage_proxy_budget_remaining"
+    assert value(name, {"limit": "prompt_tokens_per_day", "tenant": "a"}) == 80
+    assert value(name, {"limit": "cost_per_month", "tenant": "a"}) == 2.5
+    assert value(name, {"limit": "prompt_tokens_per_day", "tenant": "other"}) == 7
+
+
 def test_model_label_is_bound_to_the_served_models() -> None:
     """Issue #39 case 6: gen_ai_request_model took whatever model name a client sent; now a
     name the upstream does not serve is labelled 'unknown' (also on the token counters)."""

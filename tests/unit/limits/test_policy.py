@@ -82,6 +82,44 @@ def test_levels_that_apply() -> None:
     assert Policies().levels("bob", None, None) == ()
 
 
+WANTING = {
+    "tenants": {
+        "tokens": {"prompt_tokens_per_day": 10},
+        "money": {"cost_per_month": "5"},
+        "requests": {"requests_per_minute": 10, "concurrency": 2},
+        "model": {"requests_per_minute": 10, "models": {"m": {"total_tokens_per_hour": 5}}},
+        "key": {"keys": {"ABCDEF0123456789": {"completion_tokens_per_minute": 5}}},
+        "nothing": {},
+    }
+}
+
+
+@pytest.mark.parametrize(
+    "default", [None, {"requests_per_second": 5}, {"prompt_tokens_per_day": 9}]
+)
+@pytest.mark.parametrize(
+    ("tenant", "wants"),
+    [
+        ("tokens", True),
+        ("money", True),
+        ("requests", False),
+        ("model", True),  # a model's token limit applies to some of its requests
+        ("key", True),
+        ("nothing", False),  # a tenant named with no limit: not the default's
+        ("stranger", None),  # not named: the default's
+    ],
+)
+def test_which_tenants_want_a_count_before_forwarding(
+    default: dict[str, int] | None, tenant: str, wants: bool | None
+) -> None:
+    """A tenant wants its request counted before forwarding when any token or money limit
+    may apply to it, at any of its levels; a tenant not named, when the default's does.
+    Asked again (the answer is read once per policies), the same."""
+    policies = Policies.model_validate({**WANTING, "default": default})
+    expected = wants if wants is not None else default == {"prompt_tokens_per_day": 9}
+    assert [policies.wants_tokens(tenant) for _ in range(2)] == [expected, expected]
+
+
 def test_a_money_budget_is_whole_billionths() -> None:
     """``cost_per_month: "250.00"`` (or an unquoted 250.00, read as that decimal) is a
     budget of 250e9 billionths; every other kind of money limit is refused."""

@@ -18,7 +18,7 @@ from transformers import AutoTokenizer
 from proxy.accounting.dispatch import Prepared
 from proxy.accounting.types import Release
 from proxy.metrics import Metrics
-from proxy.serving.prompts import MOST_CALLS, MOST_IN_FLIGHT, PromptCounter
+from proxy.serving.prompts import MOST_CALLS, MOST_IN_FLIGHT, PromptCounter, tokenizes
 from proxy.settings import Settings
 from tests.support.fakevllm import FakeVLLM
 
@@ -190,6 +190,24 @@ async def test_pooling_inputs_are_not_asked(aiohttp_server: Any, fake: FakeVLLM)
     got, metrics = await count(base, chat({"messages": CHAT["messages"]}, "embeddings"))
     assert got is not None
     assert outcomes(metrics) == {"tokenize": 1}
+
+
+@pytest.mark.parametrize(
+    ("operation", "payload", "asked"),
+    [
+        ("chat", CHAT, True),
+        ("chat", None, True),  # not JSON: asked, and counted as not countable
+        ("embeddings", {"input": ["a b"]}, False),
+        ("classify", {"input": "a b"}, False),
+        ("embeddings", {"messages": CHAT["messages"]}, True),
+        ("embeddings", ["a b"], True),  # not an object: asked, and not countable
+        ("rerank", {"query": "q", "documents": ["d"]}, False),
+    ],
+)
+def test_which_bodies_go_to_tokenize(operation: str, payload: Any, asked: bool) -> None:
+    """What admission decides on the parsed body before pricing it in the same step:
+    only a chat-like prompt (a pooling request's conversation among them) is asked."""
+    assert tokenizes(operation, payload) is asked
 
 
 async def test_a_long_prompt_is_counted_whole(aiohttp_server: Any, fake: FakeVLLM) -> None:
