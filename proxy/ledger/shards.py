@@ -31,9 +31,21 @@ def shards(journal: Path) -> list[Path]:
 
 def numbered(journal: Path) -> list[tuple[int, Path]]:
     """``shards``, each with its worker's index (a pod's limiter keeps a part per
-    shard)."""
+    shard; a page of a pod's records, a place per shard)."""
     found = [(0, journal)] if journal.is_file() else []
     return found + sorted(_workers(journal))
+
+
+def journal_of(shard: Path, k: int) -> Path:
+    """The pod's journal whose worker ``k`` writes ``shard`` (``shard_path``'s inverse):
+    what a worker reads to answer for the whole pod."""
+    if k == 0:
+        return shard
+    stem, _, suffix = shard.name.rpartition(f".worker-{k}")
+    journal = shard.with_name(stem + suffix) if stem else shard
+    if shard_path(journal, k) != shard:
+        raise ValueError(f"{shard} is not worker {k}'s shard")
+    return journal
 
 
 def _workers(journal: Path) -> list[tuple[int, Path]]:

@@ -20,7 +20,7 @@ import yaml
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from proxy.ledger.lookup import After
+from proxy.ledger.lookup import After, read_marks
 from proxy.ledger.questions import ReadFailed
 from proxy.limits.limiter import StandingUnknown
 from proxy.serving.filewatch import POLL_SECONDS, Context, FileWatch, watch_context
@@ -97,13 +97,14 @@ def cursor(after: After) -> str:
 
 
 def read_cursor(text: str) -> After:
-    """The place a cursor names: ("", a journal's seq) or a ledger's (time, record id)."""
+    """The place a cursor names: ("", a journal's shards' seqs) or a ledger's (time,
+    record id)."""
     try:
         moment, _, last = base64.urlsafe_b64decode(text.encode()).decode().partition("|")
         if moment:
             datetime.fromisoformat(moment)
-        elif not last.isdigit():
-            raise ValueError(last)
+        else:
+            read_marks(last)
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise BadRange(f"after={text!r} is not a page cursor this API gave") from None
     if not last:

@@ -28,6 +28,7 @@ from proxy.limitstore.wiring import build_limiter
 from proxy.metrics import Metrics
 from proxy.serving import admin
 from proxy.serving.admin_api import build_admin_api
+from proxy.serving.adminrelay import admin_socket_context
 from proxy.serving.admission import ADMISSION, Admission, add_headers, restore_context
 from proxy.serving.adoption import adoption_context
 from proxy.serving.attribution import attribution, build_resolver
@@ -344,7 +345,7 @@ def create_app(
         app.cleanup_ctx.append(key_file_context(app[KEYFILE]))
     store = admission.limiter.problem if admission else None
     priced = app[PRICESFILE].unpriced if prices is not None else None
-    figures = build_figures(settings, admission, prices)
+    figures = build_figures(settings, admission, prices, pod.index if pod is not None else 0)
     admin_api = build_admin_api(app, settings, figures, lambda: known(resolver, admission))
 
     check = admin.readiness_check(catalog, journal, store, priced)
@@ -376,6 +377,8 @@ def create_app(
     else:  # the pod's supervisor serves --admin-port
         app[POD_STATE] = PodState()
         app.cleanup_ctx.append(admin.task_sampler_context(metrics))
+        if pod.index == 0 and settings.admin_tokens is not None:
+            app.cleanup_ctx.append(admin_socket_context(pod, admin_api))
     page = metrics if settings.admin_port is None else None
     admin.add_routes(app, check, page, app.get(POD_STATE))
     add_usage_routes(app, figures)

@@ -32,6 +32,11 @@ class Place:
         return self.runtime / "limiter.sock"
 
     @property
+    def admin_socket(self) -> Path:
+        """Worker 0's admin API, relayed by the supervisor's ``--admin-port``."""
+        return self.runtime / "admin.sock"
+
+    @property
     def metrics_dir(self) -> Path:
         """``PROMETHEUS_MULTIPROC_DIR``: every process of the pod writes its values here."""
         return self.runtime / "metrics"

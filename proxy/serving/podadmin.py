@@ -22,6 +22,7 @@ from prometheus_client import (
 )
 
 from proxy.serving import admin
+from proxy.serving.adminrelay import add_admin_relay
 from proxy.serving.startup import listen
 from proxy.serving.upstream import session_context
 from proxy.settings import Settings
@@ -63,8 +64,11 @@ class PodMetrics:
         multiprocess.mark_process_dead(pid, str(self.directory))  # type: ignore[no-untyped-call]
 
 
-def admin_app(settings: Settings, metrics: PodMetrics, report: PodReport) -> web.Application:
-    """The pod's ``--admin-port``."""
+def admin_app(
+    settings: Settings, metrics: PodMetrics, report: PodReport, admin_socket: Path
+) -> web.Application:
+    """The pod's ``--admin-port``; with ``--admin-tokens``, the admin API relayed to
+    worker 0 on ``admin_socket`` (``adminrelay``)."""
     app = web.Application()
     app.cleanup_ctx.append(session_context(settings))
 
@@ -79,6 +83,8 @@ def admin_app(settings: Settings, metrics: PodMetrics, report: PodReport) -> web
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", page)
     app.router.add_get("/upstream/metrics", admin.upstream_metrics(app, settings.upstream_base))
+    if settings.admin_tokens is not None:
+        add_admin_relay(app, admin_socket)
     return app
 
 

@@ -35,16 +35,6 @@ def resolve_workers(settings: Settings) -> int:
     return found.workers
 
 
-def refusal(settings: Settings) -> str | None:
-    """What a pod of several workers cannot do yet, as the start-up error's text."""
-    if settings.admin_tokens is not None:
-        return (
-            "--workers above 1 does not serve the admin API yet: drop --admin-tokens "
-            "or run --workers 1"
-        )
-    return None
-
-
 def probe_port(settings: Settings) -> None:
     """Bind the port without SO_REUSEPORT, then let it go: a port held by anything else,
     another pod's workers included, fails here instead of joining their group."""

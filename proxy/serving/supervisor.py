@@ -25,7 +25,7 @@ from proxy.serving.pod import Place, orders
 from proxy.serving.podadmin import PodMetrics, admin_app, serve_admin
 from proxy.serving.podlimits import PodLimits, hosted_limits
 from proxy.serving.podreconcile import PodTraffic, pod_reconciler
-from proxy.serving.podstart import journal_lock, probe_port, refusal, resolve_workers, runtime_dir
+from proxy.serving.podstart import journal_lock, probe_port, resolve_workers, runtime_dir
 from proxy.serving.restarts import GiveUp, Restarts, cause
 from proxy.serving.startup import StartupError
 from proxy.settings import Settings
@@ -42,9 +42,6 @@ def main(settings: Settings) -> int:
     if workers == 1:
         return process.run_or_explain(settings)
     try:
-        problem = refusal(settings)
-        if problem is not None:
-            raise StartupError(problem)
         probe_port(settings)
         with journal_lock(settings), runtime_dir() as runtime:
             pod = Pod(settings, workers, runtime)
@@ -94,7 +91,7 @@ class Pod:
     async def run(self) -> int:
         """Start the workers and serve until stopped; the pod's exit code."""
         control = self.place(0).control_socket
-        admin = admin_app(self.settings, self.metrics, self.report)
+        admin = admin_app(self.settings, self.metrics, self.report, self.place(0).admin_socket)
         runner = await serve_admin(self.settings, admin)
         async with self.services:
             await self.start_services()

@@ -16,6 +16,7 @@ from zoneinfo import ZoneInfo
 from proxy.accounting.prices import PriceTable
 from proxy.ledger.lookup import After, RecordSource
 from proxy.ledger.questions import Page, read_page, read_record, read_usage, record_json
+from proxy.ledger.shards import journal_of
 from proxy.limits.limiter import Limiter
 from proxy.limits.periods import period
 from proxy.limits.policy import Window
@@ -99,11 +100,12 @@ class Figures:
 
 
 def build_figures(
-    settings: Settings, admission: Admission | None, prices: Prices | None
+    settings: Settings, admission: Admission | None, prices: Prices | None, worker: int = 0
 ) -> Figures:
     """What the answers read: admission's limiter, the prices in use, and the ledger
-    (``--ledger-dsn``) or else the journal."""
-    journal = Path(settings.journal) if settings.metering else None
+    (``--ledger-dsn``) or else the journal: in a pod, whose ``worker`` journals to its
+    own shard, every shard of the pod's journal."""
+    journal = journal_of(Path(settings.journal), worker) if settings.metering else None
     return Figures(
         lambda: admission.limiter if admission is not None else None,
         lambda: prices.table if prices is not None else None,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.ledger.shards import adopted, shard_path, shards
+from proxy.ledger.shards import adopted, journal_of, numbered, shard_path, shards
 
 
 @pytest.mark.parametrize(
@@ -25,6 +25,30 @@ def test_worker_zero_keeps_the_journal_and_the_others_sit_beside_it(
     """Worker 0 writes ``--journal`` itself (one worker is today's file); worker k its
     ``<stem>.worker-<k><suffix>`` in the same directory."""
     assert shard_path(Path(journal), k) == Path(expected)
+
+
+@pytest.mark.parametrize(
+    "journal", ["/data/usage.sqlite", "/data/usage", "/data/usage.v2.sqlite", "/d/a.worker-1.db"]
+)
+@pytest.mark.parametrize("k", [0, 1, 12])
+def test_a_shard_names_its_pods_journal(journal: str, k: int) -> None:
+    """``journal_of`` undoes ``shard_path``: a worker, given its shard, finds the pod's
+    journal (whose every shard its usage API reads)."""
+    assert journal_of(shard_path(Path(journal), k), k) == Path(journal)
+
+
+def test_a_file_that_is_not_the_workers_shard_names_no_journal() -> None:
+    """Worker 2's shard is never worker 1's: no journal is guessed."""
+    with pytest.raises(ValueError, match="worker 1"):
+        journal_of(Path("/data/usage.worker-2.sqlite"), 1)
+
+
+def test_shards_are_numbered_by_worker(tmp_path: Path) -> None:
+    """``numbered`` pairs each existing shard with its worker's index."""
+    journal = tmp_path / "j.sqlite"
+    for k in (0, 2, 10):
+        shard_path(journal, k).touch()
+    assert numbered(journal) == [(k, shard_path(journal, k)) for k in (0, 2, 10)]
 
 
 def test_a_negative_index_is_refused() -> None:

@@ -11,6 +11,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
+from proxy.ledger.lookup import marks_text, read_marks
 from proxy.serving.admin_api import AdminTokens, cursor, read_cursor
 from proxy.serving.tenancy import key_digest
 from proxy.serving.usage_answers import BadRange
@@ -79,6 +80,14 @@ def test_a_cursor_names_its_place() -> None:
     assert read_cursor(cursor(place)) == place
 
 
+@pytest.mark.parametrize("marks", [{0: 12}, {0: 3, 1: 40, 12: 7}, {2: 1}])
+def test_a_journal_cursor_names_each_shards_place(marks: dict[int, int]) -> None:
+    """A pod's journal cursor reads back as each shard's last seq read; a cursor of one
+    journal (a bare seq) is its shard 0's."""
+    assert read_marks(read_cursor(cursor(("", marks_text(marks))))[1]) == marks
+    assert read_marks(read_cursor(cursor(("", "12")))[1]) == {0: 12}
+
+
 @pytest.mark.parametrize("text", ["", "%%%", "bm90IGEgY3Vyc29y", "//79"])
 def test_anything_else_is_not_a_cursor(text: str) -> None:
     """Text that is not a cursor this API gave is a bad request."""
@@ -86,7 +95,10 @@ def test_anything_else_is_not_a_cursor(text: str) -> None:
         read_cursor(text)
 
 
-@pytest.mark.parametrize("place", [("", "12x"), ("", ""), ("yesterday", "0190a0a0")])
+@pytest.mark.parametrize(
+    "place",
+    [("", "12x"), ("", ""), ("yesterday", "0190a0a0"), ("", "0:1,0:2"), ("", "1:"), ("", "a:1")],
+)
 def test_a_cursor_naming_no_place_is_refused(place: tuple[str, str]) -> None:
     """A journal's place is a whole seq, a ledger's starts with a time: anything else is
     a bad request (400), never a read that fails in the reading process (503)."""

@@ -13,7 +13,6 @@ import pytest
 from proxy.serving.podstart import (
     journal_lock,
     probe_port,
-    refusal,
     resolve_workers,
     runtime_dir,
 )
@@ -21,41 +20,6 @@ from proxy.serving.startup import StartupError
 from proxy.settings import Settings
 
 POD = {"upstream": "http://vllm:8000", "workers": 2}
-
-
-def test_a_pod_that_can_start_is_refused_nothing() -> None:
-    """The defaults: nothing to refuse."""
-    assert refusal(Settings(**POD)) is None
-
-
-def test_a_pod_reconciles_with_the_defaults() -> None:
-    """The pod's reconciler runs in the supervisor (serving.podreconcile): the default
-    --reconcile-interval (15 s) is no longer refused, so ``--workers auto`` starts as is."""
-    assert Settings(**POD).reconcile_interval > 0
-    assert refusal(Settings(**POD)) is None
-
-
-@pytest.mark.parametrize(
-    ("extra", "said"),
-    [
-        ({"admin_tokens": "/etc/admin-tokens.yaml", "admin_port": 9001}, "--admin-tokens"),
-    ],
-)
-def test_what_a_pod_cannot_do_yet_is_refused(extra: dict[str, object], said: str) -> None:
-    """The admin API in a pod is not built: refused at start with the fix, never run
-    wrong."""
-    problem = refusal(Settings(**{**POD, **extra}))
-    assert problem is not None
-    assert said in problem
-    assert "\n" not in problem
-
-
-@pytest.mark.parametrize("store", [None, "redis://r:6379/0"])
-def test_limits_are_not_refused(store: str | None) -> None:
-    """Without a store the supervisor hosts the pod's limiter; with one every worker is
-    one of the store's replicas."""
-    settings = Settings(**POD, limits="/etc/limits.yaml", limits_store=store)
-    assert refusal(settings) is None
 
 
 def test_a_number_of_workers_is_taken_as_given() -> None:

@@ -1,0 +1,84 @@
+"""The admin API of a pod (``adminrelay``): worker 0 serves it on the pod's admin socket,
+the supervisor's admin port relays its paths there with the operator's token and
+streams the answer back, the API's own headers included; while worker 0 is away the
+relay answers 503 in vLLM's shape with Retry-After."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient
+
+from proxy.serving.adminrelay import add_admin_relay, admin_socket_context
+from proxy.serving.pod import Place
+from proxy.serving.usage_openapi import RECORDS
+
+Client = Callable[[web.Application], Awaitable[TestClient[web.Request, web.Application]]]
+
+
+def worker_api(api: web.Application) -> None:
+    """A stand-in for worker 0's admin API: it says the token and query it was sent,
+    and names a next page as the records' answer does."""
+
+    async def records(request: web.Request) -> web.Response:
+        said = f"{request.headers.get('Authorization')} {request.query_string}\n"
+        headers = {"x-usage-next-page": "Y3Vyc29y", "x-usage-source": "journal"}
+        return web.Response(text=said * 3000, content_type="application/x-ndjson", headers=headers)
+
+    api.router.add_get(RECORDS, records)
+
+
+@pytest.fixture
+async def worker_0(tmp_path: Path) -> AsyncIterator[Place]:
+    """Worker 0's admin socket, serving ``worker_api`` for the test's length."""
+    place = Place(0, 2, tmp_path)
+    ctx = admin_socket_context(place, worker_api)(web.Application())
+    await anext(ctx)
+    yield place
+    with pytest.raises(StopAsyncIteration):
+        await anext(ctx)
+
+
+def supervisor(place: Place) -> web.Application:
+    app = web.Application()
+    add_admin_relay(app, place.admin_socket)
+    return app
+
+
+async def test_a_question_is_relayed_with_its_token(
+    worker_0: Place, aiohttp_client: Client
+) -> None:
+    """The operator's token and query reach worker 0; its answer comes back whole, with
+    the API's page cursor and source headers."""
+    client = await aiohttp_client(supervisor(worker_0))
+    answer = await client.get(
+        RECORDS + "?since=2026-12-01&tenant=acme", headers={"Authorization": "Bearer t0ken"}
+    )
+    assert answer.status == 200
+    assert answer.headers["x-usage-next-page"] == "Y3Vyc29y"
+    assert answer.headers["x-usage-source"] == "journal"
+    assert answer.content_type == "application/x-ndjson"
+    assert await answer.text() == "Bearer t0ken since=2026-12-01&tenant=acme\n" * 3000
+
+
+async def test_worker_0_away_is_503_with_retry_after(
+    tmp_path: Path, aiohttp_client: Client
+) -> None:
+    """No socket (worker 0 starting or restarting): 503 in vLLM's error shape, with
+    Retry-After, never a hang or a 500."""
+    client = await aiohttp_client(supervisor(Place(0, 2, tmp_path)))
+    answer = await client.get(RECORDS, headers={"Authorization": "Bearer t0ken"})
+    assert answer.status == 503
+    assert int(answer.headers["Retry-After"]) > 0
+    body = await answer.json()
+    assert body["error"]["code"] == 503
+    assert "worker 0" in body["error"]["message"]
+
+
+async def test_only_the_admin_api_is_relayed(worker_0: Place, aiohttp_client: Client) -> None:
+    """Paths outside the admin API are not relayed (404 from the admin port itself)."""
+    client = await aiohttp_client(supervisor(worker_0))
+    assert (await client.get("/usage-proxy/v1/standing")).status == 404
