@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -465,16 +466,28 @@ async def add_headers(request: web.Request, response: web.StreamResponse) -> Non
 
 
 def restore_context(
-    admission: Admission, journal: Journal | None, metrics: Metrics
+    admission: Admission,
+    journal: Journal | None,
+    metrics: Metrics,
+    adopted: Sequence[Path] = (),
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     """cleanup_ctx (after the journal opens): each budget's period usage rebuilt from the
-    journal's records, so a restart does not reset a month."""
+    journal's records and the ``adopted`` shards' (a larger pod's, now delivered here),
+    so neither a restart nor a scale-down resets a month."""
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         if journal is not None:
             now = time.time()
             since = history_start(admission.limiter.policies, now)
             history, restored = await journal_history(journal, since, admission.table)
+            for path in adopted:
+                shard = Journal(path)
+                await shard.open()
+                try:
+                    more, records = await journal_history(shard, since, admission.table)
+                finally:
+                    await shard.close()
+                history, restored = history + more, restored + records
             await admission.limiter.restore(history, now)
             metrics.limits_restored.inc(restored)
             log.info("budgets_restored", since=since.isoformat(), records=restored)

@@ -87,6 +87,14 @@ def own_settings(place: Place, pod: Settings) -> Settings:
     return pod.model_copy(update={"journal": str(shard)})
 
 
+def left_shards(settings: Settings) -> list[Path]:
+    """The shards a larger pod left that one process (``--workers 1``) delivers and
+    counts in its budgets beside its own journal: every one there is."""
+    if not settings.metering:
+        return []
+    return adopted(Path(settings.journal), 0, 1)
+
+
 def adopted_shards(place: Place, pod: Settings) -> list[Path]:
     """The shards left by a larger pod that this worker delivers (``shards.adopted``)."""
     if not pod.metering:

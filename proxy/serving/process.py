@@ -29,9 +29,9 @@ from proxy.serving.catalog import CATALOG, Catalog
 from proxy.serving.keyfile import KEYFILE
 from proxy.serving.keys import METRICS
 from proxy.serving.limitsfile import LIMITSFILE
-from proxy.serving.pod import Place
+from proxy.serving.pod import Place, left_shards
 from proxy.serving.pricesfile import PRICESFILE
-from proxy.serving.startup import StartupError, key_file_problem, listen
+from proxy.serving.startup import SHUTDOWN_SECONDS, StartupError, key_file_problem, listen
 from proxy.serving.tenancy import KeyFileError
 from proxy.settings import EventLoop, Settings
 
@@ -119,15 +119,15 @@ class PodLink:
 
 async def serve(settings: Settings, pod: PodLink | None = None) -> None:
     """aiohttp's run_app, plus the client connection cap (which run_app cannot take)."""
-    if pod is None:
-        app = create_app(settings)
+    if pod is None:  # one process: it delivers what a larger pod left
+        app = create_app(settings, adopted=left_shards(settings))
     else:
         app = create_app(settings, pod=pod.place, adopted=pod.adopted)
     runner = web.AppRunner(
         app,
         access_log=None,
         handle_signals=pod is None,
-        shutdown_timeout=30,
+        shutdown_timeout=SHUTDOWN_SECONDS,
         keepalive_timeout=settings.keepalive_timeout,  # aiohttp's handler default: 3,630 s
         # A client that hangs up does not cancel its handler (aiohttp's default, said
         # here because the exchanges rely on it and the tests run with it too).
