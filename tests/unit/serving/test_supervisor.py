@@ -76,7 +76,8 @@ async def test_a_worker_that_outlives_the_patience_is_killed_and_the_pod_exits_1
     runtime: Path,
 ) -> None:
     """The supervisor waits ``patience`` for the drain, then SIGKILLs what is left: the
-    pod exits 1."""
+    pod exits 1. While it drains the pod is not ready ("draining", so /readyz is 503),
+    and a second signal changes nothing."""
     pod = StandIns(runtime, DEAF, delay=0)
     pod.patience = 0.5
     run = asyncio.create_task(pod.run())
@@ -87,6 +88,11 @@ async def test_a_worker_that_outlives_the_patience_is_killed_and_the_pod_exits_1
             assert child.process.stdout is not None
             assert await child.process.stdout.readline() == b"deaf\n"
         pod.stop()
+        await asyncio.sleep(0.1)
+        ready, body = pod.report()
+        assert not ready
+        assert body["problems"]["pod"] == "draining"
+        pod.stop(3)  # a second signal: the first reason stands
         code = await run
     assert code == KILLED
     assert [c.process.returncode for c in pod.started] == [-signal.SIGKILL] * 2
