@@ -280,3 +280,31 @@ async def test_a_worker_killed_mid_load_leaves_the_month_exact(
     assert proxy.popen.returncode == 0, proxy.tail()
     assert 503 not in statuses, statuses
     assert sum(records_per_shard(tmp_path)) == 60
+
+
+async def test_a_limits_file_of_2000_tenants_serves_through_both_workers(
+    fake_upstream: Process, tmp_path: Path
+) -> None:
+    """Review finding 1: a limits file of 2,000 tenants (about 2 MB as the policies'
+    one line, far over asyncio's 64 KiB default) leaves no worker cut off from the
+    pod's limiter host: the pod gets ready, both workers report no problem, and a burst
+    over new connections is limited exactly (5 of 12 admitted, the rest 429, no 503)."""
+    tenants: dict[str, object] = {
+        f"tenant-{k:04}": {"prompt_tokens_per_month": 1000 + k, "requests_per_minute": 2}
+        for k in range(2000)
+    }
+    tenants["acme"] = {"requests_per_minute": 5}
+    limits = tmp_path / "limits.yaml"
+    limits.write_text(yaml.safe_dump({"tenants": tenants}))
+    journal = ("--journal", str(tmp_path / "j.sqlite"), "--limits", str(limits))
+    proxy = start_proxy(fake_upstream.url, tmp_path, *POD, *journal, port=free_port())
+    try:
+        proxy.wait_ready("/readyz", 60)
+        bodies = [readiness(proxy) for _ in range(8)]
+        async with fresh() as session:
+            statuses = await asyncio.gather(*(embed(session, proxy.url) for _ in range(12)))
+    finally:
+        proxy.stop()
+    assert proxy.popen.returncode == 0, proxy.tail()
+    assert all(b["status"] == "ready" and not b["problems"] for b in bodies), bodies
+    assert (statuses.count(200), statuses.count(429)) == (5, 7), statuses
