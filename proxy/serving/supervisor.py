@@ -45,8 +45,8 @@ def main(settings: Settings) -> int:
         if problem is not None:
             raise StartupError(problem)
         probe_port(settings)
-        with journal_lock(settings), runtime_dir() as runtime:
-            pod = Pod(settings, workers, runtime)
+        with journal_lock(settings) as lock, runtime_dir() as runtime:
+            pod = Pod(settings, workers, runtime, lock)
             loop = process.new_event_loop(settings.event_loop)
             try:
                 return loop.run_until_complete(pod.run())
@@ -75,8 +75,14 @@ class Pod:
     limiter host) start before the first worker and close after the last has drained;
     every worker's exit goes through ``worker_exited`` before any restart."""
 
-    def __init__(self, settings: Settings, size: int, runtime: Path) -> None:
+    def __init__(
+        self, settings: Settings, size: int, runtime: Path, lock: int | None = None
+    ) -> None:
         self.settings, self.size, self.runtime = settings, size, runtime
+        # The journal lock's descriptor, inherited by every worker: a worker still
+        # writing its shard keeps the journal from the next pod, even when this
+        # supervisor was SIGKILLed before it (flock holds while any copy is open).
+        self.inherited = (lock,) if lock is not None else ()
         self.metrics = PodMetrics(Place(0, size, runtime).metrics_dir)
         self.children: dict[int, Child] = {}
         self.restarts = Restarts()
@@ -195,6 +201,7 @@ class Pod:
             "-m",
             "proxy.serving.worker",
             stdin=asyncio.subprocess.PIPE,
+            pass_fds=self.inherited,
             env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(self.metrics.directory)},
         )
         assert spawned.stdin is not None
