@@ -1,17 +1,23 @@
 """``usage-proxy serve --workers 2`` attacked as a bad day would (issue #61's probe): the
-supervisor SIGKILLed while its workers still hold their shards."""
+supervisor SIGKILLed while its workers still hold their shards; a pod rolled back to one
+process."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
+import json
 import os
 import signal
 import time
 from pathlib import Path
 
+import aiohttp
+import yaml
+
 from scripts.vllm_cpu import Process, free_port, start_proxy
-from tests.support.processes import workers_of
+from tests.support.processes import shard_records, workers_of
 
 POD = ("--workers", "2", "--reconcile-interval", "0")
 
@@ -80,3 +86,71 @@ def test_a_killed_supervisors_workers_keep_the_journal_until_they_exit(
     finally:
         after.stop()
     assert after.popen.returncode == 0, after.tail()
+
+
+def limited(workdir: Path, requests: int) -> tuple[str, ...]:
+    """A month of ``requests`` small embeddings' prompt tokens for tenant acme."""
+    limits = workdir / "limits.yaml"
+    budget = {"prompt_tokens_per_month": requests * 3}  # "hi": 3 prompt tokens with MiniLM
+    limits.write_text(yaml.safe_dump({"tenants": {"acme": budget}}))
+    return ("--limits", str(limits), "--tenant-header", "X-Tenant-Id")
+
+
+async def one_by_one(url: str, count: int) -> list[int]:
+    """``count`` embeddings for acme, each on a new connection (either worker's)."""
+    statuses = []
+    connector = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for _ in range(count):
+            body = {"model": "minilm", "input": "hi"}
+            headers = {"X-Tenant-Id": "acme"}
+            async with session.post(url + "/v1/embeddings", json=body, headers=headers) as resp:
+                await resp.read()
+                statuses.append(resp.status)
+    return statuses
+
+
+async def test_a_pod_rolled_back_to_one_process_keeps_its_month_and_records(
+    fake_upstream: Process, tmp_path: Path
+) -> None:
+    """A pod of 2 spends 20 of a 30-request month through both workers without an
+    exporter; the same journal then serves as one process (``--workers 1``, the
+    default, with a JSON-lines exporter): it is a pod of one, so it adopts worker 1's
+    shard: exactly 10 more are admitted, and every record of both shards is exported."""
+    port = free_port()
+    journal = ("--journal", str(tmp_path / "j.sqlite"), *limited(tmp_path, 30))
+    pod = start_proxy(fake_upstream.url, tmp_path, *POD, *journal, port=port)
+    try:
+        pod.wait_ready("/readyz", 60)
+        first = await one_by_one(pod.url, 20)
+    finally:
+        pod.stop()
+    assert first == [200] * 20
+    held = shard_records(tmp_path / "j.sqlite")
+    assert len(held) == 2 and all(held.values()), {p.name: len(r) for p, r in held.items()}
+    journaled = sorted(r.record_id for shard in held.values() for r in shard)
+    exported = tmp_path / "records.jsonl"
+    single = start_proxy(
+        fake_upstream.url, tmp_path, "--reconcile-interval", "0", *journal,
+        "--jsonl", str(exported), port=port,
+    )  # fmt: skip
+    try:
+        single.wait_ready("/readyz", 60)
+        second = await one_by_one(single.url, 12)
+        deadline = time.monotonic() + 15
+        while len(exported_ids(exported)) < len(journaled) + 10 and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+    finally:
+        single.stop()
+    ids = exported_ids(exported)
+    unexported = len(set(journaled) - set(ids))
+    assert (second.count(200), unexported) == (10, 0), (second, unexported)
+    assert second == [200] * 10 + [429] * 2
+    assert len(ids) == len(set(ids))
+
+
+def exported_ids(path: Path) -> list[str]:
+    """The record ids of a JSON-lines export, as often as they appear."""
+    if not path.exists():
+        return []
+    return [json.loads(line)["record_id"] for line in path.read_text().splitlines() if line]
