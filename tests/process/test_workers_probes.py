@@ -127,7 +127,9 @@ async def test_a_pod_rolled_back_to_one_process_keeps_its_month_and_records(
         pod.stop()
     assert first == [200] * 20
     held = shard_records(tmp_path / "j.sqlite")
-    assert len(held) == 2 and all(held.values()), {p.name: len(r) for p, r in held.items()}
+    sizes = {p.name: len(r) for p, r in held.items()}
+    assert len(held) == 2, sizes
+    assert all(held.values()), sizes
     journaled = sorted(r.record_id for shard in held.values() for r in shard)
     exported = tmp_path / "records.jsonl"
     single = start_proxy(
