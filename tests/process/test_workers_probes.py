@@ -156,3 +156,28 @@ def exported_ids(path: Path) -> list[str]:
     if not path.exists():
         return []
     return [json.loads(line)["record_id"] for line in path.read_text().splitlines() if line]
+
+
+def test_a_sighup_during_a_workers_restart_does_not_kill_it(
+    fake_upstream: Process, tmp_path: Path
+) -> None:
+    """SIGHUP to the supervisor while a worker it restarted is still starting (before it
+    handles SIGHUP, whose default action ends a process): the worker is not killed by
+    it (it reads its files as it starts, and watches them); the only restart is the one
+    the SIGKILL caused, and both workers are ready again."""
+    proxy = start_pod(fake_upstream.url, tmp_path, free_port())
+    try:
+        pids = workers_of(proxy)
+        os.kill(pids[1], signal.SIGKILL)
+        deadline = time.monotonic() + 15
+        while not set(workers_of(proxy)) - set(pids) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        proxy.popen.send_signal(signal.SIGHUP)
+        time.sleep(3)
+        proxy.wait_ready("/readyz", 30)
+        exits = [line for line in proxy.log.read_text().splitlines() if "worker_exited" in line]
+    finally:
+        proxy.stop()
+    assert proxy.popen.returncode == 0, proxy.tail()
+    assert len(exits) == 1, exits
+    assert "SIGKILL" in exits[0], exits
