@@ -272,8 +272,12 @@ class Pod:
         loop.add_signal_handler(signal.SIGHUP, self._hangup)
 
     def _hangup(self) -> None:
-        log.info("sighup_forwarded", workers=len(self._alive()))
-        for child in self._alive():
+        """Forward SIGHUP to the workers that handle it: those whose control channel
+        spoke (it opens after the handler is set). One still starting would die of it
+        (its default action); it reads its files as it starts and then watches them."""
+        started = [c for c in self._alive() if c.state != "starting"]
+        log.info("sighup_forwarded", workers=len(started))
+        for child in started:
             _signal(child, signal.SIGHUP)
 
     def _alive(self) -> list[Child]:
