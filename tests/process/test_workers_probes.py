@@ -15,11 +15,15 @@ from pathlib import Path
 
 import aiohttp
 import yaml
+from redis.asyncio import Redis
 
 from scripts.vllm_cpu import Process, free_port, start_proxy
 from tests.support.processes import shard_records, workers_of
+from tests.support.redisserver import Store
 
 POD = ("--workers", "2", "--reconcile-interval", "0")
+# a store answer late on this loaded 2-core box is a 503, never a pass
+STORED = ("--limits-replicas", "1", "--limits-fail-mode", "closed", "--limits-store-timeout", "2")
 
 
 def start_pod(upstream: str, workdir: Path, port: int) -> Process:
@@ -181,3 +185,39 @@ def test_a_sighup_during_a_workers_restart_does_not_kill_it(
     assert proxy.popen.returncode == 0, proxy.tail()
     assert len(exits) == 1, exits
     assert "SIGKILL" in exits[0], exits
+
+
+async def test_a_smaller_pod_with_a_store_counts_the_shards_it_adopted(
+    fake_upstream: Process, tmp_path: Path, redis_store: Store
+) -> None:
+    """A pod of 3 replicas of a redis store spends 20 of a 30-request month; the store
+    then loses every key, and the same journal serves 2 workers: the store is rebuilt
+    from every shard, worker 2's adopted by worker 0, so exactly 10 more are admitted."""
+    port = free_port()
+    stored = ("--limits-store", redis_store.url, *STORED)
+    journal = ("--journal", str(tmp_path / "j.sqlite"), *limited(tmp_path, 30), *stored)
+    larger = start_proxy(
+        fake_upstream.url, tmp_path, "--workers", "3", "--reconcile-interval", "0",
+        *journal, port=port,
+    )  # fmt: skip
+    try:
+        larger.wait_ready("/readyz", 60)
+        first = await one_by_one(larger.url, 20)
+    finally:
+        larger.stop()
+    assert first == [200] * 20
+    held = [len(records) for records in shard_records(tmp_path / "j.sqlite").values()]
+    assert len(held) == 3, held
+    assert held[2], held
+    client = Redis.from_url(redis_store.url)
+    try:
+        await client.flushall()
+    finally:
+        await client.aclose()
+    smaller = start_proxy(fake_upstream.url, tmp_path, *POD, *journal, port=port)
+    try:
+        smaller.wait_ready("/readyz", 60)
+        second = await one_by_one(smaller.url, 12)
+    finally:
+        smaller.stop()
+    assert second == [200] * 10 + [429] * 2, (second.count(200), held)
