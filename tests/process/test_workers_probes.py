@@ -221,3 +221,53 @@ async def test_a_smaller_pod_with_a_store_counts_the_shards_it_adopted(
     finally:
         smaller.stop()
     assert second == [200] * 10 + [429] * 2, (second.count(200), held)
+
+
+async def acme(session: aiohttp.ClientSession, url: str) -> int:
+    """One small embedding for acme, sent again after a connection error (a worker
+    killed under it resets its connections); its status."""
+    body = {"model": "minilm", "input": "hi"}
+    for _ in range(100):
+        try:
+            async with session.post(
+                url + "/v1/embeddings", json=body, headers={"X-Tenant-Id": "acme"}
+            ) as resp:
+                await resp.read()
+                return resp.status
+        except aiohttp.ClientConnectionError:
+            await asyncio.sleep(0.05)
+    raise AssertionError("never answered")
+
+
+async def test_a_burst_while_a_worker_is_killed_spends_the_month_exactly(
+    fake_upstream: Process, tmp_path: Path
+) -> None:
+    """A month of 40 requests, a burst of 100 over new connections, one worker
+    SIGKILLed in the middle of it: once it is back, the month's requests answered 200
+    and billed in the shards are exactly 40 (the killed worker's held units neither
+    overshoot nor stay stranded)."""
+    journal = ("--journal", str(tmp_path / "j.sqlite"), *limited(tmp_path, 40))
+    proxy = start_proxy(fake_upstream.url, tmp_path, *POD, *journal, port=free_port())
+    try:
+        proxy.wait_ready("/readyz", 60)
+        victim = workers_of(proxy)[1]
+        connector = aiohttp.TCPConnector(force_close=True, limit=0)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            burst = [asyncio.create_task(acme(session, proxy.url)) for _ in range(100)]
+            await asyncio.sleep(0.15)
+            os.kill(victim, signal.SIGKILL)
+            first = await asyncio.gather(*burst)
+        proxy.wait_ready("/readyz", 60)
+        deadline = time.monotonic() + 30
+        while victim in workers_of(proxy) or len(workers_of(proxy)) < 2:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(2)
+        rest = await one_by_one(proxy.url, 50)
+    finally:
+        proxy.stop()
+    billed = sum(
+        r.tenant == "acme" for rs in shard_records(tmp_path / "j.sqlite").values() for r in rs
+    )
+    answered = first.count(200) + rest.count(200)
+    assert (answered, billed) == (40, 40), (first.count(200), rest.count(200), billed, proxy.tail())
