@@ -11,10 +11,12 @@ import json
 import os
 import signal
 import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
 from scripts.vllm_cpu import Process, free_port, start_proxy
@@ -271,3 +273,69 @@ async def test_a_burst_while_a_worker_is_killed_spends_the_month_exactly(
     )
     answered = first.count(200) + rest.count(200)
     assert (answered, billed) == (40, 40), (first.count(200), rest.count(200), billed, proxy.tail())
+
+
+async def embed_as(session: aiohttp.ClientSession, url: str, tenant: str) -> int:
+    """One small embedding for ``tenant`` (retried after a connection error); its status."""
+    body = {"model": "minilm", "input": "hi"}
+    for _ in range(100):
+        try:
+            async with session.post(
+                url + "/v1/embeddings", json=body, headers={"X-Tenant-Id": tenant}
+            ) as resp:
+                await resp.read()
+                return resp.status
+        except aiohttp.ClientConnectionError:
+            await asyncio.sleep(0.05)
+    raise AssertionError("never answered")
+
+
+def tenant_labels(admin_url: str) -> set[str]:
+    """The tenant label values of the pod's /metrics (``other`` included)."""
+    with urllib.request.urlopen(admin_url + "/metrics", timeout=10) as resp:
+        page = resp.read().decode()
+    found = set()
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            if "tenant" in sample.labels:
+                found.add(sample.labels["tenant"])
+    return found
+
+
+async def test_the_tenant_label_cap_survives_a_workers_restart(
+    fake_upstream: Process, tmp_path: Path
+) -> None:
+    """--metrics-max-tenants 2 on a pod of 2 (the cap is per worker: at most 2 x 2
+    tenant series): 12 tenants over new connections, worker 1 SIGKILLed and started
+    again, 12 more tenants: the pod's /metrics still shows at most 4 tenants besides
+    ``other`` (the restarted worker counts the series its index already left, whose
+    counters stay in the pod's sums)."""
+    admin = free_port()
+    labelled = (
+        "--admin-port", str(admin), "--metrics-tenant-label", "true",
+        "--metrics-max-tenants", "2", "--tenant-header", "X-Tenant-Id",
+    )  # fmt: skip
+    journal = ("--journal", str(tmp_path / "j.sqlite"))
+    proxy = start_proxy(fake_upstream.url, tmp_path, *POD, *journal, *labelled, port=free_port())
+    admin_url = f"http://127.0.0.1:{admin}"
+    try:
+        proxy.wait_ready("/readyz", 60)
+        connector = aiohttp.TCPConnector(force_close=True)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            for k in range(12):
+                assert await embed_as(session, proxy.url, f"t{k}") == 200
+            before = tenant_labels(admin_url) - {"other"}
+            victim = workers_of(proxy)[1]
+            os.kill(victim, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while victim in workers_of(proxy) or len(workers_of(proxy)) < 2:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.2)
+            proxy.wait_ready("/readyz", 60)
+            for k in range(12, 24):
+                assert await embed_as(session, proxy.url, f"t{k}") == 200
+        after = tenant_labels(admin_url) - {"other"}
+    finally:
+        proxy.stop()
+    assert len(before) <= 4, before
+    assert len(after) <= 4, (sorted(before), sorted(after))
