@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -80,7 +80,7 @@ class _Spec:
     tenant: bool = False  # carries the tenant label when --metrics-tenant-label is on
     mode: GaugeMode | None = None  # a gauge's: how several workers' values combine
 
-    def build(self, registry: CollectorRegistry, tenant: tuple[str, ...]) -> Any:
+    def build(self, registry: CollectorRegistry | None, tenant: tuple[str, ...]) -> Any:
         labels = (*self.labels, *tenant) if self.tenant else self.labels
         extra: dict[str, Any] = {"buckets": self.buckets} if self.buckets else {}
         if self.unit:
@@ -475,6 +475,42 @@ def shown_tenants(directory: Path) -> set[str]:
         for sample in family.samples
         if sample.labels.get("tenant", OTHER) != OTHER
     }
+
+
+class DriftMetrics(Protocol):
+    """What the reconciler writes: the engine's growth, the drift, the windows."""
+
+    engine_prompt: Counter
+    engine_completion: Counter
+    unbilled_prompt: Counter
+    unbilled_completion: Counter
+    overbilled_prompt: Counter
+    overbilled_completion: Counter
+    unbilled_in_seconds: Counter
+    windows: Counter
+    last_settled: Gauge
+
+
+class PodDriftMetrics:
+    """The reconciler's metrics alone, in the pod's multiprocess directory: a pod's
+    supervisor reconciles but serves no request (a whole ``Metrics`` there would add a 0
+    to every gauge the workers set, and a ``livemin`` one would show it)."""
+
+    def __init__(self, settings: Settings) -> None:
+        for attr in (*DriftMetrics.__annotations__, "reconcile_interval"):
+            setattr(self, attr, SPECS[attr].build(None, ()))
+        self.reconcile_interval.set(settings.reconcile_interval)
+
+    engine_prompt: Counter
+    engine_completion: Counter
+    unbilled_prompt: Counter
+    unbilled_completion: Counter
+    overbilled_prompt: Counter
+    overbilled_completion: Counter
+    unbilled_in_seconds: Counter
+    windows: Counter
+    last_settled: Gauge
+    reconcile_interval: Gauge
 
 
 class Metrics:

@@ -9,12 +9,13 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import structlog
 
-from proxy.ledger.journal import Journal, JournalError
+from proxy.ledger.journal import JournalError
 from proxy.ledger.records import UsageRecord
 from proxy.ledger.windows import (
     CauseCode,
@@ -24,7 +25,7 @@ from proxy.ledger.windows import (
     parse_engine_counters,
     settle,
 )
-from proxy.metrics import Metrics
+from proxy.metrics import DriftMetrics
 
 log = structlog.get_logger("proxy.ledger.reconciler")
 
@@ -62,22 +63,65 @@ class Traffic(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """The window's records, set aside at a quiet moment, and the traffic's counts then
+    (monotonic). ``baseline``: the window cannot be claimed (a pod's worker exited in it,
+    taking records it had not told): the reading only opens the next window."""
+
+    tally: Tally
+    failed: int
+    refused: int
+    baseline: bool = False
+
+
+@runtime_checkable
+class Takes(Protocol):
+    """How a window is closed: wait for a quiet moment, take the window's records, then,
+    once the engine's counters are read, keep them (nothing started since the take: the
+    window closes with them) or give them back (the window carries on). One process's is
+    its exchanges and the reconciler's tally; a pod's asks every worker."""
+
+    async def quiet(self) -> None:
+        """Return once no exchange is in flight (or soon after; ``take`` checks)."""
+        ...
+
+    async def take(self) -> Taken | None:
+        """The window's records, set aside; None when an exchange is in flight."""
+        ...
+
+    async def keep(self, taken: Taken) -> bool:
+        """True when nothing started since ``take`` (the records are the window's);
+        otherwise they are given back and it is False."""
+        ...
+
+    def give_back(self, taken: Taken) -> None:
+        """The window carries on with the records ``take`` set aside."""
+        ...
+
+
+class WindowJournal(Protocol):
+    """Where a closed window is journaled (one process's journal; a pod's worker 0)."""
+
+    async def append(self, record: SettledWindow) -> None: ...
+
+
 class Reconciler:
     """Knows what was recorded since the last quiet reading of the engine's counters."""
 
     def __init__(
         self,
-        traffic: Traffic,
+        traffic: Traffic | Takes,
         read_counters: Callable[[], Awaitable[str]],
-        journal: Journal | None,
-        metrics: Metrics,
+        journal: WindowJournal | None,
+        metrics: DriftMetrics,
         *,
         interval: float,
         instance: str,
         upstream: str,
         shared: bool = False,
     ) -> None:
-        self._traffic = traffic
+        self._takes = traffic if isinstance(traffic, Takes) else _Local(traffic, self)
         self._shared = shared  # other proxies send to the same engine
         self._read_counters = read_counters
         self._journal = journal
@@ -95,6 +139,15 @@ class Reconciler:
     def account(self, record: UsageRecord) -> None:
         """A record was journaled: it is billed in the current window."""
         self.tally.add(record)
+
+    def set_aside(self) -> Tally:
+        """The window's records so far, taken to close it; the tally starts anew."""
+        tally, self.tally = self.tally, Tally()
+        return tally
+
+    def carry(self, tally: Tally) -> None:
+        """Records set aside and given back: the window carries on with them."""
+        self.tally.merge(tally)
 
     async def run(self) -> None:
         interval = self._interval
@@ -122,19 +175,24 @@ class Reconciler:
             remaining = deadline - time.monotonic()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(remaining, 0)):
-                    await self._traffic.quiet()
-            if self._traffic.in_flight:
+                    await self._takes.quiet()
+            taken = await self._takes.take()
+            if taken is None:
                 return None
-            tally, self.tally, mark = self.tally, Tally(), self._traffic.started
-            failed, refused = self._traffic.failed, self._traffic.refused
             ended = datetime.now(UTC)
-            reading = parse_engine_counters(await self._read_counters())
-            if self._traffic.started == mark:
-                tally.traffic(failed - self._failed_mark, refused - self._refused_mark)
-                self._failed_mark, self._refused_mark = failed, refused
+            try:
+                reading = parse_engine_counters(await self._read_counters())
+            except BaseException:
+                self._takes.give_back(taken)  # no reading: the records stay in the window
+                raise
+            if await self._takes.keep(taken):
+                tally = taken.tally
+                tally.traffic(taken.failed - self._failed_mark, taken.refused - self._refused_mark)
+                self._failed_mark, self._refused_mark = taken.failed, taken.refused
+                if taken.baseline:
+                    self.last = None
                 return await self._close(reading, tally, ended)
-            self.tally.merge(tally)  # traffic arrived while reading: not a boundary
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline:  # traffic arrived while reading: not a boundary
                 return None
 
     async def _close(
@@ -156,16 +214,20 @@ class Reconciler:
         )
         self._observe(window, reading)
         self.windows = [*self.windows[-99:], window]
-        if self._journal is not None:
-            try:
-                await self._journal.append(window)
-            except JournalError as exc:
-                log.error("reconcile_window_not_journaled", error=str(exc))
+        await self.record(window)
         if window.unbilled_prompt_tokens or window.overbilled_prompt_tokens:
             log.warning("reconcile_drift", **_summary(window))
         else:
             log.debug("reconcile_settled", **_summary(window))
         return window
+
+    async def record(self, window: SettledWindow) -> None:
+        """Journal a closed window (a failure is logged: the window stays in ``windows``)."""
+        if self._journal is not None:
+            try:
+                await self._journal.append(window)
+            except JournalError as exc:
+                log.error("reconcile_window_not_journaled", error=str(exc))
 
     def _observe(self, window: SettledWindow, reading: EngineReading) -> None:
         m = self._metrics
@@ -186,6 +248,32 @@ class Reconciler:
         m.overbilled_completion.inc(window.overbilled_completion_tokens)
         m.windows.labels(window.status).inc()
         m.last_settled.set(window.end.timestamp())
+
+
+class _Local:
+    """One process's ``Takes``: its exchanges, and the tally its recorder feeds."""
+
+    def __init__(self, traffic: Traffic, reconciler: Reconciler) -> None:
+        self._traffic, self._reconciler, self._mark = traffic, reconciler, 0
+
+    async def quiet(self) -> None:
+        await self._traffic.quiet()
+
+    async def take(self) -> Taken | None:
+        traffic = self._traffic
+        if traffic.in_flight:
+            return None
+        self._mark = traffic.started
+        return Taken(self._reconciler.set_aside(), traffic.failed, traffic.refused)
+
+    async def keep(self, taken: Taken) -> bool:
+        if self._traffic.started == self._mark:
+            return True
+        self.give_back(taken)
+        return False
+
+    def give_back(self, taken: Taken) -> None:
+        self._reconciler.carry(taken.tally)
 
 
 def _summary(window: SettledWindow) -> dict[str, object]:

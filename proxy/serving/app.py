@@ -366,7 +366,8 @@ def create_app(
         ledger_context(settings, journal, outbox, exchanges),
         *([adoption_context(settings, adopted, sinks)] if adopted else []),
         *restore,
-        reconciler_context(settings, reconciler),
+        # a pod's worker tallies; the supervisor reconciles (serving.podreconcile)
+        *([reconciler_context(settings, reconciler)] if pod is None else []),
         send_watch_context(sends),
     ):
         app.cleanup_ctx.append(context)

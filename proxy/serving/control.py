@@ -4,7 +4,9 @@ one JSON object per line.
 
 - worker → supervisor: ``hello`` (index, pid) once, then ``state`` (ready, problems:
   the body of its own ``/readyz``) every ``PING_SECONDS``;
-- supervisor → worker: ``pod`` (status, workers: each index's state) on every change.
+- supervisor → worker: ``pod`` (status, workers: each index's state) on every change;
+- the pod's reconciliation: the supervisor's asks (``quiet``, ``take``, ``peek``,
+  ``confirm``, ``give_back``, ``window``; ``serving.podtally``), the worker's ``answer``s.
 
 A worker whose connection closes (the supervisor is gone) drains and exits as on
 SIGTERM; a worker that sends nothing for ``HUNG_SECONDS`` is killed by the supervisor."""
@@ -21,6 +23,7 @@ from aiohttp import web
 
 from proxy.serving.app import POD_STATE, READINESS
 from proxy.serving.pod import Place
+from proxy.serving.podtally import TallyDesk
 
 PING_SECONDS = 1.0
 # Far above the longest the loop may legitimately block (the gc.freeze at start included).
@@ -49,14 +52,18 @@ async def worker_link(place: Place, app: web.Application, stop: asyncio.Event) -
     reader, writer = await asyncio.open_unix_connection(str(place.control_socket))
     writer.write(encode({"op": "hello", "index": place.index, "pid": os.getpid()}))
     report = asyncio.create_task(_report(app, writer), name="control-report")
+    desk = TallyDesk(app, lambda answer: writer.write(encode({"op": "answer", **answer})))
     try:
         while line := await reader.readline():
             message = decode(line)
             if message.get("op") == "pod":
                 app[POD_STATE].update(message)
+            else:
+                desk.handle(message)
     except OSError:
         pass
     finally:
+        desk.close()
         report.cancel()
         with contextlib.suppress(asyncio.CancelledError, OSError):
             await report

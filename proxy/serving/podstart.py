@@ -37,11 +37,6 @@ def resolve_workers(settings: Settings) -> int:
 
 def refusal(settings: Settings) -> str | None:
     """What a pod of several workers cannot do yet, as the start-up error's text."""
-    if settings.reconcile_interval > 0:
-        return (
-            "--workers above 1 cannot reconcile yet (each worker would see the whole "
-            "engine against its own records): add --reconcile-interval 0"
-        )
     if settings.admin_tokens is not None:
         return (
             "--workers above 1 does not serve the admin API yet: drop --admin-tokens "

@@ -24,6 +24,7 @@ from proxy.serving.control import HUNG_SECONDS, PING_SECONDS, decode, encode
 from proxy.serving.pod import Place, orders
 from proxy.serving.podadmin import PodMetrics, admin_app, serve_admin
 from proxy.serving.podlimits import PodLimits, hosted_limits
+from proxy.serving.podreconcile import PodTraffic, pod_reconciler
 from proxy.serving.podstart import journal_lock, probe_port, refusal, resolve_workers, runtime_dir
 from proxy.serving.restarts import GiveUp, Restarts, cause
 from proxy.serving.startup import StartupError
@@ -88,6 +89,7 @@ class Pod:
         self.restarts = Restarts()
         self.services = contextlib.AsyncExitStack()
         self.limits: PodLimits | None = None  # the pod's limiter host, without a store
+        self.traffic = PodTraffic(size)  # the pod's reconciler asks the workers
         self.stopping = asyncio.Event()
         self.code = 0
         self._told: dict[str, Any] = {}
@@ -142,15 +144,19 @@ class Pod:
 
     async def start_services(self) -> None:
         """The pod's services, entered into ``self.services`` before the first worker
-        starts (they close after the last has drained): the pod's limiter host."""
+        starts (they close after the last has drained): the pod's limiter host and its
+        reconciler."""
         limits = hosted_limits(self.settings, self.runtime)
         self.limits = await self.services.enter_async_context(limits)
+        await self.services.enter_async_context(pod_reconciler(self.settings, self.traffic))
 
     async def worker_exited(self, child: Child, code: int) -> None:
         """Every exit of a worker, asked for or not, before anything else happens at its
-        index: its metrics' live gauges go, and the pod's limits read its shard again
-        (what its lost connection held is then counted once, from its records)."""
+        index: its metrics' live gauges go, its reconciliation window is abandoned, and the
+        pod's limits read its shard again (what its lost connection held is then counted
+        once, from its records)."""
         self.metrics.dead(child.process.pid)
+        self.traffic.exited()
         if self.limits is not None and not self.stopping.is_set():  # else no restart follows
             await self.limits.worker_exited(child.index)
 
@@ -224,6 +230,7 @@ class Pod:
             return
         child.writer, child.seen = writer, time.monotonic()
         self._tell(child, self.report()[1])
+        self.traffic.joined(child.index, child.process.pid, writer)
         try:
             while line := await reader.readline():
                 message = decode(line)
@@ -232,9 +239,12 @@ class Pod:
                     child.state = "ready" if message.get("ready") else "not ready"
                     child.problems = message.get("problems") or {}
                     self._changed()
+                elif message.get("op") == "answer":
+                    self.traffic.answered(message)
         except OSError:
             pass
         finally:
+            self.traffic.left(child.index, child.process.pid)
             child.writer = None
             writer.close()
 

@@ -8,18 +8,22 @@ from pathlib import Path
 
 from proxy.ledger.records import UsageRecord
 from proxy.ledger.shards import shards
+from proxy.ledger.windows import SettledWindow
 from scripts.vllm_cpu import Process, _spawn, free_port, start_proxy
 
 
-def start_fake(root: Path, workdir: Path, version: str = "0.29.0", name: str = "minilm") -> Process:
+def start_fake(
+    root: Path, workdir: Path, version: str = "0.29.0", name: str = "minilm", delay: float = 0.0
+) -> Process:
     """``python -m tests.support.fakevllm`` (``version``, the tokenizer in ``root``, the
-    model served as ``name``), ready."""
+    model served as ``name``, scoring answers ``delay`` seconds late), ready."""
     port = free_port()
     argv = [
         sys.executable,
         "-m",
         "tests.support.fakevllm",
         *("--port", str(port), "--root", str(root), "--version", version, "--name", name),
+        *("--delay", str(delay)),
     ]
     log = workdir / ("fake.log" if version == "0.29.0" else f"fake-{version}.log")
     fake = _spawn("fake-vllm", argv, {"HF_HUB_OFFLINE": "1"}, log, port)
@@ -60,6 +64,19 @@ def shard_records(journal: Path) -> dict[Path, list[UsageRecord]]:
         try:
             rows = db.execute("SELECT body FROM records WHERE kind = 'usage' ORDER BY seq")
             found[shard] = [UsageRecord.from_json(body) for (body,) in rows]
+        finally:
+            db.close()
+    return found
+
+
+def shard_windows(journal: Path) -> dict[Path, list[SettledWindow]]:
+    """Every shard of ``journal`` with the reconciliation windows it holds itself."""
+    found = {}
+    for shard in shards(journal):
+        db = sqlite3.connect(f"file:{shard}?mode=ro", uri=True)
+        try:
+            rows = db.execute("SELECT body FROM records WHERE kind = 'reconciliation' ORDER BY seq")
+            found[shard] = [SettledWindow.model_validate_json(body) for (body,) in rows]
         finally:
             db.close()
     return found

@@ -18,9 +18,11 @@ def main() -> None:
     parser.add_argument("--root", type=Path, required=True)
     parser.add_argument("--version", default="0.29.0")
     parser.add_argument("--name", default="minilm", help="the served model's name")
+    parser.add_argument("--delay", type=float, default=0.0, help="scoring answers this late")
     args = parser.parse_args()
     tokenizer = AutoTokenizer.from_pretrained(str(args.root))
     fake = FakeVLLM(tokenizer, args.root, version=args.version, name=args.name)
+    fake.delay = args.delay
     web.run_app(
         fake.app(),
         host="127.0.0.1",

@@ -132,3 +132,30 @@ def sample(page: str, name: str) -> float:
     """A sample's value on a metrics page (0 when absent)."""
     found = re.search(rf"^{re.escape(name)} (\S+)$", page, re.M)
     return float(found.group(1)) if found else 0.0
+
+
+async def test_a_failed_reading_keeps_the_windows_records() -> None:
+    """The records taken for a window whose engine reading then failed (an upstream
+    without /metrics for a moment) were dropped: the next window claimed their tokens as
+    unbilled. They stay in the window, which closes at the next reading."""
+    from proxy.ledger.reconciler import CountersUnavailable
+    from tests.support.records import make_record
+
+    readings = iter(["vllm:prompt_tokens_total 100\n", None, "vllm:prompt_tokens_total 110\n"])
+
+    async def read() -> str:
+        reading = next(readings)
+        if reading is None:
+            raise CountersUnavailable("connection refused")
+        return reading + "vllm:generation_tokens_total 0\n"
+
+    metrics = Metrics(Settings(upstream="http://x"))
+    reconciler = Reconciler(Quiet(), read, None, metrics, interval=15, instance="i", upstream="u")
+    assert await reconciler.settle_once() is None  # the baseline
+    reconciler.account(make_record(0, billed=10))
+    with pytest.raises(CountersUnavailable):
+        await reconciler.settle_once()
+    window = await reconciler.settle_once()
+    assert window is not None
+    assert window.billed_prompt_tokens == 10
+    assert window.unbilled_prompt_tokens == 0

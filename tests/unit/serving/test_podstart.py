@@ -20,22 +20,29 @@ from proxy.serving.podstart import (
 from proxy.serving.startup import StartupError
 from proxy.settings import Settings
 
-POD = {"upstream": "http://vllm:8000", "workers": 2, "reconcile_interval": 0}
+POD = {"upstream": "http://vllm:8000", "workers": 2}
 
 
 def test_a_pod_that_can_start_is_refused_nothing() -> None:
-    """No reconciler, no limits: nothing to refuse."""
+    """The defaults: nothing to refuse."""
+    assert refusal(Settings(**POD)) is None
+
+
+def test_a_pod_reconciles_with_the_defaults() -> None:
+    """The pod's reconciler runs in the supervisor (serving.podreconcile): the default
+    --reconcile-interval (15 s) is no longer refused, so ``--workers auto`` starts as is."""
+    assert Settings(**POD).reconcile_interval > 0
     assert refusal(Settings(**POD)) is None
 
 
 @pytest.mark.parametrize(
     ("extra", "said"),
     [
-        ({"reconcile_interval": 15}, "--reconcile-interval 0"),
+        ({"admin_tokens": "/etc/admin-tokens.yaml", "admin_port": 9001}, "--admin-tokens"),
     ],
 )
 def test_what_a_pod_cannot_do_yet_is_refused(extra: dict[str, object], said: str) -> None:
-    """The pod's reconciler is not built: refused at start with the fix, never run
+    """The admin API in a pod is not built: refused at start with the fix, never run
     wrong."""
     problem = refusal(Settings(**{**POD, **extra}))
     assert problem is not None
