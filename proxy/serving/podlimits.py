@@ -20,7 +20,6 @@ import structlog
 from aiohttp import web
 
 from proxy.accounting.prices import PriceTable
-from proxy.ledger.journal import Journal
 from proxy.ledger.shards import numbered, shard_path
 from proxy.limits.history import History
 from proxy.limits.limiter import Lifetime, Usage
@@ -29,7 +28,7 @@ from proxy.limits.problems import read_limits
 from proxy.limitstore.host import LimiterHost
 from proxy.limitstore.hosted import HostError
 from proxy.limitstore.wiring import build_host
-from proxy.serving.admission import history_start, journal_history
+from proxy.serving.admission import history_start, shard_history
 from proxy.serving.pod import Place
 from proxy.serving.pricesfile import read_table
 from proxy.serving.startup import StartupError, file_problem
@@ -147,14 +146,7 @@ async def read_shard(
 ) -> list[Usage]:
     """What the shard at ``path`` billed in the budgets' periods (none if it does not
     exist): the journal's own query, in its own thread, as a worker restores."""
-    if not await asyncio.to_thread(path.is_file):
-        return []
-    journal = Journal(path)
-    await journal.open()
-    try:
-        history, _ = await journal_history(journal, history_start(policies, now), table)
-    finally:
-        await journal.close()
+    history, _ = await shard_history(path, history_start(policies, now), table)
     return history
 
 
