@@ -7,8 +7,9 @@ A worker says ``hello`` (its version and its part: the index of its journal shar
 carrying its sequence number), ``settle``, ``release`` and ``replace`` (not answered:
 the host handles one connection's lines in order, so a settle never overtakes its
 reserve), ``standing`` (answered by ``standings``, by its sequence number: the usage
-API's standing of a tenant, read on the host), and ``bye`` before it closes. The host answers a hello with ``welcome``, or ``error`` and
-closes.
+API's standing of a tenant, read on the host), and ``bye`` before it closes. The host
+answers a hello with ``welcome``, or ``error`` and closes (and any line it cannot take:
+not a message, or longer than ``LINE_LIMIT``).
 """
 
 from __future__ import annotations
