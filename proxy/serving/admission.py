@@ -472,8 +472,8 @@ def restore_context(
     adopted: Sequence[Path] = (),
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     """cleanup_ctx (after the journal opens): each budget's period usage rebuilt from the
-    journal's records and the ``adopted`` shards' (a larger pod's, now delivered here),
-    so neither a restart nor a scale-down resets a month."""
+    journal's records and those of the ``adopted`` shards (a larger pod's, this process
+    delivers them), so a restart does not reset a month."""
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         if journal is not None:
@@ -481,19 +481,29 @@ def restore_context(
             since = history_start(admission.limiter.policies, now)
             history, restored = await journal_history(journal, since, admission.table)
             for path in adopted:
-                shard = Journal(path)
-                await shard.open()
-                try:
-                    more, records = await journal_history(shard, since, admission.table)
-                finally:
-                    await shard.close()
-                history, restored = history + more, restored + records
+                more, count = await shard_history(path, since, admission.table)
+                history, restored = history + more, restored + count
             await admission.limiter.restore(history, now)
             metrics.limits_restored.inc(restored)
             log.info("budgets_restored", since=since.isoformat(), records=restored)
         yield
 
     return ctx
+
+
+async def shard_history(
+    path: Path, since: datetime, table: PriceTable | None
+) -> tuple[list[Usage], int]:
+    """``journal_history`` of the shard at ``path``, opened for the read (none if it does
+    not exist)."""
+    if not await asyncio.to_thread(path.is_file):
+        return [], 0
+    journal = Journal(path)
+    await journal.open()
+    try:
+        return await journal_history(journal, since, table)
+    finally:
+        await journal.close()
 
 
 def history_start(policies: Policies, now: float) -> datetime:

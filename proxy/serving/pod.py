@@ -87,9 +87,9 @@ def own_settings(place: Place, pod: Settings) -> Settings:
     return pod.model_copy(update={"journal": str(shard)})
 
 
-def left_shards(settings: Settings) -> list[Path]:
-    """The shards a larger pod left that one process (``--workers 1``) delivers and
-    counts in its budgets beside its own journal: every one there is."""
+def lone_adopted(settings: Settings) -> list[Path]:
+    """The shards a pod left that one process (``--workers 1``) delivers and counts: it
+    is a pod of one, so a rollback from a pod forgets no shard's records or month."""
     if not settings.metering:
         return []
     return adopted(Path(settings.journal), 0, 1)

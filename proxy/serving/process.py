@@ -29,7 +29,7 @@ from proxy.serving.catalog import CATALOG, Catalog
 from proxy.serving.keyfile import KEYFILE
 from proxy.serving.keys import METRICS
 from proxy.serving.limitsfile import LIMITSFILE
-from proxy.serving.pod import Place, left_shards
+from proxy.serving.pod import Place, lone_adopted
 from proxy.serving.pricesfile import PRICESFILE
 from proxy.serving.startup import SHUTDOWN_SECONDS, StartupError, key_file_problem, listen
 from proxy.serving.tenancy import KeyFileError
@@ -119,8 +119,8 @@ class PodLink:
 
 async def serve(settings: Settings, pod: PodLink | None = None) -> None:
     """aiohttp's run_app, plus the client connection cap (which run_app cannot take)."""
-    if pod is None:  # one process: it delivers what a larger pod left
-        app = create_app(settings, adopted=left_shards(settings))
+    if pod is None:
+        app = create_app(settings, adopted=lone_adopted(settings))
     else:
         app = create_app(settings, pod=pod.place, adopted=pod.adopted)
     runner = web.AppRunner(

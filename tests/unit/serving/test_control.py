@@ -9,21 +9,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-
-from proxy.serving.app import EXCHANGES, POD_STATE, READINESS
+from proxy.serving.app import POD_STATE, READINESS
 from proxy.serving.control import decode, encode, worker_link
-from proxy.serving.keys import RECONCILER
 from proxy.serving.pod import Place, PodState
-
-
-def link_app(check: Any) -> web.Application:
-    """A worker's application as its control channel reads it: its readiness check, the
-    pod's state, and the reconciliation's parts (asked only by reconciliation ops)."""
-    app = web.Application()
-    app[READINESS], app[POD_STATE] = check, PodState()
-    app[RECONCILER], app[EXCHANGES] = None, None
-    return app
+from tests.support.podworkers import Worker
 
 
 def test_a_message_is_one_line_of_json() -> None:
@@ -55,7 +44,8 @@ async def test_a_worker_says_hello_reports_and_takes_the_pods_state() -> None:
         async def check() -> tuple[bool, dict[str, Any]]:
             return True, {"status": "ready", "problems": {}}
 
-        app = link_app(check)
+        app = Worker(1, os.getpid()).app  # a worker's exchanges and reconciler
+        app[READINESS], app[POD_STATE] = check, PodState()
         server = await asyncio.start_unix_server(supervisor, path=str(place.control_socket))
         stop = asyncio.Event()
         async with asyncio.timeout(5):
@@ -85,7 +75,8 @@ async def test_a_worker_whose_readiness_check_waits_still_pings() -> None:
             await asyncio.Event().wait()
             raise AssertionError("never")
 
-        app = link_app(check)
+        app = Worker(0, os.getpid()).app
+        app[READINESS], app[POD_STATE] = check, PodState()
         server = await asyncio.start_unix_server(supervisor, path=str(place.control_socket))
         async with asyncio.timeout(5):
             await worker_link(place, app, asyncio.Event())

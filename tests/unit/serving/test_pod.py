@@ -8,7 +8,7 @@ from proxy.serving.pod import (
     Place,
     PodState,
     adopted_shards,
-    left_shards,
+    lone_adopted,
     orders,
     own_settings,
     read_orders,
@@ -60,11 +60,11 @@ def test_one_process_adopts_every_shard_a_pod_left(tmp_path: Path) -> None:
     for name in ("usage.sqlite", "usage.worker-1.sqlite", "usage.worker-3.sqlite"):
         (tmp_path / name).touch()
     settings = Settings(upstream="http://vllm:8000", journal=str(journal))
-    assert left_shards(settings) == [
+    assert lone_adopted(settings) == [
         tmp_path / "usage.worker-1.sqlite",
         tmp_path / "usage.worker-3.sqlite",
     ]
-    assert left_shards(settings.model_copy(update={"journal": "off"})) == []
+    assert lone_adopted(settings.model_copy(update={"journal": "off"})) == []
 
 
 def test_a_worker_takes_the_pods_state() -> None:
