@@ -6,6 +6,7 @@ would have."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -54,8 +55,12 @@ def adoption_context(
             await outbox.start()
             log.info("shard_adopted", shard=str(outbox.journal.path))
         yield
-        for outbox in outboxes:
-            await outbox.drain(settings.drain_timeout)
-            await outbox.journal.close()
+        # Together, under one --drain-timeout: the supervisor's patience counts one.
+        await asyncio.gather(*(_drain(outbox, settings.drain_timeout) for outbox in outboxes))
 
     return ctx
+
+
+async def _drain(outbox: Outbox, timeout: float) -> None:
+    await outbox.drain(timeout)
+    await outbox.journal.close()

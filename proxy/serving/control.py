@@ -2,8 +2,10 @@
 Unix socket in the supervisor's private runtime directory, one connection per worker,
 one JSON object per line.
 
-- worker → supervisor: ``hello`` (index, pid) once, then ``state`` (ready, problems:
-  the body of its own ``/readyz``) every ``PING_SECONDS``;
+- worker → supervisor: ``hello`` (index, pid) once, then ``ping`` every
+  ``PING_SECONDS`` (its loop turns: liveness) and ``state`` (ready, problems: the body
+  of its own ``/readyz``) after each readiness check, one a ``PING_SECONDS`` at most
+  (a check may wait on a slow disk: that worker is not ready, not hung);
 - supervisor → worker: ``pod`` (status, workers: each index's state) on every change;
 - the pod's reconciliation: the supervisor's asks (``quiet``, ``take``, ``peek``,
   ``confirm``, ``give_back``, ``window``; ``serving.podtally``), the worker's ``answer``s.
@@ -53,6 +55,7 @@ async def worker_link(place: Place, app: web.Application, stop: asyncio.Event) -
     writer.write(encode({"op": "hello", "index": place.index, "pid": os.getpid()}))
     desk = TallyDesk(app, lambda answer: writer.write(encode({"op": "answer", **answer})))
     report = asyncio.create_task(_report(app, writer), name="control-report")
+    ping = asyncio.create_task(_ping(writer), name="control-ping")
     try:
         while line := await reader.readline():
             message = decode(line)
@@ -64,9 +67,10 @@ async def worker_link(place: Place, app: web.Application, stop: asyncio.Event) -
         pass
     finally:
         desk.close()
-        report.cancel()
-        with contextlib.suppress(asyncio.CancelledError, OSError):
-            await report
+        for task in (report, ping):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, OSError):
+                await task
         writer.close()
         stop.set()
 
@@ -78,3 +82,11 @@ async def _report(app: web.Application, writer: asyncio.StreamWriter) -> None:
         writer.write(encode({"op": "state", "ready": ready, "problems": body["problems"]}))
         await writer.drain()
         await asyncio.sleep(PING_SECONDS)
+
+
+async def _ping(writer: asyncio.StreamWriter) -> None:
+    """Liveness, apart from readiness: only a loop that stops turning stops it."""
+    while True:
+        await asyncio.sleep(PING_SECONDS)
+        writer.write(encode({"op": "ping"}))
+        await writer.drain()

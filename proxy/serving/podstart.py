@@ -18,12 +18,24 @@ from pathlib import Path
 import structlog
 
 from proxy.serving.cpus import budget
-from proxy.serving.startup import StartupError, listen_problem
+from proxy.serving.pod import Place
+from proxy.serving.startup import SHUTDOWN_SECONDS, StartupError, listen_problem
 from proxy.settings import Settings
 
 log = structlog.get_logger("proxy.serving.podstart")
 
 LOCK_MARGIN = 35.0  # aiohttp's 30 s shutdown timeout, and some
+DRAIN_MARGIN = 5.0  # a worker's exit after its drain: closing files, the interpreter
+
+
+def drain_patience(settings: Settings, *, adopting: bool) -> float:
+    """How long the supervisor waits for a worker to drain before it kills it: the parts
+    of the worker's own shutdown, each bounded, one after another: aiohttp's (the
+    requests in flight), the exchanges' records and its shard's outbox (a
+    ``--drain-timeout`` each), its adopted shards' outboxes (together, one more), and a
+    margin."""
+    waits = 3 if adopting else 2
+    return SHUTDOWN_SECONDS + waits * settings.drain_timeout + DRAIN_MARGIN
 
 
 def resolve_workers(settings: Settings) -> int:
@@ -90,12 +102,41 @@ def _hold(fd: int, path: Path, patience: float) -> None:
         time.sleep(0.2)
 
 
+SOCKET_PATH_BYTES = 107  # sockaddr_un's sun_path on Linux, less its terminating NUL
+
+
+def _private_dir() -> Path:
+    """A fresh 0700 directory under TMPDIR whose sockets' paths fit a Unix socket."""
+    where = tempfile.gettempdir()
+    try:
+        root = Path(tempfile.mkdtemp(prefix="usage-proxy-"))
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        raise StartupError(
+            f"cannot create the pod's runtime directory in {where}: {why} "
+            "(set TMPDIR to a writable directory)"
+        ) from None
+    longest = max(len(os.fsencode(p)) for p in _sockets(root))
+    if longest > SOCKET_PATH_BYTES:
+        shutil.rmtree(root, ignore_errors=True)
+        raise StartupError(
+            f"the pod's sockets under {where} would be {longest} bytes long, over a Unix "
+            f"socket's {SOCKET_PATH_BYTES} (set TMPDIR to a shorter directory)"
+        )
+    return root
+
+
+def _sockets(root: Path) -> list[Path]:
+    place = Place(0, 1, root)
+    return [place.control_socket, place.limiter_socket, place.admin_socket]
+
+
 @contextmanager
 def runtime_dir() -> Iterator[Path]:
     """The supervisor's private directory (0700): the control socket, the limiter
     host's socket and the multiprocess metrics (an operator's ``PROMETHEUS_MULTIPROC_DIR``
     instead when set, wiped of its ``*.db`` files)."""
-    root = Path(tempfile.mkdtemp(prefix="usage-proxy-"))
+    root = _private_dir()
     own = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     metrics = root / "metrics"
     try:

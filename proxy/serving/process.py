@@ -31,7 +31,7 @@ from proxy.serving.keys import METRICS
 from proxy.serving.limitsfile import LIMITSFILE
 from proxy.serving.pod import Place, lone_adopted
 from proxy.serving.pricesfile import PRICESFILE
-from proxy.serving.startup import StartupError, key_file_problem, listen
+from proxy.serving.startup import SHUTDOWN_SECONDS, StartupError, key_file_problem, listen
 from proxy.serving.tenancy import KeyFileError
 from proxy.settings import EventLoop, Settings
 
@@ -127,7 +127,7 @@ async def serve(settings: Settings, pod: PodLink | None = None) -> None:
         app,
         access_log=None,
         handle_signals=pod is None,
-        shutdown_timeout=30,
+        shutdown_timeout=SHUTDOWN_SECONDS,
         keepalive_timeout=settings.keepalive_timeout,  # aiohttp's handler default: 3,630 s
         # A client that hangs up does not cancel its handler (aiohttp's default, said
         # here because the exchanges rely on it and the tests run with it too).

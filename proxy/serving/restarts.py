@@ -2,8 +2,11 @@
 (docs/workers.md, "Restart, back-off, giving up"): plain decisions over exit codes and
 times, no processes.
 
-- A worker that exits 2 made a start-up mistake (a port, a file): restarting cannot fix
-  it, so the pod exits 2 (the worker's one line is already on stderr).
+- A worker that exits 2 before its index was ever ready made a start-up mistake (a
+  port, a file): restarting cannot fix it, so the pod exits 2 (the worker's one line is
+  already on stderr). Once an index has been ready, its exit 2 (a file an operator broke
+  since, a full disk at reopen) is a death like any other: the pod keeps its other
+  workers and restarts it with back-off.
 - Any one index that exits ``deaths`` times within ``window`` seconds "keeps dying": the
   pod exits 1 (Kubernetes then restarts it, with its own back-off).
 - Otherwise it is started again after a back-off: ``first`` seconds, doubling up to
@@ -56,11 +59,16 @@ class Restarts:
     window: float = 120.0
     _delays: dict[int, float] = field(default_factory=dict)
     _exits: dict[int, deque[tuple[float, str]]] = field(default_factory=dict)
+    _ready: set[int] = field(default_factory=set)
+
+    def ready(self, index: int) -> None:
+        """Worker ``index`` has been ready: its exit 2 is no longer a start-up mistake."""
+        self._ready.add(index)
 
     def exited(self, index: int, code: int, uptime: float, now: float) -> Restart | GiveUp:
         """Worker ``index`` exited with ``code`` (negative: the signal) after ``uptime``
         seconds, at ``now`` (monotonic seconds): what the supervisor does next."""
-        if code == STARTUP_MISTAKE:
+        if code == STARTUP_MISTAKE and index not in self._ready:
             return GiveUp(STARTUP_MISTAKE, f"worker {index} could not start ({cause(code)})")
         exits = self._exits.setdefault(index, deque())
         exits.append((now, cause(code)))

@@ -15,6 +15,8 @@ from aiohttp import web
 from proxy.serving.tenancy import KeyFileError
 from proxy.settings import ENV_PREFIX, Settings
 
+SHUTDOWN_SECONDS = 30.0  # aiohttp's shutdown timeout for the requests in flight (serve)
+
 
 class StartupError(Exception):
     """A start-up failure the operator can fix; the message is the whole story."""

@@ -21,11 +21,17 @@ import structlog
 from proxy.logs import configure_logging
 from proxy.serving import process
 from proxy.serving.control import HUNG_SECONDS, PING_SECONDS, decode, encode
-from proxy.serving.pod import Place, orders
+from proxy.serving.pod import Place, adopted_shards, orders
 from proxy.serving.podadmin import PodMetrics, admin_app, serve_admin
 from proxy.serving.podlimits import PodLimits, hosted_limits
 from proxy.serving.podreconcile import PodTraffic, pod_reconciler
-from proxy.serving.podstart import journal_lock, probe_port, resolve_workers, runtime_dir
+from proxy.serving.podstart import (
+    drain_patience,
+    journal_lock,
+    probe_port,
+    resolve_workers,
+    runtime_dir,
+)
 from proxy.serving.restarts import GiveUp, Restarts, cause
 from proxy.serving.startup import StartupError
 from proxy.settings import Settings
@@ -33,6 +39,7 @@ from proxy.settings import Settings
 log = structlog.get_logger("proxy.serving.supervisor")
 
 KILLED = 1  # the pod's exit code when a worker had to be killed at shutdown
+KILL_SECONDS = 5.0  # a killed worker's exit, reaped (its life then ends)
 
 
 def main(settings: Settings) -> int:
@@ -89,6 +96,9 @@ class Pod:
         self.traffic = PodTraffic(size)  # the pod's reconciler asks the workers
         self.stopping = asyncio.Event()
         self.code = 0
+        # A worker's longest drain: aiohttp's, its shard's, its adopted shards' (together).
+        adopting = any(adopted_shards(self.place(k), settings) for k in range(size))
+        self.patience = drain_patience(settings, adopting=adopting)
         self._told: dict[str, Any] = {}
 
     def place(self, index: int) -> Place:
@@ -111,8 +121,7 @@ class Pod:
             watch = asyncio.create_task(self._watch(), name="watchdog")
             await self.stopping.wait()
             self._changed()
-            await self._drain()
-            await asyncio.gather(*lives, return_exceptions=True)
+            await self._drain(lives)
             watch.cancel()
             server.close()
         if runner is not None:
@@ -172,6 +181,8 @@ class Pod:
         back-off, until the pod stops or gives up."""
         while not self.stopping.is_set():
             child = await self._spawn(index)
+            if self.stopping.is_set():  # stopped while it started: the drain did not see it
+                _signal(child, signal.SIGTERM)
             code = await child.process.wait()
             child.state = "exited"
             self._changed()
@@ -235,6 +246,8 @@ class Pod:
                 if message.get("op") == "state" and child.state != "exited":
                     child.state = "ready" if message.get("ready") else "not ready"
                     child.problems = message.get("problems") or {}
+                    if child.state == "ready":
+                        self.restarts.ready(child.index)
                     self._changed()
                 elif message.get("op") == "answer":
                     self.traffic.answered(message)
@@ -290,23 +303,24 @@ class Pod:
     def _alive(self) -> list[Child]:
         return [c for c in self.children.values() if c.process.returncode is None]
 
-    async def _drain(self) -> None:
-        """SIGTERM every worker (each drains as today's process does); SIGKILL what is
-        left after the drain timeout and aiohttp's."""
+    async def _drain(self, lives: list[asyncio.Task[None]]) -> None:
+        """SIGTERM every worker (each drains as today's process does; one still starting
+        is told by its life), wait ``patience`` for every life to end, then SIGKILL what
+        is left (the pod exits 1)."""
         alive = self._alive()
         log.info("pod_draining", workers=len(alive))
         for child in alive:
             _signal(child, signal.SIGTERM)
-        patience = self.settings.drain_timeout + 35
-        try:
-            async with asyncio.timeout(patience):
-                await asyncio.gather(*(c.process.wait() for c in alive))
-        except TimeoutError:
-            for child in self._alive():
-                log.error("worker_killed", worker=child.index, pid=child.process.pid)
-                _signal(child, signal.SIGKILL)
-                await child.process.wait()
-            self.code = self.code or KILLED
+        _, pending = await asyncio.wait(lives, timeout=self.patience)
+        if not pending:
+            return
+        for child in self._alive():
+            log.error("worker_killed", worker=child.index, pid=child.process.pid)
+            _signal(child, signal.SIGKILL)
+        self.code = self.code or KILLED
+        _, pending = await asyncio.wait(pending, timeout=KILL_SECONDS)
+        for life in pending:  # never reaped (a spawn that never returned): give it up
+            life.cancel()
 
 
 def _signal(child: Child, sig: signal.Signals) -> None:

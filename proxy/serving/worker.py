@@ -41,6 +41,9 @@ def until_stopped(place: Place) -> Callable[[web.Application], Awaitable[None]]:
 
 
 def main() -> int:
+    # SIGHUP's default action ends a process: the supervisor forwards it to every worker,
+    # this one's reload handler (process.reload_on_hangup) comes only once it listens.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     place, pod = read_orders(sys.stdin.read())
     structlog.contextvars.bind_contextvars(worker=place.index)
     link = PodLink(place, until_stopped(place), adopted_shards(place, pod))

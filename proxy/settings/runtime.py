@@ -35,6 +35,20 @@ class RuntimeOptions(BaseModel):
         description="Name of this proxy instance in usage records (default: host name).",
     )
 
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers(cls, value: object) -> object:
+        """One message for any refused value (not one per member of the union)."""
+        if value == "auto":
+            return value
+        try:
+            number = int(str(value)) if not isinstance(value, bool) else 0
+        except ValueError:
+            number = 0
+        if number < 1:
+            raise ValueError("a number >= 1, or auto")
+        return number
+
     @field_validator("log_level")
     @classmethod
     def _known_level(cls, value: str) -> str:

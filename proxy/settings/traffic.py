@@ -49,7 +49,8 @@ class TrafficOptions(BaseModel):
         gt=0,
         description="Bytes of audited/metered request bodies held in memory at once (the "
         "proxy parses and counts them at a few times their size); past it, 503 with "
-        "Retry-After. Size it with the memory limit: about 5 bytes of RSS per body byte.",
+        "Retry-After. Size it with the memory limit: about 5 bytes of RSS per body byte. Per "
+        "worker: a pod of --workers N holds up to N times as much.",
     )
     body_read_timeout: float = Field(
         30.0,
@@ -100,7 +101,8 @@ class TrafficOptions(BaseModel):
         "--max-inflight-body-bytes kept for the other tenants: a tenant may use more while "
         "the rest is free, but a request that would take the last share from the others "
         "gets 429 with Retry-After (a tenant's lone request never does). Applies with "
-        "--api-keys or --tenant-header; 1 turns it off.",
+        "--api-keys or --tenant-header; 1 turns it off. Per worker: each worker of a pod "
+        "keeps its share of its own connections and bytes.",
     )
     max_documents: int = Field(
         100_000,

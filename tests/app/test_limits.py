@@ -432,6 +432,33 @@ async def test_a_restart_mid_period_continues_the_budget(
     assert resp.status == 429  # 36 more would pass 100: the month is not reset
 
 
+async def test_a_scale_down_to_one_process_counts_every_shards_budget(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """2 -> 1 worker: the one process that adopts the shard a worker of the pod left
+    restores its budgets from it as well as from its own journal (the month goes on)."""
+    policies = {"tenants": {"acme": {"prompt_tokens_per_month": 100}}}
+    pod = tmp_path / "pod"  # worker 1's shard, written as its journal, then put beside
+    pod.mkdir()
+    _, first = await limited_proxy(aiohttp_server, aiohttp_client, minilm_path, pod, policies)
+    for _ in range(2):
+        resp = await first.post("/rerank", json=RERANK, headers=ACME)
+        assert resp.status == 200
+    left = int(resp.headers["x-ratelimit-remaining-tokens"])
+    await first.close()
+    assert left < 100
+    shard = (pod / "journal.sqlite").rename(tmp_path / "journal.worker-1.sqlite")
+
+    _, alone = await limited_proxy(
+        aiohttp_server, aiohttp_client, minilm_path, tmp_path, policies, adopted=[shard]
+    )
+    metrics = alone.app[METRICS].render().decode()
+    assert "usage_proxy_limits_restored_records_total 2.0" in metrics
+    resp = await alone.post("/v1/embeddings", json={"input": "hi"}, headers=ACME)
+    assert resp.status == 200
+    assert int(resp.headers["x-ratelimit-remaining-tokens"]) == left - 3
+
+
 async def test_a_bad_limits_file_keeps_the_policies_in_use(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
 ) -> None:

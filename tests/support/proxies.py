@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,11 @@ async def fake_and_proxy(
     family: str = "bi-encoder",
     middlewares: tuple[Any, ...] = (),
     upstream_host: str = "127.0.0.1",
+    adopted: Sequence[Path] = (),
     **options: Any,
 ) -> tuple[Any, Any]:
     """A fake vLLM (real MiniLM tokenizer) and the proxy in front of it, discovery done.
+    ``adopted``: shards a larger pod left, as ``create_app`` takes them.
 
     ``middlewares`` go on the fake's app (faults beyond ``tamper``: streamed or endless
     answers, cookies); ``upstream_host`` is the name the proxy is given for it. The fake's
@@ -44,7 +47,9 @@ async def fake_and_proxy(
     app.middlewares.extend(middlewares)
     server = await aiohttp_server(app)
     upstream = str(server.make_url("")).replace("127.0.0.1", upstream_host)
-    client = await aiohttp_client(create_app(Settings(upstream=upstream, **options)))
+    client = await aiohttp_client(
+        create_app(Settings(upstream=upstream, **options), adopted=adopted)
+    )
     assert await client.app[CATALOG].wait_ready(10)
     return fake, client
 

@@ -56,3 +56,33 @@ async def test_a_worker_says_hello_reports_and_takes_the_pods_state() -> None:
     assert app[POD_STATE].ready
     assert app[POD_STATE].workers == {"0": "ready"}
     assert stop.is_set()
+
+
+async def test_a_worker_whose_readiness_check_waits_still_pings() -> None:
+    """Liveness is apart from readiness: a check stuck on a slow disk (a journal commit
+    waiting) leaves the worker's loop turning, and its pings keep coming, so the
+    supervisor does not kill it as hung."""
+    with tempfile.TemporaryDirectory() as runtime:
+        place = Place(0, 1, Path(runtime))
+        heard: list[dict[str, Any]] = []
+
+        async def supervisor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            for _ in range(3):
+                heard.append(json.loads(await reader.readline()))
+            writer.close()
+
+        async def check() -> tuple[bool, dict[str, Any]]:
+            await asyncio.Event().wait()
+            raise AssertionError("never")
+
+        app = Worker(0, os.getpid()).app
+        app[READINESS], app[POD_STATE] = check, PodState()
+        server = await asyncio.start_unix_server(supervisor, path=str(place.control_socket))
+        async with asyncio.timeout(5):
+            await worker_link(place, app, asyncio.Event())
+        server.close()
+    assert heard == [
+        {"op": "hello", "index": 0, "pid": os.getpid()},
+        {"op": "ping"},
+        {"op": "ping"},
+    ]

@@ -8,6 +8,7 @@ from proxy.serving.pod import (
     Place,
     PodState,
     adopted_shards,
+    lone_adopted,
     orders,
     own_settings,
     read_orders,
@@ -50,6 +51,20 @@ def test_orders_without_a_journal_keep_it_off() -> None:
     place, pod = read_orders(orders(Place(1, 2, Path("/run/p")), settings).decode())
     assert own_settings(place, pod).journal == "off"
     assert adopted_shards(place, pod) == []
+
+
+def test_one_process_adopts_every_shard_a_pod_left(tmp_path: Path) -> None:
+    """--workers 1 after a pod: every worker's shard beside the journal is delivered and
+    counted by the one process (none without a journal)."""
+    journal = tmp_path / "usage.sqlite"
+    for name in ("usage.sqlite", "usage.worker-1.sqlite", "usage.worker-3.sqlite"):
+        (tmp_path / name).touch()
+    settings = Settings(upstream="http://vllm:8000", journal=str(journal))
+    assert lone_adopted(settings) == [
+        tmp_path / "usage.worker-1.sqlite",
+        tmp_path / "usage.worker-3.sqlite",
+    ]
+    assert lone_adopted(settings.model_copy(update={"journal": "off"})) == []
 
 
 def test_a_worker_takes_the_pods_state() -> None:

@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 import socket
 import stat
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from proxy.serving.podstart import (
+    drain_patience,
     journal_lock,
     probe_port,
     resolve_workers,
@@ -67,3 +69,36 @@ def test_an_operators_metrics_directory_is_wiped_and_used(
         assert (root / "metrics").resolve() == tmp_path.resolve()
         assert sorted(os.listdir(tmp_path)) == ["keep.txt"]
     assert (tmp_path / "keep.txt").exists()
+
+
+def test_a_runtime_directory_that_cannot_be_made_is_one_line_naming_tmpdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TMPDIR that cannot take the directory (a read-only root file system, a missing
+    directory) is a start-up error that says to set TMPDIR, not a traceback."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing"))
+    with pytest.raises(StartupError, match="set TMPDIR") as caught, runtime_dir():
+        pass
+    assert "\n" not in str(caught.value)
+    assert str(tmp_path / "missing") in str(caught.value)
+
+
+def test_a_tmpdir_too_long_for_a_unix_socket_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sockets' paths must fit sockaddr_un (107 bytes): a TMPDIR too deep for them is
+    refused before any socket, and the directory made for it is gone."""
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    with pytest.raises(StartupError, match="shorter directory"), runtime_dir():
+        pass
+    assert list(deep.iterdir()) == []
+
+
+def test_the_drain_patience_adds_up_a_workers_shutdown() -> None:
+    """aiohttp's 30 s, the exchanges' and the own outbox's --drain-timeout, one more for
+    adopted shards (drained together), and a margin."""
+    settings = Settings(**POD, drain_timeout=10)
+    assert drain_patience(settings, adopting=False) == 30 + 2 * 10 + 5
+    assert drain_patience(settings, adopting=True) == 30 + 3 * 10 + 5

@@ -65,6 +65,20 @@ def test_a_start_up_mistake_gives_up_at_once() -> None:
     assert decision.code == 2
 
 
+def test_exit_2_after_being_ready_is_a_death_with_back_off() -> None:
+    """An index that was ready once and then exits 2 (a key file broken since, a full
+    disk at reopen) is restarted with back-off: the pod keeps its other workers; it still
+    gives up when it keeps dying."""
+    restarts = Restarts()
+    restarts.ready(0)
+    decisions = [restarts.exited(0, 2, uptime=5.0, now=float(t)) for t in range(5)]
+    assert decisions[:4] == [Restart(0.5), Restart(1.0), Restart(2.0), Restart(4.0)]
+    assert isinstance(decisions[4], GiveUp)
+    assert decisions[4].code == 1
+    other = restarts.exited(1, 2, uptime=0.5, now=6.0)
+    assert other == GiveUp(2, "worker 1 could not start (exit 2)")
+
+
 @pytest.mark.parametrize(
     ("code", "said"),
     [(0, "exit 0"), (3, "exit 3"), (-signal.SIGKILL, "signal SIGKILL"), (-200, "signal 200")],
