@@ -35,8 +35,6 @@ TESTED_THROUGH_THE_APP = {
     "serving/realtime": "the realtime session handler: app/test_realtime.py",
     "serving/metered": "the metered handler: app/test_metering.py, app/test_generation.py",
     "serving/podadmin": "the pod's metrics and admin port: process/test_workers.py",
-    "serving/supervisor": "the pod's processes: process/test_workers.py; rules: test_restarts",
-    "serving/worker": "a pod's worker process: process/test_workers.py",
     "serving/relayed": "the transparent handler: app/test_app.py, app/test_security.py",
     "serving/routing": "the route table applied to requests: app/test_security.py",
     "serving/upstream": "the session and its errors: app/test_faults.py, app/test_odd_answers.py",
