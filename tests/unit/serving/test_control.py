@@ -11,9 +11,9 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.serving.app import POD_STATE, READINESS
 from proxy.serving.control import decode, encode, worker_link
-from proxy.serving.pod import Place, PodState
+from proxy.serving.pod import POD_STATE, Place, PodState
+from proxy.serving.readiness import READINESS
 
 
 def test_a_message_is_one_line_of_json() -> None:
