@@ -464,6 +464,19 @@ SPECS: dict[str, _Spec] = {
 }
 
 
+def shown_tenants(directory: Path) -> set[str]:
+    """The tenant label values (``other`` aside) the pod's multiprocess ``directory``
+    already holds, read once as a worker starts."""
+    pod = CollectorRegistry()
+    multiprocess.MultiProcessCollector(pod, path=str(directory))  # type: ignore[no-untyped-call]
+    return {
+        sample.labels["tenant"]
+        for family in pod.collect()
+        for sample in family.samples
+        if sample.labels.get("tenant", OTHER) != OTHER
+    }
+
+
 class DriftMetrics(Protocol):
     """What the reconciler writes: the engine's growth, the drift, the windows."""
 
@@ -577,7 +590,9 @@ class Metrics:
         self._served = served
         self._tenants = settings.metrics_tenant_label
         self._max_tenants = settings.metrics_max_tenants
-        self._seen: set[str] = set()
+        # A worker restarted in a pod: the series its predecessors labelled stay in the
+        # pod's sums, so they count against its cap (else each restart adds a cap's worth).
+        self._seen: set[str] = shown_tenants(multiprocess_dir) if multiprocess_dir else set()
         # Tenants from the API-key map are a known, bounded set: never folded into 'other'.
         self._trusted = frozenset(trusted_tenants)
         # Labelled series already looked up, by label values (as bounded as the series).

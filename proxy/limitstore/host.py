@@ -16,17 +16,18 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
 from pydantic import ValidationError
 
-from proxy.limits.limiter import Ticket, Usage
+from proxy.limits.history import History
+from proxy.limits.limiter import Ticket
 from proxy.limits.meters import BudgetMeter, Gate
 from proxy.limits.policy import Policies
 from proxy.limitstore.hostwire import (
+    LINE_LIMIT,
     TO_HOST,
     VERSION,
     Answer,
@@ -34,6 +35,7 @@ from proxy.limitstore.hostwire import (
     Bye,
     Failure,
     Hello,
+    Loaded,
     Message,
     Release,
     Replace,
@@ -52,10 +54,11 @@ class ProtocolError(Exception):
     """A line the host cannot take: the connection is closed."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Connection:
     part: int
     tickets: dict[int, Ticket] = field(default_factory=dict)
+    closed: asyncio.Event = field(default_factory=asyncio.Event)  # set once ``_lost`` ran
 
 
 class LimiterHost:
@@ -67,12 +70,16 @@ class LimiterHost:
         self._server: asyncio.Server | None = None
         self._numbers = itertools.count(1)
         self._digest = digest(limiter.policies)
+        self._applied = {self._digest}  # every file ever applied: older ones, by digest
+        self._connections: set[_Connection] = set()
         # Dead workers' budget tickets, by part, until their shard is read again.
         self.held: dict[int, list[Ticket]] = {}
         self._writers: set[asyncio.StreamWriter] = set()
 
     async def start(self) -> None:
-        self._server = await asyncio.start_unix_server(self._serve, path=str(self.path))
+        self._server = await asyncio.start_unix_server(
+            self._serve, path=str(self.path), limit=LINE_LIMIT
+        )
 
     async def close(self) -> None:
         """Stop listening and close every worker's connection."""
@@ -83,22 +90,30 @@ class LimiterHost:
             await self._server.wait_closed()
             self._server = None
 
-    async def reread(self, part: int, history: Iterable[Usage], now: float) -> int:
-        """Replace ``part``'s usage by its journal shard's (``history``), then drop the
-        budget units a dead worker of that part still held: the shard now counts every
-        record it committed, settled or not. The records taken."""
-        taken = await self.limiter.restore(history, now, part=part)
+    async def hung_up(self, part: int) -> None:
+        """Once every connection of ``part`` has closed and its tickets were taken into
+        ``held`` (``_lost`` ran): a dead worker's socket closes with its process, and the
+        host reads the end of it on its loop, perhaps after the supervisor saw the exit."""
+        for connection in [c for c in self._connections if c.part == part]:
+            await connection.closed.wait()
+
+    def reread(self, part: int, history: History) -> None:
+        """Replace ``part``'s usage by its journal shard's (``history``, built off the
+        loop), then drop the budget units a dead worker of that part still held: the
+        shard now counts every record it committed, settled or not. Call it after
+        ``hung_up(part)``: the held units are then all in ``held``."""
+        self.limiter.adopt(part, history)
         for ticket in self.held.pop(part, []):
             self._give(ticket, BudgetMeter)
-        return taken
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
         connection: _Connection | None = None
         try:
-            connection = _Connection(self._greet(await reader.readline()).part)
+            connection = _Connection(self._greet(await _line(reader)).part)
+            self._connections.add(connection)
             writer.write(Welcome(version=VERSION).line())
-            while line := await reader.readline():
+            while line := await _line(reader):
                 message = _parsed(line)
                 if isinstance(message, Bye):
                     break
@@ -114,6 +129,8 @@ class LimiterHost:
             self._writers.discard(writer)
             if connection is not None:
                 self._lost(connection)
+                self._connections.discard(connection)
+                connection.closed.set()
             writer.close()
             with contextlib.suppress(ConnectionError):
                 await writer.wait_closed()
@@ -150,6 +167,8 @@ class LimiterHost:
                 await self.limiter.release(ticket, message.now)
         elif isinstance(message, Replace):
             self._replace(message)
+        elif isinstance(message, Loaded):
+            self._loaded(message, connection)
         elif isinstance(message, Ask):
             limits = await self.limiter.standing(message.tenant, message.now)
             return Standings(n=message.n, limits=tuple(limits))
@@ -163,6 +182,17 @@ class LimiterHost:
         if changed != self._digest:
             self.limiter.replace(message.policies)
             self._digest = changed
+            self._applied.add(changed)
+
+    def _loaded(self, message: Loaded, connection: _Connection) -> None:
+        """A worker's policies at its start: a file the host never applied is newer (it
+        changed before any reload said so) and applied; one it applied before is older
+        (the worker read it before the change): kept out, logged, until its reload."""
+        loaded = digest(message.policies)
+        if loaded not in self._applied:
+            self._replace(Replace(policies=message.policies))
+        elif loaded != self._digest:
+            log.warning("limits_older_in_worker", part=connection.part, digest=loaded[:12])
 
     def _lost(self, connection: _Connection) -> None:
         """A connection closed with tickets open: its worker died or hung up mid-request."""
@@ -182,6 +212,14 @@ class LimiterHost:
             meter = self.limiter.meters.get((scope, name))
             if isinstance(meter, kind):
                 meter.give(ticket.cost.of(unit), time.time())
+
+
+async def _line(reader: asyncio.StreamReader) -> bytes:
+    """The next line (b"" at the end), one longer than ``LINE_LIMIT`` a ``ProtocolError``."""
+    try:
+        return await reader.readline()
+    except ValueError as exc:  # the limit overrun; the stream cannot go on
+        raise ProtocolError(f"a line over {LINE_LIMIT} bytes: {exc}") from None
 
 
 def _parsed(line: bytes) -> Message:

@@ -38,12 +38,14 @@ from proxy.limits.limiter import (
 from proxy.limits.policy import Policies
 from proxy.limitstore.hostwire import (
     FROM_HOST,
+    LINE_LIMIT,
     VERSION,
     Answer,
     Ask,
     Bye,
     Failure,
     Hello,
+    Loaded,
     Release,
     Replace,
     Reserve,
@@ -91,18 +93,19 @@ class HostedLimiter:
 
     async def open(self) -> None:
         """Connect as worker ``part`` (its journal shard), before the worker serves; the
-        policies it loaded go with the hello (applied only where they differ: a worker
-        restarted after the file changed brings the file's). ``HostError``: no host."""
+        policies it loaded follow the hello (``Loaded``: applied only if the host never
+        applied them, so a worker that read the file before it changed rolls nothing
+        back). ``HostError``: no host."""
         path = self.path
         try:
-            reader, writer = await asyncio.open_unix_connection(str(path))
+            reader, writer = await asyncio.open_unix_connection(str(path), limit=LINE_LIMIT)
         except OSError as exc:
             raise HostError(f"cannot reach the limiter host at {path}: {exc}") from None
         writer.write(Hello(version=VERSION, part=self.part).line())
         try:
             async with asyncio.timeout(WELCOME_SECONDS):
                 answer = _parsed(await reader.readline())
-        except (TimeoutError, ConnectionError, HostError) as exc:
+        except (TimeoutError, ConnectionError, HostError, ValueError) as exc:
             writer.close()
             raise HostError(f"no welcome from the limiter host at {path}: {exc!r}") from None
         if not isinstance(answer, Welcome):
@@ -110,7 +113,7 @@ class HostedLimiter:
             why = answer.why if isinstance(answer, Failure) else "no welcome"
             raise HostError(f"the limiter host at {path} refused this worker: {why}")
         self._writer, self._gone = writer, None
-        self._send(Replace(policies=self.policies).line())
+        self._send(Loaded(policies=self.policies).line())
         self._listening = asyncio.create_task(self._listen(reader), name="limiter-host")
 
     def wants_tokens(self, tenant: str) -> bool:
@@ -215,7 +218,7 @@ class HostedLimiter:
                         future.set_result(answer)
                 elif isinstance(answer, Failure):
                     why = f"the pod's limiter host refused this worker: {answer.why}"
-        except (ConnectionError, HostError) as exc:
+        except (ConnectionError, HostError, ValueError) as exc:  # ValueError: over LINE_LIMIT
             why = f"{GONE} ({exc})"
         finally:
             self._lost(why)

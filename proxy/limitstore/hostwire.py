@@ -3,12 +3,13 @@ the host's Unix socket: one JSON object a line, each typed at the boundary (pyda
 protocol's version agreed once, in the hello.
 
 A worker says ``hello`` (its version and its part: the index of its journal shard), then
-``reserve`` (answered by a ``decision`` carrying its sequence number), ``settle``,
-``release`` and ``replace`` (not answered: the host handles one connection's lines in
-order, so a settle never overtakes its reserve), ``standing`` (answered by ``standings``,
-by its sequence number: the usage API's standing of a tenant, read on the host), and
-``bye`` before it closes. The host answers a hello with ``welcome``, or ``error`` and
-closes.
+``loaded`` (the policies it started with), ``reserve`` (answered by a ``decision``
+carrying its sequence number), ``settle``, ``release`` and ``replace`` (not answered:
+the host handles one connection's lines in order, so a settle never overtakes its
+reserve), ``standing`` (answered by ``standings``, by its sequence number: the usage
+API's standing of a tenant, read on the host), and ``bye`` before it closes. The host
+answers a hello with ``welcome``, or ``error`` and closes (and any line it cannot take:
+not a message, or longer than ``LINE_LIMIT``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from proxy.limits.limiter import Cost, LimitStanding, Refusal, Standing, Who
 from proxy.limits.policy import Policies
 
-VERSION = 2  # 2: standing and standings
+VERSION = 3  # 2: standing and standings; 3: loaded
+# The longest line either end reads: far above any sane limits file (a policy is ~1 KB a
+# tenant), never asyncio's 64 KiB default, which cut a worker off at ~75 tenants.
+LINE_LIMIT = 64 * 1024 * 1024
 
 
 class Message(BaseModel):
@@ -62,7 +66,19 @@ class Release(Message):
 
 
 class Replace(Message):
+    """The policies a worker reloaded (SIGHUP, its file watcher): the host applies them
+    where they differ from its own."""
+
     op: Literal["replace"] = "replace"
+    policies: Policies
+
+
+class Loaded(Message):
+    """The policies a worker loaded at its start, sent once connected: the host applies
+    them only if it never applied them (a file changed before any reload told it); a
+    file it applied before is an older one, logged, never a roll-back."""
+
+    op: Literal["loaded"] = "loaded"
     policies: Policies
 
 
@@ -111,7 +127,7 @@ class Failure(Message):
 
 
 ToHost = Annotated[
-    Hello | Reserve | Settle | Release | Replace | Ask | Bye, Field(discriminator="op")
+    Hello | Reserve | Settle | Release | Replace | Loaded | Ask | Bye, Field(discriminator="op")
 ]
 FromHost = Annotated[Welcome | Answer | Standings | Failure, Field(discriminator="op")]
 TO_HOST: TypeAdapter[ToHost] = TypeAdapter(ToHost)
@@ -120,5 +136,6 @@ FROM_HOST: TypeAdapter[FromHost] = TypeAdapter(FromHost)
 
 def digest(policies: Policies) -> str:
     """The SHA-256 of the policies as sent: the host applies a ``replace`` only when it
-    changes them (every worker sends the file it reloaded)."""
+    changes them (every worker sends the file it reloaded), a ``loaded`` only when it
+    never applied them."""
     return hashlib.sha256(policies.model_dump_json().encode()).hexdigest()

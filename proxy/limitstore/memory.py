@@ -97,12 +97,14 @@ class InProcessLimiter:
     ) -> None:
         if not ticket.end():
             return
-        history = self.history if part is None else self.parts.setdefault(part, History())
-        history.note(ticket.who, billed, now)
+        # The meters first: one that re-reads its period now (a new period, or a part
+        # read again) must not find these units in the history and add them again.
         for scope, name, unit in ticket.taken:
             meter = self.meters.get((scope, name))
             if meter is not None:
                 meter.adjust(ticket.cost.of(unit), billed.of(unit), now)
+        history = self.history if part is None else self.parts.setdefault(part, History())
+        history.note(ticket.who, billed, now)
         self._prune(now)
 
     async def release(self, ticket: Ticket, now: float) -> None:
@@ -128,6 +130,14 @@ class InProcessLimiter:
         for meter in self.meters.values():  # re-read their period from the history
             meter.reread()
         return taken
+
+    def adopt(self, part: int, history: History) -> None:
+        """Replace ``part``'s usage (a worker's journal shard, read again) by
+        ``history``, built elsewhere (off the event loop): the budgets re-read their
+        period from it."""
+        self.parts[part] = history
+        for meter in self.meters.values():
+            meter.reread()
 
     async def standing(self, tenant: str, now: float) -> list[LimitStanding]:
         return [

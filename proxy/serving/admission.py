@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -36,7 +37,7 @@ from proxy.limits.speech import price_speech
 from proxy.metrics import Metrics
 from proxy.serving.catalog import Catalog
 from proxy.serving.exchange import Exchange, Hold
-from proxy.serving.history import history_start, journal_history
+from proxy.serving.history import history_start, journal_history, shard_history
 from proxy.serving.pricesfile import Prices
 from proxy.serving.prompts import PromptCounter, asks, tokenizes
 from proxy.serving.upstream import SESSION, error_response
@@ -463,16 +464,23 @@ async def add_headers(request: web.Request, response: web.StreamResponse) -> Non
 
 
 def restore_context(
-    admission: Admission, journal: Journal | None, metrics: Metrics
+    admission: Admission,
+    journal: Journal | None,
+    metrics: Metrics,
+    adopted: Sequence[Path] = (),
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     """cleanup_ctx (after the journal opens): each budget's period usage rebuilt from the
-    journal's records, so a restart does not reset a month."""
+    journal's records and those of the ``adopted`` shards (a larger pod's, this process
+    delivers them), so a restart does not reset a month."""
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         if journal is not None:
             now = time.time()
             since = history_start(admission.limiter.policies, now)
             history, restored = await journal_history(journal, since, admission.table)
+            for path in adopted:
+                more, count = await shard_history(path, since, admission.table)
+                history, restored = history + more, restored + count
             await admission.limiter.restore(history, now)
             metrics.limits_restored.inc(restored)
             log.info("budgets_restored", since=since.isoformat(), records=restored)

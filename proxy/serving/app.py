@@ -356,7 +356,7 @@ def create_app(
 
     restore = []  # a hosted limiter's host restored every shard before any worker started
     if admission is not None and not hosted(settings, pod):
-        restore.append(restore_context(admission, journal, metrics))
+        restore.append(restore_context(admission, journal, metrics, adopted))
     for context in (
         # first in, last out: the metric is flushed after every exchange has its record
         *([usage[1]] if usage else []),

@@ -51,8 +51,8 @@ async def worker_link(place: Place, app: web.Application, stop: asyncio.Event) -
     supervisor hangs up."""
     reader, writer = await asyncio.open_unix_connection(str(place.control_socket))
     writer.write(encode({"op": "hello", "index": place.index, "pid": os.getpid()}))
-    report = asyncio.create_task(_report(app, writer), name="control-report")
     desk = TallyDesk(app, lambda answer: writer.write(encode({"op": "answer", **answer})))
+    report = asyncio.create_task(_report(app, writer), name="control-report")
     try:
         while line := await reader.readline():
             message = decode(line)

@@ -4,7 +4,9 @@ supervisor runs. Light to import: the supervisor needs it without the applicatio
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
+from pathlib import Path
 
 from proxy.accounting.prices import PriceTable
 from proxy.accounting.units import Quantities
@@ -14,6 +16,21 @@ from proxy.limits.history import BUCKET_SECONDS
 from proxy.limits.limiter import Cost, Usage, Who
 from proxy.limits.periods import earliest_start
 from proxy.limits.policy import Policies
+
+
+async def shard_history(
+    path: Path, since: datetime, table: PriceTable | None
+) -> tuple[list[Usage], int]:
+    """``journal_history`` of the shard at ``path``, opened for the read (none if it does
+    not exist)."""
+    if not await asyncio.to_thread(path.is_file):
+        return [], 0
+    journal = Journal(path)
+    await journal.open()
+    try:
+        return await journal_history(journal, since, table)
+    finally:
+        await journal.close()
 
 
 def history_start(policies: Policies, now: float) -> datetime:

@@ -89,6 +89,14 @@ def own_settings(place: Place, pod: Settings) -> Settings:
     return pod.model_copy(update={"journal": str(shard)})
 
 
+def lone_adopted(settings: Settings) -> list[Path]:
+    """The shards a pod left that one process (``--workers 1``) delivers and counts: it
+    is a pod of one, so a rollback from a pod forgets no shard's records or month."""
+    if not settings.metering:
+        return []
+    return adopted(Path(settings.journal), 0, 1)
+
+
 def adopted_shards(place: Place, pod: Settings) -> list[Path]:
     """The shards left by a larger pod that this worker delivers (``shards.adopted``)."""
     if not pod.metering:

@@ -20,20 +20,23 @@ import structlog
 from aiohttp import web
 
 from proxy.accounting.prices import PriceTable
-from proxy.ledger.journal import Journal
 from proxy.ledger.shards import numbered, shard_path
+from proxy.limits.history import History
 from proxy.limits.limiter import Lifetime, Usage
 from proxy.limits.policy import Policies
 from proxy.limits.problems import read_limits
 from proxy.limitstore.host import LimiterHost, build_host
 from proxy.limitstore.hosted import HostError
-from proxy.serving.history import history_start, journal_history
+from proxy.serving.history import history_start, shard_history
 from proxy.serving.pod import Place
 from proxy.serving.pricesfile import read_table
 from proxy.serving.startup import StartupError, file_problem
 from proxy.settings import Settings
 
 log = structlog.get_logger("proxy.serving.podlimits")
+# How long a dead worker's connection may take to be seen closed by the host (its socket
+# closes with the process: at once, unless the supervisor's loop is behind).
+HANG_UP_SECONDS = 10.0
 
 
 @dataclass(slots=True)
@@ -49,18 +52,26 @@ class PodLimits:
         """Worker ``index`` is gone: read its shard again (every record it committed,
         settled with the host or not) as its part, then drop the budget units its lost
         connection still held, so its billing counts exactly once. Call it before the
-        worker is started again. The records read."""
+        worker is started again. The records read.
+
+        In this order: the host first sees the worker's connection closed (its tickets
+        then all held), the shard is read in a thread (never on this loop, which answers
+        every reservation of the pod), and the part swapped and the held units dropped
+        at once, on the loop, between two reservations."""
         if self.journal is None:
             # No shard to read: the held units stay held (never an overshoot), logged.
             log.warning("limits_held_unread", worker=index, why="--journal off")
             return 0
-        now = time.time()
-        history = await read_shard(
-            shard_path(self.journal, index), self.host.limiter.policies, self._table(), now
-        )
-        taken = await self.host.reread(index, history, now)
-        log.info("limits_part_reread", worker=index, sums=taken)
-        return taken
+        try:
+            async with asyncio.timeout(HANG_UP_SECONDS):
+                await self.host.hung_up(index)
+        except TimeoutError:  # its tickets, held later, stay held: never an overshoot
+            log.warning("limits_hang_up_unseen", worker=index, seconds=HANG_UP_SECONDS)
+        path, policies = shard_path(self.journal, index), self.host.limiter.policies
+        history, records = await read_part(path, policies, self._table(), time.time())
+        self.host.reread(index, history)
+        log.info("limits_part_reread", worker=index, records=records)
+        return records
 
     def _table(self) -> PriceTable | None:
         """The price file as it is now (a price added since the start prices the records
@@ -103,11 +114,30 @@ async def restore_shards(host: LimiterHost, journal: Path, table: PriceTable | N
     per shard (scaled down ones too), before any worker connects: the records read."""
     now, restored = time.time(), 0
     for index, path in await asyncio.to_thread(numbered, journal):
-        history = await read_shard(path, host.limiter.policies, table, now)
-        await host.reread(index, history, now)
-        restored += sum(usage.cost.requests for usage in history)
+        history, records = await read_part(path, host.limiter.policies, table, now)
+        host.reread(index, history)
+        restored += records
     log.info("budgets_restored", journal=str(journal), records=restored)
     return restored
+
+
+async def read_part(
+    path: Path, policies: Policies, table: PriceTable | None, now: float
+) -> tuple[History, int]:
+    """The shard at ``path`` as a part's usage history, and its records: read and built
+    in a thread with its own event loop, so that nothing growing with the month's usage
+    runs on the supervisor's."""
+    return await asyncio.to_thread(_read_part, path, policies, table, now)
+
+
+def _read_part(
+    path: Path, policies: Policies, table: PriceTable | None, now: float
+) -> tuple[History, int]:
+    history = History()
+    usages = asyncio.run(read_shard(path, policies, table, now))
+    for usage in usages:
+        history.note(usage.who, usage.cost, usage.at)
+    return history, sum(usage.cost.requests for usage in usages)
 
 
 async def read_shard(
@@ -115,14 +145,7 @@ async def read_shard(
 ) -> list[Usage]:
     """What the shard at ``path`` billed in the budgets' periods (none if it does not
     exist): the journal's own query, in its own thread, as a worker restores."""
-    if not await asyncio.to_thread(path.is_file):
-        return []
-    journal = Journal(path)
-    await journal.open()
-    try:
-        history, _ = await journal_history(journal, history_start(policies, now), table)
-    finally:
-        await journal.close()
+    history, _ = await shard_history(path, history_start(policies, now), table)
     return history
 
 

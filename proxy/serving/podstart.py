@@ -48,12 +48,13 @@ def probe_port(settings: Settings) -> None:
 
 
 @contextmanager
-def journal_lock(settings: Settings, patience: float | None = None) -> Iterator[None]:
+def journal_lock(settings: Settings, patience: float | None = None) -> Iterator[int | None]:
     """The pod's hold on its journal shards: ``<journal>.lock``, waited for up to
     ``patience`` seconds, by default the drain timeout and aiohttp's (a rolling update's
-    old pod is still draining)."""
+    old pod is still draining). Yields the locked descriptor (None without a journal):
+    the workers inherit it, so the lock outlives a supervisor killed before them."""
     if not settings.metering:
-        yield
+        yield None
         return
     path = Path(settings.journal + ".lock")
     try:
@@ -64,7 +65,7 @@ def journal_lock(settings: Settings, patience: float | None = None) -> Iterator[
     with handle:
         wait = settings.drain_timeout + LOCK_MARGIN if patience is None else patience
         _hold(handle.fileno(), path, wait)
-        yield
+        yield handle.fileno()
 
 
 def _hold(fd: int, path: Path, patience: float) -> None:

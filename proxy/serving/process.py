@@ -29,7 +29,7 @@ from proxy.serving.keyfile import KEYFILE
 from proxy.serving.keys import METRICS
 from proxy.serving.limitsfile import LIMITSFILE
 from proxy.serving.loops import new_event_loop
-from proxy.serving.pod import Place
+from proxy.serving.pod import Place, lone_adopted
 from proxy.serving.pricesfile import PRICESFILE
 from proxy.serving.startup import StartupError, key_file_problem, listen
 from proxy.serving.tenancy import KeyFileError
@@ -112,7 +112,7 @@ class PodLink:
 async def serve(settings: Settings, pod: PodLink | None = None) -> None:
     """aiohttp's run_app, plus the client connection cap (which run_app cannot take)."""
     if pod is None:
-        app = create_app(settings)
+        app = create_app(settings, adopted=lone_adopted(settings))
     else:
         app = create_app(settings, pod=pod.place, adopted=pod.adopted)
     runner = web.AppRunner(

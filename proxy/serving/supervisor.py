@@ -45,8 +45,8 @@ def main(settings: Settings) -> int:
         return process.run_or_explain(settings)
     try:
         probe_port(settings)
-        with journal_lock(settings), runtime_dir() as runtime:
-            pod = Pod(settings, workers, runtime)
+        with journal_lock(settings) as lock, runtime_dir() as runtime:
+            pod = Pod(settings, workers, runtime, lock)
             loop = new_event_loop(settings.event_loop)
             try:
                 return loop.run_until_complete(pod.run())
@@ -75,8 +75,14 @@ class Pod:
     limiter host) start before the first worker and close after the last has drained;
     every worker's exit goes through ``worker_exited`` before any restart."""
 
-    def __init__(self, settings: Settings, size: int, runtime: Path) -> None:
+    def __init__(
+        self, settings: Settings, size: int, runtime: Path, lock: int | None = None
+    ) -> None:
         self.settings, self.size, self.runtime = settings, size, runtime
+        # The journal lock's descriptor, inherited by every worker: a worker still
+        # writing its shard keeps the journal from the next pod, even when this
+        # supervisor was SIGKILLed before it (flock holds while any copy is open).
+        self.inherited = (lock,) if lock is not None else ()
         self.metrics = PodMetrics(Place(0, size, runtime).metrics_dir)
         self.children: dict[int, Child] = {}
         self.restarts = Restarts()
@@ -200,6 +206,7 @@ class Pod:
             "-m",
             "proxy.serving.worker",
             stdin=asyncio.subprocess.PIPE,
+            pass_fds=self.inherited,
             env={**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(self.metrics.directory)},
         )
         assert spawned.stdin is not None
@@ -274,8 +281,12 @@ class Pod:
         loop.add_signal_handler(signal.SIGHUP, self._hangup)
 
     def _hangup(self) -> None:
-        log.info("sighup_forwarded", workers=len(self._alive()))
-        for child in self._alive():
+        """Forward SIGHUP to the workers that handle it: those whose control channel
+        spoke (it opens after the handler is set). One still starting would die of it
+        (its default action); it reads its files as it starts and then watches them."""
+        started = [c for c in self._alive() if c.state != "starting"]
+        log.info("sighup_forwarded", workers=len(started))
+        for child in started:
             _signal(child, signal.SIGHUP)
 
     def _alive(self) -> list[Child]:

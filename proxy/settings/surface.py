@@ -36,7 +36,10 @@ class SurfaceOptions(BaseModel):
         "--admin-port, since /metrics on the main port needs no key.",
     )
     metrics_max_tenants: int = Field(
-        100, ge=1, description="Distinct tenant label values before folding into 'other'."
+        100,
+        ge=1,
+        description="Distinct tenant label values before folding into 'other' (per worker: "
+        "a pod of N workers shows at most N times this, restarts included).",
     )
     allow_unmetered: str = Field(
         "",

@@ -7,6 +7,7 @@ restart keeps the month. (tests/app/test_pod_limits.py has the same in one proce
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -18,7 +19,7 @@ import yaml
 from redis.asyncio import Redis
 
 from scripts.vllm_cpu import Process, free_port, metric, start_proxy
-from tests.support.processes import readiness, shard_records
+from tests.support.processes import readiness, shard_records, start_fake, workers_of
 from tests.support.redisserver import Store
 
 ACME = {"X-Tenant-Id": "acme"}
@@ -200,3 +201,98 @@ async def test_a_changed_limits_file_and_sighup_reach_every_worker_and_the_host(
         proxy.stop()
     assert proxy.popen.returncode == 0, proxy.tail()
     assert (statuses.count(200), statuses.count(429)) == (20, 10), statuses
+
+
+RERANK = {"model": "minilm", "query": "a question", "documents": ["one", "two words"]}
+
+
+async def rerank(session: aiohttp.ClientSession, url: str, tenant: str = "acme") -> int:
+    headers = {"X-Tenant-Id": tenant}
+    async with session.post(url + "/rerank", json=RERANK, headers=headers) as resp:
+        await resp.read()
+        return resp.status
+
+
+async def test_a_worker_killed_mid_load_leaves_the_month_exact(
+    minilm_path: Path, tmp_path: Path
+) -> None:
+    """The pod's limiter host (no store), a budget of 60 reranks' prompt tokens, 16
+    clients on new connections, the engine answering each rerank 0.3 s late: a worker is
+    SIGKILLed once 20 were answered, with its reservations in flight and no record for
+    them. The supervisor reads its shard again before restarting it, so what its lost
+    connection held is counted once, from its records: spending to the end, the shards
+    hold exactly the budget's 60 records (no overshoot, nothing stranded). Without that
+    re-read (supervisor.worker_exited) the dead worker's held units stay taken for the
+    month and fewer than 60 are ever admitted."""
+    slow = start_fake(minilm_path, tmp_path, delay=0.3)
+    before = metric(slow.url)
+    async with fresh() as session, session.post(slow.url + "/rerank", json=RERANK) as resp:
+        assert resp.status == 200  # what one rerank costs, on the engine alone
+    each = int(metric(slow.url) - before)
+    assert each > 0
+    proxy = start_pod(slow, tmp_path, {"prompt_tokens_per_month": 60 * each}, None, 0)
+    answered, killed = 0, asyncio.Event()
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        nonlocal answered
+        while not killed.is_set():
+            with contextlib.suppress(aiohttp.ClientError):
+                if await rerank(session, proxy.url) == 200:
+                    answered += 1
+
+    try:
+        victim = workers_of(proxy)[0]
+        async with fresh() as session:
+            clients = [asyncio.create_task(client(session)) for _ in range(16)]
+            deadline = time.monotonic() + 60
+            while answered < 20:
+                assert time.monotonic() < deadline, proxy.tail()
+                await asyncio.sleep(0.005)
+            os.kill(victim, signal.SIGKILL)
+            killed.set()
+            await asyncio.gather(*clients)
+        deadline = time.monotonic() + 60
+        while victim in workers_of(proxy) or len(workers_of(proxy)) < 2:
+            assert time.monotonic() < deadline, proxy.tail()
+            await asyncio.sleep(0.1)
+        proxy.wait_ready("/readyz", 60)
+        statuses: list[int] = []
+        while statuses[-3:] != [429] * 3:  # spend to the end, on new connections
+            assert len(statuses) < 100, (statuses, proxy.tail())
+            async with fresh() as session:
+                with contextlib.suppress(aiohttp.ClientError):
+                    statuses.append(await rerank(session, proxy.url))
+    finally:
+        proxy.stop()
+        slow.stop()
+    assert proxy.popen.returncode == 0, proxy.tail()
+    assert 503 not in statuses, statuses
+    assert sum(records_per_shard(tmp_path)) == 60
+
+
+async def test_a_limits_file_of_2000_tenants_serves_through_both_workers(
+    fake_upstream: Process, tmp_path: Path
+) -> None:
+    """Review finding 1: a limits file of 2,000 tenants (about 2 MB as the policies'
+    one line, far over asyncio's 64 KiB default) leaves no worker cut off from the
+    pod's limiter host: the pod gets ready, both workers report no problem, and a burst
+    over new connections is limited exactly (5 of 12 admitted, the rest 429, no 503)."""
+    tenants: dict[str, object] = {
+        f"tenant-{k:04}": {"prompt_tokens_per_month": 1000 + k, "requests_per_minute": 2}
+        for k in range(2000)
+    }
+    tenants["acme"] = {"requests_per_minute": 5}
+    limits = tmp_path / "limits.yaml"
+    limits.write_text(yaml.safe_dump({"tenants": tenants}))
+    journal = ("--journal", str(tmp_path / "j.sqlite"), "--limits", str(limits))
+    proxy = start_proxy(fake_upstream.url, tmp_path, *POD, *journal, port=free_port())
+    try:
+        proxy.wait_ready("/readyz", 60)
+        bodies = [readiness(proxy) for _ in range(8)]
+        async with fresh() as session:
+            statuses = await asyncio.gather(*(embed(session, proxy.url) for _ in range(12)))
+    finally:
+        proxy.stop()
+    assert proxy.popen.returncode == 0, proxy.tail()
+    assert all(b["status"] == "ready" and not b["problems"] for b in bodies), bodies
+    assert (statuses.count(200), statuses.count(429)) == (5, 7), statuses

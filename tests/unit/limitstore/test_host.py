@@ -16,12 +16,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.limits.limiter import Cost, Usage, Who
+from proxy.limits.history import History
+from proxy.limits.limiter import Cost, Who
 from proxy.limits.meters import BudgetMeter, Gate, RateMeter
 from proxy.limits.policy import Policies
+from proxy.limitstore import host as host_module
 from proxy.limitstore.host import LimiterHost
 from proxy.limitstore.hosted import HostedLimiter, HostError
-from proxy.limitstore.hostwire import VERSION, Hello, Reserve
+from proxy.limitstore.hostwire import VERSION, Hello, Replace, Reserve
 from proxy.limitstore.memory import InProcessLimiter
 
 ACME = Who("acme", "m", "k1")
@@ -175,23 +177,22 @@ async def test_a_dead_workers_tickets_are_resolved(serve: Serve) -> None:
     assert held.ticket is not None
     assert (await other.reserve(ACME, Cost(1, 0), now)).refusal.limit == "concurrency"
     dying._writer.transport.abort()  # SIGKILL: no bye, no settle
-    for _ in range(100):
-        if host.held:
-            break
-        await asyncio.sleep(0.01)
+    await host.hung_up(1)  # the host saw its connection close: its tickets all held
+    assert len(host.held[1]) == 1
     assert [g.held for g in meters(host, Gate)] == [0]
     budget = meters(host, BudgetMeter)[0]
     assert budget.reserved == 40
     rate = meters(host, RateMeter)[0]
     assert rate.standing(now)[1] == 4  # one of five taken, kept
 
-    shard = [Usage(ACME, now, Cost(25, 0))]  # what the dead worker had journaled
-    assert await host.reread(1, shard, now) == 1
+    shard = History()  # what the dead worker had journaled
+    shard.note(ACME, Cost(25, 0), now)
+    host.reread(1, shard)
     assert budget.reserved == 0
     admitted = await other.reserve(ACME, Cost(1, 0), now)
     assert admitted.tokens is not None
     assert admitted.tokens.remaining == 100 - 25 - 1
-    assert await host.reread(1, shard, now) == 1  # read again: replaced, not added
+    host.reread(1, shard)  # read again: replaced, not added
     assert budget.standing(now)[1] == 100 - 25 - 1
 
 
@@ -210,6 +211,76 @@ async def test_new_policies_apply_once_for_the_pod(serve: Serve) -> None:
     assert (await second.reserve(ACME, Cost(), now)).ticket is not None
     assert host.limiter.policies.model_dump() == wider.model_dump()
     assert first.wants_tokens("acme") is False
+
+
+async def test_a_worker_started_on_an_older_file_rolls_nothing_back(serve: Serve) -> None:
+    """Review finding 7: worker 0 reloaded a new file (3 a minute) after worker 1 had
+    read the old one (1 a minute); worker 1 connecting then keeps the host on the new
+    file (logged), while a worker that brings a file the host never applied (5 a
+    minute: changed before any reload said so) is followed."""
+    older, newer, newest = (policies(requests_per_minute=n) for n in (1, 3, 5))
+    host, connect = await serve(older)
+    first = await connect(0)
+    first.replace(newer)
+    assert (await first.reserve(ACME, Cost(), time.time())).ticket is not None  # in order
+    assert host.limiter.policies.model_dump() == newer.model_dump()
+    late = HostedLimiter(older, host.path, 1)
+    await late.open()
+    assert (await late.reserve(ACME, Cost(), time.time())).ticket is not None
+    assert host.limiter.policies.model_dump() == newer.model_dump()
+    fresh = HostedLimiter(newest, host.path, 2)
+    await fresh.open()
+    assert (await fresh.reserve(ACME, Cost(), time.time())).ticket is not None
+    assert host.limiter.policies.model_dump() == newest.model_dump()
+    await late.close()
+    await fresh.close()
+
+
+async def test_a_limits_file_of_2000_tenants_reaches_the_host(serve: Serve) -> None:
+    """Review finding 1: the policies of 2,000 tenants (over a megabyte as one line, far
+    over asyncio's 64 KiB default) travel to the host; both workers admit and refuse
+    through it, none is cut off."""
+    many = Policies.model_validate(
+        {
+            "tenants": {
+                f"tenant-{k:04}": {"prompt_tokens_per_month": 1000 + k, "requests_per_minute": 2}
+                for k in range(2000)
+            }
+        }
+    )
+    assert len(Replace(policies=many).line()) > 1024 * 1024
+    host, _ = await serve(policies(requests_per_minute=1))
+    workers = [HostedLimiter(many, host.path, part) for part in (0, 1)]
+    for worker in workers:
+        await worker.open()
+    who = Who("tenant-1999", "m", "k1")
+    now = time.time()
+    decisions = [await w.reserve(who, Cost(1, 0), now) for w in (*workers, *workers)]
+    assert [d.ticket is not None for d in decisions] == [True, True, False, False]
+    assert {d.refusal.limit for d in decisions if d.refusal} == {"requests_per_minute"}
+    assert len(host.limiter.policies.tenants) == 2000
+    for worker in workers:
+        assert worker.problem() is None
+        await worker.close()
+
+
+async def test_a_line_over_the_limit_is_refused_with_the_reason(
+    serve: Serve, socket_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A line longer than the host reads (its limit lowered here to 4 KiB) is refused
+    with an error line naming the limit and the connection closed, as any line that is
+    not a message: never an unhandled error in the host."""
+    monkeypatch.setattr(host_module, "LINE_LIMIT", 4096)
+    await serve(policies(requests_per_minute=1))
+    reader, writer = await asyncio.open_unix_connection(str(socket_path))
+    writer.write(Hello(version=VERSION, part=0).line())
+    assert b"welcome" in await reader.readline()
+    writer.write(b'{"op":"bye","pad":"' + b"x" * 8192 + b'"}\n')
+    answer = await reader.readline()
+    assert b'"op":"error"' in answer
+    assert b"over 4096 bytes" in answer
+    assert await reader.readline() == b""
+    writer.close()
 
 
 async def test_another_protocol_version_is_refused_in_one_line(

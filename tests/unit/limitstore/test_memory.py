@@ -11,6 +11,7 @@ from zoneinfo import ZoneInfo
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.limits.history import History
 from proxy.limits.limiter import Cost, Usage, Who
 from proxy.limits.meters import BudgetMeter, Gate
 from proxy.limits.policy import Policies, Unit
@@ -176,3 +177,33 @@ def test_a_part_read_again_replaces_what_it_held() -> None:
     assert decision.tokens is not None
     assert decision.tokens.remaining == 100 - 45 - 2
     assert lim.history.whos() == []
+
+
+def test_the_first_settlement_after_a_part_is_read_again_counts_once() -> None:
+    """A ticket reserved before worker 0's part was read again (the pod's host after a
+    worker died) and settled after it, before any other reservation: its billed units
+    count once. (The budget re-reads its period at the settlement: noting the units in
+    the history first counted them twice, the pod then refused one request too early.)"""
+    lim = limiter(prompt_tokens_per_day=100)
+    ticket = run(lim.reserve(ACME, Cost(11, 0), NOW)).ticket
+    assert ticket is not None
+    history = History()
+    history.note(ACME, Cost(22, 0), NOW)
+    lim.adopt(0, history)
+    run(lim.settle(ticket, Cost(11, 0), NOW, part=1))
+    decision = run(lim.reserve(ACME, Cost(1, 0), NOW))
+    assert decision.tokens is not None
+    assert decision.tokens.remaining == 100 - 22 - 11 - 1
+
+
+def test_a_settlement_that_starts_a_period_counts_once() -> None:
+    """The same at a period's turn: a ticket reserved on one day, settled on the next,
+    is billed in the new day once."""
+    lim = limiter(prompt_tokens_per_day=100)
+    ticket = run(lim.reserve(ACME, Cost(11, 0), NOW)).ticket
+    assert ticket is not None
+    tomorrow = NOW + 86_400
+    run(lim.settle(ticket, Cost(11, 0), tomorrow))
+    decision = run(lim.reserve(ACME, Cost(1, 0), tomorrow))
+    assert decision.tokens is not None
+    assert decision.tokens.remaining == 100 - 11 - 1

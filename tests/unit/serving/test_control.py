@@ -9,11 +9,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-
 from proxy.serving.control import decode, encode, worker_link
 from proxy.serving.pod import POD_STATE, Place, PodState
 from proxy.serving.readiness import READINESS
+from tests.support.podworkers import Worker
 
 
 def test_a_message_is_one_line_of_json() -> None:
@@ -45,7 +44,7 @@ async def test_a_worker_says_hello_reports_and_takes_the_pods_state() -> None:
         async def check() -> tuple[bool, dict[str, Any]]:
             return True, {"status": "ready", "problems": {}}
 
-        app = web.Application()
+        app = Worker(1, os.getpid()).app  # a worker's exchanges and reconciler
         app[READINESS], app[POD_STATE] = check, PodState()
         server = await asyncio.start_unix_server(supervisor, path=str(place.control_socket))
         stop = asyncio.Event()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 
 from proxy.ledger.journal import Journal
 from proxy.ledger.shards import shard_path
+from proxy.limits.history import History
 from proxy.limits.limiter import Cost, Who
 from proxy.limitstore.hosted import HostedLimiter
 from proxy.serving.pod import Place
@@ -117,6 +119,39 @@ async def test_a_dead_workers_shard_is_read_again_and_counted_once(runtime: Path
         assert await remaining(other) == 100 - 60
         assert await pod.worker_exited(1) >= 1  # read again: the same part, not added
         assert await remaining(other) == 100 - 60
+        await other.close()
+
+
+async def test_a_dead_workers_shard_is_read_off_the_supervisors_loop(
+    runtime: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review finding 9: the re-read's history (which grows with the month's usage) is
+    built in another thread, never on the loop that answers every reservation of the
+    pod; only the swap of the part runs there. And worker_exited waits for the host to
+    have seen the dead worker's connection close: a worker killed the instant before
+    (its socket aborted, the host not yet told) has its held units dropped all the same."""
+    settings = settings_in(runtime)
+    threads: set[int] = set()
+    note = History.note
+
+    def noted(self: History, who: Who, cost: Cost, at: float) -> None:
+        threads.add(threading.get_ident())
+        note(self, who, cost, at)
+
+    async with hosted_limits(settings, runtime) as pod:
+        assert pod is not None
+        path, policies = pod.host.path, pod.host.limiter.policies
+        dying, other = [await HostedLimiter.connect(path, policies, k) for k in (1, 0)]
+        held = await dying.reserve(ACME, Cost(40, 0), time.time())
+        assert held.ticket is not None
+        await journal_into(shard_path(Path(settings.journal), 1), 25)
+        monkeypatch.setattr(History, "note", noted)
+        assert dying._writer is not None
+        dying._writer.transport.abort()  # SIGKILL: no bye
+        assert await pod.worker_exited(1) == 1
+        assert threads
+        assert threading.get_ident() not in threads
+        assert await remaining(other) == 100 - 25
         await other.close()
 
 
