@@ -20,7 +20,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # short. Proxies under test wait up to 30 s; the tests of the bound itself set their own.
 os.environ.setdefault("USAGE_PROXY_JOURNAL_COMMIT_TIMEOUT", "30")
 
-from proxy.serving.process import new_event_loop
+from proxy.serving.loops import new_event_loop
 from proxy.settings import EventLoop, Settings
 from proxy.tokenizers.hf import HFTokenizer, load_tokenizer
 from scripts.vllm_cpu import Process
@@ -59,7 +59,7 @@ def _production_handler_cancellation(monkeypatch: pytest.MonkeyPatch) -> None:
     The fake upstreams keep TestServer's setting."""
     from aiohttp import test_utils, web
 
-    from proxy.serving.app import EXCHANGES
+    from proxy.serving.exchange import EXCHANGES
 
     async def make_runner(self: test_utils.TestServer, **kwargs: Any) -> web.AppRunner:
         if EXCHANGES in self.app:

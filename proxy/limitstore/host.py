@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from proxy.limits.history import History
 from proxy.limits.limiter import Ticket
 from proxy.limits.meters import BudgetMeter, Gate
+from proxy.limits.policy import Policies
 from proxy.limitstore.hostwire import (
     LINE_LIMIT,
     TO_HOST,
@@ -227,3 +228,9 @@ def _parsed(line: bytes) -> Message:
     except ValidationError as exc:
         raise ProtocolError(f"not a message: {exc.errors()[0]['msg']}: {line[:80]!r}") from None
     return message
+
+
+def build_host(policies: Policies, path: Path) -> LimiterHost:
+    """The pod's limiter host on the Unix socket ``path``: one in-process limiter of
+    ``policies`` every worker admits through (started by the caller)."""
+    return LimiterHost(InProcessLimiter(policies), path)

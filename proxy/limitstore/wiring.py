@@ -13,7 +13,6 @@ from proxy.limits.policy import FailMode, Policies
 from proxy.limitstore.client import SLOTS, connect
 from proxy.limitstore.guard import GuardedLimiter
 from proxy.limitstore.headcount import CountFile
-from proxy.limitstore.host import LimiterHost
 from proxy.limitstore.hosted import HostedLimiter
 from proxy.limitstore.lifetime import HEARTBEAT_SECONDS
 from proxy.limitstore.memory import InProcessLimiter
@@ -41,12 +40,6 @@ def build_limiter(
     if host is not None:
         return HostedLimiter(policies, host, part)
     return InProcessLimiter(policies)
-
-
-def build_host(policies: Policies, path: Path) -> LimiterHost:
-    """The pod's limiter host on the Unix socket ``path``: one in-process limiter of
-    ``policies`` every worker admits through (started by the caller)."""
-    return LimiterHost(InProcessLimiter(policies), path)
 
 
 def build_shared_limiter(

@@ -35,14 +35,14 @@ from proxy.serving.attribution import attribution, build_resolver
 from proxy.serving.audited import AUDITOR, ScoringAuditor
 from proxy.serving.bodies import BodyBudget
 from proxy.serving.catalog import Catalog, catalog_context
-from proxy.serving.exchange import Exchanges, Work
+from proxy.serving.exchange import EXCHANGES, Exchanges, Work
 from proxy.serving.isolation import CacheSalts, ResponseOwners
 from proxy.serving.keyfile import KEYFILE, KeyFile, key_file_context
-from proxy.serving.keys import METRICS, OUTBOX, POOL, RECONCILER, RECORDER
+from proxy.serving.keys import METRICS, OUTBOX, RECONCILER, RECORDER
 from proxy.serving.lifetimes import counters_reader, ledger_context, reconciler_context
 from proxy.serving.limitsfile import LIMITSFILE, LimitsFile, limits_file_context
 from proxy.serving.metered import METERED, MeteredRelay
-from proxy.serving.pod import Place, PodState
+from proxy.serving.pod import POD_STATE, Place, PodState
 from proxy.serving.podlimits import hosted, hosted_context, replica_settings
 from proxy.serving.pricesfile import (
     PRICESFILE,
@@ -52,6 +52,8 @@ from proxy.serving.pricesfile import (
     read_table,
 )
 from proxy.serving.prompts import PromptCounter
+from proxy.serving.readiness import READINESS
+from proxy.serving.readycheck import readiness_check
 from proxy.serving.realtime import RealtimeRelay
 from proxy.serving.relayed import Relay
 from proxy.serving.routing import Invocations, Router, guard
@@ -67,10 +69,7 @@ from proxy.serving.usage_api import add_usage_routes
 from proxy.settings import CacheSalting, Durability, Settings
 from proxy.tokenizers.pool import TokenizerPool
 
-EXCHANGES = web.AppKey("exchanges", Exchanges)
-# This process's readiness verdict (what /readyz answers, without the pod's state).
-READINESS: web.AppKey[admin.Check] = web.AppKey("readiness")
-POD_STATE = web.AppKey("pod_state", PodState)
+POOL = web.AppKey("tokenizer_pool", TokenizerPool)
 
 
 def pool_context(pool: TokenizerPool) -> Callable[[web.Application], AsyncIterator[None]]:
@@ -348,7 +347,7 @@ def create_app(
     figures = build_figures(settings, admission, prices, pod.index if pod is not None else 0)
     admin_api = build_admin_api(app, settings, figures, lambda: known(resolver, admission))
 
-    check = admin.readiness_check(catalog, journal, store, priced)
+    check = readiness_check(catalog, journal, store, priced)
     app[READINESS] = check
 
     def admin_routes(port: web.Application) -> None:

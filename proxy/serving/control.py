@@ -23,9 +23,9 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.serving.app import POD_STATE, READINESS
-from proxy.serving.pod import Place
+from proxy.serving.pod import POD_STATE, Place
 from proxy.serving.podtally import TallyDesk
+from proxy.serving.readiness import READINESS
 
 PING_SECONDS = 1.0
 # Far above the longest the loop may legitimately block (the gc.freeze at start included).

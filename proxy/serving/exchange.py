@@ -242,3 +242,6 @@ class Exchanges:
         """Shutdown: let exchanges whose client left finish recording, bounded."""
         if self._live:
             await asyncio.wait(list(self._live), timeout=timeout)
+
+
+EXCHANGES = web.AppKey("exchanges", Exchanges)

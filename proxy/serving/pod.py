@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
+
 from proxy.ledger.shards import adopted, shard_path
 from proxy.settings import Settings
 
@@ -100,3 +102,7 @@ def adopted_shards(place: Place, pod: Settings) -> list[Path]:
     if not pod.metering:
         return []
     return adopted(Path(pod.journal), place.index, place.workers)
+
+
+# The pod's state as the supervisor last told a worker (its control channel keeps it).
+POD_STATE = web.AppKey("pod_state", PodState)

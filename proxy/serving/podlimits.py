@@ -25,10 +25,9 @@ from proxy.limits.history import History
 from proxy.limits.limiter import Lifetime, Usage
 from proxy.limits.policy import Policies
 from proxy.limits.problems import read_limits
-from proxy.limitstore.host import LimiterHost
+from proxy.limitstore.host import LimiterHost, build_host
 from proxy.limitstore.hosted import HostError
-from proxy.limitstore.wiring import build_host
-from proxy.serving.admission import history_start, shard_history
+from proxy.serving.history import history_start, shard_history
 from proxy.serving.pod import Place
 from proxy.serving.pricesfile import read_table
 from proxy.serving.startup import StartupError, file_problem

@@ -22,7 +22,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from proxy.ledger.windows import SettledWindow, Tally
-from proxy.serving.app import EXCHANGES
+from proxy.serving.exchange import EXCHANGES
 from proxy.serving.keys import RECONCILER
 
 log = structlog.get_logger("proxy.serving.podtally")

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-import uvloop
 from aiohttp import web
 
 from proxy import __version__
@@ -29,11 +28,12 @@ from proxy.serving.catalog import CATALOG, Catalog
 from proxy.serving.keyfile import KEYFILE
 from proxy.serving.keys import METRICS
 from proxy.serving.limitsfile import LIMITSFILE
+from proxy.serving.loops import new_event_loop
 from proxy.serving.pod import Place, lone_adopted
 from proxy.serving.pricesfile import PRICESFILE
 from proxy.serving.startup import SHUTDOWN_SECONDS, StartupError, key_file_problem, listen
 from proxy.serving.tenancy import KeyFileError
-from proxy.settings import EventLoop, Settings
+from proxy.settings import Settings
 
 log = structlog.get_logger("proxy.serving.process")
 
@@ -87,14 +87,6 @@ def run(settings: Settings, pod: PodLink | None = None) -> None:
         _cancel(loop, asyncio.all_tasks(loop))
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
-
-
-def new_event_loop(kind: EventLoop) -> asyncio.AbstractEventLoop:
-    """The loop the process serves on: uvloop's (aiohttp runs on it unchanged) or, to fall
-    back, asyncio's own."""
-    if kind is EventLoop.UVLOOP:
-        return uvloop.new_event_loop()
-    return asyncio.new_event_loop()
 
 
 def _cancel(loop: asyncio.AbstractEventLoop, tasks: set[asyncio.Task[Any]]) -> None:

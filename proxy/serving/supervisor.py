@@ -19,8 +19,8 @@ from typing import Any
 import structlog
 
 from proxy.logs import configure_logging
-from proxy.serving import process
 from proxy.serving.control import HUNG_SECONDS, PING_SECONDS, decode, encode
+from proxy.serving.loops import new_event_loop
 from proxy.serving.pod import Place, adopted_shards, orders
 from proxy.serving.podadmin import PodMetrics, admin_app, serve_admin
 from proxy.serving.podlimits import PodLimits, hosted_limits
@@ -47,12 +47,14 @@ def main(settings: Settings) -> int:
     configure_logging(settings.log_level)
     workers = resolve_workers(settings)
     if workers == 1:
+        from proxy.serving import process  # the whole application: a pod's supervisor needs none
+
         return process.run_or_explain(settings)
     try:
         probe_port(settings)
         with journal_lock(settings) as lock, runtime_dir() as runtime:
             pod = Pod(settings, workers, runtime, lock)
-            loop = process.new_event_loop(settings.event_loop)
+            loop = new_event_loop(settings.event_loop)
             try:
                 return loop.run_until_complete(pod.run())
             finally:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from proxy.ledger.journal_files import read_journal
-from proxy.serving.app import EXCHANGES
+from proxy.serving.exchange import EXCHANGES
 from tests.support.proxies import fake_and_proxy
 from tests.support.sockets import trickle
 

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from proxy.ledger.journal_files import read_journal
-from proxy.serving.app import EXCHANGES
+from proxy.serving.exchange import EXCHANGES
 from proxy.serving.upstream import SESSION
 from tests.support.fakevllm import FakeVLLM
 from tests.support.proxies import fake_and_proxy

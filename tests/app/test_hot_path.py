@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from proxy.accounting.analysis import INLINE_MAX_TEXTS, analyse, analyse_cached, in_full
+from proxy.serving.app import POOL
 from proxy.serving.audited import AUDITOR
 from proxy.serving.catalog import CATALOG
-from proxy.serving.keys import POOL
 from proxy.tokenizers.cache import EXACT_KEY_CHARS
 from proxy.tokenizers.hf import CachedCounts
 from tests.support.proxies import fake_and_proxy

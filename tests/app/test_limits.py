@@ -16,7 +16,7 @@ from aiohttp import web
 from proxy.limits.meters import BudgetMeter, Gate
 from proxy.limitstore.memory import InProcessLimiter
 from proxy.serving.admission import ADMISSION
-from proxy.serving.app import EXCHANGES
+from proxy.serving.exchange import EXCHANGES
 from proxy.serving.keys import METRICS
 from proxy.serving.limitsfile import LIMITSFILE
 from tests.support.proxies import limited_proxy

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from proxy.serving.app import EXCHANGES
+from proxy.serving.exchange import EXCHANGES
 from tests.support.proxies import fake_and_proxy
 from tests.support.waits import eventually
 

@@ -264,7 +264,7 @@ async def test_a_neighbours_backlog_of_counts_does_not_delay_anothers(
     (6 ms exact became 5,035 ms unaudited, billed inflated before 0.30). Tenants now take
     turns: alice's answer comes after at most the two of bob's counts ahead of her turn,
     counted exactly, while most of bob's backlog is still waiting."""
-    from proxy.serving.keys import POOL
+    from proxy.serving.app import POOL
 
     keys = api_keys(alice="sk-alice", bob="sk-bob")
     _, client = await fake_and_proxy(

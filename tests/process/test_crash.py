@@ -9,12 +9,10 @@ import signal
 import uuid
 from pathlib import Path
 
-import asyncpg
-
 from scripts.vllm_cpu import Process, free_port
 from tests.support.load import fire
 from tests.support.postgres import Cluster, fresh_database
-from tests.support.processes import start_ledgered_proxy
+from tests.support.processes import in_ledger, start_ledgered_proxy
 
 
 async def test_kill_minus_nine_loses_nothing(
@@ -39,19 +37,10 @@ async def test_kill_minus_nine_loses_nothing(
     restarted = start_ledgered_proxy(fake_upstream.url, tmp_path, dsn, *args, port=port)
     second = [f"after-{uuid.uuid4().hex}" for _ in range(100)]
     await fire(restarted.url, second, received, concurrency=8)
-    conn = await asyncpg.connect(dsn)
     try:
-        for _ in range(200):
-            rows = await conn.fetch("SELECT record_id::text AS id FROM usage_records")
-            if set(received) <= {r["id"] for r in rows}:
-                break
-            await asyncio.sleep(0.1)
-        total = await conn.fetchval("SELECT count(*) FROM usage_records")
-        distinct = await conn.fetchval("SELECT count(DISTINCT record_id) FROM usage_records")
+        ledger, total, distinct = await in_ledger(dsn, received)
     finally:
-        await conn.close()
         restarted.stop()
-    ledger = {r["id"] for r in rows}
     lost = [i for i in received if i not in ledger]
     print(
         f"crash test: {crashed_at} responses before kill -9, {len(received)} in all, "

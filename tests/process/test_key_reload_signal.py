@@ -3,30 +3,20 @@ serve`` and never ends it (issue #28: it used to kill the proxy with no drain)."
 
 from __future__ import annotations
 
-import json
 import signal
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from proxy.serving.tenancy import key_digest
 from scripts.vllm_cpu import Process, start_proxy
+from tests.support.processes import status_with_key
 
 RERANK = {"query": "What is the capital of France?", "documents": ["Paris.", "Berlin."]}
 
 
 def status_with(url: str, key: str) -> int:
-    request = urllib.request.Request(
-        url + "/rerank",
-        data=json.dumps(RERANK).encode(),
-        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as answer:
-            return int(answer.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
+    """A rerank with ``key``."""
+    return status_with_key(url, key, "/rerank", RERANK)
 
 
 def test_sighup_reloads_the_keys_and_the_proxy_keeps_serving(

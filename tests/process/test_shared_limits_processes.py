@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,21 +19,13 @@ import yaml
 from redis.asyncio import Redis
 
 from scripts.vllm_cpu import Process, metric, start_proxy
+from tests.support.processes import readiness
 from tests.support.records import journal_records
 from tests.support.redisserver import Store
 
 ACME = {"X-Tenant-Id": "acme"}
 EMBED = {"input": "hi"}  # 3 prompt tokens with MiniLM
 BUDGET = 450  # 150 requests
-
-
-def readiness(proxy: Process) -> dict[str, object]:
-    """The replica's /readyz body (503 included)."""
-    try:
-        with urllib.request.urlopen(proxy.url + "/readyz", timeout=5) as resp:
-            return dict(json.loads(resp.read()))
-    except urllib.error.HTTPError as exc:
-        return dict(json.loads(exc.read()))
 
 
 def whole(body: dict[str, object]) -> bool:

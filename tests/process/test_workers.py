@@ -17,14 +17,19 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import asyncpg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.serving.tenancy import key_digest
 from scripts.vllm_cpu import Process, free_port, metric, start_proxy
 from tests.support.postgres import Cluster, fresh_database
-from tests.support.processes import shard_records, start_ledgered_proxy, workers_of
+from tests.support.processes import (
+    in_ledger,
+    shard_records,
+    start_ledgered_proxy,
+    status_with_key,
+    workers_of,
+)
 
 POD = ("--workers", "2", "--reconcile-interval", "0")
 
@@ -126,23 +131,6 @@ async def load(url: str, count: int, connections: int, ids: list[str]) -> None:
     connector = aiohttp.TCPConnector(limit=connections)
     async with aiohttp.ClientSession(connector=connector) as session:
         await asyncio.gather(*(client(session) for _ in range(connections)))
-
-
-async def in_ledger(dsn: str, ids: list[str]) -> tuple[set[str], int, int]:
-    """The ledger's record ids once ``ids`` are all there (or 20 s passed), its rows and
-    its distinct ids."""
-    conn = await asyncpg.connect(dsn)
-    try:
-        for _ in range(200):
-            rows = await conn.fetch("SELECT record_id::text AS id FROM usage_records")
-            if set(ids) <= {r["id"] for r in rows}:
-                break
-            await asyncio.sleep(0.1)
-        total = await conn.fetchval("SELECT count(*) FROM usage_records")
-        distinct = await conn.fetchval("SELECT count(DISTINCT record_id) FROM usage_records")
-    finally:
-        await conn.close()
-    return {r["id"] for r in rows}, total, distinct
 
 
 def readyz(url: str) -> tuple[int, dict[str, Any]]:
@@ -330,16 +318,7 @@ def reloads(proxy: Process) -> int:
 
 def key_status(url: str, key: str) -> int:
     """An embedding with ``key``, on a new connection (either worker may take it)."""
-    request = urllib.request.Request(
-        url + "/v1/embeddings",
-        data=json.dumps({"model": "minilm", "input": "hi"}).encode(),
-        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=30) as answer:
-            return int(answer.status)
-    except urllib.error.HTTPError as exc:
-        return exc.code
+    return status_with_key(url, key, "/v1/embeddings", {"model": "minilm", "input": "hi"})
 
 
 async def test_sigterm_under_load_drains_every_worker(

@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -22,7 +19,7 @@ import yaml
 from redis.asyncio import Redis
 
 from scripts.vllm_cpu import Process, free_port, metric, start_proxy
-from tests.support.processes import shard_records, start_fake, workers_of
+from tests.support.processes import readiness, shard_records, start_fake, workers_of
 from tests.support.redisserver import Store
 
 ACME = {"X-Tenant-Id": "acme"}
@@ -60,15 +57,6 @@ def start_pod(
             raise AssertionError((body, proxy.tail()))
         time.sleep(0.05)
     return proxy
-
-
-def readiness(proxy: Process) -> dict[str, object]:
-    """The /readyz body of whichever worker the new connection reached."""
-    try:
-        with urllib.request.urlopen(proxy.url + "/readyz", timeout=5) as resp:
-            return dict(json.loads(resp.read()))
-    except urllib.error.HTTPError as exc:
-        return dict(json.loads(exc.read()))
 
 
 async def embed(session: aiohttp.ClientSession, url: str, tenant: str = "acme") -> int:

@@ -11,7 +11,7 @@ from aiohttp import web
 from proxy.ledger.reconciler import Reconciler
 from proxy.ledger.windows import SettledWindow
 from proxy.metrics import PodDriftMetrics
-from proxy.serving.app import EXCHANGES
+from proxy.serving.exchange import EXCHANGES
 from proxy.serving.keys import RECONCILER
 from proxy.settings import Settings
 from tests.support.records import make_record

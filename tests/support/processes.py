@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import sqlite3
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
+
+import asyncpg
 
 from proxy.ledger.records import UsageRecord
 from proxy.ledger.shards import shards
@@ -80,3 +86,44 @@ def shard_windows(journal: Path) -> dict[Path, list[SettledWindow]]:
         finally:
             db.close()
     return found
+
+
+async def in_ledger(dsn: str, ids: list[str]) -> tuple[set[str], int, int]:
+    """The PostgreSQL ledger's record ids once ``ids`` are all there (or 20 s passed), its
+    rows and its distinct ids."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        for _ in range(200):
+            rows = await conn.fetch("SELECT record_id::text AS id FROM usage_records")
+            if set(ids) <= {r["id"] for r in rows}:
+                break
+            await asyncio.sleep(0.1)
+        total = await conn.fetchval("SELECT count(*) FROM usage_records")
+        distinct = await conn.fetchval("SELECT count(DISTINCT record_id) FROM usage_records")
+    finally:
+        await conn.close()
+    return {r["id"] for r in rows}, total, distinct
+
+
+def readiness(proxy: Process) -> dict[str, object]:
+    """The /readyz body (503 included) of whichever process the new connection reached."""
+    try:
+        with urllib.request.urlopen(proxy.url + "/readyz", timeout=5) as resp:
+            return dict(json.loads(resp.read()))
+    except urllib.error.HTTPError as exc:
+        return dict(json.loads(exc.read()))
+
+
+def status_with_key(url: str, key: str, path: str, body: dict[str, object]) -> int:
+    """The status of a POST of ``body`` to ``path`` with the API key ``key``, on a new
+    connection (in a pod, either worker may take it)."""
+    request = urllib.request.Request(
+        url + path,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return int(answer.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code

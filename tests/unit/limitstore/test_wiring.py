@@ -10,9 +10,10 @@ import pytest
 
 from proxy.limits.policy import FailMode
 from proxy.limitstore.guard import GuardedLimiter
+from proxy.limitstore.host import build_host
 from proxy.limitstore.hosted import HostedLimiter
 from proxy.limitstore.memory import InProcessLimiter
-from proxy.limitstore.wiring import build_host, build_limiter, build_shared_limiter, count_file
+from proxy.limitstore.wiring import build_limiter, build_shared_limiter, count_file
 from proxy.serving.startup import store_password
 from proxy.settings import Settings
 from tests.support.limitstores import UPSTREAM, admitted_in_store, policies, tls_settings

@@ -9,9 +9,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from proxy.serving.app import POD_STATE, READINESS
 from proxy.serving.control import decode, encode, worker_link
-from proxy.serving.pod import Place, PodState
+from proxy.serving.pod import POD_STATE, Place, PodState
+from proxy.serving.readiness import READINESS
 from tests.support.podworkers import Worker
 
 

@@ -1,6 +1,6 @@
-"""The process (the rest of it: limits, signals, the run loop, in tests/process): its event
-loop, uvloop by default (--event-loop) with asyncio's own to fall back to, and
-the in-process tests on the same loop the proxy serves on."""
+"""A process's event loop (proxy/serving/loops.py; the rest of the process: limits,
+signals, the run loop, in tests/process): uvloop by default (--event-loop) with asyncio's
+own to fall back to, and the in-process tests on the same loop the proxy serves on."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import os
 import pytest
 import uvloop
 
-from proxy.serving.process import new_event_loop
+from proxy.serving.loops import new_event_loop
 from proxy.settings import EventLoop, load_settings
 
 
 def test_uvloop_by_default_asyncio_to_fall_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--event-loop is uvloop unless asyncio is asked for."""
     monkeypatch.delenv("USAGE_PROXY_EVENT_LOOP", raising=False)
     assert load_settings({"upstream": "http://vllm:8000"}, None).event_loop is EventLoop.UVLOOP
     monkeypatch.setenv("USAGE_PROXY_EVENT_LOOP", "asyncio")
@@ -23,6 +24,7 @@ def test_uvloop_by_default_asyncio_to_fall_back(monkeypatch: pytest.MonkeyPatch)
 
 @pytest.mark.parametrize(("kind", "uv"), [(EventLoop.UVLOOP, True), (EventLoop.ASYNCIO, False)])
 def test_the_loop_the_process_creates(kind: EventLoop, uv: bool) -> None:
+    """Each kind gives a loop of its own kind, and it runs."""
     loop = new_event_loop(kind)
     try:
         assert isinstance(loop, uvloop.Loop) is uv
