@@ -35,9 +35,9 @@ from proxy.limits.limiter import Cost, Decision, Limiter, Ticket, Who
 from proxy.limits.pricing import UNPARSED, Price, parsed, price_metered, price_scoring
 from proxy.limits.speech import price_speech
 from proxy.metrics import Metrics
+from proxy.serving.budget_history import history_start, journal_history, shard_history
 from proxy.serving.catalog import Catalog
 from proxy.serving.exchange import Exchange, Hold
-from proxy.serving.history import history_start, journal_history, shard_history
 from proxy.serving.pricesfile import Prices
 from proxy.serving.prompts import PromptCounter, asks, tokenizes
 from proxy.serving.upstream import SESSION, error_response

@@ -27,7 +27,7 @@ from proxy.limits.policy import Policies
 from proxy.limits.problems import read_limits
 from proxy.limitstore.host import LimiterHost, build_host
 from proxy.limitstore.hosted import HostError
-from proxy.serving.history import history_start, shard_history
+from proxy.serving.budget_history import history_start, shard_history
 from proxy.serving.pod import Place
 from proxy.serving.pricesfile import read_table
 from proxy.serving.startup import StartupError, file_problem
