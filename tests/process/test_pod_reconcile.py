@@ -7,18 +7,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-import urllib.request
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.ledger.shards import shard_path
 from proxy.ledger.windows import SettledWindow
 from scripts.vllm_cpu import Process, free_port, metric, start_proxy
-from tests.support.processes import shard_records, shard_windows, start_fake
+from tests.support.processes import metric_sums, shard_records, shard_windows, start_fake
 
 INTERVAL = "0.5"
 
@@ -44,17 +42,6 @@ async def until(found: Callable[[], bool], seconds: float = 30) -> None:
     while not found():
         assert time.monotonic() < deadline, "not found in time"
         await asyncio.sleep(0.1)
-
-
-def page(url: str) -> dict[str, float]:
-    """The pod's /metrics, each sample name's values summed."""
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    sums: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
-    return sums
 
 
 async def embeddings(url: str, count: int) -> list[int]:
@@ -86,7 +73,7 @@ async def test_a_pod_journals_one_chain_of_windows_that_matches_the_engine(
         assert await embeddings(proxy.url, 60) == [200] * 60
         engine = metric(fake_upstream.url) - before
         await until(lambda: sum(w.records for w in windows(tmp_path)) == 60)
-        figures = page(proxy.url)
+        figures = metric_sums(proxy.url)
     finally:
         proxy.stop()
     assert proxy.popen.returncode == 0, proxy.tail()

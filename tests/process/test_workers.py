@@ -18,13 +18,13 @@ from typing import Any
 
 import aiohttp
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.serving.tenancy import key_digest
 from scripts.vllm_cpu import Process, free_port, metric, start_proxy
 from tests.support.postgres import Cluster, fresh_database
 from tests.support.processes import (
     in_ledger,
+    metric_sums,
     shard_records,
     start_ledgered_proxy,
     status_with_key,
@@ -63,18 +63,6 @@ async def spread(url: str, count: int, connections: int) -> list[int]:
         return list(await asyncio.gather(*sends))
 
 
-def families(url: str) -> dict[str, float]:
-    """Every sample of the page (fetched on a new connection: the kernel may hand it to
-    either worker), summed by name."""
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
-        page = resp.read().decode()
-    sums: dict[str, float] = {}
-    for family in text_string_to_metric_families(page):
-        for sample in family.samples:
-            sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
-    return sums
-
-
 async def test_two_workers_serve_one_port(fake_upstream: Process, tmp_path: Path) -> None:
     """300 concurrent requests over many connections: both workers served (both shards
     hold records), the records equal the fake engine's work exactly, their ids are
@@ -86,7 +74,7 @@ async def test_two_workers_serve_one_port(fake_upstream: Process, tmp_path: Path
         statuses = await spread(proxy.url, 300, connections=64)
         assert statuses == [200] * 300
         engine = metric(fake_upstream.url) - before
-        pages = [families(proxy.url) for _ in range(10)]
+        pages = [metric_sums(proxy.url) for _ in range(10)]
     finally:
         proxy.stop()
     assert proxy.popen.returncode == 0, proxy.tail()
@@ -168,7 +156,7 @@ async def test_a_worker_killed_under_load_comes_back(
         assert body["workers"] == {"0": "ready", "1": "ready"}
         assert victim not in workers_of(proxy)
         assert len(workers_of(proxy)) == 2
-        assert families(proxy.url)["usage_proxy_worker_restarts_total"] == 1
+        assert metric_sums(proxy.url)["usage_proxy_worker_restarts_total"] == 1
         ledger, total, distinct = await in_ledger(dsn, ids)
     finally:
         proxy.stop()
@@ -368,7 +356,7 @@ async def test_the_admin_port_is_the_pods(fake_upstream: Process, tmp_path: Path
         assert await spread(proxy.url, 40, connections=16) == [200] * 40
         engine = metric(fake_upstream.url) - before
         status, body = readyz(admin_url)
-        page = families(admin_url)
+        page = metric_sums(admin_url)
         _, upstream = fetch(admin_url + "/upstream/metrics")
         healthy, _ = fetch(admin_url + "/healthz")
         main, _ = fetch(proxy.url + "/metrics")
@@ -406,7 +394,7 @@ async def test_a_hung_worker_is_killed_and_replaced(fake_upstream: Process, tmp_
         while readyz(proxy.url)[0] != 200 and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
         status, body = readyz(proxy.url)
-        restarts = families(proxy.url)["usage_proxy_worker_restarts_total"]
+        restarts = metric_sums(proxy.url)["usage_proxy_worker_restarts_total"]
     finally:
         proxy.stop()
     assert status == 200, body

@@ -11,16 +11,14 @@ import json
 import os
 import signal
 import time
-import urllib.request
 from pathlib import Path
 
 import aiohttp
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
 from scripts.vllm_cpu import Process, free_port, start_proxy
-from tests.support.processes import shard_records, workers_of
+from tests.support.processes import metric_samples, shard_records, workers_of
 from tests.support.redisserver import Store
 
 POD = ("--workers", "2", "--reconcile-interval", "0")
@@ -292,14 +290,7 @@ async def embed_as(session: aiohttp.ClientSession, url: str, tenant: str) -> int
 
 def tenant_labels(admin_url: str) -> set[str]:
     """The tenant label values of the pod's /metrics (``other`` included)."""
-    with urllib.request.urlopen(admin_url + "/metrics", timeout=10) as resp:
-        page = resp.read().decode()
-    found = set()
-    for family in text_string_to_metric_families(page):
-        for sample in family.samples:
-            if "tenant" in sample.labels:
-                found.add(sample.labels["tenant"])
-    return found
+    return {s.labels["tenant"] for s in metric_samples(admin_url) if "tenant" in s.labels}
 
 
 async def test_the_tenant_label_cap_survives_a_workers_restart(

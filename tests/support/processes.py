@@ -11,6 +11,8 @@ import urllib.request
 from pathlib import Path
 
 import asyncpg
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from proxy.ledger.records import UsageRecord
 from proxy.ledger.shards import shards
@@ -64,28 +66,44 @@ def workers_of(proxy: Process) -> list[int]:
 
 def shard_records(journal: Path) -> dict[Path, list[UsageRecord]]:
     """Every shard of ``journal`` with the usage records it holds itself."""
-    found = {}
-    for shard in shards(journal):
-        db = sqlite3.connect(f"file:{shard}?mode=ro", uri=True)
-        try:
-            rows = db.execute("SELECT body FROM records WHERE kind = 'usage' ORDER BY seq")
-            found[shard] = [UsageRecord.from_json(body) for (body,) in rows]
-        finally:
-            db.close()
-    return found
+    return {
+        shard: [UsageRecord.from_json(b) for b in _bodies(shard, "usage")]
+        for shard in shards(journal)
+    }
 
 
 def shard_windows(journal: Path) -> dict[Path, list[SettledWindow]]:
     """Every shard of ``journal`` with the reconciliation windows it holds itself."""
-    found = {}
-    for shard in shards(journal):
-        db = sqlite3.connect(f"file:{shard}?mode=ro", uri=True)
-        try:
-            rows = db.execute("SELECT body FROM records WHERE kind = 'reconciliation' ORDER BY seq")
-            found[shard] = [SettledWindow.model_validate_json(body) for (body,) in rows]
-        finally:
-            db.close()
-    return found
+    return {
+        shard: [SettledWindow.model_validate_json(b) for b in _bodies(shard, "reconciliation")]
+        for shard in shards(journal)
+    }
+
+
+def _bodies(shard: Path, kind: str) -> list[str]:
+    """The bodies of one shard's records of ``kind``, in append order, read-only."""
+    db = sqlite3.connect(f"file:{shard}?mode=ro", uri=True)
+    try:
+        query = "SELECT body FROM records WHERE kind = ? ORDER BY seq"
+        return [str(body) for (body,) in db.execute(query, (kind,))]
+    finally:
+        db.close()
+
+
+def metric_samples(url: str) -> list[Sample]:
+    """Every sample of ``url``'s /metrics, fetched on a new connection (in a pod the
+    kernel may hand it to either worker)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
+def metric_sums(url: str) -> dict[str, float]:
+    """``url``'s /metrics, each sample name's values summed."""
+    sums: dict[str, float] = {}
+    for sample in metric_samples(url):
+        sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+    return sums
 
 
 async def in_ledger(dsn: str, ids: list[str]) -> tuple[set[str], int, int]:
