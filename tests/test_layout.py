@@ -21,6 +21,7 @@ TESTED_THROUGH_THE_APP = {
     "accounting/fieldkinds": "the field table's kinds: unit/accounting/test_fields.py",
     "accounting/generationfields": "rows of the field table: unit/accounting/test_fields.py",
     "accounting/poolingfields": "rows of the field table: unit/accounting/test_fields.py",
+    "journal_commands": "the journal's commands: app/test_reconciliation.py, test_dead_letters.py",
     "ledger/recorder": "journal and subscribers of a running app: app/test_metering.py",
     "ledger/sqlite": "the journal's file: unit/ledger/test_journal.py, test_journal_files.py",
     "limitstore/tickets": "what limiter and store exchange, no behaviour: test_redislimiter.py",
