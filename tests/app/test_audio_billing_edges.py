@@ -10,25 +10,14 @@ from typing import Any
 
 import pytest
 
-from tests.support.fakevllm.audio import AUDIO_PROMPT, audio_tokens, realtime_usage, wav
+from tests.support.audio_requests import STREAM_PROMPT, TRANSCRIPTIONS, events
+from tests.support.fakevllm.audio import realtime_usage, wav
 from tests.support.proxies import fake_and_proxy
 from tests.support.realtime import COMMIT, FINAL, UPDATE, append, recorded, utterance
 from tests.support.records import journal_records
 
 ACME = {"Authorization": "Bearer sk-acme"}
 # A 2.5 s stream's prompt as vLLM reports it: decoder prompt and audio tokens.
-STREAM_PROMPT = AUDIO_PROMPT + audio_tokens(2.5)
-TRANSCRIPTIONS = "/v1/audio/transcriptions"
-
-
-def events(body: bytes) -> list[Any]:
-    """The JSON data of each event of a stream ([DONE] as the string)."""
-    out: list[Any] = []
-    for block in body.decode().split("\n\n"):
-        if block.startswith("data: "):
-            data = block[len("data: ") :]
-            out.append(data if data == "[DONE]" else json.loads(data))
-    return out
 
 
 @pytest.fixture
