@@ -20,7 +20,7 @@ from proxy.limits.meters import BudgetMeter
 from proxy.serving.admission import ADMISSION
 from tests.support.audio_requests import STREAM_PROMPT, TRANSCRIPTIONS, events, form
 from tests.support.fakevllm.audio import wav
-from tests.support.proxies import fake_and_proxy
+from tests.support.proxies import fake_and_proxy, limited_proxy
 from tests.support.records import journal_records
 
 ACME = {"Authorization": "Bearer sk-acme"}
@@ -32,17 +32,10 @@ async def test_audio_is_admitted_on_request_limits_and_settles_at_its_tokens(
     """With a token budget and a request rate: audio reserves the bound of its duration
     (``limits.speech``), a whole transcription settles at zero tokens, a stream at its
     prompt and completion tokens, and the request rate refuses the third."""
-    limits = tmp_path / "limits.yaml"
     policy = {"total_tokens_per_day": 2000, "requests_per_minute": 2}
-    limits.write_text(yaml.safe_dump({"tenants": {"acme": policy}}))
-    _, client = await fake_and_proxy(
-        aiohttp_server,
-        aiohttp_client,
-        minilm_path,
-        version="0.32.0",
-        tenant_header="X-Tenant-Id",
-        journal=str(tmp_path / "journal.sqlite"),
-        limits=str(limits),
+    tenants = {"tenants": {"acme": policy}}
+    _, client = await limited_proxy(
+        aiohttp_server, aiohttp_client, minilm_path, tmp_path, tenants, version="0.32.0"
     )
     acme = {"X-Tenant-Id": "acme"}
     resp = await client.post(TRANSCRIPTIONS, data=form(), headers=acme)

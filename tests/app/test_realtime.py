@@ -10,12 +10,11 @@ from typing import Any
 
 import aiohttp
 import pytest
-import yaml
 
 from proxy.limits.meters import BudgetMeter
 from proxy.serving.admission import ADMISSION
 from tests.support.fakevllm.audio import realtime_usage
-from tests.support.proxies import fake_and_proxy
+from tests.support.proxies import limited_proxy
 from tests.support.realtime import COMMIT, FINAL, UPDATE, append, recorded, utterance
 from tests.support.records import journal_records
 
@@ -158,17 +157,10 @@ async def test_sessions_are_admitted_on_request_limits_and_settle_at_their_token
     """With a token budget and one request a minute: the first session is admitted
     unpriced and settles at its tokens when it ends; the second is refused 429 before any
     upgrade."""
-    limits = tmp_path / "limits.yaml"
     policy = {"total_tokens_per_day": 1000, "requests_per_minute": 1}
-    limits.write_text(yaml.safe_dump({"tenants": {"acme": policy}}))
-    _, client = await fake_and_proxy(
-        aiohttp_server,
-        aiohttp_client,
-        minilm_path,
-        version="0.32.0",
-        tenant_header="X-Tenant-Id",
-        journal=str(tmp_path / "journal.sqlite"),
-        limits=str(limits),
+    tenants = {"tenants": {"acme": policy}}
+    _, client = await limited_proxy(
+        aiohttp_server, aiohttp_client, minilm_path, tmp_path, tenants, version="0.32.0"
     )
     acme = {"X-Tenant-Id": "acme"}
     async with client.ws_connect("/v1/realtime", headers=acme) as ws:

@@ -183,39 +183,21 @@ def price_at(when: datetime, prompt: int, completion: int, cached: int) -> Decim
     )
 
 
-def chat(
-    i: int, tenant: str, when: datetime, prompt: int, completion: int, cached: int
-) -> UsageRecord:
-    return UsageRecord(
-        client_request_id=f"c{i}",
-        time=when,
-        tenant=tenant,
-        model="chat",
-        endpoint="/v1/chat/completions",
-        operation="chat",
-        prompt_tokens_reported=prompt,
-        prompt_tokens_billed=prompt,
-        completion_tokens_reported=completion,
-        completion_tokens_billed=completion,
-        verdict="reported",
-        status=200,
-        latency_ms=1.0,
-        instance="t",
-        units=Units(
-            prompt_tokens=prompt, completion_tokens=completion, cached_prompt_tokens=cached
-        ),
-    )
-
-
 MID_MONTH = [
     # "even": 0.025 before the change, 0.1 at its very instant: 0.125, half to even 0.12
-    chat(1, "even", CHANGE - timedelta(microseconds=1), 25_000, 0, 0),
-    chat(2, "even", CHANGE, 50_000, 0, 0),
-    chat(3, "acme", datetime(2026, 11, 2, 8, tzinfo=UTC), 123_457, 8_765, 0),
-    chat(4, "acme", datetime(2026, 11, 14, 23, 59, tzinfo=UTC), 98_765, 4_321, 0),
-    chat(5, "acme", datetime(2026, 11, 16, 1, tzinfo=UTC), 77_777, 3_333, 55_555),
-    chat(6, "acme", datetime(2026, 11, 29, 17, tzinfo=UTC), 11_111, 2_222, 0),
-    chat(7, "acme", datetime(2026, 12, 1, tzinfo=UTC), 10**6, 0, 0),  # after --until
+    record("even", CHANGE - timedelta(microseconds=1), 25_000, 0, cached_prompt_tokens=0),
+    record("even", CHANGE, 50_000, 0, cached_prompt_tokens=0),
+    record("acme", datetime(2026, 11, 2, 8, tzinfo=UTC), 123_457, 8_765, cached_prompt_tokens=0),
+    record(
+        "acme", datetime(2026, 11, 14, 23, 59, tzinfo=UTC), 98_765, 4_321, cached_prompt_tokens=0
+    ),
+    record(
+        "acme", datetime(2026, 11, 16, 1, tzinfo=UTC), 77_777, 3_333, cached_prompt_tokens=55_555
+    ),
+    record("acme", datetime(2026, 11, 29, 17, tzinfo=UTC), 11_111, 2_222, cached_prompt_tokens=0),
+    record(
+        "acme", datetime(2026, 12, 1, tzinfo=UTC), 10**6, 0, cached_prompt_tokens=0
+    ),  # after --until
 ]
 
 
