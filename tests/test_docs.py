@@ -79,7 +79,7 @@ def test_troubleshooting_quotes_what_the_code_prints(tmp_path: Path) -> None:
     what the code prints for that mistake (placeholders in capitals stand for values)."""
     import errno
 
-    from proxy.cli import nothing_reconciled
+    from proxy.journal_commands import nothing_reconciled
     from proxy.serving.catalog import discovery_problem, missing_directory
     from proxy.serving.startup import journal_problem, listen_problem
     from proxy.serving.tenancy import DIGEST_RECIPE, KeyFileError, load_api_keys

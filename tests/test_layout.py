@@ -21,6 +21,7 @@ TESTED_THROUGH_THE_APP = {
     "accounting/fieldkinds": "the field table's kinds: unit/accounting/test_fields.py",
     "accounting/generationfields": "rows of the field table: unit/accounting/test_fields.py",
     "accounting/poolingfields": "rows of the field table: unit/accounting/test_fields.py",
+    "journal_commands": "the journal's commands: app/test_reconciliation.py, test_dead_letters.py",
     "ledger/recorder": "journal and subscribers of a running app: app/test_metering.py",
     "ledger/sqlite": "the journal's file: unit/ledger/test_journal.py, test_journal_files.py",
     "limitstore/tickets": "what limiter and store exchange, no behaviour: test_redislimiter.py",
@@ -272,3 +273,175 @@ def test_only_the_store_client_and_the_redis_limiter_import_redis() -> None:
             if any(n == "redis" or n.startswith("redis.") for n in names):
                 importers.add(_module(path, SOURCE))
     assert sorted(importers) == ["limitstore/client", "limitstore/redislimiter"]
+
+
+MODULE_LINES, TEST_MODULE_LINES, STORE_CLASS_LINES = 450, 500, 300
+# Modules still over MODULE_LINES, each with the most lines it may keep until it is split.
+# metrics.py is shared by every open issue's work (#58, #59, #62 add metrics to it); it is
+# split once those land, not under them.
+OVER_SIZE = {"metrics": 741}
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text(encoding="utf-8").splitlines())
+
+
+def test_modules_are_small() -> None:
+    """Every module of ``proxy/`` is at most 450 lines (STYLE 8: a module past ~300 splits
+    by responsibility), but the few listed, which may not grow (#60)."""
+    big = {
+        _module(path, SOURCE): _lines(path)
+        for path in SOURCE.rglob("*.py")
+        if _lines(path) > MODULE_LINES
+    }
+    grown = {m: n for m, n in big.items() if n > OVER_SIZE.get(m, MODULE_LINES)}
+    assert grown == {}
+    assert sorted(OVER_SIZE.keys() - big.keys()) == []  # one split leaves this list
+
+
+def test_test_modules_are_small() -> None:
+    """Every test module is at most 500 lines: a longer one holds more than one behaviour
+    and splits by them (#60)."""
+    big = [
+        f"{path.relative_to(ROOT)}: {_lines(path)}"
+        for path in (ROOT / "tests").rglob("*.py")
+        if _lines(path) > TEST_MODULE_LINES
+    ]
+    assert big == []
+
+
+def test_the_limit_store_s_classes_are_small() -> None:
+    """No class of ``proxy/limitstore`` is over 300 lines: the guard that stacked seven
+    bases into one object of 713 lines is held apart (#60)."""
+    classes = [
+        (_module(path, SOURCE), node)
+        for path in (SOURCE / "limitstore").rglob("*.py")
+        for node in ast.walk(_tree(path))
+        if isinstance(node, ast.ClassDef)
+    ]
+    sizes = {f"{m}: {c.name}": (c.end_lineno or c.lineno) - c.lineno + 1 for m, c in classes}
+    big = {name: lines for name, lines in sizes.items() if lines > STORE_CLASS_LINES}
+    assert big == {}
+
+
+def _calls(name: str) -> list[tuple[str, ast.Call]]:
+    """Every call of the builtin ``name`` in ``proxy/``, with its module."""
+    return [
+        (_module(path, SOURCE), node)
+        for path in SOURCE.rglob("*.py")
+        for node in ast.walk(_tree(path))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == name
+    ]
+
+
+# Reads by a literal name of a library's object whose attribute is named like a field of
+# the project's (a YAML error's ``problem``).
+READ_BY_NAME = {
+    "limits/problems: getattr(exc, 'problem', None)",
+    "serving/tenancy: getattr(exc, 'problem', None)",
+}
+
+
+def test_no_attribute_of_the_project_is_read_by_a_literal_name() -> None:
+    """``getattr(x, "name", default)`` hides a read from the type checker: a field of the
+    project's read so is a field missing from a type (``getattr(ticket, "id", "")`` six
+    times, because the base ``Ticket`` had no ``id``: #60)."""
+    declared = _declared()
+    found = {
+        f"{module}: {ast.unparse(call)}"
+        for module, call in _calls("getattr")
+        if len(call.args) > 1
+        and isinstance(call.args[1], ast.Constant)
+        and call.args[1].value in declared
+    }
+    assert sorted(found - READ_BY_NAME) == []
+    assert sorted(READ_BY_NAME - found) == []  # one fixed leaves this list
+
+
+def _names_operation(node: ast.expr) -> bool:
+    name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", "")
+    return name in ("operation", "direct")
+
+
+def _strings(node: ast.expr) -> list[str]:
+    items = node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set) else [node]
+    return [i.value for i in items if isinstance(i, ast.Constant) and isinstance(i.value, str)]
+
+
+def test_operations_are_compared_as_members_not_strings() -> None:
+    """An operation is an ``Operation`` member: compared with a bare string, a misspelt one
+    is a silent ``False`` (#60: operations were bare strings)."""
+    found = []
+    for path in SOURCE.rglob("*.py"):
+        for node in ast.walk(_tree(path)):
+            if isinstance(node, ast.Compare) and len(node.comparators) == 1:
+                sides = (node.left, node.comparators[0])
+                if any(map(_names_operation, sides)) and any(_strings(s) for s in sides):
+                    found.append(f"{_module(path, SOURCE)}:{node.lineno}: {ast.unparse(node)}")
+    assert found == []
+
+
+def _literals(path: Path) -> set[str]:
+    return {
+        node.value
+        for node in ast.walk(_tree(path))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    }
+
+
+def test_the_proxy_s_own_unit_names_are_spelled_once() -> None:
+    """``audio_seconds`` and ``cached_prompt_tokens`` are the proxy's names (vLLM's usage
+    says neither): every module reads them from ``accounting.units`` (#60: a unit was
+    spelled out in about 10 files across 5 packages)."""
+    spelled = [
+        f"{_module(path, SOURCE)}: {name}"
+        for path in SOURCE.rglob("*.py")
+        for name in sorted(_literals(path) & {"audio_seconds", "cached_prompt_tokens"})
+    ]
+    assert spelled == ["accounting/units: audio_seconds", "accounting/units: cached_prompt_tokens"]
+
+
+def _mentions(*words: str) -> list[str]:
+    return sorted(
+        _module(path, SOURCE)
+        for path in SOURCE.rglob("*.py")
+        if any(w in path.read_text(encoding="utf-8") for w in words)
+    )
+
+
+def test_one_module_checks_a_time_zone_s_name() -> None:
+    """A zone's name is checked (and a wrong one explained) by ``accounting.zones`` alone:
+    the price file and the limits file each had their own validator (#60)."""
+    assert _mentions("ZoneInfoNotFoundError", "available_timezones") == ["accounting/zones"]
+
+
+def test_one_module_watches_a_file() -> None:
+    """The reloaded files (keys, limits, prices) are watched by ``serving.filewatch``'s
+    stamp and poll loop: each had its own copy (#60)."""
+    assert _mentions("st_mtime_ns") == ["serving/filewatch"]
+
+
+def _one_letter_apart(a: str, b: str) -> bool:
+    short, long = sorted((a, b), key=len)
+    if len(long) - len(short) != 1:
+        return False
+    return any(long[:i] + long[i + 1 :] == short for i in range(len(long)))
+
+
+def test_no_two_module_names_are_one_letter_apart() -> None:
+    """``pricefile`` and ``pricesfile`` differed by one letter and did different jobs: a
+    reader opened the wrong one (#60). A module's name says what it does."""
+    names = sorted({path.stem for path in SOURCE.rglob("*.py")})
+    near = [(a, b) for i, a in enumerate(names) for b in names[i + 1 :] if _one_letter_apart(a, b)]
+    assert near == []
+
+
+def test_test_modules_are_named_by_behaviour_not_review_rounds() -> None:
+    """A test module says what behaviour it holds; ``test_limits_store_review3.py`` said
+    when it was written (#60)."""
+    named = [
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "tests").rglob("test_*.py")
+        if any(word in path.stem for word in ("review", "round", "finding", "fixes"))
+    ]
+    assert named == []

@@ -267,7 +267,7 @@ def copies(operation: str, payload: dict[str, Any]) -> int:
     answers an invalid one 400, and nothing is billed)."""
     if operation not in CHOICES_OPERATIONS:
         return 1
-    params = payload.get("sampling_params") if operation == "generate" else payload
+    params = payload.get("sampling_params") if operation == Operation.GENERATE else payload
     return _lax_int(params.get("n") if isinstance(params, dict) else None, 1)
 
 

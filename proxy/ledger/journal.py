@@ -18,58 +18,27 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 import structlog
 
-from proxy.accounting.units import Unit
 from proxy.ledger.sqlite import (
     GROUP_MAX,
     Row,
     SqliteThread,
+    UsageSum,
     as_row,
     create_schema,
     exporter_backlogs,
     insert_sql,
     transaction,
+    usage_sums,
 )
 from proxy.ledger.windows import Entry, parse_entry
 
 log = structlog.get_logger("proxy.ledger.journal")
-
-# Times are stored as UTC ISO strings, so they compare as text and index as such.
-USAGE_SUMS = f"""
-SELECT tenant, json_extract(body, '$.model'), json_extract(body, '$.key_hash'),
-       (CAST(strftime('%s', substr(time, 1, 19)) AS INTEGER) / ?) * ? AS bucket,
-       sum(coalesce(json_extract(body, '$.prompt_tokens_billed'), 0)),
-       sum(coalesce(json_extract(body, '$.completion_tokens_billed'), 0)),
-       count(*),
-       sum(coalesce(json_extract(body, '$.units.{Unit.CACHED}'), 0)),
-       sum(coalesce(json_extract(body, '$.units.{Unit.AUDIO}'), 0)),
-       {{segment}} AS segment
-FROM records WHERE kind = 'usage' AND time >= ?
-GROUP BY 1, 2, 3, 4, 10
-"""
-
-
-@dataclass(frozen=True, slots=True)
-class UsageSum:
-    """Billed usage of one tenant, model and key in one interval, from the journal."""
-
-    tenant: str
-    model: str | None
-    key_hash: str | None
-    start: int  # Unix seconds
-    prompt: int
-    completion: int
-    records: int
-    cached: int = 0  # cached prompt tokens (part of ``prompt``)
-    audio: int = 0  # audio seconds
-    segment: int = 0  # how many of the ``cuts`` asked for are at or before these records
-
 
 T = TypeVar("T")
 # The future answers a sync appender; async appenders have none.
@@ -458,10 +427,7 @@ class Journal:
 
     def _usage_since(self, since: str, bucket: int, cuts: list[str]) -> list[UsageSum]:
         assert self._db is not None
-        # times are ISO 8601 in UTC, compared as text (as ``since`` is)
-        segment = " + ".join(["(time >= ?)"] * len(cuts)) or "0"
-        rows = self._db.execute(USAGE_SUMS.format(segment=segment), (bucket, bucket, *cuts, since))
-        return [UsageSum(*row) for row in rows]
+        return usage_sums(self._db, since, bucket, cuts)
 
     async def close(self) -> None:
         """Commit what is pending, then close the database (appends fail from now)."""

@@ -1,4 +1,5 @@
-"""The journal's SQLite file: its schema, its rows, and the one thread that runs its work.
+"""The journal's SQLite file: its schema, its rows, the usage sums budgets are rebuilt from,
+and the one thread that runs its work.
 
 All SQLite work of a running proxy happens on that thread (``SqliteThread``); the
 functions here are what it runs, and what the offline commands open the file with.
@@ -13,9 +14,11 @@ import queue
 import sqlite3
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from proxy.accounting.units import Unit
 from proxy.ledger.records import UsageRecord
 from proxy.ledger.windows import Entry
 
@@ -171,3 +174,43 @@ def exporter_backlogs(db: sqlite3.Connection) -> dict[str, int]:
         "FROM cursors c ORDER BY c.sink"
     )
     return {str(sink): int(backlog) for sink, backlog in rows}
+
+
+# Times are stored as UTC ISO strings, so they compare as text and index as such.
+USAGE_SUMS = f"""
+SELECT tenant, json_extract(body, '$.model'), json_extract(body, '$.key_hash'),
+       (CAST(strftime('%s', substr(time, 1, 19)) AS INTEGER) / ?) * ? AS bucket,
+       sum(coalesce(json_extract(body, '$.prompt_tokens_billed'), 0)),
+       sum(coalesce(json_extract(body, '$.completion_tokens_billed'), 0)),
+       count(*),
+       sum(coalesce(json_extract(body, '$.units.{Unit.CACHED}'), 0)),
+       sum(coalesce(json_extract(body, '$.units.{Unit.AUDIO}'), 0)),
+       {{segment}} AS segment
+FROM records WHERE kind = 'usage' AND time >= ?
+GROUP BY 1, 2, 3, 4, 10
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class UsageSum:
+    """Billed usage of one tenant, model and key in one interval, from the journal."""
+
+    tenant: str
+    model: str | None
+    key_hash: str | None
+    start: int  # Unix seconds
+    prompt: int
+    completion: int
+    records: int
+    cached: int = 0  # cached prompt tokens (part of ``prompt``)
+    audio: int = 0  # audio seconds
+    segment: int = 0  # how many of the ``cuts`` asked for are at or before these records
+
+
+def usage_sums(db: sqlite3.Connection, since: str, bucket: int, cuts: list[str]) -> list[UsageSum]:
+    """The billed usage journaled at or after ``since`` (UTC ISO, compared as text as the
+    times are), summed per tenant, model, key and ``bucket``-second interval, split at
+    each of ``cuts``."""
+    segment = " + ".join(["(time >= ?)"] * len(cuts)) or "0"
+    rows = db.execute(USAGE_SUMS.format(segment=segment), (bucket, bucket, *cuts, since))
+    return [UsageSum(*row) for row in rows]

@@ -21,10 +21,7 @@ from typing import Any
 
 from proxy.accounting.analysis import Analysis
 from proxy.accounting.fieldkinds import Reads
-from proxy.accounting.operations import (
-    GENERATION_OPERATIONS,
-    POOLING_OPERATIONS,
-)
+from proxy.accounting.operations import GENERATION_OPERATIONS, POOLING_OPERATIONS, Operation
 from proxy.accounting.types import ServedModel, Tokenizer
 from proxy.limits.limiter import Cost
 from proxy.limits.pooling import generative_scoring_cost, is_ids, pooling_cost
@@ -105,7 +102,7 @@ def price_metered(
             return unreadable(f"the proxy cannot read the inputs of this {operation} request")
         cost, exact = found
         return Price(cost, "count" if exact else "bound: inputs not counted at the context", exact)
-    if operation == "generative_scoring":
+    if operation == Operation.GENERATIVE_SCORING:
         scored = generative_scoring_cost(payload, context, tokenizer)
         if scored is None:
             return unreadable("the proxy cannot read this request's query and items")
@@ -113,7 +110,7 @@ def price_metered(
         return Price(cost, "one engine request per item", exact)
     if operation in GENERATION_OPERATIONS:
         return _generation(operation, payload, body, context, counted_prompt)
-    if operation == "decisions":
+    if operation == Operation.DECISIONS:
         return _decisions(payload, body, context)
     return unreadable(f"the proxy cannot price a {operation} request")
 

@@ -43,10 +43,10 @@ from proxy.limitstore.contribution import Contribution
 from proxy.limitstore.failmodes import LocalMode
 from proxy.limitstore.headcount import CountFile
 from proxy.limitstore.heartbeat import Heartbeat
-from proxy.limitstore.lifetime import RENEWALS_PER_TTL, store_lifetime
 from proxy.limitstore.redislimiter import RedisLimiter
 from proxy.limitstore.replay import Replay, operation
 from proxy.limitstore.tickets import LocalTicket, Rebuilding, StoreTicket, Taken
+from proxy.limitstore.upkeep import RENEWALS_PER_TTL, store_lifetime
 from proxy.metrics import Metrics
 
 log = structlog.get_logger("proxy.limitstore.guard")

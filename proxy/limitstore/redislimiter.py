@@ -48,8 +48,8 @@ from proxy.limits.meters import GATE_RETRY_SECONDS, HELD_RETRY_SECONDS
 from proxy.limits.policy import Policies
 from proxy.limitstore.keyspace import Keyspace
 from proxy.limitstore.parts import ReplicaParts
-from proxy.limitstore.readings import standings, tenant_parts
 from proxy.limitstore.scripts import BEAT, END, RENEW, RESERVE, STAMP, SYNC
+from proxy.limitstore.store_standings import standings, tenant_parts
 from proxy.limitstore.tickets import (
     BUDGET_GRACE_SECONDS,
     DONE_SECONDS,

@@ -14,9 +14,9 @@ from proxy.limitstore.client import SLOTS, connect
 from proxy.limitstore.guard import GuardedLimiter
 from proxy.limitstore.headcount import CountFile
 from proxy.limitstore.hosted import HostedLimiter
-from proxy.limitstore.lifetime import HEARTBEAT_SECONDS
 from proxy.limitstore.memory import InProcessLimiter
 from proxy.limitstore.redislimiter import RedisLimiter
+from proxy.limitstore.upkeep import HEARTBEAT_SECONDS
 from proxy.metrics import Metrics
 from proxy.settings import Settings
 

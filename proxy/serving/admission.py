@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ from proxy.accounting.units import Quantities
 from proxy.ledger.journal import Journal
 from proxy.ledger.records import UsageRecord
 from proxy.limits.costs import Unpriced, billed, reserved
-from proxy.limits.headers import duration, ratelimit_headers
+from proxy.limits.headers import ratelimit_headers
 from proxy.limits.limiter import Cost, Decision, Limiter, Ticket, Who
 from proxy.limits.pricing import UNPARSED, Price, parsed, price_metered, price_scoring
 from proxy.limits.speech import price_speech
@@ -40,7 +40,8 @@ from proxy.serving.catalog import Catalog
 from proxy.serving.exchange import Exchange, Hold
 from proxy.serving.pricesfile import Prices
 from proxy.serving.prompts import PromptCounter, asks, tokenizes
-from proxy.serving.upstream import SESSION, error_response
+from proxy.serving.refusals import Refused, refused_by, unreadable
+from proxy.serving.upstream import SESSION
 from proxy.tokenizers.pool import FairExecutor, TokenizerPool
 from proxy.wire.jsonio import top_members
 
@@ -51,45 +52,6 @@ HOLD = web.RequestKey("limits_hold", Hold)
 class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: Any = None
-
-
-@dataclass(frozen=True, slots=True)
-class Refused:
-    """A refusal before forwarding: its status and message, answered in vLLM's error
-    shape (a rate limit in OpenAI's, its ``type`` the units limited) by ``answer``; a
-    realtime session ends with its message alone."""
-
-    status: int
-    message: str
-    kind: str | None = None  # a rate limit's units: tokens, requests, cost
-    final: bool = False  # never admitted as it is: x-should-retry: false
-    param: str | None = None  # the member the refusal names (vLLM's ``param``)
-
-    def answer(self) -> web.Response:
-        if self.status != 429:
-            response = error_response(self.status, self.message, param=self.param)
-            if self.final:
-                response.headers["x-should-retry"] = "false"
-            return response
-        body = {
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": None,
-                "code": "rate_limit_exceeded",
-            }
-        }
-        return web.json_response(body, status=429)
-
-
-def _unreadable(why: str) -> Refused:
-    """The refusal of a request whose shape the pricing cannot read."""
-    return Refused(
-        400,
-        f"This request cannot be admitted under this tenant's token or cost limits: {why}, "
-        "so its cost is not known before it runs; send it in a shape the proxy prices.",
-        final=True,
-    )
 
 
 class Admission:
@@ -193,7 +155,7 @@ class Admission:
             priced = await asyncio.wrap_future(lane.submit_for(tenant, price))
         if priced.refusal is not None:
             return self._unpriced(
-                Who(tenant, model, exchange.who.key_hash), _unreadable(priced.refusal)
+                Who(tenant, model, exchange.who.key_hash), unreadable(priced.refusal)
             )
         return await self.admit(exchange, model, priced)
 
@@ -373,35 +335,8 @@ class Admission:
             wait_s=round(refusal.wait, 3),
             price=price.rule,
         )
-        where = f"{refusal.limit} of {':'.join(refusal.scope)}"
         money = refusal.limit.startswith("cost_")
-
-        def said(units: int) -> str:
-            return self._said(units) if money else str(units)
-
-        if refusal.unavailable:
-            why = refusal.why or "the limits store cannot answer for this tenant's limits"
-            return Refused(503, f"{why[0].upper()}{why[1:]}; please try again later.")
-        if refusal.alone:
-            why = (
-                " It sets no completion cap, so its completion is priced at what the "
-                "model's context leaves; set max_tokens (max_completion_tokens, "
-                "max_output_tokens) to bound it."
-                if price.uncapped
-                else ""
-            )
-            return Refused(
-                400,
-                f"This request alone costs {said(refusal.cost)}, more than the whole {where} "
-                f"({said(refusal.amount)}): it can never be admitted; reduce it.{why}",
-            )
-        kind = "requests" if refusal.limit.startswith(("requests", "concurrency")) else "tokens"
-        kind = "cost" if money else kind
-        message = (
-            f"Rate limit reached for {where}: limit {said(refusal.amount)}, "
-            f"requested {said(refusal.cost)}. Please try again in {duration(refusal.wait)}."
-        )
-        return Refused(429, message, kind)
+        return refused_by(refusal, price.uncapped, self._said if money else str)
 
     async def settle(self, hold: Hold) -> None:
         """The exchange ended: its reservation becomes what its record bills, or is given

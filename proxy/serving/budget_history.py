@@ -10,7 +10,8 @@ from pathlib import Path
 
 from proxy.accounting.prices import PriceTable
 from proxy.accounting.units import Quantities
-from proxy.ledger.journal import Journal, UsageSum
+from proxy.ledger.journal import Journal
+from proxy.ledger.sqlite import UsageSum
 from proxy.limits.costs import billed
 from proxy.limits.history import BUCKET_SECONDS
 from proxy.limits.limiter import Cost, Usage, Who

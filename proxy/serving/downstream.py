@@ -21,6 +21,27 @@ HEADER_RECORD = "x-usage-record"
 HEADER_RECORD_ID = "x-usage-record-id"
 
 
+class AnswerRoom:
+    """Room for the metered answers held whole at once (``metered.HELD_ANSWERS_TOTAL``): an
+    answer that finds none is passed on as it comes, not held."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.held = 0
+
+    def take(self, length: int | None, most: int) -> int:
+        """Bytes reserved to hold an answer of ``length`` (None: unknown, ``most`` is
+        reserved) whole; 0 when it is not to be held: above ``most``, or no room now."""
+        size = most if length is None else length
+        if size > most or self.held + size > self.total:
+            return 0
+        self.held += size
+        return size
+
+    def give(self, size: int) -> None:
+        self.held -= size
+
+
 def record_headers(record: UsageRecord, journaled: bool) -> dict[str, str]:
     """The headers that tell the client which record bills its answer."""
     out = {HEADER_RECORD_ID: record.record_id}

@@ -23,6 +23,7 @@ from proxy.serving.admission import Admission
 from proxy.serving.bodies import off_loop
 from proxy.serving.catalog import Catalog
 from proxy.serving.downstream import (
+    AnswerRoom,
     abort,
     client_left,
     pass_on,
@@ -93,26 +94,6 @@ HELD_ANSWERS_TOTAL = 64 * 1024 * 1024
 
 # The content type of a ``bytes`` embeddings or pooling answer (raw tensors).
 TENSORS = "application/octet-stream"
-
-
-class AnswerRoom:
-    """Room for the metered answers held whole at once (``HELD_ANSWERS_TOTAL``)."""
-
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self.held = 0
-
-    def take(self, length: int | None, most: int) -> int:
-        """Bytes reserved to hold an answer of ``length`` (None: unknown, ``most`` is
-        reserved) whole; 0 when it is not to be held: above ``most``, or no room now."""
-        size = most if length is None else length
-        if size > most or self.held + size > self.total:
-            return 0
-        self.held += size
-        return size
-
-    def give(self, size: int) -> None:
-        self.held -= size
 
 
 class MeteredRelay:

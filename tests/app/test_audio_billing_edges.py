@@ -4,61 +4,20 @@ closed without its final commit, a session.update naming another model."""
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import json
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
-from proxy.ledger.records import UsageRecord
-from tests.support.fakevllm.audio import AUDIO_PROMPT, audio_tokens, realtime_usage, wav
+from tests.support.audio_requests import STREAM_PROMPT, TRANSCRIPTIONS, events
+from tests.support.fakevllm.audio import realtime_usage, wav
 from tests.support.proxies import fake_and_proxy
+from tests.support.realtime import COMMIT, FINAL, UPDATE, append, recorded, utterance
 from tests.support.records import journal_records
 
 ACME = {"Authorization": "Bearer sk-acme"}
 # A 2.5 s stream's prompt as vLLM reports it: decoder prompt and audio tokens.
-STREAM_PROMPT = AUDIO_PROMPT + audio_tokens(2.5)
-TRANSCRIPTIONS = "/v1/audio/transcriptions"
-COMMIT = json.dumps({"type": "input_audio_buffer.commit"})
-FINAL = json.dumps({"type": "input_audio_buffer.commit", "final": True})
-UPDATE = json.dumps({"type": "session.update", "model": "minilm"})
-
-
-def append(samples: int) -> str:
-    """An input_audio_buffer.append of ``samples`` of silent PCM16."""
-    audio = base64.b64encode(b"\0\0" * samples).decode()
-    return json.dumps({"type": "input_audio_buffer.append", "audio": audio})
-
-
-def events(body: bytes) -> list[Any]:
-    """The JSON data of each event of a stream ([DONE] as the string)."""
-    out: list[Any] = []
-    for block in body.decode().split("\n\n"):
-        if block.startswith("data: "):
-            data = block[len("data: ") :]
-            out.append(data if data == "[DONE]" else json.loads(data))
-    return out
-
-
-async def recorded(journal: Path) -> list[UsageRecord]:
-    """The journal's records once the session's is there (it is recorded as it ends)."""
-    for _ in range(100):
-        if found := journal_records(journal):
-            return found
-        await asyncio.sleep(0.05)
-    return []
-
-
-async def utterance(ws: aiohttp.ClientWebSocketResponse, samples: int) -> None:
-    """One utterance: commit, audio, final commit, then every event up to its done."""
-    await ws.send_str(COMMIT)
-    await ws.send_str(append(samples))
-    await ws.send_str(FINAL)
-    while json.loads((await ws.receive(timeout=5)).data)["type"] != "transcription.done":
-        pass
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import structlog
 
 from proxy.limits.limiter import Lifetime
 
-log = structlog.get_logger("proxy.limitstore.lifetime")
+log = structlog.get_logger("proxy.limitstore.upkeep")
 
 HEARTBEAT_SECONDS = 5.0
 RENEWALS_PER_TTL = 3  # the holds of live requests are extended this often per TTL

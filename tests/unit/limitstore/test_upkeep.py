@@ -8,7 +8,7 @@ import contextlib
 
 import pytest
 
-from proxy.limitstore import lifetime
+from proxy.limitstore import upkeep
 from tests.support.limitstores import MakeGuarded, policies
 
 
@@ -18,7 +18,7 @@ async def test_holds_are_renewed_every_third_of_the_ttl_as_documented(
     """Time scaled down (a 0.05 s heartbeat, a 3 s TTL: TTL / 3 = 1 s): over 0.35 s the
     heartbeat task renews the holds once (at its start), as documented, not every
     heartbeat (7 times)."""
-    monkeypatch.setattr(lifetime, "HEARTBEAT_SECONDS", 0.05)
+    monkeypatch.setattr(upkeep, "HEARTBEAT_SECONDS", 0.05)
     limiter = make_guarded(policies(concurrency=1), "r0", replicas=1)
     limiter.shared.reservation_ttl = 3.0
     renewals = 0

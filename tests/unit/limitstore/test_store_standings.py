@@ -1,4 +1,4 @@
-"""A tenant's standing read from the store (``readings``): the in-process limiter's for
+"""A tenant's standing read from the store (``store_standings``): the in-process limiter's for
 the same sequence, holds past their expiry given back, nothing written, and nothing
 answered while the store's budgets are not whole."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from proxy.limits.limiter import Cost, LimitStanding, StandingUnknown
 from proxy.limitstore.memory import InProcessLimiter
-from proxy.limitstore.readings import tenant_parts
+from proxy.limitstore.store_standings import tenant_parts
 from tests.support.limitstores import ACME, MakeGuarded, MakeShared, joined, policies
 from tests.support.redisserver import Store
 

@@ -1,0 +1,84 @@
+"""A request refused by admission before it is forwarded, answered in vLLM's error shape
+(a rate limit in OpenAI's, so clients' retry logic reads it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from proxy.limits.headers import duration
+from proxy.limits.limiter import Refusal
+from proxy.serving.upstream import error_response
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A refusal before forwarding: its status and message, answered in vLLM's error
+    shape (a rate limit in OpenAI's, its ``type`` the units limited) by ``answer``; a
+    realtime session ends with its message alone."""
+
+    status: int
+    message: str
+    kind: str | None = None  # a rate limit's units: tokens, requests, cost
+    final: bool = False  # never admitted as it is: x-should-retry: false
+    param: str | None = None  # the member the refusal names (vLLM's ``param``)
+
+    def answer(self) -> web.Response:
+        if self.status != 429:
+            response = error_response(self.status, self.message, param=self.param)
+            if self.final:
+                response.headers["x-should-retry"] = "false"
+            return response
+        body = {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": None,
+                "code": "rate_limit_exceeded",
+            }
+        }
+        return web.json_response(body, status=429)
+
+
+def unreadable(why: str) -> Refused:
+    """The refusal of a request whose shape the pricing cannot read."""
+    return Refused(
+        400,
+        f"This request cannot be admitted under this tenant's token or cost limits: {why}, "
+        "so its cost is not known before it runs; send it in a shape the proxy prices.",
+        final=True,
+    )
+
+
+def refused_by(refusal: Refusal, uncapped: bool, said: Callable[[int], str]) -> Refused:
+    """The answer to a reservation the limits refused: 503 when they could not answer,
+    400 (never admitted) for a request that alone costs more than the whole limit, else
+    429 with when to try again; ``said``: a limit's units as the message writes them
+    (money in the price table's currency); ``uncapped``: the request set no completion
+    cap, so its completion was priced at what the model's context leaves."""
+    where = f"{refusal.limit} of {':'.join(refusal.scope)}"
+    if refusal.unavailable:
+        why = refusal.why or "the limits store cannot answer for this tenant's limits"
+        return Refused(503, f"{why[0].upper()}{why[1:]}; please try again later.")
+    if refusal.alone:
+        why = (
+            " It sets no completion cap, so its completion is priced at what the "
+            "model's context leaves; set max_tokens (max_completion_tokens, "
+            "max_output_tokens) to bound it."
+            if uncapped
+            else ""
+        )
+        return Refused(
+            400,
+            f"This request alone costs {said(refusal.cost)}, more than the whole {where} "
+            f"({said(refusal.amount)}): it can never be admitted; reduce it.{why}",
+        )
+    kind = "requests" if refusal.limit.startswith(("requests", "concurrency")) else "tokens"
+    kind = "cost" if refusal.limit.startswith("cost_") else kind
+    message = (
+        f"Rate limit reached for {where}: limit {said(refusal.amount)}, "
+        f"requested {said(refusal.cost)}. Please try again in {duration(refusal.wait)}."
+    )
+    return Refused(429, message, kind)
