@@ -190,13 +190,22 @@ def _limits_problems(args: argparse.Namespace) -> tuple[list[str], Policies | No
     except LimitsFileError as exc:
         found.extend(f"{args.file}: {p}" for p in exc.problems)
         names = exc.names
+    except UnicodeDecodeError as exc:
+        found.append(f"{args.file}: not UTF-8 text ({exc.reason} at byte {exc.start})")
+    except ValueError as exc:  # no file there: the other files are still read
+        found.append(str(exc))
     digests = None
     if args.api_keys:
         try:
             digests = load_api_keys(args.api_keys)
         except KeyFileError as exc:
             found.append(f"--api-keys {exc}")
-    models = _served(args.upstream) if args.upstream else None
+    models = None
+    if args.upstream:
+        try:
+            models = _served(args.upstream)
+        except ValueError as exc:  # said with the rest; the model names go unchecked
+            found.append(f"--upstream {exc}")
     if args.models is not None:
         models = [m.strip() for m in args.models.split(",") if m.strip()]
     tenants = set(digests.values()) if digests is not None else None
