@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from pydantic_settings import CliSettingsSource
 
 from proxy import __version__
-from proxy.accounting.price_schedule import PriceFile, load_price_file, one_line
+from proxy.accounting.price_schedule import PriceFile, PriceFileError, load_price_file, one_line
 from proxy.accounting.prices import PriceTable
 from proxy.ledger.charges import charge
 from proxy.ledger.journal_files import (
@@ -544,7 +544,7 @@ def _prices(path: Path) -> PriceTable:
 def _price_file(path: Path) -> PriceFile:
     try:
         return load_price_file(_existing(path, "--prices"))
-    except (UnicodeDecodeError, yaml.YAMLError, ValidationError) as exc:
+    except (UnicodeDecodeError, yaml.YAMLError, ValidationError, PriceFileError) as exc:
         raise ValueError(f"--prices {path} is not a valid price file: {one_line(exc)}") from None
 
 
