@@ -128,6 +128,33 @@ async def test_usage_without_prompt_tokens_details_bills_as_before(
     assert record.units.cached_prompt_tokens is None
 
 
+# UsageInfo's members as vLLM serializes them (``serve/engine/protocol.py``, the 0.32.0
+# and 0.34.0 wheels): ``completion_tokens_details`` is null on these routes in both;
+# 0.34.0 leaves out a ``prompt_tokens_details`` that is None.
+USAGE_INFO = {"prompt_tokens", "total_tokens", "completion_tokens", "completion_tokens_details"}
+
+
+@pytest.mark.parametrize(("path", "body"), POOLED, ids=[p for p, _ in POOLED])
+@pytest.mark.parametrize("version", ["0.32.0", "0.34.0"])
+async def test_the_fakes_usage_has_the_members_the_release_writes(
+    aiohttp_server: Any,
+    aiohttp_client: Any,
+    minilm_path: Path,
+    version: str,
+    path: str,
+    body: dict[str, Any],
+) -> None:
+    """The fake answers these routes' usage with the members vLLM's UsageInfo serializes
+    to in each release (before, embeddings and chat left out `completion_tokens_details`,
+    which both releases send as null)."""
+    _, client = await fake_and_proxy(aiohttp_server, aiohttp_client, minilm_path, version=version)
+    resp = await client.post(path, json=body)
+    usage = (await resp.json())["usage"]
+    details = {"prompt_tokens_details"} if version == "0.32.0" else set()
+    assert set(usage) == USAGE_INFO | details
+    assert usage["completion_tokens_details"] is None
+
+
 @pytest.mark.parametrize(("version", "cached"), [("0.32.0", None), ("0.34.0", 4)])
 async def test_batch_chat_records_the_cached_tokens_it_reports(
     aiohttp_server: Any,
