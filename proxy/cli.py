@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from pydantic_settings import CliSettingsSource
 
 from proxy import __version__
-from proxy.accounting.price_schedule import PriceFile, load_price_file, one_line
+from proxy.accounting.price_schedule import PriceFile, PriceFileError, load_price_file, one_line
 from proxy.accounting.prices import PriceTable
 from proxy.journal_commands import (
     add_dead_letters,
@@ -187,13 +187,22 @@ def _limits_problems(args: argparse.Namespace) -> tuple[list[str], Policies | No
     except LimitsFileError as exc:
         found.extend(f"{args.file}: {p}" for p in exc.problems)
         names = exc.names
+    except UnicodeDecodeError as exc:
+        found.append(f"{args.file}: not UTF-8 text ({exc.reason} at byte {exc.start})")
+    except ValueError as exc:  # no file there: the other files are still read
+        found.append(str(exc))
     digests = None
     if args.api_keys:
         try:
             digests = load_api_keys(args.api_keys)
         except KeyFileError as exc:
             found.append(f"--api-keys {exc}")
-    models = _served(args.upstream) if args.upstream else None
+    models = None
+    if args.upstream:
+        try:
+            models = _served(args.upstream)
+        except ValueError as exc:  # said with the rest; the model names go unchecked
+            found.append(f"--upstream {exc}")
     if args.models is not None:
         models = [m.strip() for m in args.models.split(",") if m.strip()]
     tenants = set(digests.values()) if digests is not None else None
@@ -352,7 +361,7 @@ def _prices(path: Path) -> PriceTable:
 def _price_file(path: Path) -> PriceFile:
     try:
         return load_price_file(_existing(path, "--prices"))
-    except (UnicodeDecodeError, yaml.YAMLError, ValidationError) as exc:
+    except (UnicodeDecodeError, yaml.YAMLError, ValidationError, PriceFileError) as exc:
         raise ValueError(f"--prices {path} is not a valid price file: {one_line(exc)}") from None
 
 

@@ -130,8 +130,12 @@ class UniqueKeyLoader(yaml.SafeLoader):
             except TypeError:  # an unhashable key: PyYAML's own error says so
                 continue
             if first is not key_node.start_mark:
-                raise DuplicateKeyError(key, first, key_node.start_mark)
+                self.given_twice(DuplicateKeyError(key, first, key_node.start_mark))
         return super().construct_mapping(node, deep=deep)
+
+    def given_twice(self, problem: DuplicateKeyError) -> None:
+        """A key given twice: refused here; a loader that notes it keeps reading."""
+        raise problem
 
 
 class _DecimalLoader(UniqueKeyLoader):
@@ -155,3 +159,25 @@ def read_yaml(text: str) -> Any:
     """A YAML (or JSON) document whose fractional numbers are Decimals; a key given twice
     in one mapping is refused (``DuplicateKeyError``)."""
     return yaml.load(text, Loader=_DecimalLoader)  # a SafeLoader subclass
+
+
+class _NotingLoader(_DecimalLoader):
+    """``_DecimalLoader`` that notes each key given twice and keeps the later, as YAML
+    does, so a file's other problems can be said in the same pass."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.twice: list[DuplicateKeyError] = []
+
+    def given_twice(self, problem: DuplicateKeyError) -> None:
+        self.twice.append(problem)
+
+
+def read_yaml_noting(text: str) -> tuple[Any, list[DuplicateKeyError]]:
+    """``read_yaml``'s document and every key given twice in it (the later kept): for a
+    reader that says every problem of a file at once, the keys given twice among them."""
+    loader = _NotingLoader(text)
+    try:
+        return loader.get_single_data(), loader.twice
+    finally:
+        loader.dispose()

@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from proxy.accounting.money import Amount, DuplicateKeyError, decimals_of, read_yaml
+from proxy.accounting.money import Amount, decimals_of, read_yaml_noting
 from proxy.accounting.prices import PriceTable, Rate
 from proxy.accounting.units import Unit
 from proxy.accounting.zones import TimeZone
@@ -188,18 +188,34 @@ def load_prices(path: Path) -> PriceTable:
     return load_price_file(path).table()
 
 
+class PriceFileError(ValueError):
+    """A price file that names a key twice, with every other problem it has (one pass)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
 def load_price_file(path: Path) -> PriceFile:
-    """The price file as written (its ``timezone`` too); raises on anything wrong."""
-    data = read_yaml(path.read_text(encoding="utf-8"))
-    return PriceFile.model_validate(data if data is not None else {})
+    """The price file as written (its ``timezone`` too); raises on anything wrong (a key
+    given twice: ``PriceFileError``, with the file's other problems)."""
+    data, twice = read_yaml_noting(path.read_text(encoding="utf-8"))
+    found = [problem.said() for problem in twice]
+    try:
+        prices = PriceFile.model_validate(data if data is not None else {})
+    except ValidationError as exc:
+        if not found:
+            raise
+        raise PriceFileError([*found, *explain(exc)]) from None
+    if found:
+        raise PriceFileError(found)
+    return prices
 
 
 def one_line(exc: Exception) -> str:
     """A refused file said in one line: each problem with where it is."""
     if isinstance(exc, ValidationError):
         return "; ".join(explain(exc))
-    if isinstance(exc, DuplicateKeyError):
-        return exc.said()
     return " ".join(str(exc).split())
 
 

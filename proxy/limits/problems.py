@@ -16,7 +16,7 @@ import yaml
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from proxy.accounting.money import DuplicateKeyError, read_yaml
+from proxy.accounting.money import read_yaml_noting
 from proxy.accounting.zones import unknown_zone
 from proxy.limits.policy import (
     KEY_HASH_DIGITS,
@@ -58,18 +58,21 @@ def read_limits(path: Path) -> Policies:
     """Load and validate a limits file; every problem is a plain sentence of the
     ``LimitsFileError`` (OSError and UnicodeDecodeError pass as they are)."""
     try:
-        data: Any = read_yaml(path.read_text(encoding="utf-8"))  # 250.00 is a Decimal
-    except DuplicateKeyError as exc:
-        raise LimitsFileError(path, [exc.said()]) from None
+        data, twice = read_yaml_noting(path.read_text(encoding="utf-8"))  # 250.00: Decimal
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" at line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or "unreadable"
         raise LimitsFileError(path, [f"not valid YAML or JSON{line} ({problem})"]) from None
+    # A name given twice is said with the file's other problems (one pass), not alone.
+    found = [problem.said() for problem in twice]
     try:
-        return Policies.model_validate(data if data is not None else {})
+        policies = Policies.model_validate(data if data is not None else {})
     except ValidationError as exc:
-        raise LimitsFileError(path, explain(exc), names_in(data)) from None
+        raise LimitsFileError(path, [*found, *explain(exc)], names_in(data)) from None
+    if found:
+        raise LimitsFileError(path, [*found, *mistakes(policies)], names_in(data))
+    return policies
 
 
 def names_in(data: Any) -> Names:

@@ -103,6 +103,12 @@ POOLED = [
 ]
 
 
+# UsageInfo's members as vLLM serializes them (``serve/engine/protocol.py``, the 0.32.0
+# and 0.34.0 wheels): ``completion_tokens_details`` is null on these routes in both;
+# 0.34.0 leaves out a ``prompt_tokens_details`` that is None.
+USAGE_INFO = {"prompt_tokens", "total_tokens", "completion_tokens", "completion_tokens_details"}
+
+
 @pytest.mark.parametrize(("path", "body"), POOLED, ids=[p for p, _ in POOLED])
 @pytest.mark.parametrize("version", ["0.32.0", "0.34.0"])
 async def test_usage_without_prompt_tokens_details_bills_as_before(
@@ -116,13 +122,17 @@ async def test_usage_without_prompt_tokens_details_bills_as_before(
 ) -> None:
     """0.34.0 leaves ``usage.prompt_tokens_details`` out when there is none (0.32 sent
     ``null``): the client gets the member as vLLM wrote it or not at all, and the record
-    bills the same prompt with no cached tokens either way."""
+    bills the same prompt with no cached tokens either way. The fake's usage has the
+    members UsageInfo serializes to in each release (before, embeddings and chat left out
+    ``completion_tokens_details``, which both send as null)."""
     _, client = await fake_and_proxy(aiohttp_server, aiohttp_client, minilm_path, version=version)
     resp = await client.post(path, json=body)
     assert resp.status == 200, await resp.text()
     usage = (await resp.json())["usage"]
-    assert ("prompt_tokens_details" in usage) is (version == "0.32.0")
+    details = {"prompt_tokens_details"} if version == "0.32.0" else set()
+    assert set(usage) == USAGE_INFO | details
     assert usage.get("prompt_tokens_details") is None
+    assert usage["completion_tokens_details"] is None
     (record,) = journal_records(tmp_path / "journal.sqlite")
     assert record.prompt_tokens_billed == usage["prompt_tokens"]
     assert record.units.cached_prompt_tokens is None

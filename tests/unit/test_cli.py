@@ -273,6 +273,43 @@ def test_limits_check_says_every_problem_in_one_pass_on_stderr(
     assert "the upstream serves no model 'e5-smal'" in errors
 
 
+def test_limits_check_says_the_files_problems_when_the_upstream_cannot_be_asked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #59 item 3 (one pass): an --upstream that could not be asked stopped the
+    check, so a misspelt limit and a missing key file were said only on the next run.
+    The unreachable upstream is said with them (its model names unchecked), exit 2."""
+    import socket
+
+    with socket.socket() as closed:  # bound, never listening: a connection is refused
+        closed.bind(("127.0.0.1", 0))
+        upstream = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        limits = tmp_path / "limits.yaml"
+        limits.write_text("tenants:\n  acme: {prompt_token_per_minute: 5}\n")
+        keys = tmp_path / "keys.yaml"
+        args = ["limits", "check", str(limits), "--api-keys", str(keys), "--upstream", upstream]
+        assert main(args) == 2
+    errors = capsys.readouterr().err
+    assert "did you mean 'prompt_tokens_per_minute'?" in errors
+    assert f"cannot list the models of {upstream}/v1/models" in errors
+    assert "--api-keys" in errors
+    assert "no such file" in errors
+
+
+def test_limits_check_of_a_missing_file_still_checks_the_others(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #59 item 3 (one pass): a limits file that is not there stopped the check
+    before the price file was read; both are said."""
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("currency: USD\nmodels: {m: {prompt_token: '1'}}\n")
+    args = ["limits", "check", str(tmp_path / "none.yaml"), "--prices", str(prices)]
+    assert main(args) == 2
+    errors = capsys.readouterr().err
+    assert "none.yaml does not exist" in errors
+    assert "did you mean 'prompt_tokens'?" in errors
+
+
 def test_limits_check_with_prices_holds_money_budgets_as_serve_does(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -127,6 +127,22 @@ async def test_without_a_limits_file_dates_are_read_in_the_price_files_zone(
     assert "dates read in UTC (--timezone)" in err
 
 
+async def test_a_limits_file_without_a_zone_keeps_its_utc_before_the_price_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With a limits file the report's zone is the one its budgets reset in, UTC when it
+    names none, even beside a price file in Paris (docs/metering.md, "Dates and zones"):
+    the budgets shown and the dates read agree, and the report says which zone it took."""
+    path = await journal_of(tmp_path / "j.sqlite", [])
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("currency: EUR\ntimezone: Europe/Paris\ndefault: {prompt_tokens: '1'}\n")
+    limits = tmp_path / "limits.yaml"
+    limits.write_text("default: {requests_per_day: 5}\n")
+    args = ("--journal", str(path), "--prices", str(prices), "--limits", str(limits))
+    _, err = report(capsys, *args)
+    assert "dates read in UTC (the limits file's timezone)" in err
+
+
 async def test_each_budget_is_shown_in_the_period_it_is_in_now(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -72,6 +72,7 @@ class GenerationAPI(FakeState):
             "completion_tokens": CHAT_COMPLETION * n,
             "total_tokens": CHAT_PROMPT + CHAT_COMPLETION * n,
             **self.prompt_details(details),
+            "completion_tokens_details": None,  # no reasoning parser
         }
         if not streamed:
             await asyncio.sleep(self.answer_delay)

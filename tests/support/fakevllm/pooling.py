@@ -43,6 +43,7 @@ class EmbeddingsAPI(EngineAPI):
                 "total_tokens": sum(lengths),
                 "completion_tokens": 0,
                 **self.prompt_details(),
+                "completion_tokens_details": None,
             },
         }
         return self.answer(dumps(answer))

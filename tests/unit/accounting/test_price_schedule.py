@@ -198,12 +198,31 @@ def test_every_problem_of_a_price_file_is_named_with_what_it_meant() -> None:
 def test_a_name_given_twice_refuses_the_price_file(tmp_path: Path) -> None:
     """Issue #59 item 3: a model priced twice in one mapping kept the later silently. The
     file is refused, naming it and both lines."""
-    from proxy.accounting.money import DuplicateKeyError
+    from proxy.accounting.price_schedule import PriceFileError
 
     path = tmp_path / "prices.yaml"
     path.write_text(
         "currency: USD\nmodels:\n  a: {prompt_tokens: '1'}\n  a: {prompt_tokens: '2'}\n"
     )
-    with pytest.raises(DuplicateKeyError) as caught:
+    with pytest.raises(PriceFileError) as caught:
         load_prices(path)
     assert one_line(caught.value).startswith("'a' is given twice, at lines 3 and 4")
+
+
+def test_a_name_given_twice_does_not_hide_the_price_files_other_problems(
+    tmp_path: Path,
+) -> None:
+    """Issue #59 items 3 and 4 (one pass): a model priced twice stopped the reading, so a
+    typo and a negative price elsewhere in the file were found one rerun at a time. The
+    name given twice is said first, then every other problem, in one line."""
+    path = tmp_path / "prices.yaml"
+    path.write_text(
+        "currency: USD\nmodels:\n  a: {prompt_token: '1'}\n  a: {prompt_tokens: '2'}\n"
+        "  b: {prompt_tokens: '-1'}\n  a: {prompt_tokens: '3'}\n"
+    )
+    with pytest.raises(ValueError, match="given twice") as caught:
+        load_prices(path)
+    said = one_line(caught.value)
+    assert said.startswith("'a' is given twice, at lines 3 and 4")
+    assert "'a' is given twice, at lines 3 and 6" in said
+    assert "models.b.0.prompt_tokens: -1 is negative" in said

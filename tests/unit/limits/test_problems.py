@@ -182,6 +182,37 @@ def test_a_tenant_listed_twice_is_refused_with_both_lines(tmp_path: Path) -> Non
     assert problem.startswith("'acme' is given twice, at lines 2 and 4")
 
 
+def test_a_name_given_twice_does_not_hide_the_files_other_problems(tmp_path: Path) -> None:
+    """Issue #59 item 3 (one pass): a tenant listed twice stopped the reading, so the
+    file's other problems (a misspelt limit, a zone, a value that is no limit) were found
+    one rerun at a time. The name given twice is said with every other problem."""
+    text = (
+        "timezone: Paris\n"
+        "tenants:\n"
+        "  acme: {prompt_token_per_minute: 5}\n"
+        "  acme: {requests_per_day: 1.5}\n"
+    )
+    problems = problems_of(tmp_path, text)
+    assert problems[0].startswith("'acme' is given twice, at lines 3 and 4")
+    said = " ".join(problems)
+    assert "did you mean 'Europe/Paris'?" in said
+    assert "tenants.acme.requests_per_day is 1.5" in said
+    assert len(problems) == 3
+
+
+def test_a_name_given_twice_in_a_valid_file_is_said_with_what_it_gets_wrong(
+    tmp_path: Path,
+) -> None:
+    """A file that validates once YAML has kept the later block is still refused for the
+    name given twice, with what the file gets wrong besides (here: it limits nothing)."""
+    problems = problems_of(tmp_path, "tenants:\n  acme: {}\n  acme: {}\n")
+    assert problems == [
+        "'acme' is given twice, at lines 2 and 3: a name may appear once only "
+        "(YAML would silently keep the later)",
+        "the file sets no limit: every tenant is unlimited",
+    ]
+
+
 @pytest.mark.parametrize(
     ("text", "said", "leak"),
     [
