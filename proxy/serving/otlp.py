@@ -25,7 +25,7 @@ from yarl import URL
 
 from proxy.accounting.operations import Operation
 from proxy.ledger.records import UsageRecord
-from proxy.metrics import TOKEN_BUCKETS
+from proxy.metric_specs import TOKEN_BUCKETS
 from proxy.settings import Settings
 
 PROVIDER = "vllm"  # gen_ai.provider.name: no well-known value names vLLM

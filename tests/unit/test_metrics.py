@@ -7,9 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from prometheus_client import Gauge, multiprocess
+from prometheus_client import multiprocess
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.limit_metric_specs import LIMIT_SPECS
+from proxy.metric_specs import TRAFFIC_SPECS
 from proxy.metrics import SPECS, Metrics
 from proxy.settings import Settings
 
@@ -105,13 +107,14 @@ def test_readme_metrics_table_names_what_is_exposed() -> None:
     assert documented == exposed
 
 
-def test_every_gauge_says_how_a_pods_workers_combine() -> None:
-    """A gauge without a mode would render one series per worker process (prometheus_client's
-    default adds a ``pid`` label): every gauge of the table names its mode."""
-    gauges = {attr: spec.mode for attr, spec in SPECS.items() if spec.kind is Gauge}
-    assert len(gauges) >= 15
-    assert [attr for attr, mode in gauges.items() if not mode] == []
-    assert all(spec.mode is None for spec in SPECS.values() if spec.kind is not Gauge)
+def test_every_table_s_metric_is_built_once() -> None:
+    """The traffic's and the limits' tables together are the registry: no attribute is in
+    both (one would hide the other), and every metric's name is built once."""
+    assert TRAFFIC_SPECS.keys() & LIMIT_SPECS.keys() == set()
+    names = [spec.name for spec in SPECS.values()]
+    assert len(names) == len(set(names))
+    registry = Metrics(Settings(upstream="http://x")).registry
+    assert len(list(registry.collect())) == len(SPECS)
 
 
 def _worker(directory: Path, *values: float) -> int:
