@@ -63,6 +63,22 @@ def test_every_guarantee_names_a_test_that_exists() -> None:
     assert wrong == []
 
 
+def test_every_test_a_document_names_exists() -> None:
+    """The README and every document under docs/ name tests as ``tests/…py`` or
+    ``tests/…py::test_name``: each file exists and each name is defined in it (a test
+    moved or renamed leaves no reader at a dead end)."""
+    wrong = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = doc.read_text()
+        for path, name in re.findall(r"(tests/[\w/]+\.py)(?:::(test_\w+))?", text):
+            module = ROOT / path
+            if not module.exists():
+                wrong.append(f"{doc.name}: {path}")
+            elif name and name not in _test_names(module):
+                wrong.append(f"{doc.name}: {path}::{name}")
+    assert wrong == []
+
+
 def test_report_columns_are_documented_as_the_code_explains_them() -> None:
     """docs/metering.md's report column table is what proxy/ledger/report.py's column
     meanings generate (the HTML page and the table print the same meanings)."""
