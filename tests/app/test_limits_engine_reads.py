@@ -193,6 +193,39 @@ async def test_embeddings_read_by_input_are_priced_by_input(
     assert work(fake) <= 2000, [s for s, _ in statuses]
 
 
+@pytest.mark.parametrize(
+    ("path", "payload"),
+    [
+        ("/v1/embeddings", {"input": [LONG] * 400, "texts": ["x"]}),
+        ("/v2/embed", {"texts": [LONG] * 400, "truncate_prompt_tokens": 1}),
+    ],
+)
+async def test_a_field_of_the_other_embeddings_route_is_not_read(
+    aiohttp_server: Any,
+    aiohttp_client: Any,
+    minilm_path: Path,
+    tmp_path: Path,
+    path: str,
+    payload: dict[str, Any],
+) -> None:
+    """/v1/embeddings (OpenAI's model) ignores Cohere's ``texts``; /v2/embed (Cohere's)
+    ignores OpenAI's ``truncate_prompt_tokens``. Each was read on the other route: 400
+    inputs priced as the one text beside them, 400 texts as one token each (62x and 11x):
+    ten at once never take the engine past the budget."""
+    fake, statuses = await burst(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tmp_path,
+        {"total_tokens_per_day": 2000},
+        path,
+        json.dumps(payload).encode(),
+        10,
+        context=256,
+    )
+    assert work(fake) <= 2000, [s for s, _ in statuses]
+
+
 async def test_an_escaped_image_part_is_priced_as_an_image(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
 ) -> None:

@@ -214,7 +214,9 @@ def requests(draw: st.DrawFn, path: str) -> dict[str, Any]:
         "/v1/messages": {"messages": talk},
         "/inference/v1/generate": {"token_ids": [7] * many, "sampling_params": {}},
         "/v2/embed": {"texts": [text] * many},
-        "/v1/embeddings": {"messages": [talk] * many},
+        "/v1/embeddings": draw(
+            st.sampled_from([{"messages": [talk] * many}, {"input": [text] * many}])
+        ),
         "/generative_scoring": {"query": text, "items": [text] * many, "label_token_ids": [1]},
     }
     payload = bodies[path]
@@ -226,7 +228,24 @@ def requests(draw: st.DrawFn, path: str) -> dict[str, Any]:
     if path == "/inference/v1/generate":
         for name in draw(st.lists(st.sampled_from(["max_tokens", "n"]), unique=True)):
             payload["sampling_params"][name] = draw(st.integers(1, 300))
+    if path in EMBEDDINGS_SHARED:  # the route shares its operation with the other one
+        payload.update(draw(EMBEDDINGS_SHARED[path](text, many)))
     return payload
+
+
+def _openai_embeddings(text: str, many: int) -> st.SearchStrategy[dict[str, Any]]:
+    """/v1/embeddings: its truncation, and Cohere's lists (which its model ignores)."""
+    return st.fixed_dictionaries(
+        {}, optional={"truncate_prompt_tokens": st.integers(1, 300), "texts": st.just(["x"])}
+    )
+
+
+def _cohere_embed(text: str, many: int) -> st.SearchStrategy[dict[str, Any]]:
+    """/v2/embed: OpenAI's truncation, which Cohere's request model does not have."""
+    return st.fixed_dictionaries({}, optional={"truncate_prompt_tokens": st.integers(1, 300)})
+
+
+EMBEDDINGS_SHARED = {"/v1/embeddings": _openai_embeddings, "/v2/embed": _cohere_embed}
 
 
 @pytest.mark.parametrize("path", sorted(ROUTES))
