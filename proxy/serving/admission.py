@@ -35,6 +35,7 @@ from proxy.limits.limiter import Cost, Decision, Limiter, Ticket, Who
 from proxy.limits.pricing import UNPARSED, Price, parsed, price_metered, price_scoring
 from proxy.limits.speech import price_speech
 from proxy.metrics import Metrics
+from proxy.serving.bodies import off_loop
 from proxy.serving.budget_history import history_start, journal_history, shard_history
 from proxy.serving.catalog import Catalog
 from proxy.serving.exchange import Exchange, Hold
@@ -130,10 +131,14 @@ class Admission:
         return tenant in policies.tenants or policies.default is not None
 
     async def admit_scoring(
-        self, exchange: Exchange, counting: asyncio.Future[Analysis]
+        self,
+        exchange: Exchange,
+        counting: asyncio.Future[Analysis],
+        uncounted: Callable[[], Analysis],
     ) -> web.Response | None:
         """A scoring request: for a tenant with a token limit, its recount (awaited here,
-        before forwarding); else its request alone."""
+        before forwarding); when that fails or does not come in time, the request read
+        without counting (``uncounted``), priced at its bound; else its request alone."""
         tenant = exchange.who.tenant
         if not self.applies(tenant):
             return None
@@ -146,10 +151,25 @@ class Admission:
             else:
                 async with asyncio.timeout(self._count_timeout):
                     analysis = await asyncio.shield(counting)
-        except Exception:  # priced as unpriced: admitted on its request limits alone
+        except Exception:  # priced at its bound: every query and document at the context
             log.warning("admission_count_failed", tenant=tenant, exc_info=True)
+            analysis = await self._read_uncounted(exchange.body, uncounted)
+        priced = price_scoring(analysis)
         model = analysis.model.name if analysis and analysis.model else self._named(exchange.body)
-        return await self.admit(exchange, model, price_scoring(analysis))
+        if priced.refusal is not None:
+            who = Who(tenant, model, exchange.who.key_hash)
+            return self._unpriced(who, _unreadable(priced.refusal))
+        return await self.admit(exchange, model, priced)
+
+    @staticmethod
+    async def _read_uncounted(body: bytes, uncounted: Callable[[], Analysis]) -> Analysis | None:
+        """The request read without counting (off the loop when large); None when it
+        cannot be (refused)."""
+        try:
+            return await off_loop(uncounted, body)
+        except Exception:
+            log.warning("admission_read_failed", exc_info=True)
+            return None
 
     async def admit_metered(self, exchange: Exchange, prepared: Prepared) -> web.Response | None:
         """A metered request: priced in a tokenizer thread when a token limit applies."""

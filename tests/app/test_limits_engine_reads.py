@@ -226,6 +226,35 @@ async def test_a_field_of_the_other_embeddings_route_is_not_read(
     assert work(fake) <= 2000, [s for s, _ in statuses]
 
 
+async def test_a_scoring_request_not_counted_in_time_is_priced_at_its_bound(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """A rerank whose count does not come within ``--accounting-timeout`` was admitted for
+    one token, so five at once ran 2x a prompt budget: it is priced at its bound (every
+    query and document at the context), which this budget can never hold (400)."""
+    policies = tmp_path / "limits.yaml"
+    policies.write_text(yaml.safe_dump({"tenants": {"acme": {"prompt_tokens_per_day": 20000}}}))
+    fake, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tenant_header="X-Tenant-Id",
+        limits=str(policies),
+        accounting_timeout=0.001,
+    )
+    rerank = {"query": LONG, "documents": [f"{LONG} {i}" for i in range(300)]}
+    assert len(json.dumps(rerank)) > 64 * 1024  # counted in the pool, not inline
+
+    async def one() -> tuple[int, str]:
+        resp = await client.post("/rerank", json=rerank, headers={"X-Tenant-Id": "acme"})
+        return int(resp.status), await resp.text()
+
+    statuses = await asyncio.gather(*(one() for _ in range(5)))
+    assert fake.prompt_tokens_total <= 20000, [s for s, _ in statuses]
+    assert {s for s, _ in statuses} == {400}, statuses
+    assert "can never be admitted" in statuses[0][1]
+
+
 async def test_an_escaped_image_part_is_priced_as_an_image(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
 ) -> None:
