@@ -32,7 +32,14 @@ from proxy.ledger.records import UsageRecord
 from proxy.limits.costs import Unpriced, billed, reserved
 from proxy.limits.headers import duration, ratelimit_headers
 from proxy.limits.limiter import Cost, Decision, Limiter, Ticket, Who
-from proxy.limits.pricing import UNPARSED, Price, parsed, price_metered, price_scoring
+from proxy.limits.pricing import (
+    NO_CONTEXT,
+    UNPARSED,
+    Price,
+    parsed,
+    price_metered,
+    price_scoring,
+)
 from proxy.limits.speech import price_speech
 from proxy.metrics import Metrics
 from proxy.serving.bodies import off_loop
@@ -245,7 +252,8 @@ class Admission:
         speech = await asyncio.wrap_future(job)
         if speech.refusal is not None:
             who = Who(exchange.who.tenant, model, exchange.who.key_hash)
-            return self._unpriced(who, Refused(400, speech.refusal, final=True, param="file"))
+            param = None if speech.refusal == NO_CONTEXT else "file"
+            return self._unpriced(who, Refused(400, speech.refusal, final=True, param=param))
         return await self.admit(exchange, model, speech.price, units=speech.bills)
 
     async def admit_session(self, exchange: Exchange) -> web.Response | None:
