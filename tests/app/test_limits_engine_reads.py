@@ -17,6 +17,7 @@ from tests.support.fakevllm import FakeVLLM
 from tests.support.proxies import fake_and_proxy
 
 LONG = " ".join(f"word{i}" for i in range(40))
+ACME_TENANT = {"X-Tenant-Id": "acme"}
 
 
 def at_the_cap(context: int, media_tokens: int = 200) -> Any:
@@ -253,6 +254,42 @@ async def test_a_scoring_request_not_counted_in_time_is_priced_at_its_bound(
     assert fake.prompt_tokens_total <= 20000, [s for s, _ in statuses]
     assert {s for s, _ in statuses} == {400}, statuses
     assert "can never be admitted" in statuses[0][1]
+
+
+async def test_a_lora_adapter_is_priced_at_its_base_models_context(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """vLLM lists a LoRA adapter without a ``max_model_len`` (its parent's context is the
+    engine's): its chats were reserved at one token, so ten uncapped ones at once ran
+    2,560 tokens through a 600-token budget. Priced at the parent's context, the budget
+    bounds the engine and still admits them."""
+
+    def with_adapter(tokenizer: Any, root: Path, **options: Any) -> FakeVLLM:
+        fake = at_the_cap(256)(tokenizer, root, **options)
+        fake.adapters = ("acme-lora",)
+        return fake
+
+    policies = tmp_path / "limits.yaml"
+    policies.write_text(yaml.safe_dump({"tenants": {"acme": {"total_tokens_per_day": 600}}}))
+    fake, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tenant_header="X-Tenant-Id",
+        limits=str(policies),
+        version="0.32.0",
+        fake_class=with_adapter,
+    )
+    payload = {**chat(), "model": "acme-lora"}
+
+    async def one() -> int:
+        resp = await client.post("/v1/chat/completions", json=payload, headers=ACME_TENANT)
+        await resp.read()
+        return int(resp.status)
+
+    statuses = await asyncio.gather(*(one() for _ in range(10)))
+    assert work(fake) <= 600, statuses
+    assert 200 in statuses, statuses
 
 
 async def test_an_escaped_image_part_is_priced_as_an_image(
