@@ -53,6 +53,8 @@ class Price:
     uncapped: bool = False
     # Why the proxy cannot price it: refused under a budget (400), never forwarded.
     refusal: str | None = None
+    # What a refusal of it adds (why it is priced so), said to the client.
+    note: str = ""
 
 
 def unreadable(why: str) -> Price:

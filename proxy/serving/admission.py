@@ -90,6 +90,15 @@ class Refused:
         return web.json_response(body, status=429)
 
 
+def _stand_in(model: str | None) -> str:
+    """What a refusal of a request priced by a stand-in model adds."""
+    return (
+        f" The model {model!r} was not listed by the upstream at the proxy's last discovery,"
+        " so it is priced as the widest model served (vLLM answers a name it does not serve"
+        " with 404)."
+    )
+
+
 def _unreadable(why: str) -> Refused:
     """The refusal of a request whose shape the pricing cannot read."""
     return Refused(
@@ -192,12 +201,14 @@ class Admission:
         count_with = self._pool.copy_for(tenant)
         lane = self._pool.lane(len(prepared.body))
 
+        priced_as = self.catalog.priced_as(prepared.model)
+
         def price(payload: Any = UNPARSED, counted: int | None = None) -> Price:
             tok = served.tokenizer if served else None
             return price_metered(
                 prepared.operation,
                 prepared.body,
-                served,
+                priced_as,
                 count_with(tok) if tok else None,
                 counted_prompt=counted,
                 payload=payload,
@@ -222,6 +233,8 @@ class Admission:
             return self._unpriced(
                 Who(tenant, model, exchange.who.key_hash), _unreadable(priced.refusal)
             )
+        if served is None and priced_as is not None:
+            priced = replace(priced, note=_stand_in(model))
         return await self.admit(exchange, model, priced)
 
     async def _count_prompt(
@@ -244,7 +257,7 @@ class Admission:
     async def _admit_speech(self, exchange: Exchange, prepared: Prepared) -> web.Response | None:
         """An audio request: priced by its audio's duration, read from its file in a
         tokenizer thread (``limits.speech``); refused when that cannot be read."""
-        served = self.catalog.lookup(prepared.model)
+        served = self.catalog.priced_as(prepared.model)
         model = served.name if served else prepared.model
         kind = exchange.request.headers.get("Content-Type")
         lane = self._pool.lane(len(prepared.body))
@@ -421,7 +434,8 @@ class Admission:
             return Refused(
                 400,
                 f"This request alone costs {said(refusal.cost)}, more than the whole {where} "
-                f"({said(refusal.amount)}): it can never be admitted; reduce it.{why}",
+                f"({said(refusal.amount)}): it can never be admitted; reduce it.{why}"
+                f"{price.note}",
             )
         kind = "requests" if refusal.limit.startswith(("requests", "concurrency")) else "tokens"
         kind = "cost" if money else kind

@@ -239,6 +239,19 @@ class Catalog:
             return next(iter(self.models.values()), None)
         return self.models.get(name)
 
+    def priced_as(self, name: str | None) -> ServedModel | None:
+        """The model a request is priced by: the served one it names, else (a name not
+        listed at the last discovery) a stand-in of the widest served context with no
+        tokenizer. An adapter loaded since runs in the engine's context, and vLLM answers
+        a name it does not serve with a 404 that settles to nothing; None: none known."""
+        served = self.lookup(name)
+        if served is not None or not name:
+            return served
+        widest = max((m.max_model_len for m in self.models.values()), default=0)
+        if widest <= 0:
+            return None
+        return ServedModel(name, name, widest, None, None, "not listed at the last discovery")
+
     def serves(self, name: str) -> bool:
         """Whether ``name`` is a model the upstream serves (as last discovered)."""
         return name in self.models

@@ -292,6 +292,37 @@ async def test_a_lora_adapter_is_priced_at_its_base_models_context(
     assert 200 in statuses, statuses
 
 
+async def test_a_model_loaded_since_the_last_discovery_is_priced_as_the_engines(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """An adapter loaded after the proxy's last discovery (``/v1/load_lora_adapter``) is
+    served by vLLM before the proxy lists it: a name the catalog does not know was
+    reserved at one token (ten uncapped chats at once: 2,560 tokens through 600). It is
+    priced within the widest served context, so the budget bounds the engine."""
+    policies = tmp_path / "limits.yaml"
+    policies.write_text(yaml.safe_dump({"tenants": {"acme": {"total_tokens_per_day": 600}}}))
+    fake, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tenant_header="X-Tenant-Id",
+        limits=str(policies),
+        version="0.32.0",
+        fake_class=at_the_cap(256),
+    )
+    fake.adapters = ("late-lora",)  # loaded now; the proxy discovers it at its next poll
+    payload = {**chat(), "model": "late-lora"}
+
+    async def one() -> int:
+        resp = await client.post("/v1/chat/completions", json=payload, headers=ACME_TENANT)
+        await resp.read()
+        return int(resp.status)
+
+    statuses = await asyncio.gather(*(one() for _ in range(10)))
+    assert work(fake) <= 600, statuses
+    assert 200 in statuses, statuses
+
+
 async def test_an_escaped_image_part_is_priced_as_an_image(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
 ) -> None:
