@@ -170,6 +170,10 @@ class Admission:
         except Exception:  # priced at its bound: every query and document at the context
             log.warning("admission_count_failed", tenant=tenant, exc_info=True)
             analysis = await self._read_uncounted(exchange.body, uncounted)
+        if analysis is not None and analysis.model is None and analysis.request is not None:
+            # a name the last discovery did not list: bounded as the widest model served
+            stand_in = self.catalog.priced_as(analysis.request.model)
+            analysis = replace(analysis, model=stand_in) if stand_in else analysis
         priced = price_scoring(analysis)
         model = analysis.model.name if analysis and analysis.model else self._named(exchange.body)
         if priced.refusal is not None:

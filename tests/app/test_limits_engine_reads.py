@@ -323,6 +323,34 @@ async def test_a_model_loaded_since_the_last_discovery_is_priced_as_the_engines(
     assert 200 in statuses, statuses
 
 
+async def test_a_rerank_for_a_model_loaded_since_the_last_discovery_is_bounded(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """A rerank naming an adapter the proxy has not listed yet cannot be counted (no
+    tokenizer): it was reserved at one token, so ten at once ran past the budget; it is
+    priced at its bound, every query and document at the widest served context."""
+    policies = tmp_path / "limits.yaml"
+    policies.write_text(yaml.safe_dump({"tenants": {"acme": {"prompt_tokens_per_day": 3000}}}))
+    fake, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tenant_header="X-Tenant-Id",
+        limits=str(policies),
+    )
+    fake.adapters = ("late-lora",)
+    rerank = {"model": "late-lora", "query": LONG, "documents": [LONG] * 10}
+
+    async def one() -> int:
+        resp = await client.post("/rerank", json=rerank, headers=ACME_TENANT)
+        await resp.read()
+        return int(resp.status)
+
+    statuses = await asyncio.gather(*(one() for _ in range(10)))
+    assert fake.prompt_tokens_total <= 3000, statuses
+    assert 200 in statuses, statuses
+
+
 async def test_an_escaped_image_part_is_priced_as_an_image(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
 ) -> None:

@@ -84,7 +84,7 @@ class FakeState:
     def known_model(self, body: Any) -> bool:
         """Omitted, null or "" mean the default model (vLLM answers 200 to all three)."""
         model = body.get("model") if isinstance(body, dict) else None
-        return not model or model in self.names
+        return not model or model in self.names or model in self.adapters
 
     def answer(self, body: bytes, content_type: str = "application/json") -> web.Response:
         headers = {"Content-Type": content_type}
