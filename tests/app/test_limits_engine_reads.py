@@ -17,11 +17,11 @@ from tests.support.fakevllm import FakeVLLM
 from tests.support.proxies import fake_and_proxy
 
 LONG = " ".join(f"word{i}" for i in range(40))
-ACME_TENANT = {"X-Tenant-Id": "acme"}
 
 
-def at_the_cap(context: int, media_tokens: int = 200) -> Any:
-    """A fake vLLM 0.32.0 whose engine works to every cap, with a ``context`` window."""
+def at_the_cap(context: int, media_tokens: int = 200, adapters: tuple[str, ...] = ()) -> Any:
+    """A fake vLLM 0.32.0 whose engine works to every cap, with a ``context`` window and
+    LoRA ``adapters`` listed from the start."""
 
     def build(tokenizer: Any, root: Path, **options: Any) -> FakeVLLM:
         return FakeVLLM(
@@ -31,6 +31,7 @@ def at_the_cap(context: int, media_tokens: int = 200) -> Any:
             max_model_len=context,
             to_cap=True,
             media_tokens=media_tokens,
+            adapters=adapters,
         )
 
     return build
@@ -47,9 +48,13 @@ async def burst(
     times: int,
     context: int = 1024,
     media_tokens: int = 200,
+    adapters: tuple[str, ...] = (),
+    late: tuple[str, ...] = (),
+    **settings: Any,
 ) -> tuple[FakeVLLM, list[tuple[int, str]]]:
     """``times`` concurrent requests of one tenant under ``limits``: the fake and the
-    answers the client saw (status, body)."""
+    answers the client saw (status, body). ``late``: adapters loaded once the proxy has
+    discovered the rest; ``settings``: the proxy's."""
     policies = tmp_path / "limits.yaml"
     policies.write_text(yaml.safe_dump({"tenants": {"acme": limits}}))
     fake, client = await fake_and_proxy(
@@ -59,8 +64,10 @@ async def burst(
         tenant_header="X-Tenant-Id",
         limits=str(policies),
         version="0.32.0",
-        fake_class=at_the_cap(context, media_tokens),
+        fake_class=at_the_cap(context, media_tokens, adapters),
+        **settings,
     )
+    fake.adapters += late
     headers = {"X-Tenant-Id": "acme", "Content-Type": "application/json"}
 
     async def one() -> tuple[int, str]:
@@ -231,124 +238,86 @@ async def test_a_scoring_request_not_counted_in_time_is_priced_at_its_bound(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
 ) -> None:
     """A rerank whose count does not come within ``--accounting-timeout`` was admitted for
-    one token, so five at once ran 2x a prompt budget: it is priced at its bound (every
+    one token, so five at once ran 6x a prompt budget: it is priced at its bound (every
     query and document at the context), which this budget can never hold (400)."""
-    policies = tmp_path / "limits.yaml"
-    policies.write_text(yaml.safe_dump({"tenants": {"acme": {"prompt_tokens_per_day": 20000}}}))
-    fake, client = await fake_and_proxy(
+    rerank = {"query": LONG, "documents": [f"{LONG} {i}" for i in range(300)]}
+    body = json.dumps(rerank).encode()
+    assert len(body) > 64 * 1024  # counted in the pool, not inline
+    fake, statuses = await burst(
         aiohttp_server,
         aiohttp_client,
         minilm_path,
-        tenant_header="X-Tenant-Id",
-        limits=str(policies),
+        tmp_path,
+        {"prompt_tokens_per_day": 20000},
+        "/rerank",
+        body,
+        5,
         accounting_timeout=0.001,
     )
-    rerank = {"query": LONG, "documents": [f"{LONG} {i}" for i in range(300)]}
-    assert len(json.dumps(rerank)) > 64 * 1024  # counted in the pool, not inline
-
-    async def one() -> tuple[int, str]:
-        resp = await client.post("/rerank", json=rerank, headers={"X-Tenant-Id": "acme"})
-        return int(resp.status), await resp.text()
-
-    statuses = await asyncio.gather(*(one() for _ in range(5)))
     assert fake.prompt_tokens_total <= 20000, [s for s, _ in statuses]
     assert {s for s, _ in statuses} == {400}, statuses
     assert "can never be admitted" in statuses[0][1]
 
 
-async def test_a_lora_adapter_is_priced_at_its_base_models_context(
-    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+UNCAPPED_LORA_CHAT = json.dumps({**chat(), "model": "acme-lora"}).encode()
+
+
+@pytest.mark.parametrize(
+    ("listed", "late"),
+    [(("acme-lora",), ()), ((), ("acme-lora",))],
+    ids=["listed", "loaded-since-discovery"],
+)
+async def test_a_lora_adapter_is_priced_within_the_engines_context(
+    aiohttp_server: Any,
+    aiohttp_client: Any,
+    minilm_path: Path,
+    tmp_path: Path,
+    listed: tuple[str, ...],
+    late: tuple[str, ...],
 ) -> None:
     """vLLM lists a LoRA adapter without a ``max_model_len`` (its parent's context is the
-    engine's): its chats were reserved at one token, so ten uncapped ones at once ran
-    2,560 tokens through a 600-token budget. Priced at the parent's context, the budget
+    engine's), and serves one loaded since the proxy's last discovery before the proxy
+    lists it: either was reserved at one token, so ten uncapped chats at once ran 2,560
+    tokens through a 600-token budget. Priced within the engine's context, the budget
     bounds the engine and still admits them."""
-
-    def with_adapter(tokenizer: Any, root: Path, **options: Any) -> FakeVLLM:
-        fake = at_the_cap(256)(tokenizer, root, **options)
-        fake.adapters = ("acme-lora",)
-        return fake
-
-    policies = tmp_path / "limits.yaml"
-    policies.write_text(yaml.safe_dump({"tenants": {"acme": {"total_tokens_per_day": 600}}}))
-    fake, client = await fake_and_proxy(
+    fake, statuses = await burst(
         aiohttp_server,
         aiohttp_client,
         minilm_path,
-        tenant_header="X-Tenant-Id",
-        limits=str(policies),
-        version="0.32.0",
-        fake_class=with_adapter,
+        tmp_path,
+        {"total_tokens_per_day": 600},
+        "/v1/chat/completions",
+        UNCAPPED_LORA_CHAT,
+        10,
+        context=256,
+        adapters=listed,
+        late=late,
     )
-    payload = {**chat(), "model": "acme-lora"}
-
-    async def one() -> int:
-        resp = await client.post("/v1/chat/completions", json=payload, headers=ACME_TENANT)
-        await resp.read()
-        return int(resp.status)
-
-    statuses = await asyncio.gather(*(one() for _ in range(10)))
     assert work(fake) <= 600, statuses
-    assert 200 in statuses, statuses
-
-
-async def test_a_model_loaded_since_the_last_discovery_is_priced_as_the_engines(
-    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
-) -> None:
-    """An adapter loaded after the proxy's last discovery (``/v1/load_lora_adapter``) is
-    served by vLLM before the proxy lists it: a name the catalog does not know was
-    reserved at one token (ten uncapped chats at once: 2,560 tokens through 600). It is
-    priced within the widest served context, so the budget bounds the engine."""
-    policies = tmp_path / "limits.yaml"
-    policies.write_text(yaml.safe_dump({"tenants": {"acme": {"total_tokens_per_day": 600}}}))
-    fake, client = await fake_and_proxy(
-        aiohttp_server,
-        aiohttp_client,
-        minilm_path,
-        tenant_header="X-Tenant-Id",
-        limits=str(policies),
-        version="0.32.0",
-        fake_class=at_the_cap(256),
-    )
-    fake.adapters = ("late-lora",)  # loaded now; the proxy discovers it at its next poll
-    payload = {**chat(), "model": "late-lora"}
-
-    async def one() -> int:
-        resp = await client.post("/v1/chat/completions", json=payload, headers=ACME_TENANT)
-        await resp.read()
-        return int(resp.status)
-
-    statuses = await asyncio.gather(*(one() for _ in range(10)))
-    assert work(fake) <= 600, statuses
-    assert 200 in statuses, statuses
+    assert 200 in [s for s, _ in statuses], statuses
 
 
 async def test_a_rerank_for_a_model_loaded_since_the_last_discovery_is_bounded(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
 ) -> None:
     """A rerank naming an adapter the proxy has not listed yet cannot be counted (no
-    tokenizer): it was reserved at one token, so ten at once ran past the budget; it is
+    tokenizer): it was reserved at one token, so ten at once ran 3x the budget; it is
     priced at its bound, every query and document at the widest served context."""
-    policies = tmp_path / "limits.yaml"
-    policies.write_text(yaml.safe_dump({"tenants": {"acme": {"prompt_tokens_per_day": 3000}}}))
-    fake, client = await fake_and_proxy(
+    rerank = {"model": "acme-lora", "query": LONG, "documents": [LONG] * 10}
+    fake, statuses = await burst(
         aiohttp_server,
         aiohttp_client,
         minilm_path,
-        tenant_header="X-Tenant-Id",
-        limits=str(policies),
+        tmp_path,
+        {"prompt_tokens_per_day": 3000},
+        "/rerank",
+        json.dumps(rerank).encode(),
+        10,
+        context=256,
+        late=("acme-lora",),
     )
-    fake.adapters = ("late-lora",)
-    rerank = {"model": "late-lora", "query": LONG, "documents": [LONG] * 10}
-
-    async def one() -> int:
-        resp = await client.post("/rerank", json=rerank, headers=ACME_TENANT)
-        await resp.read()
-        return int(resp.status)
-
-    statuses = await asyncio.gather(*(one() for _ in range(10)))
     assert fake.prompt_tokens_total <= 3000, statuses
-    assert 200 in statuses, statuses
+    assert 200 in [s for s, _ in statuses], statuses
 
 
 async def test_an_escaped_image_part_is_priced_as_an_image(
