@@ -147,6 +147,13 @@ def batch(conversations: int) -> bytes:
             json.dumps({"query": LONG, "items": [LONG] * 400, "label_token_ids": [1]}).encode(),
             2000,
         ),
+        # a field of the other embeddings route, which this one's model ignores
+        ("/v1/embeddings", json.dumps({"input": [LONG] * 400, "texts": ["x"]}).encode(), 2000),
+        (
+            "/v2/embed",
+            json.dumps({"texts": [LONG] * 400, "truncate_prompt_tokens": 1}).encode(),
+            2000,
+        ),
     ],
 )
 async def test_a_list_is_one_engine_request_per_member(
@@ -160,7 +167,10 @@ async def test_a_list_is_one_engine_request_per_member(
 ) -> None:
     """Batch chat's conversations (33x), /v2/embed's texts (11x), an embeddings
     ``messages`` list of conversations (11x) and /generative_scoring's items (192x) were
-    priced as one input: each member is one engine request, priced as such."""
+    priced as one input: each member is one engine request, priced as such. The two
+    embeddings routes share an operation, not a request model: /v1/embeddings' 400
+    inputs beside Cohere's ``texts: ["x"]`` were priced as that one text, /v2/embed's
+    400 texts cut by OpenAI's ``truncate_prompt_tokens`` (which Cohere's model ignores)."""
     fake, statuses = await burst(
         aiohttp_server,
         aiohttp_client,
@@ -195,39 +205,6 @@ async def test_embeddings_read_by_input_are_priced_by_input(
         {"total_tokens_per_day": 2000},
         "/v1/embeddings",
         body,
-        10,
-        context=256,
-    )
-    assert work(fake) <= 2000, [s for s, _ in statuses]
-
-
-@pytest.mark.parametrize(
-    ("path", "payload"),
-    [
-        ("/v1/embeddings", {"input": [LONG] * 400, "texts": ["x"]}),
-        ("/v2/embed", {"texts": [LONG] * 400, "truncate_prompt_tokens": 1}),
-    ],
-)
-async def test_a_field_of_the_other_embeddings_route_is_not_read(
-    aiohttp_server: Any,
-    aiohttp_client: Any,
-    minilm_path: Path,
-    tmp_path: Path,
-    path: str,
-    payload: dict[str, Any],
-) -> None:
-    """/v1/embeddings (OpenAI's model) ignores Cohere's ``texts``; /v2/embed (Cohere's)
-    ignores OpenAI's ``truncate_prompt_tokens``. Each was read on the other route: 400
-    inputs priced as the one text beside them, 400 texts as one token each (62x and 11x):
-    ten at once never take the engine past the budget."""
-    fake, statuses = await burst(
-        aiohttp_server,
-        aiohttp_client,
-        minilm_path,
-        tmp_path,
-        {"total_tokens_per_day": 2000},
-        path,
-        json.dumps(payload).encode(),
         10,
         context=256,
     )
