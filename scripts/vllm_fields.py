@@ -12,7 +12,9 @@ holds ``proxy.accounting.fields`` against.
 ``--live``, run with the python of a provisioned vLLM environment, finds the same classes in
 the installed package, imports them and prints their pydantic ``model_fields`` (and
 aliases) in the same shape, for that one release: ``tests/e2e/test_request_fields.py``
-compares it with the checked-in table. Standard library only (beside the vLLM it inspects).
+compares it with the checked-in table. ``--live --defaults`` prints that release's routes and
+every body field's default instead, which the same test holds the price's caps to.
+Standard library only (beside the vLLM it inspects).
 """
 
 from __future__ import annotations
@@ -436,6 +438,23 @@ def from_installed(paths: list[str]) -> tuple[str, dict[str, Any]]:
     """The installed vLLM's table: the classes found as in a wheel, their fields imported."""
     import vllm
 
+    return vllm.__version__, table(_installed_routes(paths), _live_fields)
+
+
+def installed_defaults(paths: list[str]) -> dict[str, Any]:
+    """The installed vLLM's routes and each body class's field defaults as pydantic holds
+    them: a JSON value, or "required" / "factory" (the price's caps are held to them)."""
+    routes = _installed_routes(paths)
+    refs = {r.name: r for rs in routes.values() for r in rs}
+    return {
+        "routes": {p: [r.name for r in rs] for p, rs in sorted(routes.items())},
+        "defaults": {name: _live_defaults(ref) for name, ref in sorted(refs.items())},
+    }
+
+
+def _installed_routes(paths: list[str]) -> dict[str, list[ClassRef]]:
+    import vllm
+
     base = Path(vllm.__file__).resolve().parent.parent
 
     def read(name: str) -> str | None:
@@ -446,8 +465,7 @@ def from_installed(paths: list[str]) -> tuple[str, dict[str, Any]]:
         str(p.relative_to(base).with_suffix("")).replace("/", ".").removesuffix(".__init__")
         for p in (base / "vllm" / "entrypoints").rglob("*.py")
     )
-    routes = release_routes(read, names, paths)
-    return vllm.__version__, table(routes, _live_fields)
+    return release_routes(read, names, paths)
 
 
 def _live_fields(ref: ClassRef) -> dict[str, list[str]]:
@@ -461,6 +479,20 @@ def _live_fields(ref: ClassRef) -> dict[str, list[str]]:
         elif validation is not None:
             aliases.update(c for c in getattr(validation, "choices", []) if isinstance(c, str))
         found[name] = sorted(aliases - {name})
+    return found
+
+
+def _live_defaults(ref: ClassRef) -> dict[str, Any]:
+    cls = getattr(importlib.import_module(ref.module), ref.name)
+    found: dict[str, Any] = {}
+    for name, info in cls.model_fields.items():
+        if info.is_required():
+            found[name] = "required"
+        elif info.default_factory is not None:
+            found[name] = "factory"
+        else:
+            plain = isinstance(info.default, bool | int | float | str | type(None))
+            found[name] = info.default if plain else repr(info.default)
     return found
 
 
@@ -485,11 +517,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--live", action="store_true", help="the installed vLLM's table (run with its python)"
     )
+    parser.add_argument(
+        "--defaults",
+        action="store_true",
+        help="with --live: the installed vLLM's routes and every body field's default",
+    )
     args = parser.parse_args(argv)
     paths = metered_paths()
     if args.live:
-        version, entry = from_installed(paths)
-        text = json.dumps({"source": "live", "releases": {version: entry}}, indent=1) + "\n"
+        if args.defaults:
+            text = json.dumps(installed_defaults(paths), indent=1) + "\n"
+        else:
+            version, entry = from_installed(paths)
+            text = json.dumps({"source": "live", "releases": {version: entry}}, indent=1) + "\n"
         if args.out is None:
             sys.stdout.write(text)
         else:

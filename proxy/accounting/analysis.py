@@ -132,6 +132,15 @@ def _understand(body: bytes, path: str, lookup: Lookup) -> Analysis | Countable:
     return Countable(request, model, model.profile, model.tokenizer)
 
 
+def understand(body: bytes, path: str, lookup: Lookup) -> Analysis:
+    """The request and its model, not counted: what admission prices at its bound when
+    the count did not come in time."""
+    found = _understand(body, path, lookup)
+    if isinstance(found, Countable):
+        return Analysis(found.request, found.model, None, "not counted before forwarding")
+    return found
+
+
 def _count(found: Countable, tok: Tokenizer, full: RecountInFull) -> Analysis:
     """Count in full when ``full`` says so for the model, falling back to the query alone
     when a text is beyond the tokenizer's memory bound."""

@@ -60,14 +60,18 @@ def pooling_cost(
     vLLM reads a body through a union of a chat and a completion variant (pydantic's smart
     mode, extra fields allowed): a body with both ``messages`` and ``input`` is read as a
     conversation when ``messages`` validates as one, else by its ``input`` (0.29.0 and
-    0.32.0 alike; ``[]`` or a message without a role reads ``input``). The proxy does not
-    redo that validation: such a body is priced at the larger of both readings."""
+    0.32.0 alike; ``[]`` or a message without a role reads ``input``). ``/v1/embeddings``
+    and Cohere's ``/v2/embed`` share the operation, not the request model: OpenAI's reads
+    ``input`` and ignores Cohere's lists, Cohere's reads its lists and ignores ``input``
+    and ``truncate_prompt_tokens``. The proxy does not redo either choice: a body with
+    more than one reading is priced at the larger."""
     cap = truncation(payload.get("truncate_prompt_tokens"), context)
     readings = [
         found
         for found in (
             _conversations_cost(operation, payload, cap, counted),
-            _inputs_cost(operation, payload, context, cap, tokenizer),
+            _lists_cost(operation, payload, context, tokenizer),
+            _input_cost(payload, context, cap, tokenizer),
         )
         if found is not None
     ]
@@ -88,19 +92,27 @@ def _conversations_cost(
     return None if talks is None else (Cost(len(talks) * cap), False)
 
 
-def _inputs_cost(
-    operation: str, payload: dict[str, Any], context: int, cap: int, tokenizer: Tokenizer | None
+def _lists_cost(
+    operation: str, payload: dict[str, Any], context: int, tokenizer: Tokenizer | None
 ) -> tuple[Cost, bool] | None:
-    """``input`` (or /v2/embed's lists): texts counted, token ids by length, images and
-    input parts at the context, each at most ``cap``."""
+    """Cohere's lists (``/v2/embed``): texts counted, images and input parts at the
+    context, each at most the context (its model has no ``truncate_prompt_tokens``)."""
     lists = each(operation, payload)
-    if lists:
-        total, exact = 0, True
-        for name, items in lists.items():
-            texts = items if name == "texts" else [None] * len(items)
-            counted, whole = lengths(texts, context, tokenizer)
-            total, exact = total + sum(min(n, cap) for n in counted), exact and whole
-        return Cost(total), exact
+    if not lists:
+        return None
+    total, exact = 0, True
+    for name, items in lists.items():
+        texts = items if name == "texts" else [None] * len(items)
+        counted, whole = lengths(texts, context, tokenizer)
+        total, exact = total + sum(counted), exact and whole
+    return Cost(total), exact
+
+
+def _input_cost(
+    payload: dict[str, Any], context: int, cap: int, tokenizer: Tokenizer | None
+) -> tuple[Cost, bool] | None:
+    """``input``: texts counted, token ids by length, media at the context, each at most
+    ``cap``."""
     inputs = payload.get("input")
     if inputs is None:
         return None

@@ -35,6 +35,7 @@ UNPRICED = Cost(1, 1)
 # A structured decision's read generates at most two tokens (vLLM 0.32.0, strategies.py:
 # max_tokens=1, the diffusion canvas 2).
 DECISION_REPLY = 2
+NO_CONTEXT = "the upstream did not report this model's context (max_model_len)"
 UNPARSED: Any = object()  # price_metered's payload when the caller has not parsed the body
 
 
@@ -49,6 +50,8 @@ class Price:
     uncapped: bool = False
     # Why the proxy cannot price it: refused under a budget (400), never forwarded.
     refusal: str | None = None
+    # What a refusal of it adds (why it is priced so), said to the client.
+    note: str = ""
 
 
 def unreadable(why: str) -> Price:
@@ -57,13 +60,18 @@ def unreadable(why: str) -> Price:
 
 
 def price_scoring(analysis: Analysis | None) -> Price:
-    """A scoring request: the recount, or a bound when it has an input not counted."""
-    if analysis is not None and analysis.counted and analysis.counted.recount:
+    """A scoring request: the recount, or a bound when it has an input not counted (or
+    its count did not come in time: ``analysis`` read without counting); refused when
+    it could not even be read (``None``) or its model's context is not known."""
+    if analysis is None:
+        return unreadable("the proxy could not read this request in time")
+    if analysis.counted and analysis.counted.recount:
         return Price(Cost(analysis.counted.recount.engine), "recount", exact=True)
-    request = analysis.request if analysis else None
-    model = analysis.model if analysis else None
-    if request is None or model is None or model.max_model_len <= 0:
+    request, model = analysis.request, analysis.model
+    if request is None or model is None:
         return Price(UNPRICED, "unpriced: the request could not be read")
+    if model.max_model_len <= 0:
+        return unreadable(NO_CONTEXT)
     sequences = len(request.queries) + len(request.documents)
     return Price(Cost(sequences * model.max_model_len), "bound: every sequence at the context")
 
@@ -93,8 +101,10 @@ def price_metered(
     ``body`` parsed (``parsed``) when the caller has it, else it is parsed here."""
     if payload is UNPARSED:
         payload = parsed(body)
-    if not isinstance(payload, dict) or model is None or model.max_model_len <= 0:
+    if not isinstance(payload, dict) or model is None:
         return Price(UNPRICED, "unpriced: unknown model or unreadable body (no engine work)")
+    if model.max_model_len <= 0:
+        return unreadable(NO_CONTEXT)
     context = model.max_model_len
     if operation in POOLING_OPERATIONS:
         found = pooling_cost(operation, payload, context, tokenizer, counted_prompt)

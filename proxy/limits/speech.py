@@ -27,7 +27,7 @@ from proxy.accounting.dispatch import Prepared
 from proxy.accounting.types import ServedModel
 from proxy.accounting.units import Quantities
 from proxy.limits.limiter import Cost
-from proxy.limits.pricing import UNPRICED, Price
+from proxy.limits.pricing import NO_CONTEXT, UNPRICED, Price
 from proxy.wire.audiofile import seconds
 from proxy.wire.forms import File, FormError, is_multipart, read_form
 
@@ -71,8 +71,10 @@ def price_speech(
     audio = form.kept
     if audio is None:
         return nothing
-    if model is None or model.max_model_len <= 0:
+    if model is None:
         return SpeechPrice(Price(UNPRICED, "unpriced: unknown model"), Quantities(1, 1))
+    if model.max_model_len <= 0:
+        return SpeechPrice(Price(UNPRICED, NO_CONTEXT), Quantities(), NO_CONTEXT)
     duration = seconds(audio)
     if duration is None:
         return SpeechPrice(Price(UNPRICED, "unreadable audio"), Quantities(), UNREADABLE)

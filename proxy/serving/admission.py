@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -27,20 +26,26 @@ from proxy.accounting.money import from_nanos, plain
 from proxy.accounting.operations import FORM_OPERATIONS
 from proxy.accounting.prices import PriceTable
 from proxy.accounting.units import Quantities
-from proxy.ledger.journal import Journal
 from proxy.ledger.records import UsageRecord
 from proxy.limits.costs import Unpriced, billed, reserved
 from proxy.limits.headers import ratelimit_headers
 from proxy.limits.limiter import Cost, Decision, Limiter, Ticket, Who
-from proxy.limits.pricing import UNPARSED, Price, parsed, price_metered, price_scoring
+from proxy.limits.pricing import (
+    NO_CONTEXT,
+    UNPARSED,
+    Price,
+    parsed,
+    price_metered,
+    price_scoring,
+)
 from proxy.limits.speech import price_speech
 from proxy.metrics import Metrics
-from proxy.serving.budget_history import history_start, journal_history, shard_history
+from proxy.serving.bodies import off_loop
 from proxy.serving.catalog import Catalog
 from proxy.serving.exchange import Exchange, Hold
 from proxy.serving.pricesfile import Prices
 from proxy.serving.prompts import PromptCounter, asks, tokenizes
-from proxy.serving.refusals import Refused, refused_by, unreadable
+from proxy.serving.refusals import Refused, refused_by, stand_in, unreadable
 from proxy.serving.upstream import SESSION
 from proxy.tokenizers.pool import FairExecutor, TokenizerPool
 from proxy.wire.jsonio import top_members
@@ -92,10 +97,14 @@ class Admission:
         return tenant in policies.tenants or policies.default is not None
 
     async def admit_scoring(
-        self, exchange: Exchange, counting: asyncio.Future[Analysis]
+        self,
+        exchange: Exchange,
+        counting: asyncio.Future[Analysis],
+        uncounted: Callable[[], Analysis],
     ) -> web.Response | None:
         """A scoring request: for a tenant with a token limit, its recount (awaited here,
-        before forwarding); else its request alone."""
+        before forwarding); when that fails or does not come in time, the request read
+        without counting (``uncounted``), priced at its bound; else its request alone."""
         tenant = exchange.who.tenant
         if not self.applies(tenant):
             return None
@@ -108,10 +117,29 @@ class Admission:
             else:
                 async with asyncio.timeout(self._count_timeout):
                     analysis = await asyncio.shield(counting)
-        except Exception:  # priced as unpriced: admitted on its request limits alone
+        except Exception:  # priced at its bound: every query and document at the context
             log.warning("admission_count_failed", tenant=tenant, exc_info=True)
+            analysis = await self._read_uncounted(exchange.body, uncounted)
+        if analysis is not None and analysis.model is None and analysis.request is not None:
+            # a name the last discovery did not list: bounded as the widest model served
+            widest = self.catalog.priced_as(analysis.request.model)
+            analysis = replace(analysis, model=widest) if widest else analysis
+        priced = price_scoring(analysis)
         model = analysis.model.name if analysis and analysis.model else self._named(exchange.body)
-        return await self.admit(exchange, model, price_scoring(analysis))
+        if priced.refusal is not None:
+            who = Who(tenant, model, exchange.who.key_hash)
+            return self._unpriced(who, unreadable(priced.refusal))
+        return await self.admit(exchange, model, priced)
+
+    @staticmethod
+    async def _read_uncounted(body: bytes, uncounted: Callable[[], Analysis]) -> Analysis | None:
+        """The request read without counting (off the loop when large); None when it
+        cannot be (refused)."""
+        try:
+            return await off_loop(uncounted, body)
+        except Exception:
+            log.warning("admission_read_failed", exc_info=True)
+            return None
 
     async def admit_metered(self, exchange: Exchange, prepared: Prepared) -> web.Response | None:
         """A metered request: priced in a tokenizer thread when a token limit applies."""
@@ -127,12 +155,14 @@ class Admission:
         count_with = self._pool.copy_for(tenant)
         lane = self._pool.lane(len(prepared.body))
 
+        priced_as = self.catalog.priced_as(prepared.model)
+
         def price(payload: Any = UNPARSED, counted: int | None = None) -> Price:
             tok = served.tokenizer if served else None
             return price_metered(
                 prepared.operation,
                 prepared.body,
-                served,
+                priced_as,
                 count_with(tok) if tok else None,
                 counted_prompt=counted,
                 payload=payload,
@@ -157,6 +187,8 @@ class Admission:
             return self._unpriced(
                 Who(tenant, model, exchange.who.key_hash), unreadable(priced.refusal)
             )
+        if served is None and priced_as is not None:
+            priced = replace(priced, note=stand_in(model))
         return await self.admit(exchange, model, priced)
 
     async def _count_prompt(
@@ -179,7 +211,7 @@ class Admission:
     async def _admit_speech(self, exchange: Exchange, prepared: Prepared) -> web.Response | None:
         """An audio request: priced by its audio's duration, read from its file in a
         tokenizer thread (``limits.speech``); refused when that cannot be read."""
-        served = self.catalog.lookup(prepared.model)
+        served = self.catalog.priced_as(prepared.model)
         model = served.name if served else prepared.model
         kind = exchange.request.headers.get("Content-Type")
         lane = self._pool.lane(len(prepared.body))
@@ -187,7 +219,8 @@ class Admission:
         speech = await asyncio.wrap_future(job)
         if speech.refusal is not None:
             who = Who(exchange.who.tenant, model, exchange.who.key_hash)
-            return self._unpriced(who, Refused(400, speech.refusal, final=True, param="file"))
+            param = None if speech.refusal == NO_CONTEXT else "file"
+            return self._unpriced(who, Refused(400, speech.refusal, final=True, param=param))
         return await self.admit(exchange, model, speech.price, units=speech.bills)
 
     async def admit_session(self, exchange: Exchange) -> web.Response | None:
@@ -336,7 +369,7 @@ class Admission:
             price=price.rule,
         )
         money = refusal.limit.startswith("cost_")
-        return refused_by(refusal, price.uncapped, self._said if money else str)
+        return refused_by(refusal, price.uncapped, self._said if money else str, price.note)
 
     async def settle(self, hold: Hold) -> None:
         """The exchange ended: its reservation becomes what its record bills, or is given
@@ -396,29 +429,3 @@ async def add_headers(request: web.Request, response: web.StreamResponse) -> Non
     hold = request.get(HOLD)
     if hold is not None and hold.decision is not None:
         response.headers.update(ratelimit_headers(hold.decision))
-
-
-def restore_context(
-    admission: Admission,
-    journal: Journal | None,
-    metrics: Metrics,
-    adopted: Sequence[Path] = (),
-) -> Callable[[web.Application], AsyncIterator[None]]:
-    """cleanup_ctx (after the journal opens): each budget's period usage rebuilt from the
-    journal's records and those of the ``adopted`` shards (a larger pod's, this process
-    delivers them), so a restart does not reset a month."""
-
-    async def ctx(app: web.Application) -> AsyncIterator[None]:
-        if journal is not None:
-            now = time.time()
-            since = history_start(admission.limiter.policies, now)
-            history, restored = await journal_history(journal, since, admission.table)
-            for path in adopted:
-                more, count = await shard_history(path, since, admission.table)
-                history, restored = history + more, restored + count
-            await admission.limiter.restore(history, now)
-            metrics.limits_restored.inc(restored)
-            log.info("budgets_restored", since=since.isoformat(), records=restored)
-        yield
-
-    return ctx

@@ -29,7 +29,7 @@ from proxy.metrics import Metrics
 from proxy.serving import admin
 from proxy.serving.admin_api import build_admin_api
 from proxy.serving.adminrelay import admin_socket_context
-from proxy.serving.admission import ADMISSION, Admission, add_headers, restore_context
+from proxy.serving.admission import ADMISSION, Admission, add_headers
 from proxy.serving.adoption import adoption_context
 from proxy.serving.attribution import attribution, build_resolver
 from proxy.serving.audited import AUDITOR, ScoringAuditor
@@ -39,7 +39,12 @@ from proxy.serving.exchange import EXCHANGES, Exchanges, Work
 from proxy.serving.isolation import CacheSalts, ResponseOwners
 from proxy.serving.keyfile import KEYFILE, KeyFile, key_file_context
 from proxy.serving.keys import METRICS, OUTBOX, RECONCILER, RECORDER
-from proxy.serving.lifetimes import counters_reader, ledger_context, reconciler_context
+from proxy.serving.lifetimes import (
+    counters_reader,
+    ledger_context,
+    reconciler_context,
+    restore_context,
+)
 from proxy.serving.limitsfile import LIMITSFILE, LimitsFile, limits_file_context
 from proxy.serving.metered import METERED, MeteredRelay
 from proxy.serving.pod import POD_STATE, Place, PodState

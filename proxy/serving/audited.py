@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import structlog
 from aiohttp import web
@@ -24,6 +25,7 @@ from proxy.accounting.analysis import (
     decide,
     in_full,
     over_limit,
+    understand,
     wants_full_recount,
 )
 from proxy.accounting.operations import Operation
@@ -133,7 +135,8 @@ class ScoringAuditor:
         priced = self._admission is not None and self._admission.limiter.wants_tokens(tenant)
         counting = self._count(body, exchange.path, tenant, lookup, exact=priced)
         if self._admission is not None:  # a tenant with a token limit waits for its count
-            limited = await self._admission.admit_scoring(exchange, counting)
+            read = partial(understand, body, exchange.path, lookup or self._catalog.lookup)
+            limited = await self._admission.admit_scoring(exchange, counting, read)
             if limited is not None:
                 counting.cancel()
                 return limited

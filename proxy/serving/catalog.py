@@ -239,6 +239,19 @@ class Catalog:
             return next(iter(self.models.values()), None)
         return self.models.get(name)
 
+    def priced_as(self, name: str | None) -> ServedModel | None:
+        """The model a request is priced by: the served one it names, else (a name not
+        listed at the last discovery) a stand-in of the widest served context with no
+        tokenizer. An adapter loaded since runs in the engine's context, and vLLM answers
+        a name it does not serve with a 404 that settles to nothing; None: none known."""
+        served = self.lookup(name)
+        if served is not None or not name:
+            return served
+        widest = max((m.max_model_len for m in self.models.values()), default=0)
+        if widest <= 0:
+            return None
+        return ServedModel(name, name, widest, None, None, "not listed at the last discovery")
+
     def serves(self, name: str) -> bool:
         """Whether ``name`` is a model the upstream serves (as last discovered)."""
         return name in self.models
@@ -260,7 +273,7 @@ class Catalog:
             listing = await get_json(session, f"{base}/v1/models")
             served = await served_tasks(session, base)
             release = Release(str(version.get("version")) if isinstance(version, dict) else None)
-            entries = listing.get("data", []) if isinstance(listing, dict) else []
+            entries = with_contexts(listing.get("data", []) if isinstance(listing, dict) else [])
             models: dict[str, ServedModel] = {}
             for entry in entries:
                 if isinstance(entry, dict) and entry.get("id"):
@@ -323,6 +336,25 @@ class Catalog:
                 log.exception("discovery_crashed")
             delay = self._settings.refresh_interval if self.last_success else _RETRY_SECONDS
             await asyncio.sleep(delay)
+
+
+def with_contexts(entries: Any) -> list[Any]:
+    """``/v1/models`` entries, a LoRA adapter's given its parent's ``max_model_len``: vLLM
+    lists an adapter without one (``OpenAIServingModels.show_available_models``), and it
+    runs in its base model's engine, within that context."""
+    if not isinstance(entries, list):
+        return []
+    contexts = {
+        e.get("id"): e.get("max_model_len")
+        for e in entries
+        if isinstance(e, dict) and e.get("max_model_len")
+    }
+    return [
+        {**e, "max_model_len": contexts[e.get("parent")]}
+        if isinstance(e, dict) and not e.get("max_model_len") and e.get("parent") in contexts
+        else e
+        for e in entries
+    ]
 
 
 CATALOG = web.AppKey("catalog", Catalog)

@@ -52,12 +52,24 @@ def unreadable(why: str) -> Refused:
     )
 
 
-def refused_by(refusal: Refusal, uncapped: bool, said: Callable[[int], str]) -> Refused:
+def stand_in(model: str | None) -> str:
+    """What a refusal of a request priced by a stand-in model adds."""
+    return (
+        f" The model {model!r} was not listed by the upstream at the proxy's last discovery,"
+        " so it is priced as the widest model served (vLLM answers a name it does not serve"
+        " with 404)."
+    )
+
+
+def refused_by(
+    refusal: Refusal, uncapped: bool, said: Callable[[int], str], note: str = ""
+) -> Refused:
     """The answer to a reservation the limits refused: 503 when they could not answer,
     400 (never admitted) for a request that alone costs more than the whole limit, else
     429 with when to try again; ``said``: a limit's units as the message writes them
     (money in the price table's currency); ``uncapped``: the request set no completion
-    cap, so its completion was priced at what the model's context leaves."""
+    cap, so its completion was priced at what the model's context leaves; ``note``: what
+    the price adds to a request that can never be admitted (a stand-in model's)."""
     where = f"{refusal.limit} of {':'.join(refusal.scope)}"
     if refusal.unavailable:
         why = refusal.why or "the limits store cannot answer for this tenant's limits"
@@ -73,7 +85,8 @@ def refused_by(refusal: Refusal, uncapped: bool, said: Callable[[int], str]) -> 
         return Refused(
             400,
             f"This request alone costs {said(refusal.cost)}, more than the whole {where} "
-            f"({said(refusal.amount)}): it can never be admitted; reduce it.{why}",
+            f"({said(refusal.amount)}): it can never be admitted; reduce it.{why}"
+            f"{note}",
         )
     kind = "requests" if refusal.limit.startswith(("requests", "concurrency")) else "tokens"
     kind = "cost" if refusal.limit.startswith("cost_") else kind

@@ -325,8 +325,9 @@ async def test_a_spent_budget_refuses_what_the_proxy_cannot_price(
     aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
 ) -> None:
     """A budget spent to its last token refuses a request the proxy cannot price exactly
-    (a model it does not know, a structured decision): each reserves at least a token, so
-    none reaches the engine and bills past the budget."""
+    (a model it does not know, a structured decision): each reserves at least a token (a
+    model not listed: as the widest one served), so none reaches the engine and bills past
+    the budget."""
     seen, count = reached()
     _, client = await limited_proxy(
         aiohttp_server,
@@ -343,9 +344,13 @@ async def test_a_spent_budget_refuses_what_the_proxy_cannot_price(
     assert ok.headers["x-ratelimit-remaining-tokens"] == "0"
     unknown = {"model": "not-served", "input": texts}
     decision = {"state": "blue sky", "questions": {"a": {"type": "yes_no"}}}  # < 72 bytes
-    for path, payload in [("/v1/embeddings", unknown), ("/v1/systemone", decision)]:
-        refused = await client.post(path, json=payload, headers=ACME)
-        assert refused.status == 429, path
+    refused = await client.post("/v1/systemone", json=decision, headers=ACME)
+    assert refused.status == 429
+    # a name not listed at the last discovery is priced as the widest model served (an
+    # adapter loaded since would run in it): three inputs at 256 can never fit 72
+    refused = await client.post("/v1/embeddings", json=unknown, headers=ACME)
+    assert refused.status == 400
+    assert "'not-served' was not listed" in (await refused.json())["error"]["message"]
     assert seen == ["/v1/embeddings"] * 4
 
 

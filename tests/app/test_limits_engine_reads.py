@@ -19,8 +19,9 @@ from tests.support.proxies import fake_and_proxy
 LONG = " ".join(f"word{i}" for i in range(40))
 
 
-def at_the_cap(context: int, media_tokens: int = 200) -> Any:
-    """A fake vLLM 0.32.0 whose engine works to every cap, with a ``context`` window."""
+def at_the_cap(context: int, media_tokens: int = 200, adapters: tuple[str, ...] = ()) -> Any:
+    """A fake vLLM 0.32.0 whose engine works to every cap, with a ``context`` window and
+    LoRA ``adapters`` listed from the start."""
 
     def build(tokenizer: Any, root: Path, **options: Any) -> FakeVLLM:
         return FakeVLLM(
@@ -30,6 +31,7 @@ def at_the_cap(context: int, media_tokens: int = 200) -> Any:
             max_model_len=context,
             to_cap=True,
             media_tokens=media_tokens,
+            adapters=adapters,
         )
 
     return build
@@ -46,9 +48,13 @@ async def burst(
     times: int,
     context: int = 1024,
     media_tokens: int = 200,
+    adapters: tuple[str, ...] = (),
+    late: tuple[str, ...] = (),
+    **settings: Any,
 ) -> tuple[FakeVLLM, list[tuple[int, str]]]:
     """``times`` concurrent requests of one tenant under ``limits``: the fake and the
-    answers the client saw (status, body)."""
+    answers the client saw (status, body). ``late``: adapters loaded once the proxy has
+    discovered the rest; ``settings``: the proxy's."""
     policies = tmp_path / "limits.yaml"
     policies.write_text(yaml.safe_dump({"tenants": {"acme": limits}}))
     fake, client = await fake_and_proxy(
@@ -58,8 +64,10 @@ async def burst(
         tenant_header="X-Tenant-Id",
         limits=str(policies),
         version="0.32.0",
-        fake_class=at_the_cap(context, media_tokens),
+        fake_class=at_the_cap(context, media_tokens, adapters),
+        **settings,
     )
+    fake.adapters += late
     headers = {"X-Tenant-Id": "acme", "Content-Type": "application/json"}
 
     async def one() -> tuple[int, str]:
@@ -139,6 +147,13 @@ def batch(conversations: int) -> bytes:
             json.dumps({"query": LONG, "items": [LONG] * 400, "label_token_ids": [1]}).encode(),
             2000,
         ),
+        # a field of the other embeddings route, which this one's model ignores
+        ("/v1/embeddings", json.dumps({"input": [LONG] * 400, "texts": ["x"]}).encode(), 2000),
+        (
+            "/v2/embed",
+            json.dumps({"texts": [LONG] * 400, "truncate_prompt_tokens": 1}).encode(),
+            2000,
+        ),
     ],
 )
 async def test_a_list_is_one_engine_request_per_member(
@@ -152,7 +167,10 @@ async def test_a_list_is_one_engine_request_per_member(
 ) -> None:
     """Batch chat's conversations (33x), /v2/embed's texts (11x), an embeddings
     ``messages`` list of conversations (11x) and /generative_scoring's items (192x) were
-    priced as one input: each member is one engine request, priced as such."""
+    priced as one input: each member is one engine request, priced as such. The two
+    embeddings routes share an operation, not a request model: /v1/embeddings' 400
+    inputs beside Cohere's ``texts: ["x"]`` were priced as that one text, /v2/embed's
+    400 texts cut by OpenAI's ``truncate_prompt_tokens`` (which Cohere's model ignores)."""
     fake, statuses = await burst(
         aiohttp_server,
         aiohttp_client,
@@ -191,6 +209,92 @@ async def test_embeddings_read_by_input_are_priced_by_input(
         context=256,
     )
     assert work(fake) <= 2000, [s for s, _ in statuses]
+
+
+async def test_a_scoring_request_not_counted_in_time_is_priced_at_its_bound(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """A rerank whose count does not come within ``--accounting-timeout`` was admitted for
+    one token, so five at once ran 6x a prompt budget: it is priced at its bound (every
+    query and document at the context), which this budget can never hold (400)."""
+    rerank = {"query": LONG, "documents": [f"{LONG} {i}" for i in range(300)]}
+    body = json.dumps(rerank).encode()
+    assert len(body) > 64 * 1024  # counted in the pool, not inline
+    fake, statuses = await burst(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tmp_path,
+        {"prompt_tokens_per_day": 20000},
+        "/rerank",
+        body,
+        5,
+        accounting_timeout=0.001,
+    )
+    assert fake.prompt_tokens_total <= 20000, [s for s, _ in statuses]
+    assert {s for s, _ in statuses} == {400}, statuses
+    assert "can never be admitted" in statuses[0][1]
+
+
+UNCAPPED_LORA_CHAT = json.dumps({**chat(), "model": "acme-lora"}).encode()
+
+
+@pytest.mark.parametrize(
+    ("listed", "late"),
+    [(("acme-lora",), ()), ((), ("acme-lora",))],
+    ids=["listed", "loaded-since-discovery"],
+)
+async def test_a_lora_adapter_is_priced_within_the_engines_context(
+    aiohttp_server: Any,
+    aiohttp_client: Any,
+    minilm_path: Path,
+    tmp_path: Path,
+    listed: tuple[str, ...],
+    late: tuple[str, ...],
+) -> None:
+    """vLLM lists a LoRA adapter without a ``max_model_len`` (its parent's context is the
+    engine's), and serves one loaded since the proxy's last discovery before the proxy
+    lists it: either was reserved at one token, so ten uncapped chats at once ran 2,560
+    tokens through a 600-token budget. Priced within the engine's context, the budget
+    bounds the engine and still admits them."""
+    fake, statuses = await burst(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tmp_path,
+        {"total_tokens_per_day": 600},
+        "/v1/chat/completions",
+        UNCAPPED_LORA_CHAT,
+        10,
+        context=256,
+        adapters=listed,
+        late=late,
+    )
+    assert work(fake) <= 600, statuses
+    assert 200 in [s for s, _ in statuses], statuses
+
+
+async def test_a_rerank_for_a_model_loaded_since_the_last_discovery_is_bounded(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """A rerank naming an adapter the proxy has not listed yet cannot be counted (no
+    tokenizer): it was reserved at one token, so ten at once ran 3x the budget; it is
+    priced at its bound, every query and document at the widest served context."""
+    rerank = {"model": "acme-lora", "query": LONG, "documents": [LONG] * 10}
+    fake, statuses = await burst(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tmp_path,
+        {"prompt_tokens_per_day": 3000},
+        "/rerank",
+        json.dumps(rerank).encode(),
+        10,
+        context=256,
+        late=("acme-lora",),
+    )
+    assert fake.prompt_tokens_total <= 3000, statuses
+    assert 200 in [s for s, _ in statuses], statuses
 
 
 async def test_an_escaped_image_part_is_priced_as_an_image(

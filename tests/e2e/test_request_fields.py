@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from proxy.accounting.fieldkinds import Reads
+from proxy.accounting.fields import FIELDS
+from proxy.accounting.routes import BY_PATH
 from scripts.vllm_cpu import OFFLINE, ROOT, provision
 from tests.e2e.cases import VERSIONS
 
@@ -35,3 +38,36 @@ def test_live_request_models_equal_the_table(version: str, tmp_path: Path) -> No
     live = json.loads(out.read_text())["releases"]
     assert list(live) == [version]
     assert live[version] == TABLE["releases"][version]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_the_caps_the_price_reads_default_as_the_engines(version: str, tmp_path: Path) -> None:
+    """Each cap and multiplier the price before forwarding reads (``Field.reads``) has, in
+    the installed release's request model of every route of its operation, the default the
+    table states: a count (completions' 16), or none (absent: what the context leaves;
+    a required field: vLLM refuses the request without it); a multiplier, one output."""
+    python = provision(version)
+    out = tmp_path / "defaults.json"
+    script = str(ROOT / "scripts" / "vllm_fields.py")
+    subprocess.run(
+        [str(python), script, "--live", "--defaults", "--out", str(out)],
+        check=True,
+        cwd=ROOT,
+        env={**os.environ, **OFFLINE},
+        timeout=240,
+    )
+    live = json.loads(out.read_text())
+    checked = 0
+    for path, classes in live["routes"].items():
+        route = BY_PATH.get(path)
+        fields = FIELDS.get(route.operation, {}) if route is not None else {}
+        models = [live["defaults"][c] for c in classes]
+        for field in fields.values():
+            for default in (m[field.name] for m in models if field.name in m):
+                if field.reads in (Reads.CAP, Reads.CAP_FALLBACK):
+                    stated = (field.default,) if field.default is not None else (None, "required")
+                    assert default in stated, (path, field.name, default)
+                    checked += 1
+                elif field.reads is Reads.CHOICES:
+                    assert default in (None, 1), (path, field.name, default)
+    assert checked >= 5  # chat and its batch (two each), completions, Responses, Messages

@@ -47,6 +47,9 @@ class FakeState:
     prompt_tokens_total: int = 0
     # --served-model-name a b: every name serves the one model, the first is the default.
     aliases: tuple[str, ...] = ()
+    # LoRA adapters (--lora-modules): listed as vLLM 0.32.0 lists them, without a
+    # max_model_len, their parent the base model; served as the base model is.
+    adapters: tuple[str, ...] = ()
     # Fault injection: rewrite each answer of a metered endpoint (body, headers) -> (same).
     tamper: Callable[[bytes, dict[str, str]], tuple[bytes, dict[str, str]]] | None = None
     seen_headers: list[CIMultiDict[str]] = field(default_factory=list)
@@ -81,7 +84,7 @@ class FakeState:
     def known_model(self, body: Any) -> bool:
         """Omitted, null or "" mean the default model (vLLM answers 200 to all three)."""
         model = body.get("model") if isinstance(body, dict) else None
-        return not model or model in self.names
+        return not model or model in self.names or model in self.adapters
 
     def answer(self, body: bytes, content_type: str = "application/json") -> web.Response:
         headers = {"Content-Type": content_type}

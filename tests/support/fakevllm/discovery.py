@@ -75,6 +75,18 @@ class DiscoveryAPI(FakeState):
             }
             for name in self.names
         ]
+        entries += [  # vLLM 0.32.0's LoRA cards (OpenAIServingModels.show_available_models)
+            {
+                "id": name,
+                "object": "model",
+                "created": int(time.time()),
+                "owned_by": "vllm",
+                "root": f"/adapters/{name}",
+                "parent": self.name,
+                "max_model_len": None,
+            }
+            for name in self.adapters
+        ]
         return web.json_response({"object": "list", "data": entries})
 
     async def handle_echo(self, request: web.Request) -> web.Response:

@@ -13,7 +13,9 @@ how vLLM reads the body. Read from vLLM 0.32.0's source, independently of the pr
   completion's list, per ``/v2/embed`` text, image or input, per conversation of an
   embeddings ``messages`` list (or per ``input`` where vLLM's union reads that:
   ``pooled_conversations``), per ``/generative_scoring`` item (the query and the item
-  cut to the context less one, one token generated).
+  cut to the context less one, one token generated). ``/v1/embeddings`` keeps
+  ``truncate_prompt_tokens`` of each prompt; ``/v2/embed`` (Cohere's model) has no such
+  field, nor ``input``, and OpenAI's model no ``texts``, ``images`` or ``inputs``.
 - a prompt's tokens: its text with the real tokenizer (roles and contents in order),
   ``media_tokens`` per media part (the processor's placeholders), token ids by length.
 - chat, Responses and Messages prefill ``kv_transfer_params.prompt_token_ids`` instead of
@@ -75,10 +77,11 @@ class EngineAPI(FakeState):
             others = len(body.get("images") or []) + len(body.get("inputs") or [])
             return [Work(min(n, context), 0) for n in texts] + [Work(self.media_tokens, 0)] * others
         if path == "/v1/embeddings":
+            keep = _kept(body, context)
             talks = pooled_conversations(body)
             if talks is None:
-                return [Work(min(self.count(i), context), 0) for i in pooled_inputs(body)]
-            return [Work(self.prompt_of(t), 0) for t in talks]
+                return [Work(min(self.count(i), keep), 0) for i in pooled_inputs(body)]
+            return [Work(min(self.prompt_of(t), keep), 0) for t in talks]
         if path == "/generative_scoring":
             query = self.count(body["query"])
             cut = [min(query + self.count(i, special=False), context - 1) for i in body["items"]]
@@ -152,6 +155,18 @@ def pooled_inputs(body: dict[str, Any]) -> list[Any]:
     """A pooling body's ``input`` as the completion variant reads it: each one prompt."""
     given = body.get("input")
     return given if isinstance(given, list) and not _ids(given) else [given]
+
+
+def _kept(body: dict[str, Any], context: int) -> int:
+    """The tokens an OpenAI pooling request keeps of each prompt: ``truncate_prompt_tokens``
+    as vLLM 0.32.0's ``TokenizeParams`` reads it (k keeps the last k, above the context a
+    400; -1 or absent, the context). Cohere's /v2/embed has no such field."""
+    keep = body.get("truncate_prompt_tokens")
+    if not isinstance(keep, int) or keep < 0:
+        return context
+    if keep > context:
+        raise EngineError(f"truncate_prompt_tokens={keep} cannot be greater than {context}.")
+    return keep
 
 
 def _conversation(value: Any) -> bool:

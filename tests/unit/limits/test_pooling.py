@@ -52,6 +52,35 @@ def test_a_body_with_messages_and_input_pays_the_larger_reading(
     assert counted == (Cost(max(alone[0].prompt, 9)), False)
 
 
+@pytest.mark.parametrize("member", ["texts", "images", "inputs"])
+def test_a_cohere_list_beside_input_pays_the_larger_reading(
+    minilm: HFTokenizer, member: str
+) -> None:
+    """``/v1/embeddings`` and ``/v2/embed`` share the operation, not the request model:
+    OpenAI's reads ``input`` and ignores Cohere's lists, Cohere's reads its lists and
+    ignores ``input``. A body with both is priced at the larger reading (400 inputs beside
+    ``texts: ["x"]`` were priced as one short text)."""
+    inputs = {"input": ["hello there"] * 400}
+    alone = pooling_cost("embeddings", inputs, 256, minilm)
+    listed = pooling_cost("embeddings", {member: ["x"]}, 256, minilm)
+    assert alone is not None
+    assert listed is not None
+    both = pooling_cost("embeddings", {**inputs, member: ["x"]}, 256, minilm)
+    assert both == (Cost(max(alone[0].prompt, listed[0].prompt)), False)
+
+
+def test_cohere_lists_are_not_cut_by_openais_truncation(minilm: HFTokenizer) -> None:
+    """``truncate_prompt_tokens`` is OpenAI's field: Cohere's request model has none (it
+    ignores it) and truncates by ``truncate`` and ``max_tokens``, which only lower the
+    work. /v2/embed's texts are counted whole, at most the context (they were cut to 1)."""
+    texts = ["hello there, how are you today"] * 3
+    whole = pooling_cost("embeddings", {"texts": texts}, 256, minilm)
+    cut = pooling_cost("embeddings", {"texts": texts, "truncate_prompt_tokens": 1}, 256, minilm)
+    assert whole is not None
+    assert whole[0].prompt > 3
+    assert cut == whole
+
+
 def test_inputs_the_proxy_cannot_read_have_no_price() -> None:
     """A plugin's ``data`` (or no input): None, refused under a budget."""
     assert pooling_cost("pooling", {"data": {"x": 1}}, 100, None) is None

@@ -12,8 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
+from proxy.accounting.analysis import Analysis
 from proxy.accounting.fieldkinds import Reads
 from proxy.accounting.fields import FIELDS
+from proxy.accounting.shapes import parse_rerank
 from proxy.accounting.types import ServedModel
 from proxy.limits.limiter import Cost
 from proxy.limits.pricing import price_metered, price_scoring
@@ -103,7 +105,38 @@ def test_unknown_model_or_body_is_unpriced() -> None:
     price = price_metered("chat", b"[", MODEL, None)
     assert (price.cost, price.rule.startswith("unpriced")) == (Cost(1, 1), True)
     assert price_metered("chat", b"{}", None, None).cost == Cost(1, 1)
-    assert price_scoring(None).cost == Cost(1, 1)
+
+
+@pytest.mark.parametrize(
+    ("operation", "payload"),
+    [
+        ("chat", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}),
+        ("completions", {"prompt": [1, 2, 3]}),
+        ("embeddings", {"input": ["hi"] * 50}),
+        ("generative_scoring", {"query": "q", "items": ["a", "b"]}),
+    ],
+)
+def test_a_model_of_unknown_context_is_refused(operation: str, payload: dict[str, Any]) -> None:
+    """A served model whose context the upstream did not report (``max_model_len`` 0) has
+    no bound to price by: refused under a budget, not admitted for a token (vLLM serves
+    it, so its work was unbounded)."""
+    unknown = ServedModel("minilm", "minilm", 0, None, None)
+    price = price_metered(operation, body(payload), unknown, None)
+    assert price.refusal is not None
+    assert "max_model_len" in price.refusal
+
+
+def test_a_scoring_request_that_was_not_counted_is_bounded_or_refused() -> None:
+    """No analysis at all (the count failed): refused, never one token. A request read but
+    not counted is every sequence at the context; on a model of unknown context, refused."""
+    assert price_scoring(None).refusal is not None
+    request = parse_rerank({"query": "q", "documents": ["a", "b", "c"]})
+    assert request is not None
+    read = Analysis(request, MODEL, None, "not counted before forwarding")
+    assert price_scoring(read).cost == Cost(4 * MODEL.max_model_len)
+    unknown = ServedModel("minilm", "minilm", 0, None, None)
+    assert price_scoring(Analysis(request, unknown, None)).refusal is not None
+    assert price_scoring(Analysis(request, None, None)).cost == Cost(1, 1)  # vLLM's 404
 
 
 def test_a_decision_is_bounded_per_question() -> None:
@@ -214,7 +247,9 @@ def requests(draw: st.DrawFn, path: str) -> dict[str, Any]:
         "/v1/messages": {"messages": talk},
         "/inference/v1/generate": {"token_ids": [7] * many, "sampling_params": {}},
         "/v2/embed": {"texts": [text] * many},
-        "/v1/embeddings": {"messages": [talk] * many},
+        "/v1/embeddings": draw(
+            st.sampled_from([{"messages": [talk] * many}, {"input": [text] * many}])
+        ),
         "/generative_scoring": {"query": text, "items": [text] * many, "label_token_ids": [1]},
     }
     payload = bodies[path]
@@ -226,7 +261,24 @@ def requests(draw: st.DrawFn, path: str) -> dict[str, Any]:
     if path == "/inference/v1/generate":
         for name in draw(st.lists(st.sampled_from(["max_tokens", "n"]), unique=True)):
             payload["sampling_params"][name] = draw(st.integers(1, 300))
+    if path in EMBEDDINGS_SHARED:  # the route shares its operation with the other one
+        payload.update(draw(EMBEDDINGS_SHARED[path](text, many)))
     return payload
+
+
+def _openai_embeddings(text: str, many: int) -> st.SearchStrategy[dict[str, Any]]:
+    """/v1/embeddings: its truncation, and Cohere's lists (which its model ignores)."""
+    return st.fixed_dictionaries(
+        {}, optional={"truncate_prompt_tokens": st.integers(1, 300), "texts": st.just(["x"])}
+    )
+
+
+def _cohere_embed(text: str, many: int) -> st.SearchStrategy[dict[str, Any]]:
+    """/v2/embed: OpenAI's truncation, which Cohere's request model does not have."""
+    return st.fixed_dictionaries({}, optional={"truncate_prompt_tokens": st.integers(1, 300)})
+
+
+EMBEDDINGS_SHARED = {"/v1/embeddings": _openai_embeddings, "/v2/embed": _cohere_embed}
 
 
 @pytest.mark.parametrize("path", sorted(ROUTES))

@@ -53,6 +53,16 @@ def test_what_cannot_be_read_is_refused_and_what_vllm_refuses_reserves_nothing()
     assert (no_form.refusal, no_form.price.cost, no_form.bills) == (None, Cost(), Quantities())
 
 
+def test_a_model_of_unknown_context_is_refused() -> None:
+    """A served model whose context the upstream did not report has no bound per clip:
+    refused under a budget (it was reserved at one token and its transcription served)."""
+    body, kind = form(wav(2.5))
+    unknown = ServedModel("whisper", "whisper", 0, None, None)
+    found = price_speech(Prepared(body, "transcriptions", "whisper"), kind, unknown)
+    assert found.refusal is not None
+    assert "max_model_len" in found.refusal
+
+
 @given(st.floats(0, 7200, allow_nan=False), st.booleans())
 def test_the_bound_covers_what_the_fake_engine_reports(duration: float, streamed: bool) -> None:
     """Whatever the duration, the reservation holds what the record bills on the fake

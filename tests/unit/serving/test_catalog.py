@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.accounting.types import Release
+from proxy.serving.catalog import with_contexts
 
 
 def test_unproven_release_is_announced() -> None:
@@ -42,3 +43,18 @@ def test_a_model_the_server_scores_nothing_with_needs_no_config(tmp_path: Path) 
     for served in (None, ServedTasks(embed=True, classify=False, generate=False)):
         model = build_model(entry, Release("0.32.0"), None, load, served)
         assert model.problem == f"no readable config.json at {tmp_path}; set models.voxtral.family"
+
+
+def test_a_lora_adapter_runs_within_its_parents_context() -> None:
+    """vLLM lists a LoRA adapter with no ``max_model_len``: it takes its parent's (the
+    engine's), so its requests have a bound to be priced by; an entry naming no known
+    parent, or with a context of its own, is left as it is."""
+    entries = [
+        {"id": "base", "max_model_len": 4096},
+        {"id": "lora", "parent": "base", "max_model_len": None},
+        {"id": "orphan", "parent": "gone"},
+        {"id": "own", "parent": "base", "max_model_len": 512},
+    ]
+    contexts = {e["id"]: e.get("max_model_len") for e in with_contexts(entries)}
+    assert contexts == {"base": 4096, "lora": 4096, "orphan": None, "own": 512}
+    assert with_contexts("not a list") == []
