@@ -31,6 +31,7 @@ TESTED_THROUGH_THE_APP = {
     "serving/audited": "the scoring handler: app/test_app.py, app/test_hot_path.py",
     "serving/bodies": "body admission: app/test_bodies.py, app/test_memory.py",
     "serving/budget_history": "budgets rebuilt from shards: app/test_limits.py, test_podlimits",
+    "serving/budget_restore": "budgets rebuilt at start: app/test_limits.py, test_pod_limits",
     "serving/downstream": "writing to clients: app/test_answers.py, app/test_stalled_clients.py",
     "serving/keys": "typed application state, no behaviour of its own",
     "serving/lifetimes": "resources' cleanup contexts: app/test_metering.py, process tests",

@@ -34,17 +34,13 @@ from proxy.serving.adoption import adoption_context
 from proxy.serving.attribution import attribution, build_resolver
 from proxy.serving.audited import AUDITOR, ScoringAuditor
 from proxy.serving.bodies import BodyBudget
+from proxy.serving.budget_restore import restore_context
 from proxy.serving.catalog import Catalog, catalog_context
 from proxy.serving.exchange import EXCHANGES, Exchanges, Work
 from proxy.serving.isolation import CacheSalts, ResponseOwners
 from proxy.serving.keyfile import KEYFILE, KeyFile, key_file_context
 from proxy.serving.keys import METRICS, OUTBOX, RECONCILER, RECORDER
-from proxy.serving.lifetimes import (
-    counters_reader,
-    ledger_context,
-    reconciler_context,
-    restore_context,
-)
+from proxy.serving.lifetimes import counters_reader, ledger_context, reconciler_context
 from proxy.serving.limitsfile import LIMITSFILE, LimitsFile, limits_file_context
 from proxy.serving.metered import METERED, MeteredRelay
 from proxy.serving.pod import POD_STATE, Place, PodState

@@ -8,9 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from pathlib import Path
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import structlog
@@ -19,9 +17,6 @@ from aiohttp import web
 from proxy.ledger.journal import Journal
 from proxy.ledger.outbox import Outbox
 from proxy.ledger.reconciler import CountersUnavailable, Reconciler
-from proxy.metrics import Metrics
-from proxy.serving.admission import Admission
-from proxy.serving.budget_history import history_start, journal_history, shard_history
 from proxy.serving.exchange import Exchanges
 from proxy.serving.startup import journal_problem
 from proxy.serving.upstream import UpstreamError, translated
@@ -93,31 +88,5 @@ def reconciler_context(settings: Settings, reconciler: Reconciler) -> Context:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-
-    return ctx
-
-
-def restore_context(
-    admission: Admission,
-    journal: Journal | None,
-    metrics: Metrics,
-    adopted: Sequence[Path] = (),
-) -> Context:
-    """cleanup_ctx (after the journal opens): each budget's period usage rebuilt from the
-    journal's records and those of the ``adopted`` shards (a larger pod's, this process
-    delivers them), so a restart does not reset a month."""
-
-    async def ctx(app: web.Application) -> AsyncIterator[None]:
-        if journal is not None:
-            now = time.time()
-            since = history_start(admission.limiter.policies, now)
-            history, restored = await journal_history(journal, since, admission.table)
-            for path in adopted:
-                more, count = await shard_history(path, since, admission.table)
-                history, restored = history + more, restored + count
-            await admission.limiter.restore(history, now)
-            metrics.limits_restored.inc(restored)
-            log.info("budgets_restored", since=since.isoformat(), records=restored)
-        yield
 
     return ctx
