@@ -93,7 +93,7 @@ def _asks_usage(proof: Form, form: Form, continuous: bool) -> bool:
 
 
 def _whole_feature(
-    operation: str, response_format: str | File | None, release: Release
+    operation: Operation, response_format: str | File | None, release: Release
 ) -> str | None:
     """The feature of a whole (not streamed) answer that carries no usage."""
     if operation == Operation.TRANSLATIONS:

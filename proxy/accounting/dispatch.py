@@ -115,7 +115,7 @@ def invocation_operation(payload: Any, task: str | None) -> Operation:
 # that are not also billed. Their size together, as JSON, is bounded: above it the request
 # is refused before it is forwarded, so the event that carries a stream's usage stays
 # within the scanner's bound (``proxy.wire.sse.MAX_EVENT_BYTES``) and is read.
-ECHOED: Mapping[str, tuple[str, ...]] = {
+ECHOED: Mapping[Operation, tuple[str, ...]] = {
     operation: tuple(
         sorted(
             name
@@ -128,13 +128,13 @@ ECHOED: Mapping[str, tuple[str, ...]] = {
 ECHO_MAX_BYTES = 64 * 1024
 # Every field vLLM echoes, billed ones too (Responses' instructions and tools: rendered into
 # the prompt only as far as the chat template renders them): at most this together.
-ECHOED_ALL: Mapping[str, tuple[str, ...]] = {
+ECHOED_ALL: Mapping[Operation, tuple[str, ...]] = {
     operation: tuple(sorted(n for n, f in fields.items() if Effect.ECHOED in f.effects))
     for operation, fields in FIELDS.items()
 }
 ECHO_ALL_MAX_BYTES = 1024 * 1024
 # The fields the field table says multiply engine work, per operation.
-MULTIPLYING: Mapping[str, tuple[Field, ...]] = {
+MULTIPLYING: Mapping[Operation, tuple[Field, ...]] = {
     operation: tuple(f for f in fields.values() if Effect.MULTIPLIES in f.effects)
     for operation, fields in FIELDS.items()
 }
@@ -158,7 +158,7 @@ class _Head(BaseModel):
     request_id: Any = None
 
 
-def _head(operation: str) -> type[BaseModel]:
+def _head(operation: Operation) -> type[BaseModel]:
     """``_Head`` and the fields of ``operation`` the field table bounds (echoed) or refuses
     (multiplying): read from every direct request, so none passes unseen."""
     names = {*ECHOED_ALL.get(operation, ()), *(f.name for f in MULTIPLYING.get(operation, ()))}
@@ -167,10 +167,10 @@ def _head(operation: str) -> type[BaseModel]:
     return model
 
 
-HEADS: Mapping[str, type[BaseModel]] = {operation: _head(operation) for operation in FIELDS}
+HEADS: Mapping[Operation, type[BaseModel]] = {operation: _head(operation) for operation in FIELDS}
 
 
-def unbillable_feature(operation: str, payload: dict[str, Any], direct: bool) -> str | None:
+def unbillable_feature(operation: Operation, payload: dict[str, Any], direct: bool) -> str | None:
     """The feature of a request whose answer carries no usage: embeddings or pooling as
     ``bytes_only`` (raw tensors, no metadata; on ``/invocations`` whatever operation the
     body looks like, since vLLM may read it as another), or a background response
@@ -240,7 +240,7 @@ CACHE_SALT_FROM: dict[str, tuple[int, int]] = {
 }
 
 
-def echo_refusal(operation: str, payload: dict[str, Any]) -> Refusal | None:
+def echo_refusal(operation: Operation, payload: dict[str, Any]) -> Refusal | None:
     """The refusal of a body whose echoed fields together exceed ``ECHO_MAX_BYTES`` (those
     vLLM does not bill) or ``ECHO_ALL_MAX_BYTES`` (all of them)."""
     for named, most in ((ECHOED, ECHO_MAX_BYTES), (ECHOED_ALL, ECHO_ALL_MAX_BYTES)):
@@ -261,7 +261,7 @@ def _json_size(value: Any) -> int:
     return len(json.dumps(value, default=str).encode())
 
 
-def copies(operation: str, payload: dict[str, Any]) -> int:
+def copies(operation: Operation, payload: dict[str, Any]) -> int:
     """How many times the engine reads the prompt: ``n`` (``sampling_params.n`` on
     generate) for the operations with choices; 1 where it is absent or invalid (vLLM
     answers an invalid one 400, and nothing is billed)."""
@@ -293,7 +293,7 @@ def responses_refusal(payload: dict[str, Any]) -> Refusal | None:
     )
 
 
-def takes_cache_salt(operation: str, release: Release) -> bool:
+def takes_cache_salt(operation: Operation, release: Release) -> bool:
     """Whether ``release``'s request model of ``operation`` takes a ``cache_salt``."""
     first = CACHE_SALT_FROM.get(operation)
     return first is not None and release.since(first)

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from proxy.accounting.operations import Operation
+
 
 class Effect(enum.StrEnum):
     BILLED = "billed"  # its engine work is in the usage vLLM reports (or it makes no engine work)
@@ -71,7 +73,7 @@ def kind(
     return Kind(frozenset(effects), why, feature, reads, default)
 
 
-def table(operation: str, *groups: Group) -> Mapping[str, Field]:
+def table(operation: Operation, *groups: Group) -> Mapping[str, Field]:
     """One operation's fields; a name classified twice is a mistake, not an override."""
     fields: dict[str, Field] = {}
     for kind, names in groups:

@@ -32,7 +32,7 @@ from proxy.accounting.operations import Operation
 from proxy.accounting.poolingfields import CLASSIFY, EMBEDDINGS, POOLING, RERANK, SCORE
 
 
-def _audio(operation: str, *shaping: str) -> Mapping[str, Field]:
+def _audio(operation: Operation, *shaping: str) -> Mapping[str, Field]:
     """Transcriptions and translations validate the same fields (``SpeechToTextRequest``),
     but for the output ``shaping`` of one of them."""
     return table(
@@ -72,7 +72,7 @@ TRANSCRIPTIONS = _audio(Operation.TRANSCRIPTIONS, "timestamp_granularities")
 REALTIME = table(Operation.REALTIME)
 TRANSLATIONS = _audio(Operation.TRANSLATIONS)
 
-FIELDS: Mapping[str, Mapping[str, Field]] = MappingProxyType(
+FIELDS: Mapping[Operation, Mapping[str, Field]] = MappingProxyType(
     {
         Operation.SCORE: SCORE,
         Operation.RERANK: RERANK,
@@ -93,7 +93,7 @@ FIELDS: Mapping[str, Mapping[str, Field]] = MappingProxyType(
 )
 
 
-def field_of(operation: str, name: str) -> Field | None:
+def field_of(operation: Operation, name: str) -> Field | None:
     """The classification of a request field of a metered operation (None: unknown)."""
     table = FIELDS.get(operation)
     return None if table is None else table.get(name)

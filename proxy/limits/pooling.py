@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, TypeGuard
 
+from proxy.accounting.operations import Operation
 from proxy.accounting.types import Tokenizer
 from proxy.limits.limiter import Cost
 from proxy.limits.reading import conversations, each, media
@@ -47,7 +48,7 @@ def lengths(items: list[Any], context: int, tokenizer: Tokenizer | None) -> tupl
 
 
 def pooling_cost(
-    operation: str,
+    operation: Operation,
     payload: dict[str, Any],
     context: int,
     tokenizer: Tokenizer | None,
@@ -81,7 +82,7 @@ def pooling_cost(
 
 
 def _conversations_cost(
-    operation: str, payload: dict[str, Any], cap: int, counted: int | None
+    operation: Operation, payload: dict[str, Any], cap: int, counted: int | None
 ) -> tuple[Cost, bool] | None:
     """Each conversation rendered: its count, else up to the context (``cap``)."""
     if counted is not None:
@@ -93,7 +94,7 @@ def _conversations_cost(
 
 
 def _lists_cost(
-    operation: str, payload: dict[str, Any], context: int, tokenizer: Tokenizer | None
+    operation: Operation, payload: dict[str, Any], context: int, tokenizer: Tokenizer | None
 ) -> tuple[Cost, bool] | None:
     """Cohere's lists (``/v2/embed``): texts counted, images and input parts at the
     context, each at most the context (its model has no ``truncate_prompt_tokens``)."""

@@ -85,7 +85,7 @@ def parsed(body: bytes) -> Any:
 
 
 def price_metered(
-    operation: str,
+    operation: Operation,
     body: bytes,
     model: ServedModel | None,
     tokenizer: Tokenizer | None,
@@ -141,7 +141,7 @@ def _decisions(payload: dict[str, Any], body: bytes, context: int) -> Price:
 
 
 def _generation(
-    operation: str, payload: dict[str, Any], body: bytes, context: int, counted: int | None
+    operation: Operation, payload: dict[str, Any], body: bytes, context: int, counted: int | None
 ) -> Price:
     """Each prompt (or conversation) is one engine request: its prompt, and a completion
     of the route's cap, at most what the context leaves, per output. vLLM 0.32 clamps a
@@ -174,7 +174,7 @@ def _generation(
     return Price(Cost(prompt, completion), f"{rule} + completion cap", exact)
 
 
-def _prompts(operation: str, payload: dict[str, Any]) -> tuple[list[list[int]], int]:
+def _prompts(operation: Operation, payload: dict[str, Any]) -> tuple[list[list[int]], int]:
     """The route's PROMPTS field: its token-id prompts (one, or a batch), and how many
     prompts it holds (a list of texts is a batch; anything else one)."""
     for field in reading(operation, Reads.PROMPTS):

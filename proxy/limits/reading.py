@@ -14,6 +14,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from proxy.accounting.fieldkinds import Field, Reads
 from proxy.accounting.fields import FIELDS
+from proxy.accounting.operations import Operation
 
 _LAX_INT: TypeAdapter[int] = TypeAdapter(int)
 # Content parts vLLM's chat renderer hands to a multimodal processor
@@ -46,7 +47,7 @@ MEDIA_TYPES = MEDIA_MEMBERS | {
 }
 
 
-def reading(operation: str, reads: Reads) -> tuple[Field, ...]:
+def reading(operation: Operation, reads: Reads) -> tuple[Field, ...]:
     """The fields of ``operation`` the price reads as ``reads``, in the table's order."""
     fields = FIELDS.get(operation, {})
     return tuple(f for f in fields.values() if f.reads is reads)
@@ -64,7 +65,7 @@ def lax_count(value: Any) -> int | None:
     return count if count >= 0 else None
 
 
-def completion_cap(operation: str, payload: dict[str, Any]) -> int | None:
+def completion_cap(operation: Operation, payload: dict[str, Any]) -> int | None:
     """The completion cap vLLM reads for ``operation``: its CAP field, else (absent or
     null) its CAP_FALLBACK field; an absent field is its default; a nested SamplingParams'
     ``max_tokens``. None: no cap (what the context leaves)."""
@@ -82,7 +83,7 @@ def completion_cap(operation: str, payload: dict[str, Any]) -> int | None:
     return None
 
 
-def choices(operation: str, payload: dict[str, Any]) -> int:
+def choices(operation: Operation, payload: dict[str, Any]) -> int:
     """Outputs per prompt: the largest of the route's CHOICES fields (``n``, and
     ``best_of`` where the engine makes them), or a SamplingParams' ``n``; at least 1."""
     values = [payload.get(f.name) for f in reading(operation, Reads.CHOICES)]
@@ -92,7 +93,7 @@ def choices(operation: str, payload: dict[str, Any]) -> int:
     return max([1, *(lax_count(v) or 1 for v in values)])
 
 
-def conversations(operation: str, payload: dict[str, Any]) -> list[Any] | None:
+def conversations(operation: Operation, payload: dict[str, Any]) -> list[Any] | None:
     """The conversations a request renders, one engine request each: a batch request's
     list of conversations, or its one conversation; None when it has none."""
     for field in reading(operation, Reads.CONVERSATIONS):
@@ -104,7 +105,7 @@ def conversations(operation: str, payload: dict[str, Any]) -> list[Any] | None:
     return None
 
 
-def each(operation: str, payload: dict[str, Any]) -> dict[str, list[Any]]:
+def each(operation: Operation, payload: dict[str, Any]) -> dict[str, list[Any]]:
     """The route's EACH lists the request holds, by field name (one engine request per
     member); a member that is not a list is its one request."""
     found: dict[str, list[Any]] = {}

@@ -33,14 +33,16 @@ _TEMPLATE_FIELDS = ("chat_template", "chat_template_kwargs", "mm_processor_kwarg
 Request = dict[str, Any]
 
 
-def tokenize_requests(operation: str, payload: dict[str, Any], release: Release) -> list[bytes]:
+def tokenize_requests(
+    operation: Operation, payload: dict[str, Any], release: Release
+) -> list[bytes]:
     """The ``/tokenize`` bodies whose counts sum to ``payload``'s prompt tokens as the
     route renders them; empty when the proxy cannot have them counted so."""
     requests = _requests(operation, payload, release)
     return [json.dumps(r).encode() for r in requests] if requests else []
 
 
-def _requests(operation: str, payload: dict[str, Any], release: Release) -> list[Request]:
+def _requests(operation: Operation, payload: dict[str, Any], release: Release) -> list[Request]:
     if _forwarded_ids(payload):
         return []
     model = payload.get("model")
@@ -266,7 +268,7 @@ def _copied(payload: dict[str, Any], names: tuple[str, ...]) -> Request:
     return {k: payload[k] for k in names if payload.get(k) is not None}
 
 
-def route_truncation(operation: str, payload: dict[str, Any]) -> Any:
+def route_truncation(operation: Operation, payload: dict[str, Any]) -> Any:
     """``truncate_prompt_tokens`` where the route's request model reads it (chat, its
     batch, completions, pooling); vLLM's Messages request drops it and Responses truncates
     by ``truncation`` alone, so there it cuts nothing."""

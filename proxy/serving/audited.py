@@ -116,7 +116,7 @@ class ScoringAuditor:
         return await self.audit(exchange, exchange.route.operation)
 
     async def audit(
-        self, exchange: Exchange, operation: str, lookup: Lookup | None = None
+        self, exchange: Exchange, operation: Operation, lookup: Lookup | None = None
     ) -> web.StreamResponse:
         """Forward the body, recount it meanwhile, judge and record the answer. ``lookup``
         finds the served model when the body's ``model`` is not what vLLM goes by
@@ -290,7 +290,7 @@ class Outcome:
     """One audited exchange, as recorded, logged and measured."""
 
     exchange: Exchange
-    operation: str
+    operation: Operation
     audit: Audit
     analysis: Analysis | None
     status: int

@@ -17,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.accounting.operations import Operation
 from proxy.accounting.routes import Route
 from proxy.ledger.records import Units, UsageRecord
 from proxy.limits.limiter import Cost, Decision
@@ -84,7 +85,7 @@ class Exchange:
     def record(
         self,
         *,
-        operation: str,
+        operation: Operation,
         model: str | None,
         upstream_version: str | None,
         prompt: Billing,

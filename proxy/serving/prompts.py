@@ -23,7 +23,7 @@ import aiohttp
 import structlog
 
 from proxy.accounting.dispatch import Prepared
-from proxy.accounting.operations import CHAT_OPERATIONS, POOLING_OPERATIONS
+from proxy.accounting.operations import CHAT_OPERATIONS, POOLING_OPERATIONS, Operation
 from proxy.accounting.types import Release
 from proxy.limits.tokenizing import counted, route_truncation
 from proxy.limits.tokenizing import tokenize_requests as requests_for
@@ -115,19 +115,19 @@ class PromptCounter:
                 raise CountFailed("invalid", "/tokenize answered too much")
             return body
 
-    def _fallback(self, operation: str, outcome: str, detail: str) -> None:
+    def _fallback(self, operation: Operation, outcome: str, detail: str) -> None:
         self._metrics.prompt_counts.labels(outcome).inc()
         if outcome not in ("not_countable", "too_many"):
             log.warning("prompt_count_failed", operation=operation, why=outcome, detail=detail)
         return None
 
 
-def asks(operation: str) -> bool:
+def asks(operation: Operation) -> bool:
     """Whether a request of ``operation`` may have its prompt counted by /tokenize."""
     return operation in CHAT_OPERATIONS | POOLING_OPERATIONS
 
 
-def tokenizes(operation: str, payload: Any) -> bool:
+def tokenizes(operation: Operation, payload: Any) -> bool:
     """Whether counting ``payload`` (the body parsed) of ``operation`` goes to /tokenize:
     not for a pooling request that is no conversation (the proxy counts its inputs)."""
     if not asks(operation):
@@ -137,7 +137,7 @@ def tokenizes(operation: str, payload: Any) -> bool:
     )
 
 
-def _asked(operation: str, payload: Any, release: Release) -> tuple[list[bytes] | None, Any]:
+def _asked(operation: Operation, payload: Any, release: Release) -> tuple[list[bytes] | None, Any]:
     """The /tokenize bodies for ``payload`` and its ``truncate_prompt_tokens``; None for a
     pooling request that is no conversation (nothing to ask)."""
     if not isinstance(payload, dict):
