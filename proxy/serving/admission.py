@@ -45,7 +45,7 @@ from proxy.serving.catalog import Catalog
 from proxy.serving.exchange import Exchange, Hold
 from proxy.serving.pricesfile import Prices
 from proxy.serving.prompts import PromptCounter, asks, tokenizes
-from proxy.serving.refusals import Refused, refused_by, stand_in, unreadable
+from proxy.serving.refusals import Refused, refused_by, stand_in, undiscovered, unreadable
 from proxy.serving.upstream import SESSION
 from proxy.tokenizers.pool import FairExecutor, TokenizerPool
 from proxy.wire.jsonio import top_members
@@ -110,6 +110,8 @@ class Admission:
             return None
         if not self.limiter.wants_tokens(tenant):
             return await self.admit(exchange, self._named(exchange.body), Price(Cost(), "none"))
+        if not await self.catalog.wait_ready(self._count_timeout):
+            return self._undiscovered(exchange, self._named(exchange.body))
         analysis = None
         try:
             if counting.done():  # counted from the count cache: no timer to arm
@@ -150,6 +152,8 @@ class Admission:
         model = served.name if served else prepared.model
         if not self.limiter.wants_tokens(tenant):
             return await self.admit(exchange, model, Price(Cost(), "none"))
+        if not await self.catalog.wait_ready(self._count_timeout):
+            return self._undiscovered(exchange, model)
         if prepared.operation in FORM_OPERATIONS:
             return await self._admit_speech(exchange, prepared)
         count_with = self._pool.copy_for(tenant)
@@ -348,6 +352,13 @@ class Admission:
         self._metrics.limited.labels("unpriced", *self._metrics.tenant(who.tenant)).inc()
         log.info("unpriced_refused", tenant=who.tenant, model=who.model, why=refused.message)
         return refused.answer()
+
+    def _undiscovered(self, exchange: Exchange, model: str | None) -> web.Response:
+        """A request under a token limit before the first discovery, waited for as long as
+        a count is: no model is known to price it by (it was priced as an unknown model's,
+        one token, while the engine served it), so it is refused until one is (503)."""
+        who = Who(exchange.who.tenant, model, exchange.who.key_hash)
+        return self._unpriced(who, undiscovered(self.catalog.problem))
 
     def _said(self, nanos: int) -> str:
         table = self.table

@@ -52,6 +52,19 @@ def unreadable(why: str) -> Refused:
     )
 
 
+def undiscovered(problem: str | None) -> Refused:
+    """The refusal of a request under a token or cost limit before the proxy's first
+    discovery of the upstream's models (``problem``: why it has not succeeded yet): no
+    model is known to price it by, and it may be admitted once one is (503)."""
+    why = f" ({problem})" if problem else ""
+    return Refused(
+        503,
+        "This request cannot be admitted under this tenant's token or cost limits yet: the "
+        f"proxy has not yet discovered the upstream's models{why}, so its cost is not known "
+        "before it runs; please try again later.",
+    )
+
+
 def stand_in(model: str | None) -> str:
     """What a refusal of a request priced by a stand-in model adds."""
     return (

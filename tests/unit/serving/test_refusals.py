@@ -9,7 +9,7 @@ import json
 import pytest
 
 from proxy.limits.limiter import Refusal
-from proxy.serving.refusals import Refused, refused_by, unreadable
+from proxy.serving.refusals import Refused, refused_by, undiscovered, unreadable
 
 TENANT = ("tenant", "acme")
 
@@ -80,3 +80,16 @@ def test_an_unreadable_shape_is_final_and_in_vllm_s_shape() -> None:
     error = body(refused)
     assert (error["type"], error["code"]) == ("BadRequestError", 400)
     assert "its messages are not a list, so its cost is not known" in str(error["message"])
+
+
+def test_a_request_before_discovery_is_a_503_that_may_be_retried() -> None:
+    """Before the first discovery no model prices a request: a 503 in vLLM's shape that
+    says why discovery has not succeeded, and no ``x-should-retry: false`` (it may be
+    admitted once the models are known)."""
+    refused = undiscovered("discovery failed: connection refused")
+    answer = refused.answer()
+    assert answer.status == 503
+    assert "x-should-retry" not in answer.headers
+    message = body(refused)["message"]
+    assert isinstance(message, str)
+    assert "not yet discovered the upstream's models (discovery failed" in message
