@@ -112,21 +112,23 @@ class Admission:
             return await self.admit(exchange, self._named(exchange.body), Price(Cost(), "none"))
         if not await self.catalog.wait_ready(self._count_timeout):
             return self._undiscovered(exchange, self._named(exchange.body))
-        analysis = None
+        analysis, late = None, False
         try:
             if counting.done():  # counted from the count cache: no timer to arm
                 analysis = counting.result()
             else:
                 async with asyncio.timeout(self._count_timeout):
                     analysis = await asyncio.shield(counting)
-        except Exception:  # priced at its bound: every query and document at the context
+        except Exception as exc:  # priced at its bound: every query and document at the context
             log.warning("admission_count_failed", tenant=tenant, exc_info=True)
             analysis = await self._read_uncounted(exchange.body, uncounted)
+            late = isinstance(exc, TimeoutError)
         if analysis is not None and analysis.model is None and analysis.request is not None:
             # a name the last discovery did not list: bounded as the widest model served
             widest = self.catalog.priced_as(analysis.request.model)
             analysis = replace(analysis, model=widest) if widest else analysis
         priced = price_scoring(analysis)
+        priced = replace(priced, late=late) if late else priced
         model = analysis.model.name if analysis and analysis.model else self._named(exchange.body)
         if priced.refusal is not None:
             who = Who(tenant, model, exchange.who.key_hash)
@@ -380,7 +382,8 @@ class Admission:
             price=price.rule,
         )
         money = refusal.limit.startswith("cost_")
-        return refused_by(refusal, price.uncapped, self._said if money else str, price.note)
+        said = self._said if money else str
+        return refused_by(refusal, price.uncapped, said, price.note, late=price.late)
 
     async def settle(self, hold: Hold) -> None:
         """The exchange ended: its reservation becomes what its record bills, or is given

@@ -93,3 +93,14 @@ def test_a_request_before_discovery_is_a_503_that_may_be_retried() -> None:
     message = body(refused)["message"]
     assert isinstance(message, str)
     assert "not yet discovered the upstream's models (discovery failed" in message
+
+
+def test_a_late_bound_beyond_the_whole_limit_may_be_retried() -> None:
+    """A request priced at its bound because its count came late is not one that "can
+    never be admitted": beyond the whole limit it is a 503 saying so, to try again."""
+    alone = Refusal("prompt_tokens_per_day", TENANT, float("inf"), 30000, 10000, budget=True)
+    late = refused_by(alone, False, str, late=True)
+    assert late.status == 503
+    assert "not counted within" in late.message
+    assert "never" not in late.message
+    assert refused_by(alone, False, str).status == 400
