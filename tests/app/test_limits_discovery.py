@@ -20,7 +20,7 @@ from transformers import AutoTokenizer
 from proxy.serving.app import create_app
 from proxy.serving.catalog import CATALOG
 from proxy.settings import Settings
-from tests.app.test_limits_engine_reads import LONG, at_the_cap, chat, work
+from tests.support.engine_reads import LONG, at_the_cap, chat, work
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

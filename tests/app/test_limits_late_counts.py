@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.app.test_limits_engine_reads import LONG, burst
+from tests.support.engine_reads import LONG, burst
 
 # 30 documents: about 2,800 tokens counted, 31 x 1,024 at the bound.
 RERANK = json.dumps({"query": LONG, "documents": [f"{LONG} {i}" for i in range(30)]}).encode()
