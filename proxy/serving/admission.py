@@ -123,13 +123,14 @@ class Admission:
             log.warning("admission_count_failed", tenant=tenant, exc_info=True)
             analysis = await self._read_uncounted(exchange.body, uncounted)
             late = isinstance(exc, TimeoutError)
+        widest = None
         if analysis is not None and analysis.model is None and analysis.request is not None:
             # a name the last discovery did not list: bounded as the widest model served
             widest = self.catalog.priced_as(analysis.request.model)
             analysis = replace(analysis, model=widest) if widest else analysis
         priced = price_scoring(analysis)
-        priced = replace(priced, late=late) if late else priced
         model = analysis.model.name if analysis and analysis.model else self._named(exchange.body)
+        priced = replace(priced, late=late, note=stand_in(model) if widest else "")
         if priced.refusal is not None:
             who = Who(tenant, model, exchange.who.key_hash)
             return self._unpriced(who, unreadable(priced.refusal))

@@ -1,7 +1,9 @@
 """Issue #58 under a budget before the proxy has discovered the upstream's models: the
 proxy may start beside a vLLM that already serves (a restart of the sidecar), and its
 first discovery takes as long as its tokenizers take to load. A request in that window
-names a model the proxy does not know yet; it is not admitted for one token."""
+names a model the proxy does not know yet; it is not admitted for one token. And a name
+the last discovery did not list, priced as the widest served model, says so when it is
+refused."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from transformers import AutoTokenizer
 from proxy.serving.app import create_app
 from proxy.serving.catalog import CATALOG
 from proxy.settings import Settings
-from tests.support.engine_reads import LONG, at_the_cap, chat, work
+from tests.support.engine_reads import LONG, at_the_cap, burst, chat, work
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -115,3 +117,28 @@ async def test_a_request_before_the_first_discovery_is_not_admitted_for_a_token(
     assert {s for s, _ in statuses} == {503}, statuses
     error = json.loads(statuses[0][1])["error"]
     assert "not yet discovered" in error["message"], error
+
+
+async def test_a_rerank_for_a_name_not_listed_says_so_when_it_never_fits(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """A rerank naming a model the last discovery did not list (a served name but for its
+    case, which vLLM answers 404) is bounded as the widest served model; a bound beyond
+    the whole limit is refused, and the refusal says the name was not listed, as a
+    generation's does (it said only "reduce it", for a request of 50 tokens)."""
+    rerank = {"model": "MiniLM", "query": "hi", "documents": ["a short text"] * 3}
+    fake, statuses = await burst(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tmp_path,
+        {"prompt_tokens_per_day": 600},
+        "/rerank",
+        json.dumps(rerank).encode(),
+        1,
+        context=256,
+    )
+    ((status, text),) = statuses
+    assert status == 400, text
+    assert "'MiniLM' was not listed" in json.loads(text)["error"]["message"], text
+    assert fake.prompt_tokens_total == 0
