@@ -11,7 +11,7 @@ from typing import Any
 
 from tests.support.engine_reads import LONG, burst
 
-# 30 documents: about 2,800 tokens counted, 31 x 1,024 at the bound.
+# 30 documents: 2,572 tokens counted, 31 x 1,024 at the bound.
 RERANK = json.dumps({"query": LONG, "documents": [f"{LONG} {i}" for i in range(30)]}).encode()
 LIMIT = {"prompt_tokens_per_day": 10000}
 
@@ -21,8 +21,8 @@ async def test_a_late_count_is_not_refused_as_never_admissible(
 ) -> None:
     """A rerank whose count came late was refused 400 "can never be admitted; reduce it"
     because its bound (31,744 tokens) is more than the 10,000-token limit, while counted
-    it is 2,800: sent again once counted, the same proxy admits it. The late one is a 503
-    to try again, saying its count did not come in time."""
+    it is 2,572, which the limit admits (the next test). The late one is a 503 to try
+    again, saying its count did not come in time."""
     fake, statuses = await burst(
         aiohttp_server,
         aiohttp_client,
