@@ -52,6 +52,9 @@ class Price:
     refusal: str | None = None
     # What a refusal of it adds (why it is priced so), said to the client.
     note: str = ""
+    # Priced at its bound only because its count did not come in time: beyond the whole
+    # limit it may still fit once counted (tried again), not never.
+    late: bool = False
 
 
 def unreadable(why: str) -> Price:

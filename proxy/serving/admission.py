@@ -45,7 +45,7 @@ from proxy.serving.catalog import Catalog
 from proxy.serving.exchange import Exchange, Hold
 from proxy.serving.pricesfile import Prices
 from proxy.serving.prompts import PromptCounter, asks, tokenizes
-from proxy.serving.refusals import Refused, refused_by, stand_in, unreadable
+from proxy.serving.refusals import Refused, refused_by, stand_in, undiscovered, unreadable
 from proxy.serving.upstream import SESSION
 from proxy.tokenizers.pool import FairExecutor, TokenizerPool
 from proxy.wire.jsonio import top_members
@@ -110,22 +110,27 @@ class Admission:
             return None
         if not self.limiter.wants_tokens(tenant):
             return await self.admit(exchange, self._named(exchange.body), Price(Cost(), "none"))
-        analysis = None
+        if not await self.catalog.wait_ready(self._count_timeout):
+            return self._undiscovered(exchange, self._named(exchange.body))
+        analysis, late = None, False
         try:
             if counting.done():  # counted from the count cache: no timer to arm
                 analysis = counting.result()
             else:
                 async with asyncio.timeout(self._count_timeout):
                     analysis = await asyncio.shield(counting)
-        except Exception:  # priced at its bound: every query and document at the context
+        except Exception as exc:  # priced at its bound: every query and document at the context
             log.warning("admission_count_failed", tenant=tenant, exc_info=True)
             analysis = await self._read_uncounted(exchange.body, uncounted)
+            late = isinstance(exc, TimeoutError)
+        widest = None
         if analysis is not None and analysis.model is None and analysis.request is not None:
             # a name the last discovery did not list: bounded as the widest model served
             widest = self.catalog.priced_as(analysis.request.model)
             analysis = replace(analysis, model=widest) if widest else analysis
         priced = price_scoring(analysis)
         model = analysis.model.name if analysis and analysis.model else self._named(exchange.body)
+        priced = replace(priced, late=late, note=stand_in(model) if widest else "")
         if priced.refusal is not None:
             who = Who(tenant, model, exchange.who.key_hash)
             return self._unpriced(who, unreadable(priced.refusal))
@@ -150,6 +155,8 @@ class Admission:
         model = served.name if served else prepared.model
         if not self.limiter.wants_tokens(tenant):
             return await self.admit(exchange, model, Price(Cost(), "none"))
+        if not await self.catalog.wait_ready(self._count_timeout):
+            return self._undiscovered(exchange, model)
         if prepared.operation in FORM_OPERATIONS:
             return await self._admit_speech(exchange, prepared)
         count_with = self._pool.copy_for(tenant)
@@ -349,6 +356,13 @@ class Admission:
         log.info("unpriced_refused", tenant=who.tenant, model=who.model, why=refused.message)
         return refused.answer()
 
+    def _undiscovered(self, exchange: Exchange, model: str | None) -> web.Response:
+        """A request under a token limit before the first discovery, waited for as long as
+        a count is: no model is known to price it by (it was priced as an unknown model's,
+        one token, while the engine served it), so it is refused until one is (503)."""
+        who = Who(exchange.who.tenant, model, exchange.who.key_hash)
+        return self._unpriced(who, undiscovered(self.catalog.problem))
+
     def _said(self, nanos: int) -> str:
         table = self.table
         return f"{plain(from_nanos(nanos))} {table.currency if table else ''}".rstrip()
@@ -369,7 +383,8 @@ class Admission:
             price=price.rule,
         )
         money = refusal.limit.startswith("cost_")
-        return refused_by(refusal, price.uncapped, self._said if money else str, price.note)
+        said = self._said if money else str
+        return refused_by(refusal, price.uncapped, said, price.note, late=price.late)
 
     async def settle(self, hold: Hold) -> None:
         """The exchange ended: its reservation becomes what its record bills, or is given

@@ -52,6 +52,19 @@ def unreadable(why: str) -> Refused:
     )
 
 
+def undiscovered(problem: str | None) -> Refused:
+    """The refusal of a request under a token or cost limit before the proxy's first
+    discovery of the upstream's models (``problem``: why it has not succeeded yet): no
+    model is known to price it by, and it may be admitted once one is (503)."""
+    why = f" ({problem})" if problem else ""
+    return Refused(
+        503,
+        "This request cannot be admitted under this tenant's token or cost limits yet: the "
+        f"proxy has not yet discovered the upstream's models{why}, so its cost is not known "
+        "before it runs; please try again later.",
+    )
+
+
 def stand_in(model: str | None) -> str:
     """What a refusal of a request priced by a stand-in model adds."""
     return (
@@ -62,18 +75,32 @@ def stand_in(model: str | None) -> str:
 
 
 def refused_by(
-    refusal: Refusal, uncapped: bool, said: Callable[[int], str], note: str = ""
+    refusal: Refusal,
+    uncapped: bool,
+    said: Callable[[int], str],
+    note: str = "",
+    *,
+    late: bool = False,
 ) -> Refused:
     """The answer to a reservation the limits refused: 503 when they could not answer,
     400 (never admitted) for a request that alone costs more than the whole limit, else
     429 with when to try again; ``said``: a limit's units as the message writes them
     (money in the price table's currency); ``uncapped``: the request set no completion
     cap, so its completion was priced at what the model's context leaves; ``note``: what
-    the price adds to a request that can never be admitted (a stand-in model's)."""
+    the price adds to a request that can never be admitted (a stand-in model's);
+    ``late``: priced at its bound because its count did not come in time, so beyond the
+    whole limit it is a 503 to try again (counted, it may fit), not a 400."""
     where = f"{refusal.limit} of {':'.join(refusal.scope)}"
     if refusal.unavailable:
         why = refusal.why or "the limits store cannot answer for this tenant's limits"
         return Refused(503, f"{why[0].upper()}{why[1:]}; please try again later.")
+    if refusal.alone and late:
+        return Refused(
+            503,
+            "This request was not counted within the proxy's accounting timeout, so it was "
+            f"priced at its bound, {said(refusal.cost)}, more than the whole {where} "
+            f"({said(refusal.amount)}); please try again later.",
+        )
     if refusal.alone:
         why = (
             " It sets no completion cap, so its completion is priced at what the "

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from proxy.limits.limiter import Refusal
-from proxy.serving.refusals import Refused, refused_by, unreadable
+from proxy.serving.refusals import Refused, refused_by, undiscovered, unreadable
 
 TENANT = ("tenant", "acme")
 
@@ -80,3 +80,27 @@ def test_an_unreadable_shape_is_final_and_in_vllm_s_shape() -> None:
     error = body(refused)
     assert (error["type"], error["code"]) == ("BadRequestError", 400)
     assert "its messages are not a list, so its cost is not known" in str(error["message"])
+
+
+def test_a_request_before_discovery_is_a_503_that_may_be_retried() -> None:
+    """Before the first discovery no model prices a request: a 503 in vLLM's shape that
+    says why discovery has not succeeded, and no ``x-should-retry: false`` (it may be
+    admitted once the models are known)."""
+    refused = undiscovered("discovery failed: connection refused")
+    answer = refused.answer()
+    assert answer.status == 503
+    assert "x-should-retry" not in answer.headers
+    message = body(refused)["message"]
+    assert isinstance(message, str)
+    assert "not yet discovered the upstream's models (discovery failed" in message
+
+
+def test_a_late_bound_beyond_the_whole_limit_may_be_retried() -> None:
+    """A request priced at its bound because its count came late is not one that "can
+    never be admitted": beyond the whole limit it is a 503 saying so, to try again."""
+    alone = Refusal("prompt_tokens_per_day", TENANT, float("inf"), 30000, 10000, budget=True)
+    late = refused_by(alone, False, str, late=True)
+    assert late.status == 503
+    assert "not counted within" in late.message
+    assert "never" not in late.message
+    assert refused_by(alone, False, str).status == 400
