@@ -44,6 +44,9 @@ KILL_SECONDS = 5.0  # a killed worker's exit, reaped (its life then ends)
 
 def main(settings: Settings) -> int:
     """Serve with as many workers as ``--workers`` says: one is today's process."""
+    # SIGHUP's default action ends a process: ignored until the reload handler (one
+    # process's) or the forwarding one (a pod's supervisor) is installed, once serving.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     configure_logging(settings.log_level)
     workers = resolve_workers(settings)
     if workers == 1:
