@@ -24,7 +24,6 @@ from proxy.settings import Settings
 
 log = structlog.get_logger("proxy.serving.podstart")
 
-LOCK_MARGIN = 35.0  # aiohttp's 30 s shutdown timeout, and some
 DRAIN_MARGIN = 5.0  # a worker's exit after its drain: closing files, the interpreter
 
 
@@ -62,8 +61,8 @@ def probe_port(settings: Settings) -> None:
 @contextmanager
 def journal_lock(settings: Settings, patience: float | None = None) -> Iterator[int | None]:
     """The pod's hold on its journal shards: ``<journal>.lock``, waited for up to
-    ``patience`` seconds, by default the drain timeout and aiohttp's (a rolling update's
-    old pod is still draining). Yields the locked descriptor (None without a journal):
+    ``patience`` seconds, by default the longest an old pod's supervisor waits for its
+    workers to drain (a rolling update's old pod may still be draining). Yields the locked descriptor (None without a journal):
     the workers inherit it, so the lock outlives a supervisor killed before them."""
     if not settings.metering:
         yield None
@@ -75,7 +74,7 @@ def journal_lock(settings: Settings, patience: float | None = None) -> Iterator[
         why = exc.strerror or str(exc)
         raise StartupError(f"cannot create {path} (--journal): {why}") from None
     with handle:
-        wait = settings.drain_timeout + LOCK_MARGIN if patience is None else patience
+        wait = drain_patience(settings, adopting=True) if patience is None else patience
         _hold(handle.fileno(), path, wait)
         yield handle.fileno()
 

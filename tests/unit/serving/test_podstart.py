@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from proxy.serving import podstart
 from proxy.serving.podstart import (
     drain_patience,
     journal_lock,
@@ -102,3 +103,18 @@ def test_the_drain_patience_adds_up_a_workers_shutdown() -> None:
     settings = Settings(**POD, drain_timeout=10)
     assert drain_patience(settings, adopting=False) == 30 + 2 * 10 + 5
     assert drain_patience(settings, adopting=True) == 30 + 3 * 10 + 5
+
+
+def test_a_new_pod_waits_for_the_old_ones_longest_drain(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rolling update's new pod waits for the journal lock at least as long as the old
+    pod's supervisor may wait for its workers to drain, adopted shards included: with a
+    shorter patience the new pod gave up while the old one still drained within its
+    rights (35 s against 65 s at --drain-timeout 10)."""
+    settings = Settings(**POD, journal=str(tmp_path / "j.sqlite"), drain_timeout=10)
+    waited: list[float] = []
+    monkeypatch.setattr(podstart, "_hold", lambda fd, path, patience: waited.append(patience))
+    with journal_lock(settings):
+        pass
+    assert waited and waited[0] >= drain_patience(settings, adopting=True)
