@@ -62,8 +62,9 @@ def probe_port(settings: Settings) -> None:
 def journal_lock(settings: Settings, patience: float | None = None) -> Iterator[int | None]:
     """The pod's hold on its journal shards: ``<journal>.lock``, waited for up to
     ``patience`` seconds, by default the longest an old pod's supervisor waits for its
-    workers to drain (a rolling update's old pod may still be draining). Yields the locked descriptor (None without a journal):
-    the workers inherit it, so the lock outlives a supervisor killed before them."""
+    workers to drain (a rolling update's old pod may still be draining). Yields the
+    locked descriptor (None without a journal): the workers inherit it, so the lock
+    outlives a supervisor killed before them."""
     if not settings.metering:
         yield None
         return

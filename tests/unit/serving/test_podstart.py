@@ -117,4 +117,5 @@ def test_a_new_pod_waits_for_the_old_ones_longest_drain(
     monkeypatch.setattr(podstart, "_hold", lambda fd, path, patience: waited.append(patience))
     with journal_lock(settings):
         pass
-    assert waited and waited[0] >= drain_patience(settings, adopting=True)
+    assert waited
+    assert waited[0] >= drain_patience(settings, adopting=True)
