@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from proxy.accounting.operations import CHOICES_OPERATIONS, FORM_OPERATIONS
-from proxy.ledger.records import SCHEMA_VERSION, UsageRecord, new_record_id
+from proxy.ledger.records import UsageRecord, new_record_id
 
 PROMPT_COUNTER = "vllm:prompt_tokens_total"
 GENERATION_COUNTER = "vllm:generation_tokens_total"
@@ -129,6 +129,11 @@ class Tally:
         self.audio_streams += audio and record.units.prompt_tokens is not None
 
 
+# A window's own shape: 5 since each cause is an object (``code``, ``message``); a window
+# of 4 or less held each as a sentence (``"code: message"``), read back as objects.
+WINDOW_SCHEMA_VERSION = 5
+
+
 class CauseCode(enum.StrEnum):
     """What can explain a window's drift: a stable code for programs (docs/metering.md,
     "Reconciliation", lists them)."""
@@ -161,7 +166,7 @@ class SettledWindow(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: str = "reconciliation"
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = WINDOW_SCHEMA_VERSION
     window_id: str
     instance: str
     upstream: str

@@ -341,7 +341,9 @@ def test_only_streamed_audio_counts_as_audio_tokens() -> None:
 def test_causes_are_codes_with_a_sentence() -> None:
     """Issue #59 item 5: the window's JSON held each cause as a sentence ("shared_upstream:
     9 prompt ...") that a program had to split. Each is now a stable ``code`` and its
-    ``message``; a window journaled before reads back with the same codes."""
+    ``message``, and the window says so by its ``schema_version`` (5; 4 had sentences),
+    so a consumer that split sentences sees the change; a window journaled before reads
+    back with the same codes and its own version."""
     tally = Tally()
     tally.upstream_errors = 1
     window = settle(
@@ -355,12 +357,15 @@ def test_causes_are_codes_with_a_sentence() -> None:
         shared=True,
     )
     causes = json.loads(window.to_json())["causes"]
+    assert json.loads(window.to_json())["schema_version"] == 5  # a consumer can tell
     assert [c["code"] for c in causes] == ["shared_upstream"]
     assert causes[0]["message"].startswith("9 prompt and 0 completion token(s)")
     old = json.loads(window.to_json())
     old["causes"] = ["unmetered_traffic: engine work without a record of this proxy"]
+    old["schema_version"] = 4
     again = parse_entry(json.dumps(old, separators=(",", ":")))  # as journaled
     assert isinstance(again, SettledWindow)
+    assert again.schema_version == 4
     assert [(c.code, c.message) for c in again.causes] == [
         ("unmetered_traffic", "engine work without a record of this proxy")
     ]
