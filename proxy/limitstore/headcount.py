@@ -34,7 +34,8 @@ class CountFile:
         new one); a failure is logged, never raised (the count is an aid, not a record)."""
         if count == self._written:
             return
-        spare = self.path.with_name(self.path.name + ".new")
+        # its own spare: the workers of a pod keep one file, and may write it at once
+        spare = self.path.with_name(f"{self.path.name}.{os.getpid()}.new")
         try:
             spare.write_text(f"{count}\n", encoding="ascii")
             os.replace(spare, self.path)

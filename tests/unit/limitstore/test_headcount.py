@@ -34,3 +34,18 @@ def test_a_count_that_cannot_be_kept_is_logged(tmp_path: Path) -> None:
         kept.write(2)
     assert [e["event"] for e in logs] == ["limits_replicas_unkept"]
     assert kept.read() == 0
+
+
+def test_the_workers_of_a_pod_keep_their_count_in_one_file_without_a_shared_spare(
+    tmp_path: Path,
+) -> None:
+    """A pod's workers keep the count beside their shards, in one file: each writes its own
+    spare (a spare shared by two writers could be renamed away under the other, whose
+    count was then not kept), so another writer's spare in flight is left alone."""
+    path = tmp_path / "limits-replicas"
+    theirs = tmp_path / "limits-replicas.new"  # another worker's spare, mid-write
+    theirs.write_text("3\n", encoding="ascii")
+    CountFile(path).write(4)
+    assert CountFile(path).read() == 4
+    assert theirs.read_text(encoding="ascii") == "3\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["limits-replicas", theirs.name]
