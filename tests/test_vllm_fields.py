@@ -36,6 +36,7 @@ class ScoreTextRequest(RenamedMixin):
 
 class ScoreDataRequest(RenamedMixin):
     data_1: str
+    model: str = "scorer"
 
 ScoreRequest = Union[ScoreTextRequest, ScoreDataRequest]
 """,
@@ -46,6 +47,17 @@ from vllm.entrypoints.base import OpenAIBaseModel
 class ChatRequest(OpenAIBaseModel):
     messages: list
     request_id: str = "x"
+    max_tokens: int | None = 16
+    n: int = Field(1, ge=1)
+    seed: int | None = Field(default=None, ge=-(2**63))
+    priority: int = -1
+    stop: list[str] = Field(default_factory=list)
+    top_k: Annotated[int, Field(ge=-1, default=-1)]
+    min_tokens: Annotated[int, Field(ge=0)]
+    temperature: float = DEFAULT_TEMPERATURE
+    logit_bias: dict | None = {}
+    prompt: str = Field(..., min_length=1)
+    unpriced: int = 3
 """,
     "vllm/entrypoints/api_server.py": """
 from typing import Annotated
@@ -83,6 +95,10 @@ INVOCATION_TYPES = [
 """,
 }
 PATHS = ["/score", "/v1/chat/completions", "/rerank", "/generative_scoring", "/invocations"]
+PRICED = frozenset(
+    {"model", "messages", "request_id", "max_tokens", "n", "seed", "priority", "stop", "top_k"}
+    | {"min_tokens", "temperature", "logit_bias", "prompt"}
+)
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +108,7 @@ def table(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         for name, text in MODULES.items():
             archive.writestr(name, text)
         archive.writestr("vllm/entrypoints/ignored.txt", "@router.post('/v1/embeddings')")
-    return from_wheel(Path(wheel), PATHS)
+    return from_wheel(Path(wheel), PATHS, PRICED)
 
 
 def test_routes_name_every_union_member_and_invocation_type_in_order(
@@ -117,9 +133,49 @@ def test_fields_are_inherited_across_modules_without_classvars_or_private_ones(
     models = table["models"]
     assert isinstance(models, dict)
     assert models["ScoreTextRequest"] == ["conditional", "model", "schema_", "text_1"]
-    assert models["ChatRequest"] == ["messages", "request_id"]
+    assert models["ChatRequest"] == [
+        "logit_bias",
+        "max_tokens",
+        "messages",
+        "min_tokens",
+        "n",
+        "priority",
+        "prompt",
+        "request_id",
+        "seed",
+        "stop",
+        "temperature",
+        "top_k",
+        "unpriced",
+    ]
 
 
 def test_aliases_are_the_names_json_may_use(table: dict[str, object]) -> None:
     """A Field(alias=...) is recorded as the name vLLM accepts in JSON."""
     assert table["aliases"] == {"ScoreTextRequest": {"schema_": ["schema"]}}
+
+
+def test_defaults_are_read_as_pydantic_reads_the_declarations(table: dict[str, object]) -> None:
+    """A literal after ``=``, in ``Field(default=...)``, ``Field(value, ...)`` or an
+    Annotated ``Field``: the value; none, ``Field(...)`` or a Field without one: required;
+    a default_factory: made per request; anything else: its code. Only the priced fields
+    are recorded, a subclass's declaration wins over its base's."""
+    required, factory = {"required": True}, {"factory": True}
+    assert table["defaults"] == {
+        "ChatRequest": {
+            "logit_bias": {"expr": "{}"},
+            "max_tokens": 16,
+            "messages": required,
+            "min_tokens": required,
+            "n": 1,
+            "priority": -1,
+            "prompt": required,
+            "request_id": "x",
+            "seed": None,
+            "stop": factory,
+            "temperature": {"expr": "DEFAULT_TEMPERATURE"},
+            "top_k": -1,
+        },
+        "ScoreDataRequest": {"model": "scorer"},
+        "ScoreTextRequest": {"model": None},
+    }
