@@ -11,6 +11,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -275,14 +276,28 @@ class Catalog:
             release = Release(str(version.get("version")) if isinstance(version, dict) else None)
             entries = with_contexts(listing.get("data", []) if isinstance(listing, dict) else [])
             models: dict[str, ServedModel] = {}
-            for entry in entries:
-                if isinstance(entry, dict) and entry.get("id"):
+            for entry in parents_first(entries):
+                parent = models.get(str(entry.get("parent")))
+                if parent is not None and str(entry["id"]) not in self._settings.models:
+                    models[str(entry["id"])] = self._adapter(entry, parent)
+                else:
                     models[str(entry["id"])] = await self._resolve(entry, release, served)
             if release != self.release:
                 warn_if_unproven(release)
             self.release, self.models, self._served = release, models, served
             self.last_success = time.monotonic()
             self.ready.set()
+
+    def _adapter(self, entry: dict[str, Any], parent: ServedModel) -> ServedModel:
+        """A LoRA adapter: its parent's knowledge under its own name and root. vLLM
+        renders an adapter's requests with its engine's one tokenizer and template (the
+        adapter is only the engine request's ``lora_request``: 0.29 and 0.32), within the
+        engine's context, so its parent's tokenizer counts and audits them."""
+        name = str(entry["id"])
+        model = replace(parent, name=name, root=str(entry.get("root") or name))
+        if self.models.get(name) != model:
+            log.info("adapter_discovered", model=name, root=model.root, parent=parent.name)
+        return model
 
     async def _resolve(
         self, entry: dict[str, Any], release: Release, served: ServedTasks | None
@@ -336,6 +351,13 @@ class Catalog:
                 log.exception("discovery_crashed")
             delay = self._settings.refresh_interval if self.last_success else _RETRY_SECONDS
             await asyncio.sleep(delay)
+
+
+def parents_first(entries: list[Any]) -> list[dict[str, Any]]:
+    """The ``/v1/models`` entries that name a model, base models before LoRA adapters
+    (vLLM lists them so; an adapter is resolved from its parent)."""
+    named = [e for e in entries if isinstance(e, dict) and e.get("id")]
+    return sorted(named, key=lambda e: bool(e.get("parent")))
 
 
 def with_contexts(entries: Any) -> list[Any]:
