@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 import structlog
 from aiohttp import web
+from pydantic import BaseModel, ConfigDict
 
 from proxy.accounting.dispatch import model_task
 from proxy.accounting.family import Decision, ServedTasks, decide_family, is_generative
@@ -27,6 +28,7 @@ from proxy.settings import ModelOverride, Settings
 from proxy.tokenizers.cache import CountCache
 from proxy.tokenizers.hf import HFTokenizer, load_tokenizer, model_file
 from proxy.tokenizers.pool import TokenizerPool
+from proxy.wire.jsonio import top_members
 
 log = structlog.get_logger("proxy.serving.catalog")
 
@@ -195,6 +197,11 @@ def _prompt_source(model: ServedModel) -> str | None:
     return "the pair tokenizer" if prompt.use_sep_token else "the two texts joined"
 
 
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: Any = None
+
+
 class Catalog:
     """The upstream's version and models; refreshed in the background."""
 
@@ -265,6 +272,15 @@ class Catalog:
         """The served name a request is billed under (the default's name when it names none)."""
         model = self.lookup(name)
         return model.name if model else name or None
+
+    def named_in(self, body: bytes) -> str | None:
+        """The served model a JSON body names (vLLM's default when it names none)."""
+        try:
+            found = top_members(body, _Model)
+        except Exception:
+            found = None
+        named = found.get("model") if found else None
+        return self.model_name(named if isinstance(named, str) else None)
 
     async def refresh(self, session: aiohttp.ClientSession) -> None:
         """Read /version and /v1/models; (re)load models that are new or changed."""
