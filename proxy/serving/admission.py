@@ -127,11 +127,7 @@ class Admission:
             log.warning("admission_count_failed", tenant=tenant, exc_info=True)
             analysis = await self._read_uncounted(exchange.body, uncounted)
             late = NOT_IN_TIME if isinstance(exc, TimeoutError) else NOT_COUNTED
-        widest = None
-        if analysis is not None and analysis.model is None and analysis.request is not None:
-            # a name the last discovery did not list: bounded as the widest model served
-            widest = self.catalog.priced_as(analysis.request.model)
-            analysis = replace(analysis, model=widest) if widest else analysis
+        analysis, widest = self.catalog.stand_in_for(analysis)
         priced = price_scoring(analysis)
         model = (
             analysis.model.name
@@ -240,9 +236,15 @@ class Admission:
 
     async def admit_session(self, exchange: Exchange) -> web.Response | None:
         """A realtime session's opening: its request limits (and concurrency, held for its
-        whole length), nothing else: each utterance is reserved at its commit."""
-        if not self.applies(exchange.who.tenant):
+        whole length), nothing else: each utterance is reserved at its commit. Under a
+        token limit, before the first discovery it is refused as any request is (503)."""
+        tenant = exchange.who.tenant
+        if not self.applies(tenant):
             return None
+        if self.limiter.wants_tokens(tenant) and not await self.catalog.wait_ready(
+            self._count_timeout
+        ):
+            return self._undiscovered(exchange, None)
         exchange.hold.settled_apart()  # its utterances settle its units (``settle_utterance``)
         model = self.catalog.model_name(None)
         return await self.admit(exchange, model, Price(Cost(), "a session"), units=Quantities())
@@ -250,12 +252,13 @@ class Admission:
     async def admit_utterance(self, exchange: Exchange, model: str | None) -> Ticket | str | None:
         """One utterance of a realtime session, at the commit that starts it: every token
         its generation can make (its prompt and completion within the model's context,
-        each reserved at the context). The ticket to settle at its ``transcription.done``;
+        each reserved at the context; the model priced as any request's:
+        ``Catalog.priced_as``). The ticket to settle at its ``transcription.done``;
         why it is refused (the session ends); None when no limit applies."""
         tenant = exchange.who.tenant
         if not self.applies(tenant) or not self.limiter.wants_tokens(tenant):
             return None
-        served = self.catalog.lookup(model)
+        served = self.catalog.priced_as(model)
         name = served.name if served else self.catalog.model_name(model)
         who = Who(tenant, name, exchange.who.key_hash)
         context = served.max_model_len if served and served.max_model_len > 0 else None

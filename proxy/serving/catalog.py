@@ -20,6 +20,7 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
+from proxy.accounting.analysis import Analysis
 from proxy.accounting.dispatch import model_task
 from proxy.accounting.family import Decision, ServedTasks, decide_family, is_generative
 from proxy.accounting.types import PROVEN_TEXT, EngineProfile, Release, ServedModel
@@ -259,6 +260,15 @@ class Catalog:
         if widest <= 0:
             return None
         return ServedModel(name, name, widest, None, None, "not listed at the last discovery")
+
+    def stand_in_for(self, analysis: Analysis | None) -> tuple[Analysis | None, bool]:
+        """``analysis`` with the model it is priced by: one naming a model the last
+        discovery did not list is bounded as the widest model served (``priced_as``);
+        and whether it is."""
+        if analysis is None or analysis.model is not None or analysis.request is None:
+            return analysis, False
+        widest = self.priced_as(analysis.request.model)
+        return (replace(analysis, model=widest), True) if widest else (analysis, False)
 
     def serves(self, name: str) -> bool:
         """Whether ``name`` is a model the upstream serves (as last discovered)."""
