@@ -17,7 +17,7 @@ from proxy.serving.upstream import error_response
 NOT_IN_TIME = "was not counted within the proxy's accounting timeout"
 NOT_COUNTED = "could not be counted (the proxy's count of it failed)"
 # How soon such a request is told to try again, however far its limit's reset: its count
-# may come in time then (its texts already in the count cache), and fit at once.
+# may come in time then, and fit at once.
 RECOUNT_SECONDS = 1.0
 
 
