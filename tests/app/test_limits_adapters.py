@@ -46,3 +46,26 @@ async def test_a_listed_adapters_rerank_is_counted_and_audited_with_its_parents_
     assert verdict == base_verdict == "exact", answers
     assert json.loads(text)["usage"] == json.loads(answers[0][2])["usage"]
     assert fake.prompt_tokens_total == 2 * 2572
+
+
+async def test_a_listed_adapters_embeddings_are_priced_at_their_count(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """Thirty inputs to a listed adapter were priced at the context each (30,720 tokens)
+    and refused under a 10,000-token limit their count fits; counted with the parent's
+    tokenizer they are admitted, and the engine works what the base model's would."""
+    limits = tmp_path / "limits.yaml"
+    limits.write_text(yaml.safe_dump({"tenants": {"acme": {"prompt_tokens_per_day": 10000}}}))
+    fake, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tenant_header="X-Tenant-Id",
+        limits=str(limits),
+        version="0.32.0",
+        fake_class=at_the_cap(1024, adapters=("acme-lora",)),
+    )
+    body = {"model": "acme-lora", "input": [f"{LONG} {i}" for i in range(30)]}
+    resp = await client.post("/v1/embeddings", json=body, headers={"X-Tenant-Id": "acme"})
+    assert resp.status == 200, await resp.text()
+    assert 0 < fake.prompt_tokens_total <= 10000
