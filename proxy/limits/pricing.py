@@ -52,9 +52,9 @@ class Price:
     refusal: str | None = None
     # What a refusal of it adds (why it is priced so), said to the client.
     note: str = ""
-    # Priced at its bound only because its count did not come in time: beyond the whole
-    # limit it may still fit once counted (tried again), not never.
-    late: bool = False
+    # Why it is priced at its bound, its count not come (late, or failed in the proxy):
+    # refused, it may still fit once counted (tried again), not never; "": counted.
+    late: str = ""
 
 
 def unreadable(why: str) -> Price:

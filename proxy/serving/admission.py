@@ -18,7 +18,6 @@ from typing import Any
 
 import structlog
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict
 
 from proxy.accounting.analysis import Analysis
 from proxy.accounting.dispatch import Prepared
@@ -45,18 +44,21 @@ from proxy.serving.catalog import Catalog
 from proxy.serving.exchange import Exchange, Hold
 from proxy.serving.pricesfile import Prices
 from proxy.serving.prompts import PromptCounter, asks, tokenizes
-from proxy.serving.refusals import Refused, refused_by, stand_in, undiscovered, unreadable
+from proxy.serving.refusals import (
+    NOT_COUNTED,
+    NOT_IN_TIME,
+    Refused,
+    refused_by,
+    retry_counted,
+    stand_in,
+    undiscovered,
+    unreadable,
+)
 from proxy.serving.upstream import SESSION
 from proxy.tokenizers.pool import FairExecutor, TokenizerPool
-from proxy.wire.jsonio import top_members
 
 log = structlog.get_logger("proxy.serving.admission")
 HOLD = web.RequestKey("limits_hold", Hold)
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    model: Any = None
 
 
 class Admission:
@@ -109,10 +111,12 @@ class Admission:
         if not self.applies(tenant):
             return None
         if not self.limiter.wants_tokens(tenant):
-            return await self.admit(exchange, self._named(exchange.body), Price(Cost(), "none"))
+            return await self.admit(
+                exchange, self.catalog.named_in(exchange.body), Price(Cost(), "none")
+            )
         if not await self.catalog.wait_ready(self._count_timeout):
-            return self._undiscovered(exchange, self._named(exchange.body))
-        analysis, late = None, False
+            return self._undiscovered(exchange, self.catalog.named_in(exchange.body))
+        analysis, late = None, ""
         try:
             if counting.done():  # counted from the count cache: no timer to arm
                 analysis = counting.result()
@@ -122,14 +126,14 @@ class Admission:
         except Exception as exc:  # priced at its bound: every query and document at the context
             log.warning("admission_count_failed", tenant=tenant, exc_info=True)
             analysis = await self._read_uncounted(exchange.body, uncounted)
-            late = isinstance(exc, TimeoutError)
-        widest = None
-        if analysis is not None and analysis.model is None and analysis.request is not None:
-            # a name the last discovery did not list: bounded as the widest model served
-            widest = self.catalog.priced_as(analysis.request.model)
-            analysis = replace(analysis, model=widest) if widest else analysis
+            late = NOT_IN_TIME if isinstance(exc, TimeoutError) else NOT_COUNTED
+        analysis, widest = self.catalog.stand_in_for(analysis)
         priced = price_scoring(analysis)
-        model = analysis.model.name if analysis and analysis.model else self._named(exchange.body)
+        model = (
+            analysis.model.name
+            if analysis and analysis.model
+            else self.catalog.named_in(exchange.body)
+        )
         priced = replace(priced, late=late, note=stand_in(model) if widest else "")
         if priced.refusal is not None:
             who = Who(tenant, model, exchange.who.key_hash)
@@ -232,9 +236,15 @@ class Admission:
 
     async def admit_session(self, exchange: Exchange) -> web.Response | None:
         """A realtime session's opening: its request limits (and concurrency, held for its
-        whole length), nothing else: each utterance is reserved at its commit."""
-        if not self.applies(exchange.who.tenant):
+        whole length), nothing else: each utterance is reserved at its commit. Under a
+        token limit, before the first discovery it is refused as any request is (503)."""
+        tenant = exchange.who.tenant
+        if not self.applies(tenant):
             return None
+        if self.limiter.wants_tokens(tenant) and not await self.catalog.wait_ready(
+            self._count_timeout
+        ):
+            return self._undiscovered(exchange, None)
         exchange.hold.settled_apart()  # its utterances settle its units (``settle_utterance``)
         model = self.catalog.model_name(None)
         return await self.admit(exchange, model, Price(Cost(), "a session"), units=Quantities())
@@ -242,12 +252,13 @@ class Admission:
     async def admit_utterance(self, exchange: Exchange, model: str | None) -> Ticket | str | None:
         """One utterance of a realtime session, at the commit that starts it: every token
         its generation can make (its prompt and completion within the model's context,
-        each reserved at the context). The ticket to settle at its ``transcription.done``;
+        each reserved at the context; the model priced as any request's:
+        ``Catalog.priced_as``). The ticket to settle at its ``transcription.done``;
         why it is refused (the session ends); None when no limit applies."""
         tenant = exchange.who.tenant
         if not self.applies(tenant) or not self.limiter.wants_tokens(tenant):
             return None
-        served = self.catalog.lookup(model)
+        served = self.catalog.priced_as(model)
         name = served.name if served else self.catalog.model_name(model)
         who = Who(tenant, name, exchange.who.key_hash)
         context = served.max_model_len if served and served.max_model_len > 0 else None
@@ -309,7 +320,7 @@ class Admission:
         if isinstance(cost, Refused):
             return cost.answer()
         decision = await self.limiter.reserve(who, cost, now)
-        exchange.hold.decided(decision)
+        exchange.hold.decided(retry_counted(decision) if price.late else decision)
         exchange.request[HOLD] = exchange.hold
         for name, remaining in decision.budgets:
             left = float(from_nanos(remaining)) if name.startswith("cost_") else remaining
@@ -424,15 +435,6 @@ class Admission:
                 "unpriced_record", record_id=record.record_id, model=record.model, charged=money
             )
         return money
-
-    def _named(self, body: bytes) -> str | None:
-        """The served model a body names (vLLM's default when it names none)."""
-        try:
-            found = top_members(body, _Model)
-        except Exception:
-            found = None
-        named = found.get("model") if found else None
-        return self.catalog.model_name(named if isinstance(named, str) else None)
 
 
 ADMISSION = web.AppKey("admission", Admission)

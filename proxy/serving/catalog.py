@@ -11,13 +11,16 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import structlog
 from aiohttp import web
+from pydantic import BaseModel, ConfigDict
 
+from proxy.accounting.analysis import Analysis
 from proxy.accounting.dispatch import model_task
 from proxy.accounting.family import Decision, ServedTasks, decide_family, is_generative
 from proxy.accounting.types import PROVEN_TEXT, EngineProfile, Release, ServedModel
@@ -26,6 +29,7 @@ from proxy.settings import ModelOverride, Settings
 from proxy.tokenizers.cache import CountCache
 from proxy.tokenizers.hf import HFTokenizer, load_tokenizer, model_file
 from proxy.tokenizers.pool import TokenizerPool
+from proxy.wire.jsonio import top_members
 
 log = structlog.get_logger("proxy.serving.catalog")
 
@@ -194,6 +198,11 @@ def _prompt_source(model: ServedModel) -> str | None:
     return "the pair tokenizer" if prompt.use_sep_token else "the two texts joined"
 
 
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: Any = None
+
+
 class Catalog:
     """The upstream's version and models; refreshed in the background."""
 
@@ -252,6 +261,15 @@ class Catalog:
             return None
         return ServedModel(name, name, widest, None, None, "not listed at the last discovery")
 
+    def stand_in_for(self, analysis: Analysis | None) -> tuple[Analysis | None, bool]:
+        """``analysis`` with the model it is priced by: one naming a model the last
+        discovery did not list is bounded as the widest model served (``priced_as``);
+        and whether it is."""
+        if analysis is None or analysis.model is not None or analysis.request is None:
+            return analysis, False
+        widest = self.priced_as(analysis.request.model)
+        return (replace(analysis, model=widest), True) if widest else (analysis, False)
+
     def serves(self, name: str) -> bool:
         """Whether ``name`` is a model the upstream serves (as last discovered)."""
         return name in self.models
@@ -265,6 +283,15 @@ class Catalog:
         model = self.lookup(name)
         return model.name if model else name or None
 
+    def named_in(self, body: bytes) -> str | None:
+        """The served model a JSON body names (vLLM's default when it names none)."""
+        try:
+            found = top_members(body, _Model)
+        except Exception:
+            found = None
+        named = found.get("model") if found else None
+        return self.model_name(named if isinstance(named, str) else None)
+
     async def refresh(self, session: aiohttp.ClientSession) -> None:
         """Read /version and /v1/models; (re)load models that are new or changed."""
         async with self._lock:
@@ -275,14 +302,28 @@ class Catalog:
             release = Release(str(version.get("version")) if isinstance(version, dict) else None)
             entries = with_contexts(listing.get("data", []) if isinstance(listing, dict) else [])
             models: dict[str, ServedModel] = {}
-            for entry in entries:
-                if isinstance(entry, dict) and entry.get("id"):
+            for entry in parents_first(entries):
+                parent = models.get(str(entry.get("parent")))
+                if parent is not None and str(entry["id"]) not in self._settings.models:
+                    models[str(entry["id"])] = self._adapter(entry, parent)
+                else:
                     models[str(entry["id"])] = await self._resolve(entry, release, served)
             if release != self.release:
                 warn_if_unproven(release)
             self.release, self.models, self._served = release, models, served
             self.last_success = time.monotonic()
             self.ready.set()
+
+    def _adapter(self, entry: dict[str, Any], parent: ServedModel) -> ServedModel:
+        """A LoRA adapter: its parent's knowledge under its own name and root. vLLM
+        renders an adapter's requests with its engine's one tokenizer and template (the
+        adapter is only the engine request's ``lora_request``: 0.29 and 0.32), within the
+        engine's context, so its parent's tokenizer counts and audits them."""
+        name = str(entry["id"])
+        model = replace(parent, name=name, root=str(entry.get("root") or name))
+        if self.models.get(name) != model:
+            log.info("adapter_discovered", model=name, root=model.root, parent=parent.name)
+        return model
 
     async def _resolve(
         self, entry: dict[str, Any], release: Release, served: ServedTasks | None
@@ -336,6 +377,13 @@ class Catalog:
                 log.exception("discovery_crashed")
             delay = self._settings.refresh_interval if self.last_success else _RETRY_SECONDS
             await asyncio.sleep(delay)
+
+
+def parents_first(entries: list[Any]) -> list[dict[str, Any]]:
+    """The ``/v1/models`` entries that name a model, base models before LoRA adapters
+    (vLLM lists them so; an adapter is resolved from its parent)."""
+    named = [e for e in entries if isinstance(e, dict) and e.get("id")]
+    return sorted(named, key=lambda e: bool(e.get("parent")))
 
 
 def with_contexts(entries: Any) -> list[Any]:

@@ -4,13 +4,21 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from aiohttp import web
 
 from proxy.limits.headers import duration
-from proxy.limits.limiter import Refusal
+from proxy.limits.limiter import Decision, Refusal
 from proxy.serving.upstream import error_response
+
+# Why a scoring request is priced at its bound, its count not come: the request is not at
+# fault, and counted on a retry it may fit (``Price.late``).
+NOT_IN_TIME = "was not counted within the proxy's accounting timeout"
+NOT_COUNTED = "could not be counted (the proxy's count of it failed)"
+# How soon such a request is told to try again, however far its limit's reset: its count
+# may come in time then, and fit at once.
+RECOUNT_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +73,17 @@ def undiscovered(problem: str | None) -> Refused:
     )
 
 
+def retry_counted(decision: Decision) -> Decision:
+    """``decision`` as a request priced at its bound for want of its count tells it, in
+    its headers: refused, it may try again in ``RECOUNT_SECONDS`` (counted then, it may
+    fit), not at its limit's reset nor never (``x-should-retry: false``)."""
+    refusal = decision.refusal
+    if refusal is None or refusal.unavailable:
+        return decision
+    soon = replace(refusal, wait=min(refusal.wait, RECOUNT_SECONDS), budget=False)
+    return replace(decision, refusal=soon)
+
+
 def stand_in(model: str | None) -> str:
     """What a refusal of a request priced by a stand-in model adds."""
     return (
@@ -80,7 +99,7 @@ def refused_by(
     said: Callable[[int], str],
     note: str = "",
     *,
-    late: bool = False,
+    late: str = "",
 ) -> Refused:
     """The answer to a reservation the limits refused: 503 when they could not answer,
     400 (never admitted) for a request that alone costs more than the whole limit, else
@@ -88,8 +107,9 @@ def refused_by(
     (money in the price table's currency); ``uncapped``: the request set no completion
     cap, so its completion was priced at what the model's context leaves; ``note``: what
     the price adds to a request that can never be admitted (a stand-in model's);
-    ``late``: priced at its bound because its count did not come in time, so beyond the
-    whole limit it is a 503 to try again (counted, it may fit), not a 400."""
+    ``late``: why it was priced at its bound, its count not come (late, or failed in the
+    proxy): beyond the whole limit it is a 503 to try again (counted, it may fit), not a
+    400, and beyond what is left a 429 to try again soon, not at the limit's reset."""
     where = f"{refusal.limit} of {':'.join(refusal.scope)}"
     if refusal.unavailable:
         why = refusal.why or "the limits store cannot answer for this tenant's limits"
@@ -97,9 +117,9 @@ def refused_by(
     if refusal.alone and late:
         return Refused(
             503,
-            "This request was not counted within the proxy's accounting timeout, so it was "
-            f"priced at its bound, {said(refusal.cost)}, more than the whole {where} "
-            f"({said(refusal.amount)}); please try again later.",
+            f"This request {late}, so it was priced at its bound, {said(refusal.cost)}, "
+            f"more than the whole {where} ({said(refusal.amount)}); please try again in "
+            f"{duration(RECOUNT_SECONDS)}.",
         )
     if refusal.alone:
         why = (
@@ -121,4 +141,10 @@ def refused_by(
         f"Rate limit reached for {where}: limit {said(refusal.amount)}, "
         f"requested {said(refusal.cost)}. Please try again in {duration(refusal.wait)}."
     )
+    if late:
+        message = (
+            f"Rate limit reached for {where}: limit {said(refusal.amount)}, requested "
+            f"{said(refusal.cost)}, this request's bound: it {late}. Counted, it may be "
+            f"admitted at once: please try again in {duration(RECOUNT_SECONDS)}."
+        )
     return Refused(429, message, kind)

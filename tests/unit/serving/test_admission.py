@@ -4,18 +4,22 @@ without a record; and the headers added to any answer of a request that holds on
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
+from proxy.accounting.types import ServedModel
 from proxy.ledger.records import UsageRecord
-from proxy.limits.limiter import Cost, Who
+from proxy.limits.limiter import Cost, Ticket, Who
 from proxy.limits.meters import BudgetMeter
 from proxy.limits.policy import Policies
 from proxy.limitstore.memory import InProcessLimiter
 from proxy.serving.admission import HOLD, Admission, add_headers
+from proxy.serving.catalog import Catalog
 from proxy.serving.exchange import Hold
+from proxy.settings import Settings
 
 POLICIES = Policies.model_validate({"tenants": {"acme": {"total_tokens_per_day": 100}}})
 
@@ -103,3 +107,26 @@ async def test_a_session_settles_what_its_record_bills_beyond_its_utterances() -
     (meter,) = adm.limiter.meters.values()
     assert isinstance(meter, BudgetMeter)
     assert (meter.used, meter.reserved) == (18, 0)
+
+
+async def test_an_utterance_is_priced_by_the_model_any_request_is() -> None:
+    """An utterance looked its model up directly, so a name the last discovery did not
+    list (a model served since, one dropped by a rediscovery during the session) ended
+    its session ("no known context"). It is priced as every other route prices such a
+    name (``Catalog.priced_as``): each of its prompt and completion at the widest served
+    context, under its own name; named by none, at the default's."""
+    catalog = Catalog(Settings(upstream="http://vllm:8000"))
+    catalog.models = {
+        "base": ServedModel("base", "/m/base", 1024, None, None),
+        "wide": ServedModel("wide", "/m/wide", 4096, None, None),
+    }
+    limits = Policies.model_validate({"tenants": {"acme": {"total_tokens_per_day": 100000}}})
+    none: Any = None
+    adm = Admission(InProcessLimiter(limits), catalog, none, none, count_timeout=1.0)
+    exchange: Any = SimpleNamespace(who=SimpleNamespace(tenant="acme", key_hash=None))
+    since = await adm.admit_utterance(exchange, "lora-since")
+    default = await adm.admit_utterance(exchange, None)
+    assert isinstance(since, Ticket), since
+    assert (since.who.model, since.cost.prompt, since.cost.completion) == ("lora-since", 4096, 4096)
+    assert isinstance(default, Ticket), default
+    assert (default.who.model, default.cost.prompt) == ("base", 1024)

@@ -8,8 +8,17 @@ import json
 
 import pytest
 
-from proxy.limits.limiter import Refusal
-from proxy.serving.refusals import Refused, refused_by, undiscovered, unreadable
+from proxy.limits.headers import ratelimit_headers
+from proxy.limits.limiter import Decision, Refusal
+from proxy.serving.refusals import (
+    NOT_COUNTED,
+    NOT_IN_TIME,
+    Refused,
+    refused_by,
+    retry_counted,
+    undiscovered,
+    unreadable,
+)
 
 TENANT = ("tenant", "acme")
 
@@ -99,8 +108,29 @@ def test_a_late_bound_beyond_the_whole_limit_may_be_retried() -> None:
     """A request priced at its bound because its count came late is not one that "can
     never be admitted": beyond the whole limit it is a 503 saying so, to try again."""
     alone = Refusal("prompt_tokens_per_day", TENANT, float("inf"), 30000, 10000, budget=True)
-    late = refused_by(alone, False, str, late=True)
-    assert late.status == 503
-    assert "not counted within" in late.message
-    assert "never" not in late.message
+    for why in (NOT_IN_TIME, NOT_COUNTED):
+        late = refused_by(alone, False, str, late=why)
+        assert late.status == 503
+        assert why in late.message
+        assert "never" not in late.message
     assert refused_by(alone, False, str).status == 400
+
+
+def test_a_late_bound_beyond_what_is_left_is_told_to_retry_soon() -> None:
+    """A bound that fits the whole day's budget but not what is left of it: its count may
+    come on a retry and fit at once, so the 429 says to try again in a second, not at
+    the budget's reset hours away, in its message and its headers (``retry-after``, and
+    no ``x-should-retry: false``); a counted request's refusal still waits for the reset,
+    and a store that cannot answer is left as it is."""
+    spent = Refusal("prompt_tokens_per_day", TENANT, 7200.0, 30000, 40000, budget=True)
+    late = refused_by(spent, False, str, late=NOT_IN_TIME)
+    assert late.status == 429
+    assert "try again in 1s" in late.message
+    assert NOT_IN_TIME in late.message
+    assert "try again in 2h0m0s" in refused_by(spent, False, str).message
+    for refusal in (spent, Refusal("prompt_tokens_per_day", TENANT, float("inf"), 1, 1)):
+        headers = ratelimit_headers(retry_counted(Decision(None, refusal, None, None)))
+        assert (headers["retry-after"], headers.get("x-should-retry")) == ("1", None)
+    assert ratelimit_headers(Decision(None, spent, None, None))["x-should-retry"] == "false"
+    gone = Decision(None, Refusal("x", TENANT, 0.0, 1, 1, unavailable=True), None, None)
+    assert retry_counted(gone) is gone
