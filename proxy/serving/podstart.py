@@ -4,6 +4,7 @@ private runtime directory. Each mistake is a ``StartupError``: one line, exit 2.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -47,15 +48,27 @@ def resolve_workers(settings: Settings) -> int:
 
 
 def probe_port(settings: Settings) -> None:
-    """Bind the port without SO_REUSEPORT, then let it go: a port held by anything else,
-    another pod's workers included, fails here instead of joining their group."""
-    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((settings.host, settings.port))
-        except OSError as exc:
-            raise listen_problem(exc, settings.host, settings.port, "--port") from None
+    """Bind the port without SO_REUSEPORT on every address of ``--host``, as the workers'
+    listener will (asyncio binds each address ``getaddrinfo`` gives, an IPv6 one
+    IPV6_V6ONLY), then let them go: a port held by anything else, another pod's workers
+    included, fails here instead of joining their group."""
+    host, port = settings.host, settings.port
+    try:
+        found = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except OSError as exc:
+        raise listen_problem(exc, host, port, "--port") from None
+    with contextlib.ExitStack() as probes:
+        for family, kind, proto, _, address in dict.fromkeys(found):
+            probe = probes.enter_context(socket.socket(family, kind, proto))
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                raise listen_problem(exc, str(address[0]), port, "--port") from None
 
 
 @contextmanager

@@ -41,6 +41,33 @@ def test_the_port_probe_fails_on_a_port_in_use() -> None:
             probe_port(Settings(**POD, host="127.0.0.1", port=port))
 
 
+def test_the_port_probe_binds_every_address_of_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host name that resolves to ::1 and 127.0.0.1 (``localhost`` on most hosts) is
+    bound on both by the workers' listener: a port held on ::1 alone fails the probe."""
+    with socket.socket(socket.AF_INET6) as held:
+        held.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        held.bind(("::1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        both = [
+            (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", port, 0, 0)),
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port)),
+        ]
+        monkeypatch.setattr(socket, "getaddrinfo", lambda *args, **kwargs: both)
+        with pytest.raises(StartupError, match=r"\[::1\]:\d+ \(--port\): address already in use"):
+            probe_port(Settings(**POD, host="localhost", port=port))
+
+
+def test_an_ipv6_address_is_bracketed_in_the_probe_s_error() -> None:
+    """``::1:8000`` is no address: the error names ``[::1]:8000``."""
+    with socket.socket(socket.AF_INET6) as held:
+        held.bind(("::1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(StartupError, match=rf"cannot listen on \[::1\]:{port} "):
+            probe_port(Settings(**POD, host="::1", port=port))
+
+
 def test_one_pod_per_journal(tmp_path: Path) -> None:
     """A second pod on the same journal waits for the lock, then says so in one line."""
     settings = Settings(**POD, journal=str(tmp_path / "j.sqlite"))
