@@ -52,13 +52,14 @@ class Pod:
     every worker's exit goes through ``worker_exited`` before any restart."""
 
     def __init__(
-        self, settings: Settings, size: int, runtime: Path, lock: int | None = None
+        self, settings: Settings, size: int, runtime: Path, held: tuple[int, ...] = ()
     ) -> None:
         self.settings, self.size, self.runtime = settings, size, runtime
-        # The journal lock's descriptor, inherited by every worker: a worker still
-        # writing its shard keeps the journal from the next pod, even when this
+        # The locks' descriptors (the journal's, the runtime directory's), inherited by
+        # every worker: a worker still writing its shard keeps the journal from the next
+        # pod, and its directory from the next start's clean-up, even when this
         # supervisor was SIGKILLed before it (flock holds while any copy is open).
-        self.inherited = (lock,) if lock is not None else ()
+        self.inherited = held
         self.metrics = PodMetrics(Place(0, size, runtime).metrics_dir)
         self.children: dict[int, Child] = {}
         self.restarts = Restarts()

@@ -34,20 +34,23 @@ def main(settings: Settings) -> int:
     try:
         probe_port(settings)
         with journal_lock(settings) as lock, runtime_dir() as runtime:
-            return run_pod(settings, workers, runtime, lock)
+            # Every worker inherits both locks: the journal stays the pod's, and its
+            # runtime directory is not stale, while any process of the pod lives.
+            held = (runtime.lock,) if lock is None else (lock, runtime.lock)
+            return run_pod(settings, workers, runtime.path, held)
     except StartupError as exc:
         print(f"usage-proxy: {exc}", file=sys.stderr)
         return 2
 
 
-def run_pod(settings: Settings, workers: int, runtime: Path, lock: int | None) -> int:
+def run_pod(settings: Settings, workers: int, runtime: Path, held: tuple[int, ...]) -> int:
     """The pod in ``runtime``, until it stops; its exit code. The pod's modules (and
     prometheus_client with them) are imported once ``PROMETHEUS_MULTIPROC_DIR`` names
     the pod's metrics directory, so this process's counters are written there."""
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(Place(0, workers, runtime).metrics_dir)
     from proxy.serving.podlife import Pod  # after the directory: see above
 
-    pod = Pod(settings, workers, runtime, lock)
+    pod = Pod(settings, workers, runtime, held)
     loop = new_event_loop(settings.event_loop)
     try:
         return loop.run_until_complete(pod.run())

@@ -52,7 +52,7 @@ class StandIns(Pod):
 def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A pod's runtime directory (no operator's metrics directory)."""
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
-    with runtime_dir() as root:
+    with runtime_dir() as (root, _):
         yield root
 
 
