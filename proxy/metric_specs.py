@@ -311,7 +311,7 @@ TRAFFIC_SPECS: dict[str, Spec] = {
     "backlog": Spec(
         Gauge,
         "usage_proxy_export_backlog_records",
-        "Journaled records a sink has not acknowledged.",
+        "Journaled records a sink has not acknowledged (adopted shards' included).",
         ("sink",),
         mode="livesum",
     ),

@@ -172,6 +172,8 @@ class Metrics:
         self._genai_children: dict[tuple[str, str, str], Any] = {}
         self._metered_children: dict[tuple[str, ...], tuple[Any, ...]] = {}
         self._budget_children: dict[tuple[str, ...], Any] = {}
+        # Each journal's (its own shard, those it adopted) backlog and dead records by sink.
+        self._levels: dict[tuple[str, str], tuple[int, int]] = {}
         tenant = ("tenant",) if self._tenants else ()
         for attr, spec in SPECS.items():
             setattr(self, attr, spec.build(self.registry, tenant))
@@ -280,6 +282,15 @@ class Metrics:
         if child is None:
             child = self._budget_children[key] = self.budget_remaining.labels(*key)
         child.set(left)
+
+    def export_levels(self, journal: str, sink: str, backlog: int, dead: int) -> None:
+        """One journal's records ``sink`` has not acknowledged, and its dead letters: the
+        gauges are the sums over every journal this process delivers (a pod's worker
+        delivers the shards a larger pod left beside its own)."""
+        self._levels[(journal, sink)] = (backlog, dead)
+        mine = [level for (_, name), level in self._levels.items() if name == sink]
+        self.backlog.labels(sink).set(sum(b for b, _ in mine))
+        self.dead_records.labels(sink).set(sum(d for _, d in mine))
 
     def token_usage(
         self, operation: str, model: str, prompt: int | None, completion: int | None

@@ -102,9 +102,8 @@ class Outbox:
                 sent = await self._replay(sink, state)
             if self._metrics:
                 backlog = await self.journal.backlog(sink.name)
-                self._metrics.backlog.labels(sink.name).set(backlog)
                 dead = await self.journal.dead_count(sink.name)
-                self._metrics.dead_records.labels(sink.name).set(dead)
+                self._metrics.export_levels(str(self.journal.path), sink.name, backlog, dead)
             if sent == 0 and state.backoff == 0:
                 if self._stopping:
                     return

@@ -2,8 +2,9 @@
 "The admin API in a pod"): worker 0 answers it on the admin socket in the supervisor's
 private runtime directory, with its own token check, limiter and record source (every
 shard of the pod's journal); the supervisor relays the API's paths of ``--admin-port``
-there, bytes as they are. While worker 0 is restarting the supervisor answers 503 in
-vLLM's error shape, with ``Retry-After``."""
+there, bytes as they are. A question without a bearer token is refused 401 by the relay
+itself (worker 0's answer, known without its token digests); one with a token, while
+worker 0 is restarting, is answered 503 in vLLM's error shape, with ``Retry-After``."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.serving.pod import Place
-from proxy.serving.tenancy import connection_tokens
-from proxy.serving.upstream import HOP_BY_HOP, error_response, request_headers
+from proxy.serving.tenancy import bearer_key, connection_tokens
+from proxy.serving.upstream import HOP_BY_HOP, error_response, request_headers, unauthorized
 from proxy.serving.usage_openapi import ADMIN_PREFIX
 
 log = structlog.get_logger("proxy.serving.adminrelay")
@@ -67,7 +68,11 @@ def _session_context(socket: Path) -> Context:
 
 async def _relay(request: web.Request) -> web.StreamResponse:
     """One admin question, asked of worker 0 with the operator's headers (its token),
-    its answer streamed back as it comes."""
+    its answer streamed back as it comes. Without a bearer token the answer is worker
+    0's 401, given here: it needs no token digests, and a 503 would only ask the
+    operator to try again for the same refusal."""
+    if bearer_key(request.headers) is None:
+        return unauthorized()
     session = request.app[SESSION]
     url = "http://worker-0" + str(request.rel_url)
     response: web.StreamResponse | None = None

@@ -18,6 +18,7 @@ from proxy.ledger.exporters import build_sinks
 from proxy.ledger.journal import Journal
 from proxy.ledger.outbox import Outbox
 from proxy.ledger.sinks import Sink
+from proxy.metrics import Metrics
 from proxy.serving.startup import journal_problem
 from proxy.settings import Durability, Settings
 
@@ -26,9 +27,12 @@ log = structlog.get_logger("proxy.serving.adoption")
 Context = Callable[[web.Application], AsyncIterator[None]]
 
 
-def adopted_outbox(settings: Settings, shard: Path, sinks: list[Sink] | None) -> Outbox:
+def adopted_outbox(
+    settings: Settings, shard: Path, sinks: list[Sink] | None, metrics: Metrics
+) -> Outbox:
     """An outbox over an adopted shard, with sinks of its own (an outbox closes its sinks
-    when it drains). No metrics: the backlog gauges are the worker's own shard's."""
+    when it drains). Its backlog and dead letters are added to the worker's own shard's
+    in the gauges (``Metrics.export_levels``); its deliveries are counted as its own."""
     journal = Journal(
         shard,
         sync=settings.durability is Durability.SYNC,
@@ -36,17 +40,17 @@ def adopted_outbox(settings: Settings, shard: Path, sinks: list[Sink] | None) ->
         commit_interval=settings.commit_interval,
     )
     exporters = build_sinks(settings) if sinks is None else sinks
-    return Outbox(journal, exporters, retention=settings.journal_retention * 3600)
+    return Outbox(journal, exporters, retention=settings.journal_retention * 3600, metrics=metrics)
 
 
 def adoption_context(
-    settings: Settings, shards: Sequence[Path], sinks: list[Sink] | None
+    settings: Settings, shards: Sequence[Path], sinks: list[Sink] | None, metrics: Metrics
 ) -> Context:
     """cleanup_ctx: deliver every adopted shard while the worker serves; drain them on
     shutdown as the worker's own."""
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
-        outboxes = [adopted_outbox(settings, shard, sinks) for shard in shards]
+        outboxes = [adopted_outbox(settings, shard, sinks, metrics) for shard in shards]
         for outbox in outboxes:
             try:
                 await outbox.journal.open()

@@ -365,7 +365,7 @@ def create_app(
         catalog_context(catalog),
         pool_context(pool),
         ledger_context(settings, journal, outbox, exchanges),
-        *([adoption_context(settings, adopted, sinks)] if adopted else []),
+        *([adoption_context(settings, adopted, sinks, metrics)] if adopted else []),
         *restore,
         # a pod's worker tallies; the supervisor reconciles (serving.podreconcile)
         *([reconciler_context(settings, reconciler)] if pod is None else []),

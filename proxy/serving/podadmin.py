@@ -5,7 +5,6 @@ state; ``/upstream/metrics`` is vLLM's, read with the supervisor's own session."
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,6 @@ from prometheus_client import (
     Gauge,
     generate_latest,
     multiprocess,
-    values,
 )
 
 from proxy.serving import admin
@@ -32,14 +30,11 @@ PodReport = Callable[[], tuple[bool, dict[str, Any]]]
 
 class PodMetrics:
     """The supervisor's counters and gauges, written to the pod's directory beside the
-    workers' (so every page, a worker's or the admin port's, shows them)."""
+    workers' (so every page, a worker's or the admin port's, shows them): the supervisor
+    imports this module once ``PROMETHEUS_MULTIPROC_DIR`` names ``directory``."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
-        # prometheus_client picks its value class at import, which came before the
-        # directory existed: pick again, so this process's values land in its files.
-        values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
         self.restarts = Counter(
             "usage_proxy_worker_restarts",
             "Workers started again after they exited unasked (crash, signal, hang).",

@@ -4,16 +4,19 @@ private runtime directory. Each mistake is a ``StartupError``: one line, exit 2.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
 import shutil
 import socket
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 import structlog
 
@@ -47,15 +50,27 @@ def resolve_workers(settings: Settings) -> int:
 
 
 def probe_port(settings: Settings) -> None:
-    """Bind the port without SO_REUSEPORT, then let it go: a port held by anything else,
-    another pod's workers included, fails here instead of joining their group."""
-    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((settings.host, settings.port))
-        except OSError as exc:
-            raise listen_problem(exc, settings.host, settings.port, "--port") from None
+    """Bind the port without SO_REUSEPORT on every address of ``--host``, as the workers'
+    listener will (asyncio binds each address ``getaddrinfo`` gives, an IPv6 one
+    IPV6_V6ONLY), then let them go: a port held by anything else, another pod's workers
+    included, fails here instead of joining their group."""
+    host, port = settings.host, settings.port
+    try:
+        found = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except OSError as exc:
+        raise listen_problem(exc, host, port, "--port") from None
+    with contextlib.ExitStack() as probes:
+        for family, kind, proto, _, address in dict.fromkeys(found):
+            probe = probes.enter_context(socket.socket(family, kind, proto))
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                raise listen_problem(exc, str(address[0]), port, "--port") from None
 
 
 @contextmanager
@@ -103,27 +118,52 @@ def _hold(fd: int, path: Path, patience: float) -> None:
 
 
 SOCKET_PATH_BYTES = 107  # sockaddr_un's sun_path on Linux, less its terminating NUL
+PREFIX = "usage-proxy-"
+LOCK = "pod.lock"  # flock'd from the directory's birth while any process of its pod lives
 
 
-def _private_dir() -> Path:
-    """A fresh 0700 directory under TMPDIR whose sockets' paths fit a Unix socket."""
+class Runtime(NamedTuple):
+    """The pod's private directory, and the descriptor of its held lock (the workers
+    inherit it: a directory is stale only once every process of its pod is gone)."""
+
+    path: Path
+    lock: int
+
+
+def _private_dir() -> Runtime:
+    """A fresh 0700 directory under TMPDIR whose sockets' paths fit a Unix socket, its
+    lock held before it takes its name (``PREFIX``): no start sees it unlocked."""
     where = tempfile.gettempdir()
     try:
-        root = Path(tempfile.mkdtemp(prefix="usage-proxy-"))
+        born = Path(tempfile.mkdtemp(prefix="." + PREFIX))
     except OSError as exc:
-        why = exc.strerror or str(exc)
-        raise StartupError(
-            f"cannot create the pod's runtime directory in {where}: {why} "
-            "(set TMPDIR to a writable directory)"
-        ) from None
+        raise _unmade(where, exc) from None
+    lock = os.open(born / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh file: nobody else holds it
+    root = born.with_name(born.name.removeprefix("."))
+    try:
+        born.rename(root)
+    except OSError as exc:
+        shutil.rmtree(born, ignore_errors=True)
+        os.close(lock)
+        raise _unmade(where, exc) from None
     longest = max(len(os.fsencode(p)) for p in _sockets(root))
     if longest > SOCKET_PATH_BYTES:
         shutil.rmtree(root, ignore_errors=True)
+        os.close(lock)
         raise StartupError(
             f"the pod's sockets under {where} would be {longest} bytes long, over a Unix "
             f"socket's {SOCKET_PATH_BYTES} (set TMPDIR to a shorter directory)"
         )
-    return root
+    return Runtime(root, lock)
+
+
+def _unmade(where: str, exc: OSError) -> StartupError:
+    why = exc.strerror or str(exc)
+    return StartupError(
+        f"cannot create the pod's runtime directory in {where}: {why} "
+        "(set TMPDIR to a writable directory)"
+    )
 
 
 def _sockets(root: Path) -> list[Path]:
@@ -131,12 +171,38 @@ def _sockets(root: Path) -> list[Path]:
     return [place.control_socket, place.limiter_socket, place.admin_socket]
 
 
+def remove_stale(where: Path) -> None:
+    """The runtime directories under ``where`` that pods of this user left when their
+    supervisor was SIGKILLed: each whose lock no process holds. A directory without the
+    lock (an older proxy's, or not a pod's) stays: whether it is live cannot be told."""
+    for found in where.glob(PREFIX + "*"):
+        try:
+            info = found.lstat()
+            lock = os.open(found / LOCK, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+                continue
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # held: a live pod's
+            shutil.rmtree(found, ignore_errors=True)
+            log.info("stale_runtime_removed", path=str(found))
+        finally:
+            os.close(lock)
+
+
 @contextmanager
-def runtime_dir() -> Iterator[Path]:
+def runtime_dir() -> Iterator[Runtime]:
     """The supervisor's private directory (0700): the control socket, the limiter
     host's socket and the multiprocess metrics (an operator's ``PROMETHEUS_MULTIPROC_DIR``
-    instead when set, wiped of its ``*.db`` files)."""
-    root = _private_dir()
+    instead when set, wiped of its ``*.db`` files). Those a killed supervisor left go
+    first (``remove_stale``)."""
+    remove_stale(Path(tempfile.gettempdir()))
+    runtime = _private_dir()
+    root = runtime.path
     own = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     metrics = root / "metrics"
     try:
@@ -146,6 +212,7 @@ def runtime_dir() -> Iterator[Path]:
             metrics.symlink_to(Path(own).resolve(), target_is_directory=True)
         else:
             metrics.mkdir(mode=0o700)
-        yield root
+        yield runtime
     finally:
         shutil.rmtree(root, ignore_errors=True)
+        os.close(runtime.lock)

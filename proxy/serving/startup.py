@@ -23,8 +23,9 @@ class StartupError(Exception):
 
 
 def listen_problem(exc: OSError, host: str, port: int, flag: str) -> StartupError:
-    """A port that cannot be bound, said as the flag and the fix."""
-    where = f"{host}:{port}"
+    """A port that cannot be bound, said as the flag and the fix (an IPv6 address in
+    brackets: ``[::1]:8000``)."""
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     if exc.errno == errno.EADDRINUSE:
         fix = f"stop what listens there (ss -ltnp 'sport = :{port}') or choose another {flag}"
         return StartupError(f"cannot listen on {where} ({flag}): address already in use; {fix}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from pathlib import Path
 from typing import Any
@@ -205,3 +206,38 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
     return port
+
+
+async def test_the_backlog_counts_the_shards_a_smaller_pod_adopted(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """A worker that delivers a shard its pod no longer writes (a scale-down) shows that
+    shard's undelivered records in the backlog gauge, beside its own shard's: 2 records
+    left in worker 1's shard and 1 of its own, none delivered (the exporter is down),
+    make a backlog of 3, not 1."""
+    left = tmp_path / "left"
+    left.mkdir()
+    first = await start(aiohttp_server, aiohttp_client, minilm_path, journal=str(left / "j.sqlite"))
+    for _ in range(2):
+        assert (await first.post("/rerank", json={"query": QUERY, "documents": DOCS})).status == 200
+    await first.close()
+    shard = (left / "j.sqlite").rename(tmp_path / "journal.worker-1.sqlite")
+    with socket.socket() as closed:  # a port nothing listens on: every delivery fails
+        closed.bind(("127.0.0.1", 0))
+        down = f"http://127.0.0.1:{closed.getsockname()[1]}/events"
+    _, client = await fake_and_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        journal=str(tmp_path / "journal.sqlite"),
+        cloudevents_url=down,
+        adopted=[shard],
+    )
+    assert (await client.post("/rerank", json={"query": QUERY, "documents": DOCS})).status == 200
+    backlog = ("usage_proxy_export_backlog_records", (("sink", "cloudevents"),))
+    for _ in range(100):
+        got = samples(await (await client.get("/metrics")).text())
+        if got.get(backlog) == 3:
+            break
+        await asyncio.sleep(0.1)
+    assert got.get(backlog) == 3

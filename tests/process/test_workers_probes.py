@@ -59,19 +59,24 @@ def test_a_killed_supervisors_workers_keep_the_journal_until_they_exit(
 ) -> None:
     """The supervisor SIGKILLed while both workers still run (held stopped here, as a
     worker still draining its exchanges is): the journal's lock stays held, so no second
-    pod starts writing the same shards beside them. Once they have drained and exited
-    the lock is free, and the next pod takes the journal and the port."""
+    pod starts writing the same shards beside them, and so does their runtime
+    directory's. Once they have drained and exited the locks are free, and the next pod
+    takes the journal and the port, and removes the runtime directory left behind."""
     port = free_port()
     proxy = start_pod(fake_upstream.url, tmp_path, port)
     lock = tmp_path / "j.sqlite.lock"
     pids = workers_of(proxy)
     assert len(pids) == 2
+    environ = Path(f"/proc/{pids[0]}/environ").read_bytes().split(b"\0")
+    metrics = next(v for v in environ if v.startswith(b"PROMETHEUS_MULTIPROC_DIR="))
+    runtime = Path(os.fsdecode(metrics.partition(b"=")[2])).parent
     try:
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
         os.kill(proxy.popen.pid, signal.SIGKILL)
         proxy.popen.wait(10)
         held_while_alive = not lock_is_free(lock)
+        runtime_held = not lock_is_free(runtime / "pod.lock")
         for pid in pids:
             os.kill(pid, signal.SIGCONT)
         deadline = time.monotonic() + 60
@@ -79,7 +84,9 @@ def test_a_killed_supervisors_workers_keep_the_journal_until_they_exit(
             time.sleep(0.2)
         assert not any(alive(pid) for pid in pids), "the workers outlived their supervisor"
         assert held_while_alive, "the journal lock was free while the old workers ran"
+        assert runtime_held, "the runtime directory's lock was free while the old workers ran"
         assert lock_is_free(lock)
+        assert lock_is_free(runtime / "pod.lock")
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proxy.popen.pid, signal.SIGCONT)
@@ -87,6 +94,7 @@ def test_a_killed_supervisors_workers_keep_the_journal_until_they_exit(
     after = start_pod(fake_upstream.url, tmp_path, port)
     try:
         assert len(workers_of(after)) == 2
+        assert not runtime.exists()
     finally:
         after.stop()
     assert after.popen.returncode == 0, after.tail()

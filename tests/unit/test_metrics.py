@@ -171,3 +171,17 @@ def test_one_process_page_is_its_own_registry() -> None:
     text = metrics.render().decode()
     assert "usage_proxy_journal_failures_total 2.0" in text
     assert "usage_proxy_event_loop_tasks 0.0" in text  # no running loop here
+
+
+def test_export_levels_sum_every_journal_a_process_delivers() -> None:
+    """A worker's own shard and an adopted one report per sink: the gauges are their sums,
+    each journal's latest level counted once (never the last reporter's alone)."""
+    metrics = Metrics(Settings(upstream="http://x"))
+    metrics.export_levels("journal.worker-0.sqlite", "jsonl", 1, 0)
+    metrics.export_levels("journal.worker-2.sqlite", "jsonl", 5, 2)
+    metrics.export_levels("journal.worker-2.sqlite", "cloudevents", 7, 0)
+    metrics.export_levels("journal.worker-0.sqlite", "jsonl", 3, 1)
+    value = metrics.registry.get_sample_value
+    assert value("usage_proxy_export_backlog_records", {"sink": "jsonl"}) == 8
+    assert value("usage_proxy_export_dead_records", {"sink": "jsonl"}) == 3
+    assert value("usage_proxy_export_backlog_records", {"sink": "cloudevents"}) == 7

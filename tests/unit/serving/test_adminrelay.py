@@ -82,3 +82,18 @@ async def test_only_the_admin_api_is_relayed(worker_0: Place, aiohttp_client: Cl
     """Paths outside the admin API are not relayed (404 from the admin port itself)."""
     client = await aiohttp_client(supervisor(worker_0))
     assert (await client.get("/usage-proxy/v1/standing")).status == 404
+
+
+@pytest.mark.parametrize("authorization", [None, "", "Basic b3A6cHc=", "Bearer "])
+async def test_no_token_is_401_while_worker_0_is_away(
+    tmp_path: Path, aiohttp_client: Client, authorization: str | None
+) -> None:
+    """A question without a bearer token can never be answered: the relay says 401 in
+    vLLM's shape (its authentication's ``{"error": "Unauthorized"}``) at once, as worker 0
+    would, rather than 503 and a retry that would only find the same refusal."""
+    client = await aiohttp_client(supervisor(Place(0, 2, tmp_path)))
+    headers = {} if authorization is None else {"Authorization": authorization}
+    answer = await client.get(RECORDS, headers=headers)
+    assert answer.status == 401
+    assert await answer.json() == {"error": "Unauthorized"}
+    assert "Retry-After" not in answer.headers

@@ -1,106 +1,14 @@
-"""The supervisor of ``serve --workers N`` (its behaviour as processes: tests/process):
-its life cycle with stand-in workers (plain child processes: a stop while a worker is
-being started, a worker that outlives the drain patience), and light to import: it loads
-none of the application it does not run (review finding 10)."""
+"""The supervisor of ``serve --workers N`` is light to import: it loads none of the
+application it does not run (review finding 10), and prometheus_client only once the
+pod's metrics directory is known."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import signal
 import subprocess
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from prometheus_client import values
-
-from proxy.serving.podstart import runtime_dir
-from proxy.serving.supervisor import KILLED, Child, Pod
-from proxy.settings import Settings
-
-SETTINGS = {"upstream": "http://vllm:8000", "workers": 2, "journal": "off"}
-SLEEPER = "import time; time.sleep(60)"
-DEAF = (
-    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-    "print('deaf', flush=True); time.sleep(60)"
-)
-
-
-class StandIns(Pod):
-    """A pod whose workers are ``code`` run by Python, started after ``delay`` seconds
-    (``spawning`` is set when a start begins)."""
-
-    def __init__(self, runtime: Path, code: str, delay: float) -> None:
-        super().__init__(Settings(**SETTINGS), 2, runtime)
-        self.code_run, self.delay = code, delay
-        self.spawning = asyncio.Event()
-        self.started: list[Child] = []
-
-    async def _spawn(self, index: int) -> Child:
-        self.spawning.set()
-        await asyncio.sleep(self.delay)
-        spawned = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", self.code_run, stdout=asyncio.subprocess.PIPE
-        )
-        child = self.children[index] = Child(index, spawned)
-        self.started.append(child)
-        return child
-
-    def _handle_signals(self) -> None:
-        """The test's loop keeps its own signal handlers."""
-
-
-@pytest.fixture
-def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A pod's runtime directory; the metrics' process-wide switch is put back after."""
-    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")
-    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
-    monkeypatch.setattr(values, "ValueClass", values.ValueClass)
-    with runtime_dir() as root:
-        yield root
-
-
-async def test_a_stop_while_a_worker_is_being_started_still_drains(runtime: Path) -> None:
-    """A stop that arrives while the workers' processes are being created (the drain
-    lists no live worker yet) ends the pod: each worker, once started, gets SIGTERM."""
-    pod = StandIns(runtime, SLEEPER, delay=0.5)
-    run = asyncio.create_task(pod.run())
-    await pod.spawning.wait()
-    pod.stop()
-    async with asyncio.timeout(10):
-        code = await run
-    assert code == 0
-    assert len(pod.started) == 2
-    assert [c.process.returncode for c in pod.started] == [-signal.SIGTERM] * 2
-
-
-async def test_a_worker_that_outlives_the_patience_is_killed_and_the_pod_exits_1(
-    runtime: Path,
-) -> None:
-    """The supervisor waits ``patience`` for the drain, then SIGKILLs what is left: the
-    pod exits 1. While it drains the pod is not ready ("draining", so /readyz is 503),
-    and a second signal changes nothing."""
-    pod = StandIns(runtime, DEAF, delay=0)
-    pod.patience = 0.5
-    run = asyncio.create_task(pod.run())
-    async with asyncio.timeout(10):
-        while len(pod.started) < 2:
-            await asyncio.sleep(0.05)
-        for child in pod.started:
-            assert child.process.stdout is not None
-            assert await child.process.stdout.readline() == b"deaf\n"
-        pod.stop()
-        await asyncio.sleep(0.1)
-        ready, body = pod.report()
-        assert not ready
-        assert body["problems"]["pod"] == "draining"
-        pod.stop(3)  # a second signal: the first reason stands
-        code = await run
-    assert code == KILLED
-    assert [c.process.returncode for c in pod.started] == [-signal.SIGKILL] * 2
-
 
 # The serving application's heavy parts: the tokenizers, the audio decoder and numpy
 # (admission's speech pricing), the Redis client and the OpenTelemetry it pulls in.
@@ -118,8 +26,12 @@ HEAVY = [
 
 @pytest.fixture(scope="module")
 def loaded() -> set[str]:
-    """The modules a fresh interpreter holds once it has imported the supervisor."""
-    code = "import json, sys, proxy.serving.supervisor; print(json.dumps(sorted(sys.modules)))"
+    """The modules a fresh interpreter holds once it has imported the supervisor and the
+    pod's life it runs."""
+    code = (
+        "import json, sys, proxy.serving.supervisor, proxy.serving.podlife; "
+        "print(json.dumps(sorted(sys.modules)))"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
@@ -131,3 +43,15 @@ def test_the_supervisor_imports_none_of_the_application(loaded: set[str], module
     """Importing the supervisor (what a pod's supervisor process runs) imports ``module``
     neither itself nor through another: its memory is its own, not a worker's."""
     assert module not in loaded
+
+
+def test_the_supervisor_imports_prometheus_client_only_once_it_has_its_directory() -> None:
+    """prometheus_client picks its multiprocess mode when it is imported: the supervisor
+    imports it only after its runtime directory exists and ``PROMETHEUS_MULTIPROC_DIR``
+    names it, so its own counters land in the pod's directory without patching the
+    library (its entry imports no metrics)."""
+    code = "import sys, proxy.serving.supervisor; print('prometheus_client' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "False"
