@@ -56,6 +56,17 @@ UNREADABLE = {
     "description": "The records cannot be read now (the ledger or the journal failed).",
     "content": {JSON: {"schema": _ref("Error")}},
 }
+PAGE_HEADERS = {
+    "x-usage-source": {
+        "schema": SOURCE["source"],
+        "description": "Which records were read: the ledger, or else the journal.",
+    },
+    "x-usage-holds": {"schema": SOURCE["holds"], "description": SOURCE["holds"]["description"]},
+    "x-usage-next-page": {
+        "schema": {"type": "string"},
+        "description": "The next page's cursor, for its after=; absent on the last page.",
+    },
+}
 RANGE = [
     {
         "name": name,
@@ -141,7 +152,10 @@ ADMIN_PATHS: dict[str, Any] = {
         "The usage records of a range, one JSON object a line, a page at a time; the next "
         "page's cursor is in the x-usage-next-page header (absent on the last page).",
         {
-            "200": _ok({"type": "string"}, "Records as JSON lines.", "application/x-ndjson"),
+            "200": {
+                **_ok({"type": "string"}, "Records as JSON lines.", "application/x-ndjson"),
+                "headers": PAGE_HEADERS,
+            },
             "400": ERROR,
             "401": UNAUTHORIZED,
             "503": UNREADABLE,

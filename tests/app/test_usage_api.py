@@ -394,3 +394,53 @@ async def test_every_status_a_question_is_answered_with_is_described(
                     async with http.get(base + tail, headers=headers) as resp:
                         statuses.add(str(resp.status))
             assert statuses <= described("admin", template), template
+
+
+def described_headers(which: str, path: str, status: int) -> set[str]:
+    """The headers the description gives a path's GET answer of ``status``."""
+    answer = document(which)["paths"][path]["get"]["responses"][str(status)]
+    return {name.lower() for name in answer.get("headers", {})}
+
+
+def own_headers(headers: Any) -> set[str]:
+    """The headers an answer carries that the APIs set themselves (not aiohttp's)."""
+    return {k.lower() for k in headers if k.lower().startswith(("x-usage-", "retry-after"))}
+
+
+async def test_every_header_the_apis_answer_with_is_described(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """Each header of its own an answer carries (a records page's source, whose records
+    it holds, the next page's cursor; a busy tenant's retry-after) is one the served
+    description gives that path and status: a client generated from the description
+    finds the next page (audit of #62: the records page's x-usage-source, x-usage-holds
+    and x-usage-next-page were in no description)."""
+    tokens = tmp_path / "admin.yaml"
+    tokens.write_text(f"ops: {key_digest('admin-secret')}\n")
+    port = free_port()
+    _, client = await usage_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tmp_path,
+        admin_port=port,
+        admin_host="127.0.0.1",
+        admin_tokens=str(tokens),
+    )
+    await traffic(client, ACME, n=2)
+    asked = [client.get(f"{USAGE}?since=2026-0{m}-01", headers=GLOBEX) for m in range(1, 10)]
+    busy = [r for r in await asyncio.gather(*asked) if r.status == 429]
+    assert busy
+    for resp in busy:
+        assert own_headers(resp.headers) <= described_headers("tenant", USAGE, 429)
+    base = f"http://127.0.0.1:{port}"
+    seen: set[str] = set()
+    async with aiohttp.ClientSession() as http:
+        for query in ({"limit": "1"}, {}):
+            path = "/usage-proxy/admin/v1/records"
+            async with http.get(base + path, headers=ADMIN, params=query) as resp:
+                assert resp.status == 200
+                told = own_headers(resp.headers)
+                assert told <= described_headers("admin", path, 200)
+                seen |= told
+    assert seen == {"x-usage-source", "x-usage-holds", "x-usage-next-page"}
