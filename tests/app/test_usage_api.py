@@ -40,6 +40,7 @@ CHAT = {"model": "minilm", "messages": [{"role": "user", "content": "hello there
 PAST = "2026-01-01T00:00:00+00:00"
 STANDING, USAGE = "/usage-proxy/v1/standing", "/usage-proxy/v1/usage"
 RECORDS = "/usage-proxy/v1/records/"
+ADMIN_BASE = "/usage-proxy/admin/v1"
 LIMITS = {
     "tenants": {
         "acme": {
@@ -329,6 +330,65 @@ async def test_the_admin_api_needs_its_token_and_is_absent_from_the_main_port(
             lines = (await resp.text()).splitlines()
         assert len(lines) == 2
         assert all('"tenant":"globex"' in line for line in lines)
+
+
+async def test_without_admin_tokens_the_admin_api_is_not_served(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """An admin port without --admin-tokens serves no admin API (404 to any token, a
+    tenant's key included), while the rest of the port is as before."""
+    port = free_port()
+    _, client = await usage_proxy(
+        aiohttp_server, aiohttp_client, minilm_path, tmp_path, admin_port=port
+    )
+    await traffic(client, ACME, n=1)
+    base = f"http://127.0.0.1:{port}"
+    async with aiohttp.ClientSession() as http:
+        for path in ("/standings", "/standings/acme", "/records", "/openapi.json"):
+            for headers in ({}, ADMIN, ACME):
+                async with http.get(base + ADMIN_BASE + path, headers=headers) as resp:
+                    assert resp.status == 404, path
+        async with http.get(base + "/healthz") as resp:
+            assert resp.status == 200
+
+
+async def test_the_admin_api_changes_nothing_over_http(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp_path: Path
+) -> None:
+    """Read only: every other method on the admin API's paths is refused, 401 without
+    an admin token, 405 with one (``Allow: GET``), in vLLM's error shape, and the
+    standings are as before. Audit of #62: the 405s (and a 404 under the API's prefix)
+    were aiohttp's plain text."""
+    tokens = tmp_path / "admin.yaml"
+    tokens.write_text(f"ops: {key_digest('admin-secret')}\n")
+    port = free_port()
+    _, client = await usage_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tmp_path,
+        admin_port=port,
+        admin_tokens=str(tokens),
+    )
+    await traffic(client, ACME, n=1)
+    base = f"http://127.0.0.1:{port}" + ADMIN_BASE
+    async with aiohttp.ClientSession() as http:
+        async with http.get(base + "/standings", headers=ADMIN) as resp:
+            before = untimed((await resp.json())[0])
+        for path in ("/standings", "/standings/acme", "/records", "/openapi.json"):
+            for method in ("POST", "PUT", "PATCH", "DELETE"):
+                body = {"prompt_tokens_per_month": 1}
+                async with http.request(method, base + path, json=body) as resp:
+                    assert resp.status == 401, (method, path)
+                async with http.request(method, base + path, json=body, headers=ADMIN) as resp:
+                    assert resp.status == 405, (method, path)
+                    assert resp.headers["Allow"] == "GET"
+                    conforms(await resp.json(), "Error", "admin")
+        async with http.get(base + "/nothing", headers=ADMIN) as resp:
+            assert resp.status == 404
+            conforms(await resp.json(), "Error", "admin")
+        async with http.get(base + "/standings", headers=ADMIN) as resp:
+            assert untimed((await resp.json())[0]) == before
 
 
 def described(which: str, path: str) -> set[str]:
