@@ -96,6 +96,27 @@ async def usage_proxy(
     return seen, client
 
 
+async def admin_proxy(
+    aiohttp_server: Any, aiohttp_client: Any, minilm_path: Path, tmp: Path, **options: Any
+) -> tuple[Any, str]:
+    """One proxy as ``usage_proxy`` makes it, with an admin port on loopback and the admin
+    token ``admin-secret``: its client, and the admin port's URL."""
+    tokens = tmp / "admin.yaml"
+    tokens.write_text(f"ops: {key_digest('admin-secret')}\n")
+    port = free_port()
+    _, client = await usage_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tmp,
+        admin_port=port,
+        admin_host="127.0.0.1",
+        admin_tokens=str(tokens),
+        **options,
+    )
+    return client, f"http://127.0.0.1:{port}"
+
+
 async def traffic(client: Any, headers: dict[str, str], n: int = 2) -> list[str]:
     """Reranks and chats; the record ids their answers carry."""
     ids = []
@@ -279,21 +300,10 @@ async def test_the_admin_api_needs_its_token_and_is_absent_from_the_main_port(
     """On the admin port, the admin API answers 401 without an admin token; with one,
     every tenant's standing and the records of a range as JSON lines, a page at a time,
     filtered by tenant. On the main port it is not served (404), whatever the key."""
-    tokens = tmp_path / "admin.yaml"
-    tokens.write_text(f"ops: {key_digest('admin-secret')}\n")
-    port = free_port()
-    _, client = await usage_proxy(
-        aiohttp_server,
-        aiohttp_client,
-        minilm_path,
-        tmp_path,
-        admin_port=port,
-        admin_host="127.0.0.1",
-        admin_tokens=str(tokens),
-    )
+    client, admin = await admin_proxy(aiohttp_server, aiohttp_client, minilm_path, tmp_path)
     await traffic(client, ACME, n=2)
     await traffic(client, GLOBEX, n=1)
-    base = f"http://127.0.0.1:{port}/usage-proxy/admin/v1"
+    base = admin + ADMIN_BASE
     paths = ("/standings", "/standings/acme", "/records", "/openapi.json")
     async with aiohttp.ClientSession() as http:
         for path in paths:
@@ -302,7 +312,7 @@ async def test_the_admin_api_needs_its_token_and_is_absent_from_the_main_port(
                     assert resp.status == 401, path
             main = await client.get("/usage-proxy/admin/v1" + path, headers=ACME)
             assert main.status == 404, path
-        async with http.get(f"http://127.0.0.1:{port}/healthz") as resp:
+        async with http.get(admin + "/healthz") as resp:
             assert resp.status == 200  # the rest of the port is as before
         async with http.get(base + "/standings", headers=ADMIN) as resp:
             everyone = await resp.json()
@@ -359,19 +369,9 @@ async def test_the_admin_api_changes_nothing_over_http(
     an admin token, 405 with one (``Allow: GET``), in vLLM's error shape, and the
     standings are as before. Audit of #62: the 405s (and a 404 under the API's prefix)
     were aiohttp's plain text."""
-    tokens = tmp_path / "admin.yaml"
-    tokens.write_text(f"ops: {key_digest('admin-secret')}\n")
-    port = free_port()
-    _, client = await usage_proxy(
-        aiohttp_server,
-        aiohttp_client,
-        minilm_path,
-        tmp_path,
-        admin_port=port,
-        admin_tokens=str(tokens),
-    )
+    client, admin = await admin_proxy(aiohttp_server, aiohttp_client, minilm_path, tmp_path)
     await traffic(client, ACME, n=1)
-    base = f"http://127.0.0.1:{port}" + ADMIN_BASE
+    base = admin + ADMIN_BASE
     async with aiohttp.ClientSession() as http:
         async with http.get(base + "/standings", headers=ADMIN) as resp:
             before = untimed((await resp.json())[0])
@@ -404,18 +404,7 @@ async def test_every_status_a_question_is_answered_with_is_described(
     description lists for that path, in the shape it describes (review of #62: the
     descriptions themselves answered an undescribed 401, and a busy tenant's 429 was
     nowhere)."""
-    tokens = tmp_path / "admin.yaml"
-    tokens.write_text(f"ops: {key_digest('admin-secret')}\n")
-    port = free_port()
-    _, client = await usage_proxy(
-        aiohttp_server,
-        aiohttp_client,
-        minilm_path,
-        tmp_path,
-        admin_port=port,
-        admin_host="127.0.0.1",
-        admin_tokens=str(tokens),
-    )
+    client, admin = await admin_proxy(aiohttp_server, aiohttp_client, minilm_path, tmp_path)
     ids = await traffic(client, ACME, n=1)
     tenant = {
         "/usage-proxy/v1/standing": ["", "?x=1"],
@@ -439,15 +428,15 @@ async def test_every_status_a_question_is_answered_with_is_described(
     for template, statuses in answered.items():
         assert statuses <= described("tenant", template), template
 
-    admin = {
+    admin_paths = {
         "/usage-proxy/admin/v1/standings": [""],
         "/usage-proxy/admin/v1/standings/{tenant}": ["acme"],
         "/usage-proxy/admin/v1/records": ["", "?limit=0", "?after=nothing", "?since=never"],
         "/usage-proxy/admin/v1/openapi.json": [""],
     }
     async with aiohttp.ClientSession() as http:
-        for template, tails in admin.items():
-            base = f"http://127.0.0.1:{port}" + template.replace("{tenant}", "")
+        for template, tails in admin_paths.items():
+            base = admin + template.replace("{tenant}", "")
             statuses = set()
             for tail in tails:
                 for headers in (ADMIN, {}):
@@ -475,30 +464,18 @@ async def test_every_header_the_apis_answer_with_is_described(
     description gives that path and status: a client generated from the description
     finds the next page (audit of #62: the records page's x-usage-source, x-usage-holds
     and x-usage-next-page were in no description)."""
-    tokens = tmp_path / "admin.yaml"
-    tokens.write_text(f"ops: {key_digest('admin-secret')}\n")
-    port = free_port()
-    _, client = await usage_proxy(
-        aiohttp_server,
-        aiohttp_client,
-        minilm_path,
-        tmp_path,
-        admin_port=port,
-        admin_host="127.0.0.1",
-        admin_tokens=str(tokens),
-    )
+    client, admin = await admin_proxy(aiohttp_server, aiohttp_client, minilm_path, tmp_path)
     await traffic(client, ACME, n=2)
     asked = [client.get(f"{USAGE}?since=2026-0{m}-01", headers=GLOBEX) for m in range(1, 10)]
     busy = [r for r in await asyncio.gather(*asked) if r.status == 429]
     assert busy
     for resp in busy:
         assert own_headers(resp.headers) <= described_headers("tenant", USAGE, 429)
-    base = f"http://127.0.0.1:{port}"
     seen: set[str] = set()
     async with aiohttp.ClientSession() as http:
         for query in ({"limit": "1"}, {}):
             path = "/usage-proxy/admin/v1/records"
-            async with http.get(base + path, headers=ADMIN, params=query) as resp:
+            async with http.get(admin + path, headers=ADMIN, params=query) as resp:
                 assert resp.status == 200
                 told = own_headers(resp.headers)
                 assert told <= described_headers("admin", path, 200)

@@ -14,9 +14,16 @@ import yaml
 
 from proxy.ledger.report import aggregate
 from proxy.ledger.sinks.postgres import read_ledger
-from proxy.serving.tenancy import key_digest
-from scripts.vllm_cpu import free_port
-from tests.app.test_usage_api import ACME, ADMIN, GLOBEX, RECORDS, USAGE, conforms, usage_proxy
+from tests.app.test_usage_api import (
+    ACME,
+    ADMIN,
+    GLOBEX,
+    RECORDS,
+    USAGE,
+    admin_proxy,
+    conforms,
+    usage_proxy,
+)
 from tests.support.postgres import (
     Cluster,
     fresh_database,
@@ -51,22 +58,25 @@ async def test_either_replica_answers_every_replicas_records_from_the_ledger(
     the ledger; a record replica 1 made is answered by replica 0 (to acme, 404 to
     globex); the admin API's pages on replica 0 hold both replicas' records."""
     dsn = await fresh_database(postgres)
-    tokens = tmp_path / "admin.yaml"
-    tokens.write_text(f"ops: {key_digest('admin-secret')}\n")
-    port = free_port()
-    clients = []
-    for i, admin in enumerate(({"admin_port": port, "admin_tokens": str(tokens)}, {})):
+    for i in range(2):
         (tmp_path / f"r{i}").mkdir()
-        _, client = await usage_proxy(
-            aiohttp_server,
-            aiohttp_client,
-            minilm_path,
-            tmp_path / f"r{i}",
-            ledger_dsn=dsn,
-            instance=f"replica{i}",
-            **admin,
-        )
-        clients.append(client)
+    first, admin = await admin_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tmp_path / "r0",
+        ledger_dsn=dsn,
+        instance="replica0",
+    )
+    _, second = await usage_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tmp_path / "r1",
+        ledger_dsn=dsn,
+        instance="replica1",
+    )
+    clients = [first, second]
     mine = await reranks(clients[0], 3)
     theirs = await reranks(clients[1], 2)
 
@@ -97,7 +107,7 @@ async def test_either_replica_answers_every_replicas_records_from_the_ledger(
     assert (await clients[0].get(RECORDS + theirs[0], headers=GLOBEX)).status == 404
 
     async with aiohttp.ClientSession() as http:
-        url = f"http://127.0.0.1:{port}/usage-proxy/admin/v1/records"
+        url = admin + "/usage-proxy/admin/v1/records"
         pages, after = [], None
         while True:
             query = {"limit": "2", "tenant": "acme", **({"after": after} if after else {})}
