@@ -2,7 +2,8 @@
 port (its own key), the operators' read-only admin API on the admin port (an admin
 token), both answered by the proxy itself from the limiter's and the report's own code.
 The whole proxy in front of the fake vLLM (real MiniLM tokenizer), with keys, limits and
-prices; before the issue every one of these paths was refused as unknown (404)."""
+prices, and with a real PostgreSQL ledger two replicas deliver to; before the issue every
+one of these paths was refused as unknown (404)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import asyncpg
 import pytest
 import yaml
 from aiohttp import web
@@ -23,6 +25,7 @@ from proxy.accounting.money import nanos_up
 from proxy.accounting.price_schedule import load_prices
 from proxy.ledger.charges import charge
 from proxy.ledger.report import aggregate, row_key
+from proxy.ledger.sinks.postgres import read_ledger
 from proxy.limitstore.memory import InProcessLimiter
 from proxy.reporting import budget_rows
 from proxy.serving.admission import ADMISSION
@@ -30,9 +33,11 @@ from proxy.serving.pricesfile import PRICESFILE
 from proxy.serving.tenancy import key_digest
 from proxy.serving.usage_openapi import document
 from scripts.vllm_cpu import free_port
+from tests.support.postgres import Cluster, fresh_database
 from tests.support.proxies import fake_and_proxy
 from tests.support.records import journal_records
 from tests.support.texts import RERANK
+from tests.support.waits import eventually
 
 ACME, GLOBEX = {"Authorization": "Bearer sk-acme"}, {"Authorization": "Bearer sk-globex"}
 ADMIN = {"Authorization": "Bearer admin-secret"}
@@ -481,3 +486,93 @@ async def test_every_header_the_apis_answer_with_is_described(
                 assert told <= described_headers("admin", path, 200)
                 seen |= told
     assert seen == {"x-usage-source", "x-usage-holds", "x-usage-next-page"}
+
+
+LEDGER = {"source": "ledger", "holds": "every replica's records"}
+
+
+async def reranks(client: Any, n: int) -> list[str]:
+    """``n`` of acme's reranks; the record ids their answers carry."""
+    ids = []
+    for _ in range(n):
+        resp = await client.post("/rerank", json=RERANK, headers=ACME)
+        assert resp.status == 200, await resp.text()
+        ids.append(resp.headers["x-usage-record-id"])
+    return ids
+
+
+async def test_either_replica_answers_every_replicas_records_from_the_ledger(
+    aiohttp_server: Any,
+    aiohttp_client: Any,
+    minilm_path: Path,
+    tmp_path: Path,
+    postgres: Cluster,
+) -> None:
+    """acme's reranks on two replicas, delivered to the ledger: replica 0's usage counts
+    both replicas' records (the report's aggregate of both journals) and says it read
+    the ledger; a record replica 1 made is answered by replica 0 (to acme, 404 to
+    globex); the admin API's pages on replica 0 hold both replicas' records."""
+    dsn = await fresh_database(postgres)
+    for i in range(2):
+        (tmp_path / f"r{i}").mkdir()
+    first, admin = await admin_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tmp_path / "r0",
+        ledger_dsn=dsn,
+        instance="replica0",
+    )
+    _, second = await usage_proxy(
+        aiohttp_server,
+        aiohttp_client,
+        minilm_path,
+        tmp_path / "r1",
+        ledger_dsn=dsn,
+        instance="replica1",
+    )
+    clients = [first, second]
+    mine = await reranks(clients[0], 3)
+    theirs = await reranks(clients[1], 2)
+
+    async def delivered() -> bool:
+        try:
+            return len(await read_ledger(dsn, None, None)) == 5
+        except asyncpg.UndefinedTableError:  # the ledger makes its table on first delivery
+            return False
+
+    await eventually(delivered)
+    journals = [journal_records(tmp_path / f"r{i}" / "journal.sqlite") for i in range(2)]
+    assert {r.record_id for r in journals[0]} == set(mine)  # each replica journals its own
+
+    usage = await (await clients[0].get(USAGE, headers=ACME)).json()
+    conforms(usage, "Usage")
+    assert {k: usage[k] for k in LEDGER} == LEDGER
+    expected = aggregate([*journals[0], *journals[1]], group_by=("model", "operation"))
+    assert [(r["requests"], r["prompt_tokens"]) for r in usage["rows"]] == [
+        (row.requests, row.prompt_tokens_billed) for row in expected.rows
+    ]
+
+    answer = await clients[0].get(RECORDS + theirs[0], headers=ACME)
+    assert answer.status == 200
+    found = await answer.json()
+    conforms(found, "RecordAnswer")
+    assert {k: found[k] for k in LEDGER} == LEDGER
+    assert found["record"]["record_id"] == theirs[0]
+    assert (await clients[0].get(RECORDS + theirs[0], headers=GLOBEX)).status == 404
+
+    async with aiohttp.ClientSession() as http:
+        url = admin + "/usage-proxy/admin/v1/records"
+        pages, after = [], None
+        while True:
+            query = {"limit": "2", "tenant": "acme", **({"after": after} if after else {})}
+            async with http.get(url, headers=ADMIN, params=query) as resp:
+                assert resp.status == 200
+                assert resp.headers["x-usage-source"] == "ledger"
+                assert resp.headers["x-usage-holds"] == LEDGER["holds"]
+                pages.append([yaml.safe_load(line) for line in (await resp.text()).splitlines()])
+                after = resp.headers.get("x-usage-next-page")
+            if after is None:
+                break
+    assert [len(page) for page in pages] == [2, 2, 1]
+    assert sorted(r["record_id"] for page in pages for r in page) == sorted(mine + theirs)
