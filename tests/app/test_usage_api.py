@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -534,22 +533,17 @@ async def test_either_replica_answers_every_replicas_records_from_the_ledger(
     )
     clients = [first, second]
 
-    def delivered(count: int) -> Callable[[], Awaitable[bool]]:
-        async def check() -> bool:
-            try:
-                return len(await read_ledger(dsn, None, None)) == count
-            except asyncpg.UndefinedTableError:  # the ledger makes its table on first delivery
-                return False
+    async def delivered() -> bool:
+        try:
+            return len(await read_ledger(dsn, None, None)) == 5
+        except asyncpg.UndefinedTableError:  # the ledger makes its table on first delivery
+            return False
 
-        return check
-
-    # One replica makes the ledger's table before the other delivers: two first
-    # deliveries at once race to create it, and the loser's pool is never closed
-    # (PostgresLedger._connect), which hangs uvloop's close at the test's end.
+    # Both replicas' first deliveries may race to create the ledger's table: the loser
+    # retries, its pool closed (it was left open, and uvloop's close then hung here).
     mine = await reranks(clients[0], 3)
-    await eventually(delivered(3))
     theirs = await reranks(clients[1], 2)
-    await eventually(delivered(5))
+    await eventually(delivered)
     journals = [journal_records(tmp_path / f"r{i}" / "journal.sqlite") for i in range(2)]
     assert {r.record_id for r in journals[0]} == set(mine)  # each replica journals its own
 
