@@ -33,6 +33,8 @@ After = tuple[str, str]
 # A journal's place: each shard's index to the last seq read there (absent: none read).
 Marks = dict[int, int]
 
+LEDGER = {"source": "ledger", "holds": "every replica's records"}
+JOURNAL = {"source": "journal", "holds": "this replica's records only"}
 RANGE = (
     "SELECT body FROM records WHERE kind = 'usage' AND time >= ? AND time < ? "
     "AND (? IS NULL OR tenant = ?) AND (time > ? OR (time = ? AND record_id > ?)) "
@@ -54,9 +56,7 @@ class RecordSource:
 
     def describe(self) -> dict[str, str]:
         """Which source a question read, and whose records it holds."""
-        if self.dsn is not None:
-            return {"source": "ledger", "holds": "every replica's records"}
-        return {"source": "journal", "holds": "this replica's records only"}
+        return dict(LEDGER if self.dsn is not None else JOURNAL)
 
     def page(
         self,
@@ -98,18 +98,24 @@ class RecordSource:
             return _page(streams, marks, limit)
 
     def record(self, record_id: str) -> UsageRecord | None:
-        """The record with this id (None: no such record); one the ledger does not have
-        yet (the outbox delivers later) is read from this replica's journal."""
+        """The record with this id (None: no such record)."""
+        found = self.located(record_id)
+        return found[0] if found is not None else None
+
+    def located(self, record_id: str) -> tuple[UsageRecord, dict[str, str]] | None:
+        """The record with this id and the source it was read from (``describe``'s
+        words); one the ledger does not have yet (the outbox delivers later) is read
+        from this replica's journal, and said to be."""
         record_id = _canonical(record_id)
         if self.dsn is not None and _is_uuid(record_id):
             from proxy.ledger.sinks.postgres import read_record
 
             found = asyncio.run(read_record(self.dsn, record_id))
             if found is not None:
-                return found
+                return found, dict(LEDGER)
         query = "SELECT body FROM records WHERE kind = 'usage' AND record_id = ?"
         for _, (body,) in self._rows(query, (record_id,)):
-            return UsageRecord.from_json(str(body))
+            return UsageRecord.from_json(str(body)), dict(JOURNAL)
         return None
 
     def _rows(self, query: str, args: tuple[object, ...]) -> Iterator[tuple[int, Row]]:

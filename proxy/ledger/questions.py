@@ -79,12 +79,13 @@ def read_usage(
 def read_record(
     source: RecordSource, tenant: str | None, record_id: str, table: PriceTable | None
 ) -> dict[str, object] | None:
-    """A record by id; None when there is none, or it is another tenant's (the same
-    answer: nothing leaks by existence)."""
-    record = _read(source.record, record_id)
-    if record is None or (tenant is not None and record.tenant != tenant):
+    """A record by id, with the source it was read from; None when there is none, or it
+    is another tenant's (the same answer: nothing leaks by existence)."""
+    found = _read(source.located, record_id)
+    if found is None or (tenant is not None and found[0].tenant != tenant):
         return None
-    return {**source.describe(), "record": record_json(record, table)}
+    record, read_from = found
+    return {**read_from, "record": record_json(record, table)}
 
 
 def read_page(

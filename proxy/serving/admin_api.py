@@ -159,13 +159,25 @@ class AdminApi:
 
 
 def token_guard(tokens: AdminTokens) -> Middleware:
-    """Only the admin API's own paths need a token; the rest of the port is as before."""
+    """Only the admin API's own paths need a token; the rest of the port is as before.
+    There, what the router refuses (another method: the API is read only; a path it does
+    not serve) is answered in vLLM's error shape, not aiohttp's text."""
 
     @web.middleware
     async def guarded(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path.startswith(ADMIN_PREFIX + "/") and not tokens.allows(request):
+        if not request.path.startswith(ADMIN_PREFIX + "/"):
+            return await handler(request)
+        if not tokens.allows(request):
             return unauthorized()
-        return await handler(request)
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            refused = error_response(exc.status, exc.reason)
+            if "Allow" in exc.headers:
+                refused.headers["Allow"] = exc.headers["Allow"]
+            return refused
 
     return guarded
 

@@ -29,6 +29,7 @@ CHUNK = 64 * 1024
 # A page of the most records (10,000) is read in worker 0's reading process: long
 # enough for that, short of hanging an operator's client for ever on a hung worker.
 ANSWER_SECONDS = 300.0
+BODY_HEADERS = ("content-length", "transfer-encoding", "content-type", "content-encoding")
 SESSION = web.AppKey("admin_relay_session", aiohttp.ClientSession)
 
 
@@ -51,7 +52,7 @@ def admin_socket_context(place: Place, add_api: Callable[[web.Application], None
 def add_admin_relay(app: web.Application, socket: Path) -> None:
     """The supervisor's admin port relays the admin API's paths to ``socket``."""
     app.cleanup_ctx.append(_session_context(socket))
-    app.router.add_get(ADMIN_PREFIX + "/{tail:.*}", _relay, allow_head=False)
+    app.router.add_route("*", ADMIN_PREFIX + "/{tail:.*}", _relay)
 
 
 def _session_context(socket: Path) -> Context:
@@ -68,16 +69,20 @@ def _session_context(socket: Path) -> Context:
 
 async def _relay(request: web.Request) -> web.StreamResponse:
     """One admin question, asked of worker 0 with the operator's headers (its token),
-    its answer streamed back as it comes. Without a bearer token the answer is worker
-    0's 401, given here: it needs no token digests, and a 503 would only ask the
-    operator to try again for the same refusal."""
+    its answer streamed back as it comes. Any method is asked, never with a body (the
+    API reads none): worker 0 checks the token, then refuses all but GET (read only).
+    Without a bearer token the answer is worker 0's 401, given here: it needs no token
+    digests, and a 503 would only ask the operator to try again for the same refusal."""
     if bearer_key(request.headers) is None:
         return unauthorized()
     session = request.app[SESSION]
     url = "http://worker-0" + str(request.rel_url)
+    headers = request_headers(request.headers)
+    for framing in BODY_HEADERS:
+        headers.popall(framing, None)
     response: web.StreamResponse | None = None
     try:
-        async with session.get(url, headers=request_headers(request.headers)) as answer:
+        async with session.request(request.method, url, headers=headers) as answer:
             response = web.StreamResponse(
                 status=answer.status, headers=_answer_headers(answer.headers)
             )

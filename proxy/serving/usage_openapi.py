@@ -24,12 +24,10 @@ JSON = "application/json"
 MONEY = {"type": "string", "description": "An amount in the price file's currency, in full."}
 COUNT = {"type": "integer", "minimum": 0}
 FIGURE = {"oneOf": [COUNT, MONEY], "description": "Units; a money budget's in its currency."}
+HOLDS = "Whose records the source holds: a journal holds this replica's only."
 SOURCE = {
     "source": {"type": "string", "enum": ["ledger", "journal"]},
-    "holds": {
-        "type": "string",
-        "description": "Whose records the source holds: a journal holds this replica's only.",
-    },
+    "holds": {"type": "string", "description": HOLDS},
 }
 
 
@@ -55,6 +53,31 @@ BUSY = {
 UNREADABLE = {
     "description": "The records cannot be read now (the ledger or the journal failed).",
     "content": {JSON: {"schema": _ref("Error")}},
+}
+AWAY = (
+    "The figures cannot be read now (the limits store, the ledger or the journal did not "
+    "answer); in a pod, also while worker 0, which answers the admin API, is starting."
+)
+ADMIN_UNAVAILABLE = {
+    "description": AWAY,
+    "headers": {
+        "Retry-After": {
+            "schema": {"type": "integer"},
+            "description": "Seconds; sent while worker 0 is starting.",
+        }
+    },
+    "content": {JSON: {"schema": _ref("Error")}},
+}
+PAGE_HEADERS = {
+    "x-usage-source": {
+        "schema": SOURCE["source"],
+        "description": "Which records were read: the ledger, or else the journal.",
+    },
+    "x-usage-holds": {"schema": SOURCE["holds"], "description": HOLDS},
+    "x-usage-next-page": {
+        "schema": {"type": "string"},
+        "description": "The next page's cursor, for its after=; absent on the last page.",
+    },
 }
 RANGE = [
     {
@@ -129,22 +152,29 @@ ADMIN_PATHS: dict[str, Any] = {
         {
             "200": _ok({"type": "array", "items": _ref("Standing")}, "The standings."),
             "401": UNAUTHORIZED,
-            "503": ERROR,
+            "503": ADMIN_UNAVAILABLE,
         },
     ),
     TENANT_STANDING: _get(
         "One tenant's standing.",
-        {"200": _ok(_ref("Standing"), "The standing."), "401": UNAUTHORIZED, "503": ERROR},
+        {
+            "200": _ok(_ref("Standing"), "The standing."),
+            "401": UNAUTHORIZED,
+            "503": ADMIN_UNAVAILABLE,
+        },
         [_path("tenant", "The tenant.")],
     ),
     RECORDS: _get(
         "The usage records of a range, one JSON object a line, a page at a time; the next "
         "page's cursor is in the x-usage-next-page header (absent on the last page).",
         {
-            "200": _ok({"type": "string"}, "Records as JSON lines.", "application/x-ndjson"),
+            "200": {
+                **_ok({"type": "string"}, "Records as JSON lines.", "application/x-ndjson"),
+                "headers": PAGE_HEADERS,
+            },
             "400": ERROR,
             "401": UNAUTHORIZED,
-            "503": UNREADABLE,
+            "503": ADMIN_UNAVAILABLE,
         },
         [
             *RANGE,
@@ -166,7 +196,11 @@ ADMIN_PATHS: dict[str, Any] = {
     ),
     ADMIN_OPENAPI: _get(
         "This description.",
-        {"200": _ok({"type": "object"}, "OpenAPI 3.1."), "401": UNAUTHORIZED},
+        {
+            "200": _ok({"type": "object"}, "OpenAPI 3.1."),
+            "401": UNAUTHORIZED,
+            "503": ADMIN_UNAVAILABLE,
+        },
     ),
 }
 

@@ -109,8 +109,16 @@ class PostgresLedger:
     async def _connect(self) -> asyncpg.Pool:
         if self._pool is None:
             pool = await asyncpg.create_pool(self.dsn, min_size=0, max_size=2, timeout=10)
-            async with pool.acquire() as conn:
-                await migrate(conn)
+            try:
+                async with pool.acquire() as conn:
+                    await migrate(conn)
+            except BaseException:
+                # the outbox tries again with a new pool: this one's connection must not
+                # stay open (one leaked at each try; another replica creating the table
+                # at the same moment fails a first delivery so). terminate: at once, even
+                # when cancelled
+                pool.terminate()
+                raise
             self._pool = pool
         return self._pool
 

@@ -12,9 +12,13 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
+from proxy.serving.admin_api import AdminApi, AdminTokens, add_admin_api
 from proxy.serving.adminrelay import add_admin_relay, admin_socket_context
 from proxy.serving.pod import Place
-from proxy.serving.usage_openapi import RECORDS
+from proxy.serving.tenancy import key_digest
+from proxy.serving.usage_answers import build_figures
+from proxy.serving.usage_openapi import RECORDS, STANDINGS, document
+from proxy.settings import Settings
 
 Client = Callable[[web.Application], Awaitable[TestClient[web.Request, web.Application]]]
 
@@ -97,3 +101,57 @@ async def test_no_token_is_401_while_worker_0_is_away(
     assert answer.status == 401
     assert await answer.json() == {"error": "Unauthorized"}
     assert "Retry-After" not in answer.headers
+
+
+@pytest.fixture
+async def admin_worker_0(tmp_path: Path) -> AsyncIterator[Place]:
+    """Worker 0's admin socket serving the real admin API (its token check and routes),
+    the token ``t0ken``, for the test's length."""
+    tokens = tmp_path / "admin.yaml"
+    tokens.write_text(f"ops: {key_digest('t0ken')}\n")
+    figures = build_figures(Settings(upstream="http://127.0.0.1:9", journal="off"), None, None)
+    api = AdminApi(figures, list)
+    place = Place(0, 2, tmp_path)
+    ctx = admin_socket_context(place, lambda app: add_admin_api(app, api, AdminTokens(tokens)))
+    served = ctx(web.Application())
+    await anext(served)
+    yield place
+    with pytest.raises(StopAsyncIteration):
+        await anext(served)
+
+
+async def test_another_method_is_worker_0s_to_refuse(
+    admin_worker_0: Place, aiohttp_client: Client
+) -> None:
+    """The API is read only, and worker 0 holds the token: a POST or DELETE through the
+    supervisor is 401 without an admin token and 405 with one, both in vLLM's shape, as
+    one process answers them (audit of #62: the supervisor answered aiohttp's plain-text
+    405 itself, before any token was checked); the body is not relayed."""
+    client = await aiohttp_client(supervisor(admin_worker_0))
+    token = {"Authorization": "Bearer t0ken"}
+    for method in ("POST", "DELETE"):
+        refused = await client.request(method, STANDINGS, json={"budget": 1})
+        assert refused.status == 401
+        assert await refused.json() == {"error": "Unauthorized"}
+        answer = await client.request(method, STANDINGS, json={"budget": 1}, headers=token)
+        assert answer.status == 405
+        assert answer.headers["Allow"] == "GET"
+        assert (await answer.json())["error"]["code"] == 405
+    assert (await client.get(STANDINGS, headers=token)).status == 200
+
+
+async def test_worker_0_away_is_described_on_every_path(
+    tmp_path: Path, aiohttp_client: Client
+) -> None:
+    """Every path of the admin API, asked while worker 0 is away, is answered 503 with
+    Retry-After, and the served description says both for that path (audit of #62:
+    the relay's 503 was undescribed on the description's own path, and Retry-After on
+    every path)."""
+    client = await aiohttp_client(supervisor(Place(0, 2, tmp_path)))
+    token = {"Authorization": "Bearer t0ken"}  # without one the relay answers 401 itself
+    for template, item in document("admin")["paths"].items():
+        answer = await client.get(template.replace("{tenant}", "acme"), headers=token)
+        assert answer.status == 503
+        assert "Retry-After" in answer.headers
+        described = item["get"]["responses"]["503"]
+        assert "retry-after" in {name.lower() for name in described.get("headers", {})}

@@ -336,3 +336,36 @@ async def test_schema_version_3_table_gains_the_trace(postgres: Cluster) -> None
     assert sorted(r.prompt_tokens_billed or 0 for r in old) == [36, 37, 38]
     assert {(r.trace_id, r.traceparent) for r in old} == {(None, None)}
     assert back[traced.record_id] == traced
+
+
+async def test_a_failed_first_delivery_leaves_no_connection_open(postgres: Cluster) -> None:
+    """A ledger whose table cannot be made (here a type holds its name; in production two
+    replicas' first deliveries racing to create it) fails the delivery, which the outbox
+    retries, and keeps no connection open: the pool made for it is closed. Found by the
+    audit of #62: the pool was dropped unclosed, a connection leaked at each failed try,
+    and an event loop (uvloop) with one open never finished closing (so the deliveries
+    run here on an asyncio loop of their own: before the fix this test fails, not hangs)."""
+    dsn = await fresh_database(postgres)
+    await admin_count(dsn, "CREATE TYPE usage_records AS (x int)")
+
+    async def deliver_twice() -> None:
+        ledger = PostgresLedger(dsn)
+        for _ in range(2):
+            with pytest.raises(asyncpg.PostgresError):
+                await ledger.deliver([make_record(1)])
+        others = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        open_ = await admin_count(dsn, others + " AND pid <> pg_backend_pid()")
+        await ledger.close()
+        assert open_ == 0
+
+    await asyncio.to_thread(asyncio.run, deliver_twice())
+
+
+async def admin_count(dsn: str, query: str) -> int | None:
+    """``query`` on a connection of its own; its count, if it is one."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        found = await conn.fetchval(query)
+        return int(found) if found is not None else None
+    finally:
+        await conn.close()
