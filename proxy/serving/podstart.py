@@ -1,5 +1,5 @@
 """What a pod's supervisor does before its first worker (docs/workers.md, "Start"): how
-many workers, what a pod cannot do yet, the port probe, the pod's journal lock and the
+many workers, the port probe, the pod's journal lock and the
 private runtime directory. Each mistake is a ``StartupError``: one line, exit 2."""
 
 from __future__ import annotations
