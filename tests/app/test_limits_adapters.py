@@ -9,10 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from tests.support.engine_reads import LONG, at_the_cap
-from tests.support.proxies import fake_and_proxy
+from tests.support.proxies import limited_proxy
 
 # 30 documents: 2,572 tokens counted, 31 x 1,024 at the bound.
 RERANK = {"query": LONG, "documents": [f"{LONG} {i}" for i in range(30)]}
@@ -25,14 +23,12 @@ async def test_a_listed_adapters_rerank_is_counted_and_audited_with_its_parents_
     was priced at its bound (31,744 tokens) and refused under a 10,000-token limit that
     its 2,572 tokens fit, and never recounted. Counted with its parent's tokenizer, it is
     admitted at its count and its answer audited: the same count as its base model's."""
-    limits = tmp_path / "limits.yaml"
-    limits.write_text(yaml.safe_dump({"tenants": {"acme": {"prompt_tokens_per_day": 10000}}}))
-    fake, client = await fake_and_proxy(
+    fake, client = await limited_proxy(
         aiohttp_server,
         aiohttp_client,
         minilm_path,
-        tenant_header="X-Tenant-Id",
-        limits=str(limits),
+        tmp_path,
+        {"tenants": {"acme": {"prompt_tokens_per_day": 10000}}},
         version="0.32.0",
         fake_class=at_the_cap(1024, adapters=("acme-lora",)),
     )
@@ -54,14 +50,12 @@ async def test_a_listed_adapters_embeddings_are_priced_at_their_count(
     """Thirty inputs to a listed adapter were priced at the context each (30,720 tokens)
     and refused under a 10,000-token limit their count fits; counted with the parent's
     tokenizer they are admitted, and the engine works what the base model's would."""
-    limits = tmp_path / "limits.yaml"
-    limits.write_text(yaml.safe_dump({"tenants": {"acme": {"prompt_tokens_per_day": 10000}}}))
-    fake, client = await fake_and_proxy(
+    fake, client = await limited_proxy(
         aiohttp_server,
         aiohttp_client,
         minilm_path,
-        tenant_header="X-Tenant-Id",
-        limits=str(limits),
+        tmp_path,
+        {"tenants": {"acme": {"prompt_tokens_per_day": 10000}}},
         version="0.32.0",
         fake_class=at_the_cap(1024, adapters=("acme-lora",)),
     )

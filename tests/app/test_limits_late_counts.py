@@ -10,11 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from proxy.serving import audited
 from tests.support.engine_reads import LONG, at_the_cap, burst
-from tests.support.proxies import fake_and_proxy
+from tests.support.proxies import limited_proxy
 
 # 30 documents: 2,572 tokens counted, 31 x 1,024 at the bound.
 RERANK = json.dumps({"query": LONG, "documents": [f"{LONG} {i}" for i in range(30)]}).encode()
@@ -96,14 +95,12 @@ async def test_a_late_bound_beyond_what_is_left_is_told_to_retry_soon(
     budget's reset, hours away, with ``x-should-retry: false``) where the same request
     counted on a retry (2,572 tokens) fits at once. It is told to retry in a second,
     and the engine never works past the budget."""
-    limits = tmp_path / "limits.yaml"
-    limits.write_text(yaml.safe_dump({"tenants": {"acme": {"prompt_tokens_per_day": 40000}}}))
-    fake, client = await fake_and_proxy(
+    fake, client = await limited_proxy(
         aiohttp_server,
         aiohttp_client,
         minilm_path,
-        tenant_header="X-Tenant-Id",
-        limits=str(limits),
+        tmp_path,
+        {"tenants": {"acme": {"prompt_tokens_per_day": 40000}}},
         version="0.32.0",
         fake_class=at_the_cap(1024),
         accounting_timeout=0.000001,

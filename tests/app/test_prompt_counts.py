@@ -12,13 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from transformers import AutoTokenizer
 
 from proxy.serving.keys import METRICS
 from proxy.tokenizers.pool import FairExecutor
 from tests.support.fakevllm import FakeVLLM
-from tests.support.proxies import fake_and_proxy
 from tests.support.proxies import limited_proxy as budgeted
 from tests.support.records import journal_records
 
@@ -171,14 +169,12 @@ async def test_a_prompt_forwarded_as_token_ids_is_not_priced_by_its_messages(
     prefills the ids (the fake at its worst, as vLLM 0.32.0 reads them). Counted from its
     messages it was reserved at a few tokens and admitted under a 300-token budget, and
     the engine did 601; priced by its bytes it is refused, and the engine does nothing."""
-    limits = tmp_path / "limits.yaml"
-    limits.write_text(yaml.safe_dump({"tenants": {"acme": {"total_tokens_per_day": 300}}}))
-    fake, client = await fake_and_proxy(
+    fake, client = await budgeted(
         aiohttp_server,
         aiohttp_client,
         minilm_path,
-        tenant_header="X-Tenant-Id",
-        limits=str(limits),
+        tmp_path,
+        {"tenants": {"acme": {"total_tokens_per_day": 300}}},
         version="0.32.0",
         fake_class=_at_the_cap,
     )

@@ -8,10 +8,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from tests.support.fakevllm import FakeVLLM
-from tests.support.proxies import fake_and_proxy
+from tests.support.proxies import limited_proxy
 
 LONG = " ".join(f"word{i}" for i in range(40))
 
@@ -52,14 +50,12 @@ async def burst(
     """``times`` concurrent requests of one tenant under ``limits``: the fake and the
     answers the client saw (status, body). ``late``: adapters loaded once the proxy has
     discovered the rest; ``settings``: the proxy's."""
-    policies = tmp_path / "limits.yaml"
-    policies.write_text(yaml.safe_dump({"tenants": {"acme": limits}}))
-    fake, client = await fake_and_proxy(
+    fake, client = await limited_proxy(
         aiohttp_server,
         aiohttp_client,
         minilm_path,
-        tenant_header="X-Tenant-Id",
-        limits=str(policies),
+        tmp_path,
+        {"tenants": {"acme": limits}},
         version="0.32.0",
         fake_class=at_the_cap(context, media_tokens, adapters),
         **settings,
