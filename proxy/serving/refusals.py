@@ -137,14 +137,14 @@ def refused_by(
         )
     kind = "requests" if refusal.limit.startswith(("requests", "concurrency")) else "tokens"
     kind = "cost" if refusal.limit.startswith("cost_") else kind
+    when = (
+        f", this request's bound: it {late}. Counted, it may be admitted at once: please "
+        f"try again in {duration(RECOUNT_SECONDS)}."
+        if late
+        else f". Please try again in {duration(refusal.wait)}."
+    )
     message = (
         f"Rate limit reached for {where}: limit {said(refusal.amount)}, "
-        f"requested {said(refusal.cost)}. Please try again in {duration(refusal.wait)}."
+        f"requested {said(refusal.cost)}{when}"
     )
-    if late:
-        message = (
-            f"Rate limit reached for {where}: limit {said(refusal.amount)}, requested "
-            f"{said(refusal.cost)}, this request's bound: it {late}. Counted, it may be "
-            f"admitted at once: please try again in {duration(RECOUNT_SECONDS)}."
-        )
     return Refused(429, message, kind)
